@@ -1,0 +1,54 @@
+"""A pluggable hardware abstraction layer: drivers, devices, buffers, command buffers, semaphores.
+
+Importing ``hal`` imports no GPU library; drivers load theirs when first used.
+"""
+
+from hal.allocator import Allocator, AllocatorStatistics
+from hal.buffer import Buffer
+from hal.command_buffer import BufferRef, CommandBuffer, Slot
+from hal.device import Device
+from hal.driver import DeviceInfo, Driver, DriverInfo
+from hal.errors import (
+    AbortedError,
+    AlreadyExistsError,
+    CancelledError,
+    DataLossError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    HalError,
+    IncompatibleError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    StatusCode,
+    UnavailableError,
+    UnimplementedError,
+)
+from hal.executable import Executable, ExecutableSpec, Export
+from hal.registry import (
+    DriverFactory,
+    create_device,
+    get_driver,
+    hookimpl,
+    list_drivers,
+    parse_uri,
+    plugin_manager,
+    register_driver,
+)
+from hal.semaphore import Semaphore, wait_all, wait_any
+from hal.types import BufferUsage, CommandBufferMode, CommandBufferState, MemoryAccess, MemoryType
+
+__all__ = [
+    "AbortedError", "AlreadyExistsError", "Allocator", "AllocatorStatistics", "Buffer", "BufferRef",
+    "BufferUsage", "CancelledError", "CommandBuffer", "CommandBufferMode", "CommandBufferState",
+    "DataLossError", "DeadlineExceededError", "Device", "DeviceInfo", "Driver", "DriverFactory",
+    "DriverInfo", "Executable", "ExecutableSpec", "Export", "FailedPreconditionError", "HalError",
+    "IncompatibleError", "InternalError", "InvalidArgumentError", "MemoryAccess", "MemoryType",
+    "NotFoundError", "OutOfRangeError", "PermissionDeniedError", "ResourceExhaustedError",
+    "Semaphore", "Slot", "StatusCode", "UnavailableError", "UnimplementedError", "create_device",
+    "get_driver", "hookimpl", "list_drivers", "parse_uri", "plugin_manager", "register_driver",
+    "wait_all", "wait_any",
+]

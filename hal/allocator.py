@@ -1,0 +1,92 @@
+"""Allocators: create buffers of a device and keep statistics."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import threading
+from typing import TYPE_CHECKING, Any
+
+from hal.buffer import Buffer, check_int
+from hal.errors import InvalidArgumentError, ResourceExhaustedError
+from hal.types import BufferUsage, MemoryAccess, MemoryType
+
+if TYPE_CHECKING:
+    from hal.device import Device
+
+
+@dataclasses.dataclass(frozen=True)
+class AllocatorStatistics:
+    bytes_allocated: int
+    bytes_peak: int
+    live_buffers: int
+
+
+class Allocator(abc.ABC):
+    """Validates requests and keeps statistics; drivers implement ``_allocate``/``_free``."""
+
+    #: Largest single allocation the driver accepts (drivers refine it).
+    max_allocation_size: int = 1 << 40
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self._stats_lock = threading.Lock()
+        self._bytes_allocated = 0
+        self._bytes_peak = 0
+        self._live_buffers = 0
+
+    def allocate(self, size: int, memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
+                 usage: BufferUsage = BufferUsage.DEFAULT) -> Buffer:
+        """A new root buffer of ``size`` bytes."""
+        self.device._check_open()
+        size, memory_type, usage = self.check_request(size, memory_type, usage)
+        allocation, actual_type = self._allocate(size, memory_type, usage)
+        return self.wrap(allocation, size, actual_type, usage)
+
+    def check_request(self, size: object, memory_type: object,
+                      usage: object) -> tuple[int, MemoryType, BufferUsage]:
+        size = check_int(size, "allocation size", minimum=1)
+        if not isinstance(memory_type, MemoryType) or not memory_type:
+            raise InvalidArgumentError(f"memory_type must be a non-empty hal.MemoryType, got {memory_type!r}")
+        if not isinstance(usage, BufferUsage) or not usage:
+            raise InvalidArgumentError(f"usage must be a non-empty hal.BufferUsage, got {usage!r}")
+        if size > self.max_allocation_size:
+            raise ResourceExhaustedError(
+                f"allocation size {size} bytes exceeds the largest allocation of "
+                f"{self.max_allocation_size} bytes this device supports")
+        return size, memory_type, usage
+
+    def wrap(self, allocation: Any, size: int, memory_type: MemoryType,
+             usage: BufferUsage) -> Buffer:
+        """Account for a driver allocation and return its root buffer."""
+        with self._stats_lock:
+            self._bytes_allocated += size
+            self._live_buffers += 1
+            self._bytes_peak = max(self._bytes_peak, self._bytes_allocated)
+        return Buffer(self, allocation, size, memory_type, usage)
+
+    def statistics(self) -> AllocatorStatistics:
+        with self._stats_lock:
+            return AllocatorStatistics(self._bytes_allocated, self._bytes_peak, self._live_buffers)
+
+    def _release_buffer(self, buffer: Buffer) -> None:
+        with self._stats_lock:
+            self._bytes_allocated -= buffer.size
+            self._live_buffers -= 1
+        self._free(buffer._allocation)
+
+    # -- driver hooks --------------------------------------------------------
+    @abc.abstractmethod
+    def _allocate(self, size: int, memory_type: MemoryType,
+                  usage: BufferUsage) -> tuple[Any, MemoryType]:
+        """Return (driver allocation, the memory type actually provided)."""
+
+    @abc.abstractmethod
+    def _free(self, allocation: Any) -> None:
+        """Release a driver allocation (may defer until pending work is done)."""
+
+    def _map(self, allocation: Any, offset: int, length: int, access: MemoryAccess) -> memoryview:
+        raise NotImplementedError
+
+    def _unmap(self, allocation: Any, offset: int, length: int, access: MemoryAccess) -> None:
+        """Flush/unmap if the memory needs it; host-coherent memory needs nothing."""

@@ -1,0 +1,315 @@
+"""Devices: the queue, allocation and executable entry points of one driver device."""
+
+from __future__ import annotations
+
+import abc
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from hal.allocator import Allocator
+from hal.buffer import Buffer, check_int
+from hal.command_buffer import Binding, CommandBuffer
+from hal.errors import (
+    FailedPreconditionError,
+    IncompatibleError,
+    InvalidArgumentError,
+)
+from hal.executable import Executable, ExecutableSpec
+from hal.semaphore import Fence, Semaphore, check_fences, deadline_from
+from hal.types import BufferUsage, CommandBufferMode, CommandBufferState, MemoryType
+
+if TYPE_CHECKING:
+    from hal.driver import DeviceInfo, Driver
+
+DEFAULT_LIMITS = {
+    "max_workgroup_count": ((1 << 31) - 1, 65535, 65535),
+    "max_workgroup_size": 1024,
+}
+
+
+class Device(abc.ABC):
+    """One device of a driver. Validates every call; drivers implement the ``_hooks``."""
+
+    #: Executable formats this device can prepare, in order of preference.
+    executable_formats: tuple[str, ...] = ()
+
+    def __init__(self, driver: Driver, info: DeviceInfo, *, queue_count: int = 1,
+                 limits: dict[str, Any] | None = None) -> None:
+        self.driver = driver
+        self.info = info
+        self.queue_count = queue_count
+        self.limits = dict(DEFAULT_LIMITS, **(limits or {}))
+        self.allocator: Allocator
+        self._closed = False
+        self._executables: dict[tuple, tuple[ExecutableSpec, Executable]] = {}
+        self._executables_lock = threading.Lock()
+
+    @property
+    def driver_name(self) -> str:
+        return self.info.driver
+
+    # -- lifetime ---------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise FailedPreconditionError(f"device {self.info.uri} is closed")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Wait for queued work, then release everything the device holds. Idempotent."""
+        if self._closed:
+            return
+        try:
+            self._wait_idle(None)
+        except Exception:  # failed work must not prevent releasing the device
+            pass
+        self._closed = True
+        self._executables.clear()
+        self._close()
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- objects ------------------------------------------------------------------
+    def create_semaphore(self, initial_value: int = 0) -> Semaphore:
+        self._check_open()
+        return self._create_semaphore(check_int(initial_value, "semaphore initial value"))
+
+    def create_command_buffer(self, mode: CommandBufferMode = CommandBufferMode.ONE_SHOT,
+                              binding_capacity: int = 0) -> CommandBuffer:
+        self._check_open()
+        if not isinstance(mode, CommandBufferMode) or not mode:
+            raise InvalidArgumentError(f"mode must be a hal.CommandBufferMode, got {mode!r}")
+        if mode == CommandBufferMode.ONE_SHOT | CommandBufferMode.REUSABLE:
+            raise InvalidArgumentError("a command buffer is either ONE_SHOT or REUSABLE, not both")
+        binding_capacity = check_int(binding_capacity, "binding_capacity")
+        return self._create_command_buffer(mode, binding_capacity)
+
+    def can_prepare(self, format: str) -> bool:
+        return format in self.executable_formats
+
+    def load_executable(self, specs: ExecutableSpec | Sequence[ExecutableSpec]) -> Executable:
+        """Prepare the first spec whose format this device supports; cached by content."""
+        self._check_open()
+        if isinstance(specs, ExecutableSpec):
+            specs = [specs]
+        if not isinstance(specs, Sequence) or not specs or not all(isinstance(s, ExecutableSpec) for s in specs):
+            raise InvalidArgumentError(f"load_executable takes an ExecutableSpec or a list of them, got {specs!r}")
+        spec = next((s for s in specs if self.can_prepare(s.format)), None)
+        if spec is None:
+            raise IncompatibleError(
+                f"device {self.info.uri} cannot prepare any of the formats "
+                f"{[s.format for s in specs]}; it supports {list(self.executable_formats)}")
+        limit = self.limits["max_workgroup_size"]
+        for export in spec.exports:
+            x, y, z = export.workgroup_size
+            if x * y * z > limit:
+                raise InvalidArgumentError(
+                    f"export {export.name!r} workgroup size {export.workgroup_size} exceeds "
+                    f"the device limit of {limit} invocations")
+        key = spec.cache_key()
+        with self._executables_lock:
+            cached = self._executables.get(key)
+            if cached is not None:
+                return cached[1]
+            executable = self._prepare_executable(spec)
+            # Keep the spec alive: callables are keyed by identity.
+            self._executables[key] = (spec, executable)
+            return executable
+
+    # -- host transfers -------------------------------------------------------------
+    def write(self, buffer: Buffer, data: object, offset: int = 0) -> None:
+        """Synchronously copy host ``data`` into ``buffer`` at ``offset`` (not ordered with queued work)."""
+        self._check_open()
+        self._check_own_buffer(buffer, "write target")
+        try:
+            payload = memoryview(data).cast("B")  # type: ignore[arg-type]
+        except TypeError:
+            raise InvalidArgumentError(
+                f"write data must be bytes-like or a contiguous array, got {type(data).__name__}") from None
+        offset, length = buffer.check_range(offset, len(payload), "write")
+        if length:
+            self._write(buffer, offset, payload)
+
+    def read(self, buffer: Buffer, offset: int = 0, length: int | None = None) -> bytes:
+        """Synchronously copy ``buffer[offset:offset+length]`` to the host."""
+        self._check_open()
+        self._check_own_buffer(buffer, "read source")
+        offset, length = buffer.check_range(offset, length, "read")
+        return self._read(buffer, offset, length) if length else b""
+
+    def _check_own_buffer(self, buffer: object, what: str) -> Buffer:
+        if not isinstance(buffer, Buffer):
+            raise InvalidArgumentError(f"{what} must be a hal.Buffer, got {type(buffer).__name__}")
+        buffer.check_live(what)
+        if buffer.device is not self:
+            raise InvalidArgumentError(f"{what} belongs to another device ({buffer.device!r})")
+        return buffer
+
+    # -- queue operations -------------------------------------------------------------
+    def _check_queue(self, queue: int) -> int:
+        queue = check_int(queue, "queue")
+        if queue >= self.queue_count:
+            raise InvalidArgumentError(f"queue {queue} does not exist; the device has {self.queue_count}")
+        return queue
+
+    def _check_submission(self, wait: object, signal: object) -> tuple[list[Fence], list[Fence]]:
+        waits = check_fences(wait, "wait", self)
+        signals = check_fences(signal, "signal", self)
+        for i, (sem, value) in enumerate(signals):
+            if sem._failure is None and value <= sem._value:
+                raise InvalidArgumentError(
+                    f"signal[{i}] value {value} is not above the semaphore's current value {sem._value}")
+        return waits, signals
+
+    def queue_execute(self, command_buffers: Sequence[CommandBuffer], wait: Sequence[Fence] = (),
+                      signal: Sequence[Fence] = (), binding_tables: Sequence[object] | None = None,
+                      *, queue: int = 0) -> None:
+        """Run command buffers in order once every ``wait`` is reached, then signal ``signal``."""
+        self._check_open()
+        queue = self._check_queue(queue)
+        if isinstance(command_buffers, CommandBuffer):
+            command_buffers = [command_buffers]
+        if not isinstance(command_buffers, Sequence):
+            raise InvalidArgumentError(f"command_buffers must be a sequence, got {command_buffers!r}")
+        for i, cb in enumerate(command_buffers):
+            if not isinstance(cb, CommandBuffer):
+                raise InvalidArgumentError(f"command_buffers[{i}] is not a hal.CommandBuffer: {cb!r}")
+            if cb.device is not self:
+                raise InvalidArgumentError(f"command_buffers[{i}] belongs to another device")
+            if cb.state is CommandBufferState.SUBMITTED:
+                raise FailedPreconditionError(
+                    f"command_buffers[{i}] is ONE_SHOT and was already submitted")
+            if cb.state is not CommandBufferState.EXECUTABLE:
+                raise FailedPreconditionError(
+                    f"command_buffers[{i}] is {cb.state.value}; end() it before submitting")
+        if len(set(map(id, command_buffers))) != len(command_buffers) and any(
+                not cb.reusable for cb in command_buffers):
+            raise FailedPreconditionError("a ONE_SHOT command buffer appears twice in one submission")
+        waits, signals = self._check_submission(wait, signal)
+        tables = self._check_binding_tables(command_buffers, binding_tables)
+        for cb in command_buffers:
+            if not cb.reusable:
+                cb.state = CommandBufferState.SUBMITTED
+        self._queue_execute(queue, list(command_buffers), tables, waits, signals)
+
+    def _check_binding_tables(self, command_buffers: Sequence[CommandBuffer],
+                              binding_tables: object) -> list[list[Binding] | None]:
+        if binding_tables is None:
+            binding_tables = [None] * len(command_buffers)
+        if isinstance(binding_tables, (str, bytes)) or not isinstance(binding_tables, Sequence) \
+                or len(binding_tables) != len(command_buffers):
+            raise InvalidArgumentError(
+                f"binding_tables must be None or hold one table per command buffer "
+                f"({len(command_buffers)}), got {binding_tables!r}")
+        resolved: list[list[Binding] | None] = []
+        for i, (cb, table) in enumerate(zip(command_buffers, binding_tables)):
+            if cb.binding_capacity == 0:
+                if table:
+                    raise InvalidArgumentError(
+                        f"binding_tables[{i}] given for a command buffer with binding_capacity 0")
+                resolved.append(None)
+                continue
+            if table is None or isinstance(table, (str, bytes)) or not isinstance(table, Sequence):
+                raise InvalidArgumentError(
+                    f"command_buffers[{i}] has binding_capacity {cb.binding_capacity} and needs a binding table")
+            if len(table) < cb.binding_capacity:
+                raise InvalidArgumentError(
+                    f"binding_tables[{i}] has {len(table)} entries; the command buffer needs "
+                    f"{cb.binding_capacity}")
+            entries = [self._check_binding(entry, f"binding_tables[{i}][{j}]")
+                       for j, entry in enumerate(table)]
+            cb.check_binding_table(entries)
+            resolved.append(entries)
+        return resolved
+
+    def _check_binding(self, entry: object, what: str) -> Binding:
+        if isinstance(entry, Buffer):
+            buffer, offset, length = entry, 0, None
+        elif isinstance(entry, tuple) and len(entry) in (2, 3) and isinstance(entry[0], Buffer):
+            buffer, offset = entry[0], entry[1]
+            length = entry[2] if len(entry) == 3 else None
+        else:
+            raise InvalidArgumentError(f"{what} must be a Buffer or (Buffer, offset, length), got {entry!r}")
+        self._check_own_buffer(buffer, what)
+        offset, length = buffer.check_range(offset, length, what)
+        return buffer, offset, length
+
+    def queue_barrier(self, wait: Sequence[Fence] = (), signal: Sequence[Fence] = (),
+                      *, queue: int = 0) -> None:
+        """Signal ``signal`` once ``wait`` is reached and prior work on the queue completed."""
+        self._check_open()
+        queue = self._check_queue(queue)
+        waits, signals = self._check_submission(wait, signal)
+        self._queue_execute(queue, [], [], waits, signals)
+
+    def queue_alloca(self, size: int, wait: Sequence[Fence] = (), signal: Sequence[Fence] = (),
+                     memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
+                     usage: BufferUsage = BufferUsage.DEFAULT, *, queue: int = 0) -> Buffer:
+        """A buffer usable by work ordered after ``signal`` (stream-ordered allocation)."""
+        self._check_open()
+        queue = self._check_queue(queue)
+        size, memory_type, usage = self.allocator.check_request(size, memory_type, usage)
+        waits, signals = self._check_submission(wait, signal)
+        return self._queue_alloca(queue, size, memory_type, usage, waits, signals)
+
+    def queue_dealloca(self, buffer: Buffer, wait: Sequence[Fence] = (),
+                       signal: Sequence[Fence] = (), *, queue: int = 0) -> None:
+        """Release ``buffer`` once ``wait`` is reached; ``signal`` follows the release."""
+        self._check_open()
+        queue = self._check_queue(queue)
+        self._check_own_buffer(buffer, "dealloca buffer")
+        if buffer.root is not buffer:
+            raise InvalidArgumentError("queue_dealloca takes a root buffer, not a subspan")
+        waits, signals = self._check_submission(wait, signal)
+        self._queue_dealloca(queue, buffer, waits, signals)
+
+    def wait_idle(self, timeout: float | None = None) -> None:
+        """Block until all submitted work completed; DeadlineExceededError after ``timeout``."""
+        self._check_open()
+        self._wait_idle(deadline_from(timeout))
+
+    # -- driver hooks -------------------------------------------------------------------
+    @abc.abstractmethod
+    def _create_semaphore(self, initial_value: int) -> Semaphore: ...
+
+    @abc.abstractmethod
+    def _create_command_buffer(self, mode: CommandBufferMode, binding_capacity: int) -> CommandBuffer: ...
+
+    @abc.abstractmethod
+    def _prepare_executable(self, spec: ExecutableSpec) -> Executable: ...
+
+    @abc.abstractmethod
+    def _write(self, buffer: Buffer, offset: int, data: memoryview) -> None: ...
+
+    @abc.abstractmethod
+    def _read(self, buffer: Buffer, offset: int, length: int) -> bytes: ...
+
+    @abc.abstractmethod
+    def _queue_execute(self, queue: int, command_buffers: list[CommandBuffer],
+                       binding_tables: list[list[Binding] | None], waits: list[Fence],
+                       signals: list[Fence]) -> None: ...
+
+    @abc.abstractmethod
+    def _queue_alloca(self, queue: int, size: int, memory_type: MemoryType, usage: BufferUsage,
+                      waits: list[Fence], signals: list[Fence]) -> Buffer: ...
+
+    @abc.abstractmethod
+    def _queue_dealloca(self, queue: int, buffer: Buffer, waits: list[Fence],
+                        signals: list[Fence]) -> None: ...
+
+    @abc.abstractmethod
+    def _wait_idle(self, deadline: float | None) -> None: ...
+
+    def _close(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        state = " closed" if self._closed else ""
+        return f"<hal.Device {self.info.uri} {self.info.name!r}{state}>"

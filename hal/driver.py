@@ -1,0 +1,95 @@
+"""Drivers: discover devices of one kind and create them."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import threading
+from typing import TYPE_CHECKING, Any
+
+from hal.errors import NotFoundError, UnavailableError
+
+if TYPE_CHECKING:
+    from hal.device import Device
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverInfo:
+    name: str
+    summary: str
+    available: bool
+    reason: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    driver: str
+    ordinal: int
+    id: str
+    name: str
+    uri: str
+    properties: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Driver(abc.ABC):
+    """A device family. ``available()`` never raises: a missing library or device is a reason."""
+
+    name: str = ""
+    summary: str = ""
+
+    def __init__(self) -> None:
+        self._probe_lock = threading.Lock()
+        self._probed: tuple[bool, str | None] | None = None
+
+    def available(self) -> tuple[bool, str | None]:
+        """(True, None), or (False, why not): cached after the first probe."""
+        with self._probe_lock:
+            if self._probed is None:
+                try:
+                    self._probed = self._probe()
+                except Exception as exc:  # a probe must report, never raise
+                    self._probed = (False, f"{type(exc).__name__}: {exc}")
+            return self._probed
+
+    def info(self) -> DriverInfo:
+        ok, reason = self.available()
+        return DriverInfo(self.name, self.summary, ok, reason)
+
+    def _require_available(self) -> None:
+        ok, reason = self.available()
+        if not ok:
+            raise UnavailableError(f"driver {self.name!r} is unavailable: {reason}")
+
+    def query_devices(self) -> list[DeviceInfo]:
+        self._require_available()
+        return self._query_devices()
+
+    def create_device(self, device: int | str | None = None, **options: Any) -> Device:
+        """Create a device by ordinal, stable id, or (None) the first one."""
+        self._require_available()
+        devices = self._query_devices()
+        if not devices:
+            raise NotFoundError(f"driver {self.name!r} has no devices")
+        if device is None or device == "":
+            info = devices[0]
+        else:
+            key = str(device)
+            matches = [d for d in devices if (key.isdigit() and d.ordinal == int(key)) or d.id == key]
+            if not matches:
+                known = ", ".join(f"{d.ordinal} ({d.id})" for d in devices)
+                raise NotFoundError(f"driver {self.name!r} has no device {key!r}; devices: {known}")
+            info = matches[0]
+        return self._create_device(info, **options)
+
+    # -- hooks ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def _probe(self) -> tuple[bool, str | None]: ...
+
+    @abc.abstractmethod
+    def _query_devices(self) -> list[DeviceInfo]: ...
+
+    @abc.abstractmethod
+    def _create_device(self, info: DeviceInfo, **options: Any) -> Device: ...

@@ -1,0 +1,1 @@
+"""Shared implementation of the CPU drivers: numpy-backed memory and a numpy executable format."""
