@@ -1,7 +1,9 @@
 """Driver plugins: pluggy hooks, the ``hal.drivers`` entry-point group, URIs and device creation.
 
 A plugin (a module or object) implements ``hal_register_drivers`` and returns
-``DriverFactory`` records. Factories are cheap: a driver's module, and so its
+``DriverFactory`` records. Plugins come from the built-in list, the ``hal.drivers``
+entry-point group of installed distributions, and ``HAL_PLUGINS`` (comma-separated
+module names, for drivers that are not installed). Factories are cheap: a driver's module, and so its
 GPU library, is imported only when the driver is first asked for.
 """
 
@@ -67,6 +69,14 @@ class _Registry:
                 module = importlib.import_module(module_name)
             except ImportError:
                 continue  # a built-in driver not shipped in this build
+            if not self.manager.is_registered(module):
+                self.manager.register(module)
+        for module_name in filter(None, os.environ.get("HAL_PLUGINS", "").split(",")):
+            try:  # plugins named in the environment, for drivers that are not installed packages
+                module = importlib.import_module(module_name.strip())
+            except ImportError as exc:
+                warnings.warn(f"hal: cannot import plugin {module_name!r} from HAL_PLUGINS: {exc}", stacklevel=3)
+                continue
             if not self.manager.is_registered(module):
                 self.manager.register(module)
         try:
