@@ -189,8 +189,8 @@ class Device(abc.ABC):
             if cb.state is not CommandBufferState.EXECUTABLE:
                 raise FailedPreconditionError(
                     f"command_buffers[{i}] is {cb.state.value}; end() it before submitting")
-        if len(set(map(id, command_buffers))) != len(command_buffers) and any(
-                not cb.reusable for cb in command_buffers):
+        one_shot = [id(cb) for cb in command_buffers if not cb.reusable]
+        if len(set(one_shot)) != len(one_shot):
             raise FailedPreconditionError("a ONE_SHOT command buffer appears twice in one submission")
         waits, signals = self._check_submission(wait, signal)
         tables = self._check_binding_tables(command_buffers, binding_tables)
