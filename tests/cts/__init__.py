@@ -1,0 +1,1 @@
+"""HAL conformance test suite: `pytest tests/cts --driver NAME`."""
