@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 #: Largest inline payload of update_buffer (IREE's limit too).
 MAX_UPDATE_SIZE = 64 * 1024
 UINT32_MAX = (1 << 32) - 1
+_DISPATCH_BIT = BufferUsage.DISPATCH_STORAGE.value
 
 
 class Slot(NamedTuple):
@@ -115,6 +116,10 @@ class CommandBuffer:
     # -- references -------------------------------------------------------------
     def _ref(self, ref: object, what: str, usage: BufferUsage, alignment: int = 1) -> BufferRef:
         if type(ref) is Buffer:
+            # Fast path for the common case (a whole live buffer of this device): dispatch is hot.
+            if not ref._released and not ref._root._released and ref.device is self.device \
+                    and usage in ref.usage and (alignment == 1 or ref.offset % alignment == 0 == ref.size % alignment):
+                return BufferRef(ref, None, 0, ref.size)
             buffer, offset, length = ref, 0, None
         elif isinstance(ref, Slot):
             return self._slot_ref(ref, what, usage, alignment)
@@ -251,25 +256,38 @@ class CommandBuffer:
         ordinal, export = executable.export(entry_point)
         grid = self._check_workgroups(workgroups)
         values = self._check_constants(export, constants)
-        if isinstance(bindings, (str, bytes)) or not isinstance(bindings, Sequence):
+        if type(bindings) is not list and type(bindings) is not tuple and (
+                isinstance(bindings, (str, bytes)) or not isinstance(bindings, Sequence)):
             raise InvalidArgumentError(f"dispatch bindings must be a sequence, got {bindings!r}")
         if len(bindings) != export.bindings:
             raise InvalidArgumentError(
                 f"export {export.name!r} takes {export.bindings} bindings, got {len(bindings)}")
-        refs = [self._ref(b, f"binding {i} of {export.name!r}", BufferUsage.DISPATCH_STORAGE)
-                for i, b in enumerate(bindings)]
+        device = self.device
+        refs = []
+        for i, b in enumerate(bindings):
+            # Inline fast path (whole live buffer of this device): formatting `what` costs more than the check.
+            if type(b) is Buffer and not b._released and not b._root._released and b.device is device \
+                    and _DISPATCH_BIT & b.usage._value_:
+                refs.append(BufferRef(b, None, 0, b.size))
+            else:
+                refs.append(self._ref(b, f"binding {i} of {export.name!r}", BufferUsage.DISPATCH_STORAGE))
         if 0 in grid:
             return
         self._dispatch(executable, ordinal, export, grid, values, refs)
 
     def _check_workgroups(self, workgroups: object) -> tuple[int, int, int]:
+        limits = self.device.limits["max_workgroup_count"]
+        if type(workgroups) is tuple and len(workgroups) == 3:
+            x, y, z = workgroups
+            if type(x) is int and type(y) is int and type(z) is int and 0 <= x <= limits[0] \
+                    and 0 <= y <= limits[1] and 0 <= z <= limits[2]:
+                return workgroups  # type: ignore[return-value]
         if isinstance(workgroups, (int,)) and not isinstance(workgroups, bool):
             grid: tuple = (workgroups, 1, 1)
         elif isinstance(workgroups, Sequence) and 1 <= len(workgroups) <= 3:
             grid = tuple(workgroups) + (1,) * (3 - len(workgroups))
         else:
             raise InvalidArgumentError(f"workgroups must be an int or 1-3 ints, got {workgroups!r}")
-        limits = self.device.limits["max_workgroup_count"]
         for axis, (count, limit) in enumerate(zip(grid, limits)):
             count = check_int(count, f"workgroups[{axis}]")
             if count > limit:
@@ -278,6 +296,9 @@ class CommandBuffer:
 
     @staticmethod
     def _check_constants(export: Export, constants: object) -> tuple[int, ...]:
+        if (type(constants) is tuple or type(constants) is list) and len(constants) == export.constants \
+                and all(type(v) is int and 0 <= v <= UINT32_MAX for v in constants):
+            return tuple(constants)
         if isinstance(constants, (str, bytes)) or not isinstance(constants, Sequence):
             raise InvalidArgumentError(f"dispatch constants must be a sequence of ints, got {constants!r}")
         if len(constants) != export.constants:
