@@ -62,6 +62,9 @@ class Device(abc.ABC):
         """Wait for queued work, then release everything the device holds. Idempotent."""
         if self._closed:
             return
+        # Work parked on waits that nothing will ever reach would keep the device busy forever.
+        self._cancel_parked(FailedPreconditionError(
+            f"device {self.info.uri} was closed before the work's waits were reached"))
         try:
             self._wait_idle(None)
         except Exception:  # failed work must not prevent releasing the device
@@ -306,6 +309,9 @@ class Device(abc.ABC):
 
     @abc.abstractmethod
     def _wait_idle(self, deadline: float | None) -> None: ...
+
+    def _cancel_parked(self, cause: BaseException) -> None:
+        """Fail submissions still parked on their waits (``FenceWaiter.cancel``); called by close()."""
 
     def _close(self) -> None:
         pass

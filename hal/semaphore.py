@@ -248,6 +248,14 @@ class FenceWaiter:
             sem._notify_at(value, self._reached)
         self._reached(None)
 
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def cancel(self, cause: BaseException) -> None:
+        """Fail the parked work now (device shutdown) unless it already ran or failed."""
+        self._reached(cause)
+
     def _reached(self, failure: BaseException | None) -> None:
         with self._lock:
             if self._done:

@@ -34,6 +34,7 @@ class LocalDevice(Device):
         self.allocator = LocalAllocator(self)
         self._idle = threading.Condition()
         self._outstanding = 0
+        self._parked: set[FenceWaiter] = set()
 
     # -- objects -------------------------------------------------------------------
     def _create_semaphore(self, initial_value: int) -> Semaphore:
@@ -95,7 +96,18 @@ class LocalDevice(Device):
             else:
                 finish(None)
 
-        FenceWaiter(waits, lambda: self._schedule(queue, run), finish)
+        waiter = FenceWaiter(waits, lambda: self._schedule(queue, run), finish)
+        if not waiter.done:
+            with self._idle:
+                self._parked.add(waiter)
+                # Drop waiters that completed meanwhile so the set stays small.
+                self._parked = {w for w in self._parked if not w.done}
+
+    def _cancel_parked(self, cause: BaseException) -> None:
+        with self._idle:
+            parked, self._parked = self._parked, set()
+        for waiter in parked:
+            waiter.cancel(cause)
 
     @abc.abstractmethod
     def _schedule(self, queue: int, run: Callable[[], None]) -> None:
