@@ -1,0 +1,194 @@
+"""The lazy Array: a node of the op graph, or an evaluated buffer, or a strided view of either."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import hal
+
+from . import dtypes as _dt
+from .device import DeviceContext, Storage, context_for
+from .shapes import contiguous_strides, size_of
+
+
+class Array:
+    """A lazily evaluated n-d array on a HAL device.
+
+    Nodes that run a kernel (or are evaluated data) are *roots*: they own
+    storage once evaluated. Views (reshape, transpose, broadcast_to, slicing)
+    are not scheduled: they describe a strided window (`strides`, `offset`, in
+    elements) onto their root's storage and keep `op`/`inputs` for autodiff.
+    """
+
+    __slots__ = ("op", "inputs", "params", "shape", "dtype", "ctx", "root", "strides", "offset",
+                 "storage", "__weakref__")
+
+    # Tell numpy to defer to our reflected operators (np_array + rt_array).
+    __array_priority__ = 100
+
+    op: str | None
+    shape: tuple
+    dtype: _dt.DType
+
+    @property
+    def device(self) -> hal.Device:
+        return self.ctx.device
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return size_of(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def is_evaluated(self) -> bool:
+        return self.root.storage is not None
+
+    def layout(self) -> tuple:
+        """(strides, offset) in elements relative to the root's storage."""
+        strides = self.strides
+        if strides is None:
+            strides = contiguous_strides(self.shape)
+        return strides, self.offset
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of unsized object")
+        return self.shape[0]
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d array")
+        for i in range(self.shape[0]):
+            yield self[i]
+
+    def __bool__(self) -> bool:
+        if self.size != 1:
+            raise ValueError("The truth value of an array with more than one element is ambiguous.")
+        return bool(self.numpy().reshape(()))
+
+    def __float__(self) -> float:
+        return float(self._scalar())
+
+    def __int__(self) -> int:
+        return int(self._scalar())
+
+    def __index__(self) -> int:
+        if self.dtype.kind not in "ib":
+            raise TypeError("only integer arrays can be used as an index")
+        return int(self._scalar())
+
+    def item(self):
+        return self._scalar().item()
+
+    def _scalar(self):
+        if self.size != 1:
+            raise TypeError("only arrays of size 1 can be converted to Python scalars")
+        return self.numpy().reshape(())[()]
+
+    def __repr__(self) -> str:
+        body = np.array2string(self.numpy(), separator=", ", prefix="array(")
+        return f"array({body}, dtype={self.dtype.name})"
+
+    def __str__(self) -> str:
+        return str(self.numpy())
+
+    def __array__(self, dtype=None, copy=None):
+        out = self.numpy()
+        if copy:
+            out = out.copy()
+        if dtype is not None:
+            out = out.astype(dtype, copy=False)
+        return out
+
+    def eval(self) -> Array:
+        from .lowering import evaluate
+        evaluate((self,))
+        return self
+
+    def numpy(self) -> np.ndarray:
+        """The value as a numpy array (a read-only zero-copy view of mapped memory where possible)."""
+        from .host import to_numpy
+        return to_numpy(self)
+
+    tolist = lambda self: self.numpy().tolist()  # noqa: E731
+
+
+def new_node(op: str, inputs: tuple, params, shape: tuple, dtype: _dt.DType, ctx: DeviceContext) -> Array:
+    """A root node that one kernel computes."""
+    a = Array.__new__(Array)
+    a.op = op
+    a.inputs = inputs
+    a.params = params
+    a.shape = shape
+    a.dtype = dtype
+    a.ctx = ctx
+    a.root = a
+    a.strides = None
+    a.offset = 0
+    a.storage = None
+    return a
+
+
+def new_view(op: str, src: Array, params, shape: tuple, strides: tuple, offset: int) -> Array:
+    a = Array.__new__(Array)
+    a.op = op
+    a.inputs = (src,)
+    a.params = params
+    a.shape = shape
+    a.dtype = src.dtype
+    a.ctx = src.ctx
+    a.root = src.root
+    a.strides = strides
+    a.offset = offset
+    a.storage = None
+    return a
+
+
+def new_evaluated(storage: Storage, shape: tuple, dtype: _dt.DType, ctx: DeviceContext) -> Array:
+    a = new_node(None, (), None, shape, dtype, ctx)
+    a.storage = storage
+    return a
+
+
+def upload(data: np.ndarray, dtype: _dt.DType, ctx: DeviceContext) -> Array:
+    """Copy host data into a fresh device buffer (synchronous; the buffer is idle)."""
+    shape = tuple(data.shape)
+    if dtype is _dt.bfloat16:
+        host = _dt.to_bfloat16_bits(np.asarray(data, dtype=np.float32))
+    else:
+        host = np.ascontiguousarray(data, dtype=dtype.storage)
+    nbytes = host.nbytes
+    buf, bucket = ctx.buffers.acquire(nbytes)
+    if nbytes:
+        ctx.device.write(buf, host.reshape(-1).view(np.uint8))
+    storage = Storage(buf, bucket, ctx, 0, nbytes)
+    return new_evaluated(storage, shape, dtype, ctx)
+
+
+def constant(value, dtype: _dt.DType, ctx: DeviceContext) -> Array:
+    """A cached evaluated 0-d array holding a Python scalar (used for weak scalar operands)."""
+    key = (type(value), value, dtype)
+    cache = ctx.constants
+    arr = cache.get(key)
+    if arr is None:
+        if dtype is _dt.bfloat16:
+            host = np.array(value, dtype=np.float32)
+        else:
+            with np.errstate(over="ignore"):
+                host = np.array(value, dtype=dtype.storage)
+        arr = upload(host, dtype, ctx)
+        if len(cache) >= 4096:
+            cache.pop(next(iter(cache)))
+        cache[key] = arr
+    return arr
+
+
+def as_context(device) -> DeviceContext:
+    return context_for(device)

@@ -1,0 +1,1 @@
+def compile(fn): return fn

@@ -1,0 +1,123 @@
+"""Per-device runtime state: the timeline semaphore, buffer cache, graph cache and executables."""
+
+from __future__ import annotations
+
+import threading
+
+import hal
+
+from .buffer_cache import BufferCache
+from .graph_cache import GraphCache
+
+
+class DeviceContext:
+    """Everything the runtime keeps for one hal.Device."""
+
+    __slots__ = ("device", "semaphore", "submitted", "completed", "buffers", "graphs",
+                 "executables", "constants", "is_gpu", "gpu_format", "lock", "name", "__weakref__")
+
+    def __init__(self, device: hal.Device) -> None:
+        self.device = device
+        self.semaphore = device.create_semaphore(0)
+        self.submitted = 0  # value the latest submission signals
+        self.completed = 0  # last value seen reached (a hint, refreshed by refresh())
+        self.buffers = BufferCache(device)
+        self.graphs = GraphCache()
+        self.executables: dict = {}
+        self.constants: dict = {}
+        self.gpu_format = next((f for f in ("cuda-c", "hip-c") if device.can_prepare(f)), None)
+        self.is_gpu = self.gpu_format is not None
+        self.lock = threading.RLock()
+        self.name = getattr(device, "driver_name", "device")
+
+    def refresh(self) -> int:
+        """Poll the semaphore (raises AbortedError when a submission failed)."""
+        value = self.semaphore.value
+        self.completed = value
+        self.buffers.retire(value)
+        return value
+
+    def wait(self, value: int) -> None:
+        if value > self.completed:
+            self.semaphore.wait(value)
+            self.completed = max(self.completed, value)
+
+    def __repr__(self) -> str:
+        return f"DeviceContext({self.name})"
+
+
+class Storage:
+    """A device buffer owned by one evaluated array (and the views and host arrays sharing it)."""
+
+    __slots__ = ("buffer", "bucket", "ctx", "fence", "ready", "nbytes", "__weakref__")
+
+    def __init__(self, buffer: hal.Buffer, bucket: int, ctx: DeviceContext, fence: int, nbytes: int) -> None:
+        self.buffer = buffer
+        self.bucket = bucket
+        self.ctx = ctx
+        self.ready = fence  # semaphore value at which the contents are written
+        self.fence = fence  # semaphore value after which nothing queued touches the buffer
+        self.nbytes = nbytes
+
+    def __del__(self) -> None:
+        ctx = self.ctx
+        if ctx is None:
+            return
+        try:
+            ctx.buffers.release(self.buffer, self.bucket, self.fence, ctx.completed)
+        except Exception:  # noqa: BLE001 - interpreter shutdown or closed device
+            pass
+
+
+_contexts: dict[int, DeviceContext] = {}
+_by_uri: dict[str, DeviceContext] = {}
+_default: list = [None]
+_registry_lock = threading.Lock()
+
+
+def context_for(device=None) -> DeviceContext:
+    """Resolve None (the default device), a URI string or a hal.Device to its context."""
+    if device is None:
+        ctx = _default[0]
+        if ctx is None:
+            with _registry_lock:
+                if _default[0] is None:
+                    _default[0] = _context_of_device(hal.create_device())
+            ctx = _default[0]
+        return ctx
+    if isinstance(device, DeviceContext):
+        return device
+    if isinstance(device, str):
+        ctx = _by_uri.get(device)
+        if ctx is None:
+            with _registry_lock:
+                ctx = _by_uri.get(device)
+                if ctx is None:
+                    ctx = _context_of_device(hal.create_device(device))
+                    _by_uri[device] = ctx
+        return ctx
+    ctx = _contexts.get(id(device))
+    if ctx is None or ctx.device is not device:
+        with _registry_lock:
+            ctx = _context_of_device(device)
+    return ctx
+
+
+def _context_of_device(device: hal.Device) -> DeviceContext:
+    ctx = _contexts.get(id(device))
+    if ctx is None or ctx.device is not device:
+        ctx = DeviceContext(device)
+        _contexts[id(device)] = ctx
+    return ctx
+
+
+def default_device() -> hal.Device:
+    """The runtime's default device: `hal.create_device()` (honours HAL_DEVICE), created once."""
+    return context_for(None).device
+
+
+def set_default_device(device) -> hal.Device:
+    """Make a URI string or hal.Device the default for new arrays; returns the hal.Device."""
+    ctx = context_for(device)
+    _default[0] = ctx
+    return ctx.device

@@ -1,0 +1,63 @@
+"""LRU cache of recorded command buffers keyed by graph topology (ops, shapes, dtypes, baked constants)."""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+
+def enabled() -> bool:
+    return os.environ.get("RUNTIME_GRAPH_CACHE", "1") not in ("0", "false", "off", "no")
+
+
+class GraphCache:
+    """Maps a graph key to a Recording; evicts least recently used beyond entry/byte limits."""
+
+    __slots__ = ("_entries", "max_entries", "max_bytes", "bytes", "hits", "misses", "evictions")
+
+    def __init__(self, max_entries: int | None = None, max_bytes: int | None = None) -> None:
+        self._entries: OrderedDict = OrderedDict()
+        self.max_entries = max_entries if max_entries is not None else int(
+            os.environ.get("RUNTIME_GRAPH_CACHE_ENTRIES", "256"))
+        self.max_bytes = max_bytes if max_bytes is not None else int(
+            os.environ.get("RUNTIME_GRAPH_CACHE_BYTES", str(256 << 20)))
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    def get(self, key):
+        entry = self._entries.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return entry
+
+    def put(self, key, entry) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= old.footprint
+        self._entries[key] = entry
+        self.bytes += entry.footprint
+        while self._entries and (len(self._entries) > self.max_entries or self.bytes > self.max_bytes):
+            if len(self._entries) == 1 and len(self._entries) <= self.max_entries:
+                break  # the newest entry always stays, even when alone it exceeds max_bytes
+            _, victim = self._entries.popitem(last=False)
+            self.bytes -= victim.footprint
+            self.evictions += 1
+            victim.drop()
+
+    def clear(self) -> None:
+        for entry in self._entries.values():
+            entry.drop()
+        self._entries.clear()
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def stats(self) -> dict:
+        return {"hits": self.hits, "misses": self.misses, "entries": len(self._entries),
+                "bytes": self.bytes, "evictions": self.evictions}

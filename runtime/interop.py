@@ -1,0 +1,1 @@
+def from_dlpack(x, device=None): raise NotImplementedError

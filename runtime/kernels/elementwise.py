@@ -1,0 +1,240 @@
+"""Elementwise kernels (unary, binary, where, cast, copy) with contiguous, scalar and strided variants."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+import hal
+
+from .. import dtypes as _dt
+from ..shapes import MAX_DIMS, broadcast_strides, collapse, contiguous_strides, size_of
+from .cuda_common import convert, load_expr, store_expr
+from .numpy_util import ERRSTATE, compute_np, signed, store, strided_view, to_compute
+from .source import WORKGROUP, KernelSource, grid_1d, source, u32
+
+# C expression of each op over compute-typed operands a, b (c = condition for where).
+_C_FLOAT = {
+    "add": "a + b", "sub": "a - b", "mul": "a * b", "div": "a / b", "pow": "powf(a, b)",
+    "maximum": "rt_fmax(a, b)", "minimum": "rt_fmin(a, b)",
+    "neg": "-a", "abs": "fabsf(a)", "exp": "expf(a)", "log": "logf(a)", "sqrt": "sqrtf(a)",
+    "tanh": "tanhf(a)", "sigmoid": "1.0f / (1.0f + expf(-a))",
+}
+_C_INT = {
+    "add": "a + b", "sub": "a - b", "mul": "a * b", "pow": "rt_ipow(a, b)",
+    "maximum": "(a > b ? a : b)", "minimum": "(a < b ? a : b)", "neg": "-a", "abs": "(a < 0 ? -a : a)",
+}
+_C_BOOL = {"add": "(a || b)", "mul": "(a && b)", "maximum": "(a || b)", "minimum": "(a && b)", "abs": "a"}
+_C_ANY = {"eq": "a == b", "ne": "a != b", "lt": "a < b", "le": "a <= b", "gt": "a > b", "ge": "a >= b",
+          "where": "(c ? a : b)", "cast": "a", "copy": "a"}
+
+_NP_UFUNC = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide, "pow": np.power,
+    "maximum": np.maximum, "minimum": np.minimum, "neg": np.negative, "abs": np.absolute,
+    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh,
+    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+    "ge": np.greater_equal,
+}
+_BOOL_UFUNC = {"add": np.logical_or, "mul": np.logical_and, "maximum": np.logical_or,
+               "minimum": np.logical_and}
+
+
+def c_expr(op: str, cdt) -> str:
+    if op in _C_ANY:
+        return _C_ANY[op]
+    table = {"f": _C_FLOAT, "i": _C_INT, "b": _C_BOOL}[cdt.kind]
+    try:
+        return table[op]
+    except KeyError:
+        raise hal.InvalidArgumentError(f"{op} is not supported for {cdt.name}") from None
+
+
+def arity(op: str) -> int:
+    if op == "where":
+        return 3
+    if op in ("neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "cast", "copy"):
+        return 1
+    return 2
+
+
+def _variants(k: int) -> list:
+    return ["".join(v) for v in itertools.product("cs", repeat=k)] + ["g"]
+
+
+def _export_name(op, in_dts, out_dt, variant) -> str:
+    return f"{op}_{'_'.join(d.code for d in in_dts)}_{out_dt.code}_{variant}"
+
+
+def ew_source(op: str, in_dts: tuple, out_dt, cdt) -> KernelSource:
+    key = ("ew", op, tuple(d.name for d in in_dts), out_dt.name, cdt.name)
+    return source(key, lambda: _build(op, in_dts, out_dt, cdt, key))
+
+
+def _build(op, in_dts, out_dt, cdt, key) -> KernelSource:
+    k = len(in_dts)
+    c_expr(op, cdt)  # validates op/dtype support before any code is generated
+    exports = []
+    for v in _variants(k):
+        nconst = 1 + k if v != "g" else 2 + MAX_DIMS + k * (1 + MAX_DIMS)
+        exports.append(hal.Export(_export_name(op, in_dts, out_dt, v), workgroup_size=(WORKGROUP, 1, 1),
+                                  bindings=1 + k, constants=nconst))
+    return KernelSource(key, exports, lambda: _cuda(op, in_dts, out_dt, cdt),
+                        lambda: _numpy(op, in_dts, out_dt, cdt))
+
+
+# ---- CUDA C -----------------------------------------------------------------------------------
+
+def _cuda(op, in_dts, out_dt, cdt) -> str:
+    k = len(in_dts)
+    names = ["a", "b"] if k == 2 else (["a"] if k == 1 else ["c", "a", "b"])
+    expr = c_expr(op, cdt)
+    res_compute = "bool" if op in ("eq", "ne", "lt", "le", "gt", "ge") else cdt.c_compute
+    parts = []
+    for v in _variants(k):
+        name = _export_name(op, in_dts, out_dt, v)
+        params = [f"{out_dt.c_storage}* __restrict__ out"]
+        params += [f"const {d.c_storage}* __restrict__ in{i}" for i, d in enumerate(in_dts)]
+        params.append("u32 n")
+        body = []
+        if v == "g":
+            params.append("u32 ndim")
+            params += [f"u32 s{d}" for d in range(MAX_DIMS)]
+            for i in range(k):
+                params.append(f"u32 o{i}")
+                params += [f"u32 t{i}_{d}" for d in range(MAX_DIMS)]
+            body.append(f"  const u32 shp[{MAX_DIMS}] = {{{', '.join(f's{d}' for d in range(MAX_DIMS))}}};")
+            for i in range(k):
+                body.append(f"  const int st{i}[{MAX_DIMS}] = {{"
+                            + ", ".join(f"(int)t{i}_{d}" for d in range(MAX_DIMS)) + "};")
+        else:
+            params += [f"u32 o{i}" for i in range(k)]
+        body.append("  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;"
+                    " i += (u64)blockDim.x * gridDim.x) {")
+        if v == "g":
+            body.append("    u64 rem = i;")
+            for i in range(k):
+                body.append(f"    i64 p{i} = o{i};")
+            body.append("    #pragma unroll")
+            body.append(f"    for (int d = {MAX_DIMS - 1}; d >= 0; --d) {{")
+            body.append("      if (d < (int)ndim) {")
+            body.append("        u64 q = rem / shp[d]; u64 c_ = rem - q * shp[d]; rem = q;")
+            for i in range(k):
+                body.append(f"        p{i} += (i64)c_ * st{i}[d];")
+            body.append("      }")
+            body.append("    }")
+            idx = [f"p{i}" for i in range(k)]
+        else:
+            idx = [f"o{i} + i" if v[i] == "c" else f"o{i}" for i in range(k)]
+        for i, (nm, d) in enumerate(zip(names, in_dts)):
+            target = "bool" if nm == "c" else cdt.c_compute
+            val = convert(load_expr(d, f"in{i}[{idx[i]}]"), d.c_compute, target)
+            body.append(f"    const {target} {nm} = {val};")
+        body.append(f"    const {res_compute} r = {expr};")
+        body.append(f"    out[i] = {store_expr(out_dt, 'r')};")
+        body.append("  }")
+        parts.append(f'extern "C" __global__ void {name}({", ".join(params)}) {{\n' + "\n".join(body) + "\n}\n")
+    return "\n".join(parts)
+
+
+# ---- numpy ------------------------------------------------------------------------------------
+
+def _numpy(op, in_dts, out_dt, cdt) -> dict:
+    k = len(in_dts)
+    compute = compute_np(cdt)
+    native_out = out_dt is not _dt.bfloat16
+
+    def apply(out, ins):
+        with np.errstate(**ERRSTATE):
+            vals = [to_compute(x, d) for x, d in zip(ins, in_dts)]
+            if op == "where":
+                c, a, b = vals
+                a = a if a.dtype == compute else a.astype(compute)
+                b = b if b.dtype == compute else b.astype(compute)
+                if native_out:
+                    np.copyto(out, b, casting="unsafe")
+                    np.copyto(out, a, casting="unsafe", where=c.astype(bool, copy=False))
+                else:
+                    store(out, np.where(c, a, b), out_dt)
+                return
+            if op in ("cast", "copy"):
+                store(out, vals[0], out_dt)
+                return
+            vals = [v if v.dtype == compute else v.astype(compute) for v in vals]
+            if op == "sigmoid":
+                tmp = np.negative(vals[0], dtype=np.float32) if compute != np.float32 else np.negative(vals[0])
+                np.exp(tmp, out=tmp)
+                tmp += 1.0
+                np.reciprocal(tmp, out=tmp)
+                store(out, tmp, out_dt)
+                return
+            fn = _BOOL_UFUNC.get(op) if cdt is _dt.bool_ else None
+            fn = fn or _NP_UFUNC[op]
+            if native_out and (out.dtype == compute or op in ("eq", "ne", "lt", "le", "gt", "ge")):
+                fn(*vals, out=out)
+            else:
+                store(out, fn(*vals), out_dt)
+
+    def contiguous_fn(variant):
+        def run(workgroups, bindings, c):
+            n = c[0]
+            out = np.frombuffer(bindings[0], dtype=out_dt.storage, count=n)
+            ins = []
+            for i in range(k):
+                base = np.frombuffer(bindings[1 + i], dtype=in_dts[i].storage)
+                o = c[1 + i]
+                ins.append(base[o:o + n] if variant[i] == "c" else base[o:o + 1].reshape(()))
+            apply(out, ins)
+        return run
+
+    def strided_fn(workgroups, bindings, c):
+        n, ndim = c[0], c[1]
+        shape = tuple(c[2:2 + ndim])
+        out = np.frombuffer(bindings[0], dtype=out_dt.storage, count=n).reshape(shape)
+        ins = []
+        for i in range(k):
+            base = 2 + MAX_DIMS + i * (1 + MAX_DIMS)
+            strides = tuple(signed(s) for s in c[base + 1:base + 1 + ndim])
+            ins.append(strided_view(bindings[1 + i], in_dts[i], shape, strides, c[base]))
+        apply(out, ins)
+
+    fns = {}
+    for v in _variants(k):
+        fns[_export_name(op, in_dts, out_dt, v)] = strided_fn if v == "g" else contiguous_fn(v)
+    return fns
+
+
+# ---- planning ---------------------------------------------------------------------------------
+
+def plan(node, layouts: list, ctx) -> list:
+    """Dispatch for one elementwise node. layouts: per input (shape, strides, offset)."""
+    out_shape = node.shape
+    n = size_of(out_shape)
+    in_dts = tuple(inp.dtype for inp in node.inputs)
+    src = ew_source(node.op, in_dts, node.dtype, node.params)
+    if n == 0:
+        return []
+    cstr = contiguous_strides(out_shape)
+    bstrides = [broadcast_strides(shp, st, out_shape) for shp, st, _ in layouts]
+    variant = []
+    for bs in bstrides:
+        if all(s == 0 or d == 1 for s, d in zip(bs, out_shape)):
+            variant.append("s")
+        elif all(s == cs or d == 1 for s, cs, d in zip(bs, cstr, out_shape)):
+            variant.append("c")
+        else:
+            variant.append("g")
+    bindings = [("out",)] + [("in", i) for i in range(len(layouts))]
+    if "g" not in variant:
+        v = "".join(variant)
+        consts = [n] + [lay[2] for lay in layouts]
+    else:
+        v = "g"
+        shape, strides_list = collapse(out_shape, [cstr] + bstrides)
+        strides_list = strides_list[1:]
+        consts = [n, len(shape)] + list(shape) + [0] * (MAX_DIMS - len(shape))
+        for lay, st in zip(layouts, strides_list):
+            consts.append(lay[2])
+            consts += [u32(s) for s in st] + [0] * (MAX_DIMS - len(st))
+    name = _export_name(node.op, in_dts, node.dtype, v)
+    return [("dispatch", src, name, (grid_1d(n), 1, 1), consts, bindings)]

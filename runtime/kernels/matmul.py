@@ -1,0 +1,120 @@
+"""Batched matmul with broadcast batch dims: a tiled shared-memory kernel, numpy matmul on CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import hal
+
+from .. import dtypes as _dt
+from ..shapes import broadcast_strides, collapse, contiguous_strides, size_of
+from .cuda_common import load_expr, store_expr
+from .numpy_util import ERRSTATE, signed, store, strided_view, to_compute
+from .source import KernelSource, source, u32
+
+TILE = 16
+MAX_BATCH = 6
+_NCONST = 4 + MAX_BATCH + 2 * (3 + MAX_BATCH)
+
+
+def matmul_source(dt) -> KernelSource:
+    key = ("matmul", dt.name)
+    return source(key, lambda: KernelSource(
+        key, [hal.Export(f"matmul_{dt.code}", (TILE, TILE, 1), 3, _NCONST)],
+        lambda: _cuda(dt), lambda: _numpy(dt)))
+
+
+def _cuda(dt) -> str:
+    acc = "int" if dt.kind in "ib" else "float"
+    params = [f"{dt.c_storage}* __restrict__ out", f"const {dt.c_storage}* __restrict__ a",
+              f"const {dt.c_storage}* __restrict__ b", "u32 M", "u32 N", "u32 K", "u32 nbd"]
+    params += [f"u32 bs{i}" for i in range(MAX_BATCH)]
+    for p in ("a", "b"):
+        params += [f"u32 {p}off", f"u32 {p}r", f"u32 {p}c"] + [f"u32 {p}b{i}" for i in range(MAX_BATCH)]
+    bs = ", ".join(f"bs{i}" for i in range(MAX_BATCH))
+    ab = ", ".join(f"(int)ab{i}" for i in range(MAX_BATCH))
+    bb = ", ".join(f"(int)bb{i}" for i in range(MAX_BATCH))
+    la = load_expr(dt, "a[pa + (i64)row * (int)ar + (i64)(k0 + tx) * (int)ac]")
+    lb = load_expr(dt, "b[pb + (i64)(k0 + ty) * (int)br + (i64)col * (int)bc]")
+    return f"""
+extern "C" __global__ void matmul_{dt.code}({", ".join(params)}) {{
+  __shared__ {acc} As[{TILE}][{TILE + 1}];
+  __shared__ {acc} Bs[{TILE}][{TILE + 1}];
+  const u32 bsh[{MAX_BATCH}] = {{{bs}}};
+  const int sa[{MAX_BATCH}] = {{{ab}}};
+  const int sb[{MAX_BATCH}] = {{{bb}}};
+  const u32 tx = threadIdx.x, ty = threadIdx.y;
+  const u32 row = blockIdx.y * {TILE} + ty, col = blockIdx.x * {TILE} + tx;
+  const u32 batch = blockIdx.z;
+  i64 pa = aoff, pb = boff;
+  u32 rem = batch;
+  #pragma unroll
+  for (int d = {MAX_BATCH - 1}; d >= 0; --d) {{
+    if (d < (int)nbd) {{ u32 q = rem / bsh[d]; u32 c_ = rem - q * bsh[d]; rem = q; pa += (i64)c_ * sa[d]; pb += (i64)c_ * sb[d]; }}
+  }}
+  {acc} sum = 0;
+  for (u32 k0 = 0; k0 < K; k0 += {TILE}) {{
+    As[ty][tx] = (row < M && k0 + tx < K) ? ({acc})({la}) : ({acc})0;
+    Bs[ty][tx] = (k0 + ty < K && col < N) ? ({acc})({lb}) : ({acc})0;
+    __syncthreads();
+    #pragma unroll
+    for (int kk = 0; kk < {TILE}; ++kk) sum += As[ty][kk] * Bs[kk][tx];
+    __syncthreads();
+  }}
+  if (row < M && col < N) out[(u64)batch * M * N + (u64)row * N + col] = {store_expr(dt, "sum")};
+}}
+"""
+
+
+def _numpy(dt) -> dict:
+    def run(wg, bindings, c):
+        M, N, K, nbd = c[0], c[1], c[2], c[3]
+        bshape = tuple(c[4:4 + nbd])
+        views = []
+        for i, base in enumerate((4 + MAX_BATCH, 4 + MAX_BATCH + 3 + MAX_BATCH)):
+            off, rs, cs = c[base], signed(c[base + 1]), signed(c[base + 2])
+            bst = tuple(signed(s) for s in c[base + 3:base + 3 + nbd])
+            shape = bshape + ((M, K) if i == 0 else (K, N))
+            views.append(strided_view(bindings[1 + i], dt, shape, bst + (rs, cs), off))
+        nb = size_of(bshape)
+        out = np.frombuffer(bindings[0], dtype=dt.storage, count=nb * M * N).reshape(bshape + (M, N))
+        a, b = (to_compute(v, dt) for v in views)
+        with np.errstate(**ERRSTATE):
+            if dt is _dt.float32:
+                np.matmul(a, b, out=out)
+            elif dt is _dt.bool_:
+                store(out, np.matmul(a.astype(np.int32), b.astype(np.int32)) != 0, dt)
+            elif dt is _dt.int32:
+                np.matmul(a, b, out=out)
+            else:
+                store(out, np.matmul(a.astype(np.float32), b.astype(np.float32)), dt)
+    return {f"matmul_{dt.code}": run}
+
+
+def plan(node, layouts: list, ctx) -> list:
+    (ashape, astr, aoff), (bshape, bstr, boff) = layouts
+    M, N = node.shape[-2:]
+    K = ashape[-1]
+    batch = node.shape[:-2]
+    if size_of(node.shape) == 0:
+        return []
+    if K == 0:
+        return [("fill", ("out",), 0, 1)]
+    ab = broadcast_strides(ashape[:-2], astr[:-2], batch)
+    bb = broadcast_strides(bshape[:-2], bstr[:-2], batch)
+    cshape, (ab, bb) = collapse(batch, [ab, bb])
+    if len(cshape) > MAX_BATCH:
+        raise hal.InvalidArgumentError(f"matmul supports at most {MAX_BATCH} batch dimensions")
+    nb = size_of(cshape)
+    if nb > 65535:
+        raise hal.InvalidArgumentError("matmul batch too large (at most 65535 matrices)")
+    pad = [0] * (MAX_BATCH - len(cshape))
+    consts = [M, N, K, len(cshape)] + list(cshape) + pad
+    consts += [aoff, u32(astr[-2]), u32(astr[-1])] + [u32(s) for s in ab] + pad
+    consts += [boff, u32(bstr[-2]), u32(bstr[-1])] + [u32(s) for s in bb] + pad
+    src = matmul_source(node.dtype)
+    wg = ((N + TILE - 1) // TILE, (M + TILE - 1) // TILE, nb)
+    return [("dispatch", src, f"matmul_{node.dtype.code}", wg, consts, [("out",), ("in", 0), ("in", 1)])]
+
+
+_ = contiguous_strides

@@ -1,0 +1,319 @@
+"""Reductions (sum, mean, max, min, argmax, argmin) over arbitrary axes.
+
+The input view is permuted so the reduced axes come last and read as an
+(O, R) matrix. Each workgroup reduces one chunk of one row with warp shuffles
+and a shared-memory block step; long rows with few outputs are split into C
+chunks whose partials a second `combine` dispatch reduces.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import hal
+
+from .. import dtypes as _dt
+from ..shapes import MAX_DIMS, collapse, contiguous_strides, size_of
+from .cuda_common import load_expr, store_expr
+from .numpy_util import ERRSTATE, compute_np, signed, store, strided_view, to_compute
+from .source import WORKGROUP, KernelSource, source, u32
+
+_ARG = ("argmax", "argmin")
+
+
+def acc_dtype(op: str, dt):
+    """The type partial results are kept in."""
+    if op in ("sum", "mean"):
+        return _dt.float32 if dt.is_float else _dt.int32
+    if dt.kind == "b":
+        return _dt.int32
+    return _dt.float32 if dt.is_float else dt
+
+
+def _c_identity(op, acc):
+    if op in ("sum", "mean"):
+        return "0"
+    if acc.is_float:
+        return "(-__int_as_float(0x7f800000))" if op in ("max", "argmax") else "__int_as_float(0x7f800000)"
+    return "(-2147483647 - 1)" if op in ("max", "argmax") else "2147483647"
+
+
+def _c_combine(op, acc):
+    if op in ("sum", "mean"):
+        return "(x + y)"
+    if acc.is_float:
+        return "rt_fmax(x, y)" if op == "max" else "rt_fmin(x, y)"
+    return "(x > y ? x : y)" if op == "max" else "(x < y ? x : y)"
+
+
+def _names(op, dt, out):
+    base = f"{op}_{dt.code}_{out.code}"
+    return {"c": base + "_c", "g": base + "_g", "pc": base + "_pc", "pg": base + "_pg",
+            "combine": base + "_combine"}
+
+
+_NCONST_C = 5  # O, R, chunk, offset, C
+_NCONST_G = 5 + 1 + 2 * MAX_DIMS  # + ndim, shape, strides
+_NCONST_COMBINE = 3  # O, C, R (for mean)
+
+
+def reduce_source(op: str, dt, out) -> KernelSource:
+    key = ("reduce", op, dt.name, out.name)
+    return source(key, lambda: _build(op, dt, out, key))
+
+
+def _build(op, dt, out, key):
+    names = _names(op, dt, out)
+    arg = op in _ARG
+    nb_final = 2
+    nb_part = 3 if arg else 2
+    exports = [
+        hal.Export(names["c"], (WORKGROUP, 1, 1), nb_final, _NCONST_C),
+        hal.Export(names["g"], (WORKGROUP, 1, 1), nb_final, _NCONST_G),
+        hal.Export(names["pc"], (WORKGROUP, 1, 1), nb_part, _NCONST_C),
+        hal.Export(names["pg"], (WORKGROUP, 1, 1), nb_part, _NCONST_G),
+        hal.Export(names["combine"], (WORKGROUP, 1, 1), 3 if arg else 2, _NCONST_COMBINE),
+    ]
+    return KernelSource(key, exports, lambda: _cuda(op, dt, out, names), lambda: _numpy(op, dt, out, names))
+
+
+# ---- CUDA C -----------------------------------------------------------------------------------
+
+def _cuda(op, dt, out, names) -> str:
+    acc = acc_dtype(op, dt)
+    A = acc.c_compute
+    arg = op in _ARG
+    ident = _c_identity(op, acc)
+    lines = []
+    if arg:
+        better = ">" if op == "argmax" else "<"
+        lines.append(f"""
+RT_DEV bool rt_better({A} a, u32 ia, {A} b, u32 ib) {{
+  const bool na = a != a, nb = b != b;
+  if (na || nb) return na && (!nb || ia < ib);
+  return a {better} b || (a == b && ia < ib);
+}}
+RT_DEV void rt_block_reduce({A}& v, u32& iv) {{
+  __shared__ {A} sv[{WORKGROUP} / RT_WARP];
+  __shared__ u32 si[{WORKGROUP} / RT_WARP];
+  for (int o = RT_WARP / 2; o > 0; o /= 2) {{
+    {A} w = RT_SHFL_DOWN(v, o); u32 iw = RT_SHFL_DOWN(iv, o);
+    if (rt_better(w, iw, v, iv)) {{ v = w; iv = iw; }}
+  }}
+  const u32 lane = threadIdx.x % RT_WARP, warp = threadIdx.x / RT_WARP;
+  if (lane == 0) {{ sv[warp] = v; si[warp] = iv; }}
+  __syncthreads();
+  if (warp == 0) {{
+    v = lane < blockDim.x / RT_WARP ? sv[lane] : {ident};
+    iv = lane < blockDim.x / RT_WARP ? si[lane] : 0xffffffffu;
+    for (int o = RT_WARP / 2; o > 0; o /= 2) {{
+      {A} w = RT_SHFL_DOWN(v, o); u32 iw = RT_SHFL_DOWN(iv, o);
+      if (rt_better(w, iw, v, iv)) {{ v = w; iv = iw; }}
+    }}
+  }}
+}}
+""")
+    else:
+        comb = _c_combine(op, acc)
+        lines.append(f"""
+RT_DEV {A} rt_comb({A} x, {A} y) {{ return {comb}; }}
+RT_DEV {A} rt_block_reduce({A} v) {{
+  __shared__ {A} sv[{WORKGROUP} / RT_WARP];
+  for (int o = RT_WARP / 2; o > 0; o /= 2) v = rt_comb(v, RT_SHFL_DOWN(v, o));
+  const u32 lane = threadIdx.x % RT_WARP, warp = threadIdx.x / RT_WARP;
+  if (lane == 0) sv[warp] = v;
+  __syncthreads();
+  if (warp == 0) {{
+    v = lane < blockDim.x / RT_WARP ? sv[lane] : ({A}){ident};
+    for (int o = RT_WARP / 2; o > 0; o /= 2) v = rt_comb(v, RT_SHFL_DOWN(v, o));
+  }}
+  return v;
+}}
+""")
+    load = load_expr(dt, "x[pos]")
+    for variant in ("c", "g", "pc", "pg"):
+        partial = variant.startswith("p")
+        strided = variant.endswith("g")
+        params = []
+        if partial:
+            params.append(f"{A}* __restrict__ pv")
+            if arg:
+                params.append("u32* __restrict__ pi")
+        else:
+            params.append(f"{out.c_storage}* __restrict__ out")
+        params.append(f"const {dt.c_storage}* __restrict__ x")
+        params += ["u32 O", "u32 R", "u32 chunk", "u32 off", "u32 C"]
+        if strided:
+            params.append("u32 ndim")
+            params += [f"u32 s{d}" for d in range(MAX_DIMS)]
+            params += [f"u32 t{d}" for d in range(MAX_DIMS)]
+        body = ["  const u32 o = blockIdx.x, ck = blockIdx.y;",
+                "  const u64 r0 = (u64)ck * chunk;",
+                "  const u64 r1 = r0 + chunk < R ? r0 + chunk : R;"]
+        if strided:
+            body.append(f"  const u32 shp[{MAX_DIMS}] = {{{', '.join(f's{d}' for d in range(MAX_DIMS))}}};")
+            body.append(f"  const int st[{MAX_DIMS}] = {{{', '.join(f'(int)t{d}' for d in range(MAX_DIMS))}}};")
+        body.append(f"  {A} v = {ident};")
+        if arg:
+            body.append("  u32 iv = 0xffffffffu;")
+        body.append("  for (u64 r = r0 + threadIdx.x; r < r1; r += blockDim.x) {")
+        if strided:
+            body += ["    u64 rem = (u64)o * R + r; i64 pos = off;",
+                     "    #pragma unroll",
+                     f"    for (int d = {MAX_DIMS - 1}; d >= 0; --d) {{",
+                     "      if (d < (int)ndim) { u64 q = rem / shp[d]; pos += (i64)(rem - q * shp[d]) * st[d]; rem = q; }",
+                     "    }"]
+        else:
+            body.append("    const u64 pos = (u64)off + (u64)o * R + r;")
+        body.append(f"    const {A} e = ({A})({load});")
+        if arg:
+            body.append("    if (rt_better(e, (u32)r, v, iv)) { v = e; iv = (u32)r; }")
+        else:
+            body.append("    v = rt_comb(v, e);")
+        body.append("  }")
+        if arg:
+            body.append("  rt_block_reduce(v, iv);")
+        else:
+            body.append("  v = rt_block_reduce(v);")
+        body.append("  if (threadIdx.x == 0) {")
+        if partial:
+            body.append("    pv[(u64)o * C + ck] = v;")
+            if arg:
+                body.append("    pi[(u64)o * C + ck] = iv;")
+        elif arg:
+            body.append(f"    out[o] = {store_expr(out, '(iv == 0xffffffffu ? 0u : iv)')};")
+        elif op == "mean":
+            body.append(f"    out[o] = {store_expr(out, '(float)v / (float)R')};")
+        else:
+            body.append(f"    out[o] = {store_expr(out, 'v')};")
+        body.append("  }")
+        name = names[variant]
+        lines.append(f'extern "C" __global__ void {name}({", ".join(params)}) {{\n' + "\n".join(body) + "\n}\n")
+    # combine: one workgroup per output reduces its C partials.
+    params = [f"{out.c_storage}* __restrict__ out", f"const {A}* __restrict__ pv"]
+    if arg:
+        params.append("const u32* __restrict__ pi")
+    params += ["u32 O", "u32 C", "u32 R"]
+    body = ["  const u32 o = blockIdx.x;", f"  {A} v = {ident};"]
+    if arg:
+        body += ["  u32 iv = 0xffffffffu;",
+                 "  for (u32 c = threadIdx.x; c < C; c += blockDim.x) {",
+                 "    const u64 q = (u64)o * C + c;",
+                 "    if (rt_better(pv[q], pi[q], v, iv)) { v = pv[q]; iv = pi[q]; }",
+                 "  }",
+                 "  rt_block_reduce(v, iv);",
+                 f"  if (threadIdx.x == 0) out[o] = {store_expr(out, '(iv == 0xffffffffu ? 0u : iv)')};"]
+    else:
+        final = "(float)v / (float)R" if op == "mean" else "v"
+        body += ["  for (u32 c = threadIdx.x; c < C; c += blockDim.x) v = rt_comb(v, pv[(u64)o * C + c]);",
+                 "  v = rt_block_reduce(v);",
+                 f"  if (threadIdx.x == 0) out[o] = {store_expr(out, final)};"]
+    lines.append(f'extern "C" __global__ void {names["combine"]}({", ".join(params)}) {{\n'
+                 + "\n".join(body) + "\n}\n")
+    return "\n".join(lines)
+
+
+# ---- numpy ------------------------------------------------------------------------------------
+
+def _np_reduce(op, x: np.ndarray, dt, out_dt) -> np.ndarray:
+    """Reduce the last axis of a 2-D (O, R) array of dtype dt's compute values."""
+    with np.errstate(**ERRSTATE):
+        if op in ("sum", "mean"):
+            acc = np.float32 if dt.is_float else np.int64
+            r = np.add.reduce(x, axis=1, dtype=acc)
+            if op == "mean":
+                r = r / np.float32(x.shape[1]) if x.shape[1] else np.full(r.shape, np.nan, np.float32)
+            return r
+        if op == "max":
+            return np.maximum.reduce(x, axis=1)
+        if op == "min":
+            return np.minimum.reduce(x, axis=1)
+        if op == "argmax":
+            return np.argmax(x, axis=1)
+        return np.argmin(x, axis=1)
+
+
+def _numpy(op, dt, out, names) -> dict:
+    def run(bindings, c, strided):
+        O, R, off = c[0], c[1], c[3]
+        if strided:
+            ndim = c[5]
+            shape = tuple(c[6:6 + ndim])
+            strides = tuple(signed(s) for s in c[6 + MAX_DIMS:6 + MAX_DIMS + ndim])
+            x = strided_view(bindings[1], dt, shape, strides, off).reshape(O, R)
+        else:
+            x = np.frombuffer(bindings[1], dtype=dt.storage)[off:off + O * R].reshape(O, R)
+        x = to_compute(x, dt)
+        if dt is _dt.float16 and op in ("sum", "mean"):
+            x = x.astype(np.float32)
+        res = _np_reduce(op, x, dt, out)
+        o = np.frombuffer(bindings[0], dtype=out.storage, count=O)
+        store(o, res, out)
+
+    def final_c(wg, bindings, c):
+        run(bindings, c, False)
+
+    def final_g(wg, bindings, c):
+        run(bindings, c, True)
+
+    def unsupported(wg, bindings, c):
+        raise hal.UnimplementedError("split reductions are planned for GPU devices only")
+
+    return {names["c"]: final_c, names["g"]: final_g, names["pc"]: unsupported,
+            names["pg"]: unsupported, names["combine"]: unsupported}
+
+
+# ---- planning ---------------------------------------------------------------------------------
+
+def plan(node, layouts: list, ctx) -> list:
+    (shape, strides, offset), = layouts
+    op = node.op
+    dt = node.inputs[0].dtype
+    out = node.dtype
+    axes = node.params[0]
+    kept = [i for i in range(len(shape)) if i not in axes]
+    order = kept + list(axes)
+    O = size_of(tuple(shape[i] for i in kept))
+    R = size_of(tuple(shape[i] for i in axes))
+    src = reduce_source(op, dt, out)
+    names = _names(op, dt, out)
+    if O == 0:
+        return []
+    pshape = tuple(shape[i] for i in order)
+    pstrides = tuple(strides[i] for i in order)
+    if op in _ARG:
+        # Indices count along the reduced axis in logical order: no dim collapsing across it.
+        cshape, cstr = pshape, pstrides
+        cshape = tuple(d for d in cshape)
+        contiguous = pstrides[-1:] == (1,) and len(axes) == 1 and all(
+            s == cs or d == 1 for s, cs, d in zip(pstrides, contiguous_strides(pshape), pshape))
+        if len(cshape) > MAX_DIMS:
+            raise hal.InvalidArgumentError("too many dimensions")
+    else:
+        cshape, (cstr,) = collapse(pshape, [pstrides])
+        contiguous = all(s == cs for s, cs in zip(cstr, contiguous_strides(cshape)))
+    # Chunking: split long rows when there are too few rows to fill the GPU.
+    C = 1
+    if ctx.is_gpu and R > 4096 and O < 512:
+        C = min((R + 2047) // 2048, max(1, 1024 // O), 1024)
+    chunk = (R + C - 1) // C if R else 1
+    consts = [O, R, chunk, offset, C]
+    if not contiguous:
+        consts += [len(cshape)] + list(cshape) + [0] * (MAX_DIMS - len(cshape))
+        consts += [u32(s) for s in cstr] + [0] * (MAX_DIMS - len(cstr))
+    v = "c" if contiguous else "g"
+    if C == 1:
+        return [("dispatch", src, names[v], (O, 1, 1), consts, [("out",), ("in", 0)])]
+    acc = acc_dtype(op, dt)
+    temps = [O * C * acc.itemsize] + ([O * C * 4] if op in _ARG else [])
+    part_bind = [("tmp", 0)] + ([("tmp", 1)] if op in _ARG else []) + [("in", 0)]
+    comb_bind = [("out",), ("tmp", 0)] + ([("tmp", 1)] if op in _ARG else [])
+    return [
+        ("temps", temps),
+        ("dispatch", src, names["p" + v], (O, C, 1), consts, part_bind),
+        ("barrier",),
+        ("dispatch", src, names["combine"], (O, 1, 1), [O, C, R], comb_bind),
+    ]
+
+
+_ = compute_np

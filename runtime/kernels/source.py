@@ -1,0 +1,86 @@
+"""Kernel sources: one CUDA C string and one set of numpy callables per (op, dtypes), loaded once per device."""
+
+from __future__ import annotations
+
+import hal
+
+from .cuda_common import CUDA_PRELUDE, HIP_PRELUDE, COMMON
+
+WORKGROUP = 256
+
+
+class KernelSource:
+    """The exports of one (op, dtypes) kernel family in every executable format."""
+
+    __slots__ = ("key", "exports", "_cuda", "_numpy", "_cuda_fn", "_numpy_fn")
+
+    def __init__(self, key: tuple, exports: list, cuda_fn, numpy_fn) -> None:
+        self.key = key
+        self.exports = exports  # list[hal.Export]
+        self._cuda_fn = cuda_fn  # () -> kernel body C source (without prelude)
+        self._numpy_fn = numpy_fn  # () -> {export name: callable}
+        self._cuda = None
+        self._numpy = None
+
+    @property
+    def name(self) -> str:
+        return "_".join(str(k) for k in self.key)
+
+    def cuda_source(self) -> str:
+        if self._cuda is None:
+            self._cuda = CUDA_PRELUDE + COMMON + self._cuda_fn()
+        return self._cuda
+
+    def hip_source(self) -> str:
+        return HIP_PRELUDE + COMMON + self._cuda_fn()
+
+    def numpy_code(self) -> dict:
+        if self._numpy is None:
+            self._numpy = self._numpy_fn()
+        return self._numpy
+
+    def specs(self, formats: tuple) -> list:
+        out = []
+        for fmt in formats:
+            if fmt == "numpy":
+                out.append(hal.ExecutableSpec("numpy", self.numpy_code(), self.exports))
+            elif fmt == "cuda-c":
+                out.append(hal.ExecutableSpec("cuda-c", self.cuda_source(), self.exports))
+            elif fmt == "hip-c":
+                out.append(hal.ExecutableSpec("hip-c", self.hip_source(), self.exports))
+        return out
+
+
+_sources: dict = {}
+
+
+def source(key: tuple, build) -> KernelSource:
+    """The KernelSource for `key`, built once by `build()`."""
+    src = _sources.get(key)
+    if src is None:
+        src = build()
+        _sources[key] = src
+    return src
+
+
+def executable(ctx, src: KernelSource) -> hal.Executable:
+    """The loaded executable of `src` on ctx's device (loaded once per device)."""
+    exe = ctx.executables.get(src.key)
+    if exe is None:
+        formats = (ctx.gpu_format, "numpy") if ctx.is_gpu else ("numpy",)
+        exe = ctx.device.load_executable(src.specs(formats))
+        ctx.executables[src.key] = exe
+    return exe
+
+
+def grid_1d(n: int) -> int:
+    """Workgroups for a grid-stride loop over n items."""
+    return min((n + WORKGROUP - 1) // WORKGROUP, 65535 * 16)
+
+
+def u32(v: int) -> int:
+    return v & 0xFFFFFFFF
+
+
+def s32(v: int) -> int:
+    return v - (1 << 32) if v >= (1 << 31) else v

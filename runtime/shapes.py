@@ -1,0 +1,239 @@
+"""Shape arithmetic: broadcasting, axes, strides (in elements), views and index parsing."""
+
+from __future__ import annotations
+
+import operator
+
+import hal
+
+MAX_DIMS = 8
+
+
+def contiguous_strides(shape: tuple) -> tuple:
+    strides = []
+    acc = 1
+    for dim in reversed(shape):
+        strides.append(acc)
+        acc *= dim
+    return tuple(reversed(strides))
+
+
+def size_of(shape: tuple) -> int:
+    n = 1
+    for dim in shape:
+        n *= dim
+    return n
+
+
+def check_shape(shape) -> tuple:
+    if isinstance(shape, int):
+        shape = (shape,)
+    try:
+        shape = tuple(operator.index(d) for d in shape)
+    except TypeError:
+        raise hal.InvalidArgumentError(f"shape must be a tuple of ints, got {shape!r}") from None
+    if any(d < 0 for d in shape):
+        raise hal.InvalidArgumentError(f"negative dimension in shape {shape}")
+    if len(shape) > MAX_DIMS:
+        raise hal.InvalidArgumentError(f"at most {MAX_DIMS} dimensions are supported, got {len(shape)}")
+    return shape
+
+
+def broadcast_shapes(*shapes: tuple) -> tuple:
+    ndim = max(len(s) for s in shapes)
+    out = []
+    for i in range(ndim):
+        dim = 1
+        for s in shapes:
+            j = i - (ndim - len(s))
+            if j < 0:
+                continue
+            d = s[j]
+            if d == dim or d == 1:
+                continue
+            if dim == 1:
+                dim = d
+            else:
+                raise hal.InvalidArgumentError(
+                    f"shapes {' '.join(map(str, shapes))} cannot be broadcast together")
+        out.append(dim)
+    return tuple(out)
+
+
+def broadcast_strides(shape: tuple, strides: tuple, out_shape: tuple) -> tuple:
+    """Strides of a view of `shape`/`strides` broadcast to `out_shape` (0 on broadcast dims)."""
+    lead = len(out_shape) - len(shape)
+    res = [0] * lead
+    for d, st, od in zip(shape, strides, out_shape[lead:]):
+        res.append(st if d == od and d != 1 else 0)
+    return tuple(res)
+
+
+def normalize_axis(axis: int, ndim: int) -> int:
+    try:
+        axis = operator.index(axis)
+    except TypeError:
+        raise hal.InvalidArgumentError(f"axis must be an int, got {axis!r}") from None
+    if not -ndim <= axis < ndim:
+        raise hal.InvalidArgumentError(f"axis {axis} is out of bounds for array of dimension {ndim}")
+    return axis % ndim if ndim else 0
+
+
+def normalize_axes(axis, ndim: int) -> tuple:
+    """axis int | tuple | None -> sorted tuple of distinct non-negative axes."""
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, (tuple, list)):
+        axes = tuple(normalize_axis(a, ndim) for a in axis)
+        if len(set(axes)) != len(axes):
+            raise hal.InvalidArgumentError(f"repeated axis in {axis}")
+        return tuple(sorted(axes))
+    return (normalize_axis(axis, ndim),)
+
+
+def reshape_target(shape: tuple, newshape, size: int) -> tuple:
+    if isinstance(newshape, int):
+        newshape = (newshape,)
+    try:
+        newshape = tuple(operator.index(d) for d in newshape)
+    except TypeError:
+        raise hal.InvalidArgumentError(f"shape must be ints, got {newshape!r}") from None
+    unknown = [i for i, d in enumerate(newshape) if d == -1]
+    if len(unknown) > 1:
+        raise hal.InvalidArgumentError("can only specify one unknown dimension")
+    if any(d < -1 for d in newshape):
+        raise hal.InvalidArgumentError(f"invalid shape {newshape}")
+    if unknown:
+        known = size_of(tuple(d for d in newshape if d != -1))
+        if known == 0 or size % known:
+            raise hal.InvalidArgumentError(f"cannot reshape array of size {size} into shape {newshape}")
+        newshape = tuple(size // known if d == -1 else d for d in newshape)
+    if size_of(newshape) != size:
+        raise hal.InvalidArgumentError(f"cannot reshape array of size {size} into shape {newshape}")
+    return check_shape(newshape)
+
+
+def reshape_strides(shape: tuple, strides: tuple, newshape: tuple):
+    """Strides that view `shape`/`strides` as `newshape` without a copy, or None if impossible."""
+    if size_of(shape) == 0:
+        return contiguous_strides(newshape)
+    old = [(d, s) for d, s in zip(shape, strides) if d != 1]
+    new_strides = []
+    oi = 0
+    ni = 0
+    new_dims = list(newshape)
+    res = [0] * len(new_dims)
+    # Walk groups of old dims whose product equals a group of new dims.
+    while ni < len(new_dims):
+        if new_dims[ni] == 1:
+            res[ni] = 0
+            ni += 1
+            continue
+        if oi >= len(old):
+            return None
+        group_old = [old[oi]]
+        prod_old = old[oi][0]
+        oi += 1
+        group_new = [ni]
+        prod_new = new_dims[ni]
+        ni += 1
+        while prod_old != prod_new:
+            if prod_old < prod_new:
+                if oi >= len(old):
+                    return None
+                group_old.append(old[oi])
+                prod_old *= old[oi][0]
+                oi += 1
+            else:
+                while ni < len(new_dims) and new_dims[ni] == 1:
+                    group_new.append(ni)
+                    ni += 1
+                if ni >= len(new_dims):
+                    return None
+                group_new.append(ni)
+                prod_new *= new_dims[ni]
+                ni += 1
+        # The old group must be contiguous among itself.
+        for (d0, s0), (d1, s1) in zip(group_old, group_old[1:]):
+            if s0 != d1 * s1:
+                return None
+        stride = group_old[-1][1]
+        for idx in reversed(group_new):
+            res[idx] = stride
+            stride *= new_dims[idx]
+    del new_strides
+    return tuple(res)
+
+
+def collapse(shape: tuple, strides_list: list) -> tuple:
+    """Merge adjacent dims that are contiguous for every operand; drop size-1 dims."""
+    dims = [i for i, d in enumerate(shape) if d != 1]
+    if not dims:
+        return (), [() for _ in strides_list]
+    out_shape = [shape[dims[0]]]
+    out_strides = [[s[dims[0]]] for s in strides_list]
+    for i in dims[1:]:
+        d = shape[i]
+        if all(os[-1] == s[i] * d for os, s in zip(out_strides, strides_list)):
+            out_shape[-1] *= d
+            for os, s in zip(out_strides, strides_list):
+                os[-1] = s[i]
+        else:
+            out_shape.append(d)
+            for os, s in zip(out_strides, strides_list):
+                os.append(s[i])
+    return tuple(out_shape), [tuple(s) for s in out_strides]
+
+
+def parse_index(key, shape: tuple, strides: tuple, offset: int):
+    """Basic indexing -> (new shape, new strides, new offset, per-axis slice info).
+
+    The slice info is a list over the source axes of (start, step, count, keep):
+    `keep` False for an integer index (the axis disappears).
+    """
+    if not isinstance(key, tuple):
+        key = (key,)
+    n_ellipsis = sum(1 for k in key if k is Ellipsis)
+    if n_ellipsis > 1:
+        raise hal.InvalidArgumentError("an index can only have a single ellipsis ('...')")
+    n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if n_real > len(shape):
+        raise hal.InvalidArgumentError(
+            f"too many indices for array: array is {len(shape)}-dimensional, but {n_real} were indexed")
+    expanded = []
+    for k in key:
+        if k is Ellipsis:
+            expanded.extend([slice(None)] * (len(shape) - n_real))
+        else:
+            expanded.append(k)
+    if n_ellipsis == 0:
+        expanded.extend([slice(None)] * (len(shape) - n_real))
+    new_shape, new_strides, info = [], [], []
+    axis = 0
+    for k in expanded:
+        if k is None:
+            new_shape.append(1)
+            new_strides.append(0)
+            continue
+        dim, st = shape[axis], strides[axis]
+        if isinstance(k, slice):
+            start, stop, step = k.indices(dim)
+            count = len(range(start, stop, step))
+            offset += start * st if count else 0
+            new_shape.append(count)
+            new_strides.append(st * step)
+            info.append((start if count else 0, step, count, True))
+        else:
+            try:
+                idx = operator.index(k)
+            except TypeError:
+                raise hal.InvalidArgumentError(
+                    f"only integers, slices, None and Ellipsis are valid indices, got {k!r}") from None
+            if not -dim <= idx < dim:
+                raise hal.InvalidArgumentError(
+                    f"index {idx} is out of bounds for axis {axis} with size {dim}")
+            idx %= dim
+            offset += idx * st
+            info.append((idx, 1, 1, False))
+        axis += 1
+    return tuple(new_shape), tuple(new_strides), offset, info
