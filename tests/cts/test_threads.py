@@ -42,7 +42,7 @@ def test_threads_submit_and_check_their_own_work(device, kernels):
         sem = device.create_semaphore(0)
         for step in range(10):
 
-            def body(cb):
+            def body(cb, step=step):
                 cb.dispatch(kernels, "cts_iota", workgroups=8, constants=[n], bindings=[buf])
                 cb.execution_barrier()
                 for _ in range(index + step):
