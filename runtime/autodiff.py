@@ -1,2 +1,214 @@
-def grad(*a, **k): raise NotImplementedError
-def value_and_grad(*a, **k): raise NotImplementedError
+"""Reverse-mode autodiff over the op graph: the backward pass is built from the same lazy ops."""
+
+from __future__ import annotations
+
+import hal
+
+from . import ops
+from .array import Array, constant
+from .ops import COMPARE
+
+_NO_GRAD = frozenset(COMPARE) | {"argmax", "argmin", "random", "full", "placeholder"}
+
+
+def _unbroadcast(g: Array, shape: tuple) -> Array:
+    """Sum g over the axes along which `shape` was broadcast to g.shape."""
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and g.shape[lead + i] != 1)
+    if axes:
+        g = ops.sum(g, axis=axes, keepdims=True)
+    return ops.reshape(g, shape)
+
+
+def _keepdims_shape(x_shape: tuple, axes: tuple) -> tuple:
+    return tuple(1 if i in axes else d for i, d in enumerate(x_shape))
+
+
+def _vjp(node: Array, k: int, g: Array) -> Array | None:
+    """Cotangent contribution of `node`'s output cotangent g to its input k."""
+    op = node.op
+    x = node.inputs[k]
+    if op in ("add", "sub", "mul", "div", "pow", "maximum", "minimum"):
+        a, b = node.inputs
+        if op == "add":
+            r = g
+        elif op == "sub":
+            r = g if k == 0 else -g
+        elif op == "mul":
+            r = g * (b if k == 0 else a)
+        elif op == "div":
+            r = g / b if k == 0 else -g * node / b
+        elif op == "pow":
+            if k == 0:
+                r = g * b * a ** (b - 1)
+            else:
+                r = g * node * ops.log(ops.where(a > 0, a, 1))
+        elif op == "maximum":
+            r = ops.where(a >= b, g, 0) if k == 0 else ops.where(a >= b, 0, g)
+        else:
+            r = ops.where(a <= b, g, 0) if k == 0 else ops.where(a <= b, 0, g)
+        return _unbroadcast(r, x.shape)
+    if op == "neg":
+        return -g
+    if op == "abs":
+        return ops.where(x >= 0, g, -g)
+    if op == "exp":
+        return g * node
+    if op == "log":
+        return g / x
+    if op == "sqrt":
+        return g * 0.5 / node
+    if op == "tanh":
+        return g * (1 - node * node)
+    if op == "sigmoid":
+        return g * node * (1 - node)
+    if op == "cast":
+        return ops.astype(g, x.dtype) if x.dtype.is_float else None
+    if op in ("copy", "alias"):
+        return g
+    if op == "where":
+        if k == 0:
+            return None
+        c = node.inputs[0]
+        r = ops.where(c, g, 0) if k == 1 else ops.where(c, 0, g)
+        return _unbroadcast(r, x.shape)
+    if op in ("sum", "mean", "max", "min"):
+        axes, keepdims = node.params
+        kshape = _keepdims_shape(x.shape, axes)
+        gk = ops.reshape(g, kshape)
+        if op == "sum":
+            return ops.broadcast_to(gk, x.shape)
+        if op == "mean":
+            count = 1
+            for a in axes:
+                count *= x.shape[a]
+            return ops.broadcast_to(gk / max(count, 1), x.shape)
+        mask = ops.equal(x, ops.reshape(node, kshape))
+        maskf = ops.astype(mask, g.dtype)
+        count = ops.sum(maskf, axis=axes, keepdims=True)
+        return gk * maskf / count
+    if op == "matmul":
+        a, b = node.inputs
+        if k == 0:
+            return _unbroadcast(ops.matmul(g, ops.swapaxes(b, -1, -2)), a.shape)
+        return _unbroadcast(ops.matmul(ops.swapaxes(a, -1, -2), g), b.shape)
+    if op == "reshape":
+        return ops.reshape(g, x.shape)
+    if op == "transpose":
+        perm = node.params
+        inv = [0] * len(perm)
+        for i, p in enumerate(perm):
+            inv[p] = i
+        return ops.transpose(g, tuple(inv))
+    if op == "broadcast_to":
+        return _unbroadcast(g, x.shape)
+    if op == "slice":
+        info, _ = node.params
+        kept = tuple(count for (_, _, count, keep) in info if keep)
+        return ops.pad_slice(ops.reshape(g, kept), x.shape, info)
+    if op == "pad":
+        in_shape, info = node.params
+        index = []
+        for start, step, count, keep in info:
+            if not keep:
+                index.append(start)
+            else:
+                stop = start + step * count
+                index.append(slice(start, stop if stop >= 0 else None, step))
+        return g[tuple(index)]
+    raise hal.UnimplementedError(f"no gradient rule for op {op!r}")
+
+
+def _backward(out: Array, wrt: list) -> list:
+    targets = {id(w) for w in wrt}
+    # Post-order DFS marking nodes that lead to a differentiated input.
+    order = []
+    relevant: dict = {}
+    stack = [(out, False)]
+    while stack:
+        node, expanded = stack.pop()
+        nid = id(node)
+        if nid in relevant:
+            continue
+        if expanded:
+            hit = nid in targets
+            if not hit and node.op is not None and node.op not in _NO_GRAD:
+                hit = any(relevant.get(id(inp), False) for inp in node.inputs)
+            relevant[nid] = hit
+            order.append(node)
+            continue
+        stack.append((node, True))
+        if nid in targets or node.op is None:
+            continue
+        for inp in node.inputs:
+            if id(inp) not in relevant:
+                stack.append((inp, False))
+    cot: dict = {id(out): constant(1.0, out.dtype, out.ctx) if out.dtype.is_float
+                 else constant(1.0, ops._dt.float32, out.ctx)}
+    for node in reversed(order):
+        nid = id(node)
+        g = cot.get(nid)
+        if g is None or nid in targets or not relevant.get(nid):
+            continue
+        for k, inp in enumerate(node.inputs):
+            if not relevant.get(id(inp)):
+                continue
+            if not inp.dtype.is_float:
+                continue
+            contrib = _vjp(node, k, g)
+            if contrib is None:
+                continue
+            if contrib.dtype is not inp.dtype:
+                contrib = ops.astype(contrib, inp.dtype)
+            prev = cot.get(id(inp))
+            cot[id(inp)] = contrib if prev is None else prev + contrib
+    result = []
+    for w in wrt:
+        g = cot.get(id(w))
+        if g is None:
+            g = ops.zeros(w.shape, w.dtype, w.ctx)
+        elif g.shape != w.shape:
+            g = ops.broadcast_to(g, w.shape)
+        result.append(g)
+    return result
+
+
+def value_and_grad(fn, argnums=0):
+    """fn(*args) -> (fn's scalar value, gradient(s) with respect to args[argnums])."""
+    single = isinstance(argnums, int)
+    nums = (argnums,) if single else tuple(argnums)
+
+    def wrapped(*args, **kwargs):
+        args = list(args)
+        wrt = []
+        for i in nums:
+            a = args[i]
+            if type(a) is not Array:
+                a = ops.asarray(a)
+            m = ops.alias(a)
+            args[i] = m
+            wrt.append(m)
+        out = fn(*args, **kwargs)
+        if type(out) is not Array:
+            raise hal.InvalidArgumentError("the differentiated function must return an Array")
+        if out.shape != () and out.size != 1:
+            raise hal.InvalidArgumentError(
+                f"grad needs a function with a scalar output, got shape {out.shape}")
+        grads = _backward(out, wrt)
+        return out, (grads[0] if single else tuple(grads))
+
+    wrapped.__name__ = f"value_and_grad({getattr(fn, '__name__', 'fn')})"
+    return wrapped
+
+
+def grad(fn, argnums=0):
+    """The gradient of a scalar-valued fn with respect to args[argnums] (lazy arrays)."""
+    vg = value_and_grad(fn, argnums)
+
+    def wrapped(*args, **kwargs):
+        return vg(*args, **kwargs)[1]
+
+    wrapped.__name__ = f"grad({getattr(fn, '__name__', 'fn')})"
+    return wrapped
