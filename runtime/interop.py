@@ -1,1 +1,198 @@
-def from_dlpack(x, device=None): raise NotImplementedError
+"""DLPack and __cuda_array_interface__: zero-copy exchange with numpy, PyTorch and CuPy.
+
+Exports hand out the array's device memory itself (a legacy `dltensor`
+capsule built with ctypes); the capsule keeps the storage alive until the
+consumer calls the deleter. Imports copy into a runtime buffer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+import hal
+
+from . import dtypes as _dt
+
+KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_ROCM = 1, 2, 3, 10
+_DL_CODE = {"i": 0, "f": 2, "b": 6}
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class DLManagedTensor(ctypes.Structure):
+    pass
+
+
+_Deleter = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
+DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _Deleter)]
+
+_alive: dict = {}  # address of a DLManagedTensor -> everything it points into
+
+
+@_Deleter
+def _delete(managed) -> None:
+    _alive.pop(ctypes.addressof(managed.contents), None)
+
+
+_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
+_PyCapsule_New.restype = ctypes.py_object
+_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+# The destructor receives the dying capsule: touch it only as a raw pointer (no new references).
+_api = ctypes.PyDLL(None)
+_PyCapsule_IsValid = _api.PyCapsule_IsValid
+_PyCapsule_IsValid.restype = ctypes.c_int
+_PyCapsule_IsValid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_PyCapsule_GetPointer = _api.PyCapsule_GetPointer
+_PyCapsule_GetPointer.restype = ctypes.c_void_p
+_PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+
+_CapsuleDestructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+@_CapsuleDestructor
+def _capsule_destructor(capsule) -> None:
+    # An unconsumed capsule still owns its tensor; a consumed one was renamed "used_dltensor".
+    if _PyCapsule_IsValid(capsule, b"dltensor"):
+        ptr = _PyCapsule_GetPointer(capsule, b"dltensor")
+        _alive.pop(ptr, None)
+
+
+def make_capsule(data_ptr: int, device: tuple, shape: tuple, strides_elems: tuple, dtype, keepalive):
+    """A legacy DLPack capsule over existing memory; `keepalive` lives until the consumer deletes it."""
+    ndim = len(shape)
+    managed = DLManagedTensor()
+    shape_arr = (ctypes.c_int64 * max(ndim, 1))(*shape)
+    strides_arr = (ctypes.c_int64 * max(ndim, 1))(*strides_elems)
+    t = managed.dl_tensor
+    t.data = data_ptr
+    t.device = DLDevice(*device)
+    t.ndim = ndim
+    t.dtype = DLDataType(_DL_CODE[dtype.kind] if dtype is not _dt.bfloat16 else 4, dtype.itemsize * 8, 1)
+    t.shape = ctypes.cast(shape_arr, ctypes.POINTER(ctypes.c_int64))
+    t.strides = ctypes.cast(strides_arr, ctypes.POINTER(ctypes.c_int64))
+    t.byte_offset = 0
+    managed.manager_ctx = None
+    managed.deleter = _delete
+    addr = ctypes.addressof(managed)
+    _alive[addr] = (managed, shape_arr, strides_arr, keepalive)
+    return _PyCapsule_New(addr, b"dltensor", ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+
+
+def _cuda_ordinal(ctx) -> int | None:
+    info = ctx.device.info
+    if info.driver == "cuda":
+        return info.ordinal
+    return None
+
+
+def device_pointer(buffer) -> int:
+    """The device address of a HAL buffer on a GPU driver."""
+    for attr in ("device_pointer", "ptr", "address"):
+        v = getattr(buffer, attr, None)
+        if isinstance(v, int):
+            return v
+    alloc = getattr(buffer.root, "_allocation", None)
+    for attr in ("device_pointer", "ptr", "address"):
+        v = getattr(alloc, attr, None)
+        if v is not None:
+            return int(v) + buffer.offset
+    if alloc is not None:
+        try:
+            return int(alloc) + buffer.offset
+        except TypeError:
+            pass
+    raise hal.UnimplementedError("this driver does not expose device addresses of its buffers")
+
+
+def _ready_storage(a):
+    from .lowering import evaluate
+    if a.root.storage is None:
+        evaluate((a,))
+    st = a.root.storage
+    st.ctx.wait(st.ready)
+    return st
+
+
+def dlpack_device(a) -> tuple:
+    ordinal = _cuda_ordinal(a.ctx)
+    if ordinal is not None:
+        return (KDL_CUDA, ordinal)
+    if a.ctx.is_gpu:
+        return (KDL_ROCM, a.ctx.device.info.ordinal)
+    return (KDL_CPU, 0)
+
+
+def to_dlpack(a, stream=None, max_version=None, dl_device=None, copy=None):
+    st = _ready_storage(a)
+    strides, offset = a.layout()
+    dev = dlpack_device(a)
+    if dl_device is not None and tuple(dl_device) != dev:
+        raise BufferError(f"array is on DLPack device {dev}, not {tuple(dl_device)}")
+    if copy:
+        from .ops import contiguous
+        return to_dlpack(contiguous(a) if a.root is not a else a + 0, stream, max_version, dl_device, False)
+    if dev[0] == KDL_CPU:
+        from .host import to_numpy
+        host = to_numpy(a)  # zero-copy view of mapped memory that keeps the storage alive
+        base = host
+        ptr = base.__array_interface__["data"][0]
+        return make_capsule(ptr, dev, a.shape, tuple(s // a.dtype.itemsize for s in host.strides)
+                            if host.size else (0,) * a.ndim, a.dtype, base)
+    ptr = device_pointer(st.buffer) + offset * a.dtype.itemsize
+    return make_capsule(ptr, dev, a.shape, strides, a.dtype, (st, a))
+
+
+def cuda_array_interface(a) -> dict:
+    if _cuda_ordinal(a.ctx) is None:
+        raise AttributeError("__cuda_array_interface__ is only available for arrays on a cuda device")
+    st = _ready_storage(a)
+    strides, offset = a.layout()
+    dt = a.dtype
+    typestr = {"f32": "<f4", "f16": "<f2", "i32": "<i4", "b8": "|b1", "bf16": "<V2"}[dt.code]
+    return {"shape": a.shape, "typestr": typestr,
+            "data": (device_pointer(st.buffer) + offset * dt.itemsize, False),
+            "strides": tuple(s * dt.itemsize for s in strides), "version": 3, "stream": None}
+
+
+def from_dlpack(obj, device=None):
+    """An Array holding a copy of any DLPack-exporting object (numpy, torch, cupy, another runtime Array)."""
+    from .array import Array, upload
+    from .device import context_for
+    if type(obj) is Array:
+        return obj
+    ctx = context_for(device)
+    dev = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (KDL_CPU, 0)
+    if dev[0] in (KDL_CPU, KDL_CUDA_HOST):
+        host = np.from_dlpack(obj)
+    elif hasattr(obj, "cpu"):
+        host = np.asarray(obj.cpu())  # torch-like tensors
+    elif hasattr(obj, "get"):
+        host = obj.get()  # cupy
+    else:
+        raise hal.UnimplementedError(f"cannot import a DLPack tensor from device type {dev[0]}")
+    return upload(host, _dt.from_numpy(host.dtype), ctx)
+
+
+def _install() -> None:
+    from .array import Array
+    Array.__dlpack__ = lambda self, *, stream=None, max_version=None, dl_device=None, copy=None: to_dlpack(
+        self, stream, max_version, dl_device, copy)
+    Array.__dlpack_device__ = dlpack_device
+    Array.__cuda_array_interface__ = property(cuda_array_interface)
+
+
+_install()
