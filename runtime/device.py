@@ -13,7 +13,7 @@ from .graph_cache import GraphCache
 class DeviceContext:
     """Everything the runtime keeps for one hal.Device."""
 
-    __slots__ = ("device", "semaphore", "submitted", "completed", "buffers", "graphs",
+    __slots__ = ("device", "semaphore", "submitted", "completed", "buffers", "graphs", "failed",
                  "executables", "constants", "is_gpu", "gpu_format", "lock", "name", "__weakref__")
 
     def __init__(self, device: hal.Device) -> None:
@@ -29,18 +29,56 @@ class DeviceContext:
         self.is_gpu = self.gpu_format is not None
         self.lock = threading.RLock()
         self.name = getattr(device, "driver_name", "device")
+        # semaphore -> (last value known reached, the failure) for timelines replaced after a failure
+        self.failed: dict = {}
 
     def refresh(self) -> int:
-        """Poll the semaphore (raises AbortedError when a submission failed)."""
-        value = self.semaphore.value
+        """Poll the timeline; after a failed submission, move on to a fresh one."""
+        try:
+            value = self.semaphore.value
+        except hal.AbortedError as exc:
+            self.recover(exc)
+            value = self.completed
         self.completed = value
         self.buffers.retire(value)
         return value
 
     def wait(self, value: int) -> None:
+        """Wait until the current timeline reaches `value` (AbortedError if its work failed)."""
         if value > self.completed:
-            self.semaphore.wait(value)
+            try:
+                self.semaphore.wait(value)
+            except hal.AbortedError as exc:
+                self.recover(exc)
+                raise
             self.completed = max(self.completed, value)
+
+    def wait_storage(self, st: Storage) -> None:
+        """Wait until a storage's contents are written; AbortedError if the work writing it failed."""
+        if st.sem is self.semaphore:
+            self.wait(st.ready)
+            return
+        record = self.failed.get(st.sem)
+        if record is not None and st.ready > record[0]:
+            raise hal.AbortedError(f"the submission computing this array failed: {record[1]}") from record[1]
+
+    def recover(self, exc: BaseException) -> None:
+        """A submission failed the timeline: drain the queue and continue on a new semaphore.
+
+        Arrays from before the failure that were seen complete stay readable;
+        the rest raise AbortedError with the cause when read.
+        """
+        old = self.semaphore
+        if old in self.failed:
+            return
+        self.failed[old] = (self.completed, exc)
+        try:
+            self.device.wait_idle()
+        except hal.HalError:
+            pass
+        self.semaphore = self.device.create_semaphore(self.submitted)
+        self.completed = self.submitted
+        self.buffers.retire(self.submitted)
 
     def __repr__(self) -> str:
         return f"DeviceContext({self.name})"
@@ -49,12 +87,13 @@ class DeviceContext:
 class Storage:
     """A device buffer owned by one evaluated array (and the views and host arrays sharing it)."""
 
-    __slots__ = ("buffer", "bucket", "ctx", "fence", "ready", "nbytes", "__weakref__")
+    __slots__ = ("buffer", "bucket", "ctx", "sem", "fence", "ready", "nbytes", "__weakref__")
 
     def __init__(self, buffer: hal.Buffer, bucket: int, ctx: DeviceContext, fence: int, nbytes: int) -> None:
         self.buffer = buffer
         self.bucket = bucket
         self.ctx = ctx
+        self.sem = ctx.semaphore  # the timeline `ready` and `fence` count on
         self.ready = fence  # semaphore value at which the contents are written
         self.fence = fence  # semaphore value after which nothing queued touches the buffer
         self.nbytes = nbytes

@@ -42,7 +42,7 @@ def to_numpy(a) -> np.ndarray:
         evaluate((a,))
     st = root.storage
     ctx = st.ctx
-    ctx.wait(st.ready)
+    ctx.wait_storage(st)
     strides, offset = a.layout()
     dt = a.dtype
     if st.nbytes == 0 or a.size == 0:

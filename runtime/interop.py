@@ -123,7 +123,7 @@ def _ready_storage(a):
     if a.root.storage is None:
         evaluate((a,))
     st = a.root.storage
-    st.ctx.wait(st.ready)
+    st.ctx.wait_storage(st)
     return st
 
 

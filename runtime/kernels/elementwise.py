@@ -162,11 +162,13 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
                 return
             vals = [v if v.dtype == compute else v.astype(compute) for v in vals]
             if op == "sigmoid":
-                tmp = np.negative(vals[0], dtype=np.float32) if compute != np.float32 else np.negative(vals[0])
+                tmp = out if out.dtype == np.float32 else np.empty(out.shape, np.float32)
+                np.negative(vals[0], out=tmp, casting="unsafe")
                 np.exp(tmp, out=tmp)
                 tmp += 1.0
                 np.reciprocal(tmp, out=tmp)
-                store(out, tmp, out_dt)
+                if tmp is not out:
+                    store(out, tmp, out_dt)
                 return
             fn = _BOOL_UFUNC.get(op) if cdt is _dt.bool_ else None
             fn = fn or _NP_UFUNC[op]

@@ -1,0 +1,116 @@
+"""Gradients against central finite differences of a float64 numpy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hal
+import runtime as rt
+
+
+def numeric_grad(f, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    x = x.astype(np.float64)
+    g = np.zeros_like(x)
+    flat = g.reshape(-1)
+    for i in range(x.size):
+        e = np.zeros(x.size)
+        e[i] = eps
+        e = e.reshape(x.shape)
+        flat[i] = (f(x + e) - f(x - e)) / (2 * eps)
+    return g
+
+
+def sig(z):
+    return 1 / (1 + np.exp(-z))
+
+
+# (runtime fn, numpy float64 fn, input shape, positive input)
+CASES = {
+    "add_broadcast": (lambda x: (x + rt.ones((3, 1))).sum(), lambda x: (x + np.ones((3, 1))).sum(), (4,), False),
+    "mul_sub_div": (lambda x: ((x * x - x) / (x * x + 1)).sum(), lambda x: ((x * x - x) / (x * x + 1)).sum(),
+                    (2, 3), False),
+    "pow": (lambda x: (x ** 3 + 2.0 ** x + x ** x).sum(), lambda x: (x ** 3 + 2.0 ** x + x ** x).sum(), (5,), True),
+    "exp_log_sqrt": (lambda x: (rt.exp(x) * rt.log(x) + rt.sqrt(x)).mean(),
+                     lambda x: (np.exp(x) * np.log(x) + np.sqrt(x)).mean(), (3, 2), True),
+    "tanh_sigmoid": (lambda x: (rt.tanh(x) * rt.sigmoid(2 * x)).sum(), lambda x: (np.tanh(x) * sig(2 * x)).sum(),
+                     (6,), False),
+    "neg_abs": (lambda x: (abs(x) - x * 3).sum(), lambda x: (np.abs(x) - x * 3).sum(), (5,), False),
+    "max_min": (lambda x: x.max(axis=1).sum() + x.min() * 2, lambda x: x.max(axis=1).sum() + x.min() * 2,
+                (3, 4), False),
+    "maximum_minimum": (lambda x: (rt.maximum(x, 0.1) + rt.minimum(x, x[::-1] * 0.5)).sum(),
+                        lambda x: (np.maximum(x, 0.1) + np.minimum(x, x[::-1] * 0.5)).sum(), (7,), False),
+    "where": (lambda x: rt.where(x > 0, x * x, -x).sum(), lambda x: np.where(x > 0, x * x, -x).sum(), (8,), False),
+    "mean_axes": (lambda x: (x.mean(axis=(0, 2), keepdims=True) * x).sum(),
+                  lambda x: (x.mean(axis=(0, 2), keepdims=True) * x).sum(), (2, 3, 2), False),
+    "slicing": (lambda x: (x[1:, ::-2] * x[0, None, 1::2]).sum() + x[-1, 0],
+                lambda x: (x[1:, ::-2] * x[0, None, 1::2]).sum() + x[-1, 0], (3, 4), False),
+    "reshape_transpose": (lambda x: (x.reshape(6, 2).T @ x.reshape(6, 2)).sum(),
+                          lambda x: (x.reshape(6, 2).T @ x.reshape(6, 2)).sum(), (3, 4), False),
+    "broadcast_to": (lambda x: (rt.broadcast_to(x, (3, 2, 4)) * rt.arange(4).astype(rt.float32)).sum(),
+                     lambda x: (np.broadcast_to(x, (3, 2, 4)) * np.arange(4)).sum(), (2, 1), False),
+    "astype": (lambda x: (x.astype(rt.float16).astype(rt.float32) * 2).sum(), lambda x: (x * 2).sum(), (3,), False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_grad_matches_finite_differences(dev, case):
+    fn, ref, shape, positive = CASES[case]
+    rng = np.random.default_rng(sum(case.encode()))
+    x = rng.standard_normal(shape)
+    if positive:
+        x = np.abs(x) + 0.5
+    x32 = x.astype(np.float32)
+    value, g = rt.value_and_grad(fn)(rt.array(x32, device=dev))
+    tol = 2e-2 if case == "astype" else 2e-3  # the astype case rounds through float16
+    np.testing.assert_allclose(float(value), ref(x32.astype(np.float64)), rtol=tol / 10, atol=tol / 10)
+    np.testing.assert_allclose(g.numpy(), numeric_grad(ref, x32), rtol=tol, atol=tol)
+
+
+def test_matmul_batched_grads(dev):
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((2, 1, 3, 4)).astype(np.float32)
+    b = rng.standard_normal((5, 4, 2)).astype(np.float32)
+
+    def f(a, b):
+        return rt.tanh(a @ b).sum()
+
+    ga, gb = rt.grad(f, argnums=(0, 1))(rt.array(a, device=dev), rt.array(b, device=dev))
+    np.testing.assert_allclose(ga.numpy(), numeric_grad(lambda x: np.tanh(x @ b).sum(), a), rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(gb.numpy(), numeric_grad(lambda x: np.tanh(a @ x).sum(), b), rtol=2e-3, atol=2e-3)
+
+
+def test_matrix_vector_and_logistic_loss(dev):
+    rng = np.random.default_rng(12)
+    X = rng.standard_normal((20, 5)).astype(np.float32)
+    y = (rng.random(20) > 0.5).astype(np.float32)
+    w = rng.standard_normal(5).astype(np.float32)
+    Xr, yr = rt.array(X, device=dev), rt.array(y, device=dev)
+
+    def loss(w):
+        p = rt.sigmoid(Xr @ w)
+        return -(yr * rt.log(p) + (1 - yr) * rt.log(1 - p)).mean()
+
+    def ref(w):
+        p = sig(X.astype(np.float64) @ w)
+        return -(y * np.log(p) + (1 - y) * np.log(1 - p)).mean()
+
+    g = rt.grad(loss)(rt.array(w, device=dev))
+    np.testing.assert_allclose(g.numpy(), numeric_grad(ref, w), rtol=1e-3, atol=1e-4)
+
+
+def test_gradient_graph_is_lazy(dev):
+    x = rt.array(np.ones(3, np.float32), device=dev)
+    g = rt.grad(lambda x: (x * x).sum())(x)
+    assert not g.is_evaluated
+    np.testing.assert_allclose(g.numpy(), 2 * np.ones(3))
+
+
+def test_unused_argument_gets_zeros_and_errors(dev):
+    x = rt.array(np.ones(3, np.float32), device=dev)
+    y = rt.array(np.ones(2, np.float32), device=dev)
+    gx, gy = rt.grad(lambda x, y: (x * 2).sum(), argnums=(0, 1))(x, y)
+    np.testing.assert_array_equal(gy.numpy(), np.zeros(2))
+    np.testing.assert_array_equal(gx.numpy(), np.full(3, 2.0))
+    with pytest.raises(hal.InvalidArgumentError):
+        rt.grad(lambda x: x * 2)(x)
