@@ -1,0 +1,95 @@
+"""rt.compile: trace once per signature, then rebind and replay without building the graph."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hal
+import runtime as rt
+from runtime import ops
+
+
+def loss_fn(w, X, y):
+    p = rt.sigmoid(X @ w)
+    return -(y * rt.log(p) + (1 - y) * rt.log(1 - p)).mean()
+
+
+def sgd_step(w, X, y):
+    loss, g = rt.value_and_grad(loss_fn)(w, X, y)
+    return w - 0.5 * g, loss
+
+
+def test_compiled_step_matches_eager_and_traces_once(dev, monkeypatch):
+    rng = np.random.default_rng(0)
+    X = rt.array(rng.standard_normal((64, 8)).astype(np.float32), device=dev)
+    y = rt.array((rng.random(64) > 0.5).astype(np.float32), device=dev)
+    step = rt.compile(sgd_step)
+    w_eager = rt.zeros((8,), device=dev)
+    eager = []
+    for _ in range(5):
+        w_eager, l_eager = sgd_step(w_eager, X, y)
+        eager.append((w_eager.numpy().copy(), float(l_eager)))
+    w_comp = rt.zeros((8,), device=dev)
+    for i in range(5):
+        w_comp, l_comp = step(w_comp, X, y)
+        np.testing.assert_allclose(w_comp.numpy(), eager[i][0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(float(l_comp), eager[i][1], rtol=1e-5)
+        if i == 0:
+            # Later calls must not build any graph node in Python.
+            def no_graph(*args, **kwargs):
+                raise AssertionError("graph building after the first call")
+            monkeypatch.setattr(ops, "_binary", no_graph)
+    assert step.stats == {"traces": 1, "calls": 5}
+
+
+def test_new_signature_retraces(dev):
+    f = rt.compile(lambda a, b: (a * b).sum(axis=0))
+    for shape in [(3, 2), (3, 2), (4, 5), (3, 2)]:
+        a = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+        out = f(rt.array(a, device=dev), rt.array(a + 1, device=dev))
+        np.testing.assert_allclose(out.numpy(), (a * (a + 1)).sum(axis=0))
+    assert f.stats["traces"] == 2
+    out = f(rt.array(np.ones((3, 2), np.int32), device=dev), rt.array(np.ones((3, 2), np.int32), device=dev))
+    assert out.dtype is rt.int32 and f.stats["traces"] == 3
+
+
+def test_outputs_views_inputs_and_captured_arrays(dev):
+    captured = rt.array(np.array([1.0, 2.0, 3.0], np.float32), device=dev)
+
+    @rt.compile
+    def f(a, scale):
+        b = a * captured
+        return {"t": b.reshape(3, 1).T, "a": a, "s": [b[::-1], (b * scale).sum()]}
+
+    for k in range(3):
+        a = np.arange(3, dtype=np.float32) + k
+        out = f(rt.array(a, device=dev), rt.array(np.float32(k), device=dev))
+        b = a * np.array([1, 2, 3], np.float32)
+        np.testing.assert_allclose(out["t"].numpy(), b.reshape(3, 1).T)
+        np.testing.assert_allclose(out["a"].numpy(), a)
+        np.testing.assert_allclose(out["s"][0].numpy(), b[::-1])
+        np.testing.assert_allclose(float(out["s"][1]), (b * k).sum())
+    assert f.stats["traces"] == 1
+
+
+def test_outputs_of_successive_calls_are_independent(dev):
+    f = rt.compile(lambda a: a + 1)
+    x = rt.array(np.zeros(4, np.float32), device=dev)
+    outs = [f(x)]
+    for _ in range(3):
+        outs.append(f(outs[-1]))
+    for k, o in enumerate(outs):
+        np.testing.assert_allclose(o.numpy(), np.full(4, k + 1.0))
+
+
+def test_lazy_and_view_arguments(dev):
+    f = rt.compile(lambda a: a * 2)
+    x = rt.array(np.arange(6, dtype=np.float32).reshape(2, 3), device=dev)
+    np.testing.assert_allclose(f(x + 1).numpy(), (np.arange(6).reshape(2, 3) + 1) * 2)
+    np.testing.assert_allclose(f(x.T).numpy(), np.arange(6).reshape(2, 3).T * 2)
+
+
+def test_compile_needs_an_array(dev):
+    with pytest.raises(hal.InvalidArgumentError):
+        rt.compile(lambda: rt.zeros((2,)))()

@@ -1,0 +1,90 @@
+"""DLPack / numpy zero-copy on CPU drivers; PyTorch and CuPy on the cuda device where installed."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+from rt_helpers import DEVICES
+
+import runtime as rt
+from runtime import interop
+
+CPU = [d for d in DEVICES if d != "cuda"]
+
+
+@pytest.mark.parametrize("device", CPU)
+def test_numpy_views_mapped_memory_without_copy(device):
+    x = rt.array(np.arange(12, dtype=np.float32).reshape(3, 4), device=device)
+    a, b = x.numpy(), x.numpy()
+    assert a.ctypes.data == b.ctypes.data, "both views alias the device buffer"
+    assert not a.flags.writeable
+    t = x.T.numpy()
+    assert t.ctypes.data == a.ctypes.data and t.strides == (4, 16)
+
+
+@pytest.mark.parametrize("device", CPU)
+def test_dlpack_round_trip_with_numpy(device):
+    x = rt.array(np.arange(12, dtype=np.float32).reshape(3, 4), device=device)
+    assert x.__dlpack_device__() == (interop.KDL_CPU, 0)
+    view = x[:, ::-2].T
+    n = np.from_dlpack(view)
+    np.testing.assert_array_equal(n, np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::-2].T)
+    whole = np.from_dlpack(x)
+    assert whole.ctypes.data == x.numpy().ctypes.data
+    for dt, host in (("int32", np.arange(3, dtype=np.int32)), ("bool", np.array([True, False])),
+                     ("float16", np.ones(2, np.float16))):
+        back = np.from_dlpack(rt.array(host, device=device))
+        np.testing.assert_array_equal(back, host)
+        assert back.dtype == host.dtype, dt
+    del n, whole, back
+    gc.collect()
+    assert not interop._alive, "consumed capsules release what they kept alive"
+    cap = x.__dlpack__()
+    del cap
+    gc.collect()
+    assert not interop._alive, "an unconsumed capsule releases its tensor"
+
+
+@pytest.mark.parametrize("device", CPU)
+def test_from_dlpack(device):
+    host = np.arange(6, dtype=np.float32).reshape(2, 3)
+    x = rt.from_dlpack(host, device=device)
+    np.testing.assert_array_equal(x.numpy(), host)
+    y = rt.from_dlpack(np.from_dlpack(x), device=device)
+    np.testing.assert_array_equal(y.numpy(), host)
+
+
+@pytest.mark.parametrize("device", CPU)
+def test_no_cuda_array_interface_off_cuda(device):
+    x = rt.array(np.ones(2, np.float32), device=device)
+    assert not hasattr(x, "__cuda_array_interface__")
+
+
+needs_cuda = pytest.mark.skipif("cuda" not in DEVICES, reason="no available cuda driver on this machine")
+
+
+@needs_cuda
+def test_torch_zero_copy_on_cuda():
+    torch = pytest.importorskip("torch")
+    x = rt.array(np.arange(8, dtype=np.float32).reshape(2, 4), device="cuda")
+    t = torch.from_dlpack(x)
+    assert t.is_cuda
+    np.testing.assert_array_equal(t.cpu().numpy(), np.arange(8).reshape(2, 4))
+    assert t.data_ptr() == x.__cuda_array_interface__["data"][0]
+    tt = torch.from_dlpack(x.T)
+    np.testing.assert_array_equal(tt.cpu().numpy(), np.arange(8).reshape(2, 4).T)
+    back = rt.from_dlpack(torch.arange(5, device="cuda", dtype=torch.float32), device="cuda")
+    np.testing.assert_array_equal(back.numpy(), np.arange(5))
+
+
+@needs_cuda
+def test_cupy_zero_copy_on_cuda():
+    cp = pytest.importorskip("cupy")
+    x = rt.array(np.arange(6, dtype=np.float32), device="cuda")
+    c = cp.asarray(x)  # __cuda_array_interface__
+    assert c.data.ptr == x.__cuda_array_interface__["data"][0]
+    np.testing.assert_array_equal(cp.asnumpy(c), np.arange(6))
+    d = cp.from_dlpack(x[::2])
+    np.testing.assert_array_equal(cp.asnumpy(d), np.arange(6)[::2])
