@@ -31,6 +31,7 @@ def assert_aborted_by_kernel(err: hal.AbortedError, numpy_kernels: bool) -> None
         assert "failed on purpose" in str(err)
 
 
+@pytest.mark.gpu_fault
 def test_failing_dispatch_fails_every_signal_of_its_submission(faulting_device):
     dev = faulting_device
     exe = load_kernels(dev)
@@ -46,6 +47,7 @@ def test_failing_dispatch_fails_every_signal_of_its_submission(faulting_device):
             _ = sem.value
 
 
+@pytest.mark.gpu_fault
 def test_kernel_failure_propagates_down_a_chain(faulting_device):
     dev = faulting_device
     exe = load_kernels(dev)
@@ -69,6 +71,7 @@ def test_kernel_failure_propagates_down_a_chain(faulting_device):
         np.testing.assert_array_equal(read_u32(dev, victim), np.zeros(8, np.uint32))
 
 
+@pytest.mark.gpu_fault
 def test_device_runs_new_work_after_a_kernel_failure(faulting_device):
     dev = faulting_device
     exe = load_kernels(dev)

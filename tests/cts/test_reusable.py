@@ -17,7 +17,7 @@ def reusable(device, body, binding_capacity=0):
     return record(device, body, mode=Mode.REUSABLE, binding_capacity=binding_capacity)
 
 
-@pytest.mark.parametrize("times", [1, 2, 5, 25])
+@pytest.mark.parametrize("times", [1, 2, 5, 25, 100])
 def test_resubmit_chained_by_a_semaphore(device, kernels, times):
     buf = allocate_with(device, np.zeros(100, np.uint32))
     cb = reusable(device, lambda cb: cb.dispatch(kernels, "cts_add_one", workgroups=2, constants=[100], bindings=[buf]))
