@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 import hal
 
-from .helpers import allocate_with, execute
+from .helpers import WAIT_TIMEOUT, allocate_with, execute
 
 LOCAL_DRIVERS = ["local-sync", "local-task"]
 DEFAULT_PREFERENCE = ["cuda", "hip", "local-task"]
@@ -234,6 +236,24 @@ def test_close_waits_for_queued_work(make_device):
     dev.queue_execute([cb], signal=[(sem, 1)])
     dev.close()
     assert sem.value == 1
+
+
+def test_close_fails_work_parked_on_unreached_waits(make_device):
+    dev = make_device()
+    gate, done = dev.create_semaphore(0), dev.create_semaphore(0)
+    buf = allocate_with(dev, bytes(8))
+    cb = dev.create_command_buffer()
+    with cb.record():
+        cb.fill_buffer(buf, 1, 1)
+    dev.queue_execute([cb], wait=[(gate, 1)], signal=[(done, 1)])
+    closer = threading.Thread(target=dev.close, daemon=True)
+    closer.start()
+    closer.join(WAIT_TIMEOUT)
+    if closer.is_alive():
+        gate.signal(1)  # unblock the hung close before failing
+        pytest.fail("close() waits forever for work whose waits nothing will reach")
+    with pytest.raises(hal.AbortedError):
+        done.wait(1, timeout=WAIT_TIMEOUT)
 
 
 def test_two_devices_are_independent(make_device):

@@ -209,6 +209,8 @@ CASES: dict[str, Case] = {
         lambda c: c.device.queue_barrier(wait=[(c.foreign.create_semaphore(1), 1)], signal=[(c.sem, 1)]),
         ("device",),
     ),
+    "semaphore-negative-initial-value": Case(IA, lambda c: c.device.create_semaphore(-1), ("initial", "-1")),
+    "fence-value-float": Case(IA, lambda c: c.device.queue_barrier(signal=[(c.sem, 1.5)]), ("signal", "1.5")),
     "wait-timeout": Case(hal.DeadlineExceededError, lambda c: c.sem.wait(1, timeout=0), ("1",)),
     "wait-on-failed-semaphore": Case(hal.AbortedError, _failed_wait, ("the failure being reported",)),
     # submission and binding tables
@@ -233,6 +235,20 @@ CASES: dict[str, Case] = {
         OOR,
         lambda c: c.submit([c.reusable(1, lambda cb: c.add_one(cb, Slot(0)))], binding_tables=[[(c.buf, 48, 32)]]),
         ("binding_tables",),
+    ),
+    "negative-binding-capacity": Case(
+        IA, lambda c: c.device.create_command_buffer(mode=Mode.REUSABLE, binding_capacity=-1), ("binding_capacity",)
+    ),
+    "slot-negative-index": Case(IA, lambda c: c.reusable(2, lambda cb: c.add_one(cb, Slot(-1))), ("slot", "-1")),
+    "binding-table-foreign-buffer": Case(
+        IA,
+        lambda c: c.submit(
+            [c.reusable(1, lambda cb: c.add_one(cb, Slot(0)))], binding_tables=[[c.foreign.allocator.allocate(64)]]
+        ),
+        ("device",),
+    ),
+    "submit-foreign-command-buffer": Case(
+        IA, lambda c: c.submit([record(c.foreign, lambda cb: cb.execution_barrier())]), ("device",)
     ),
     # state
     "record-before-begin": Case(

@@ -171,6 +171,11 @@ def test_wait_any_returns_index_of_the_reached_fence(device, reached):
     assert hal.wait_any([(s, 4) for s in sems], timeout=WAIT_TIMEOUT) == reached
 
 
+def test_wait_any_with_several_reached_returns_the_first(device):
+    sems = [device.create_semaphore(v) for v in (0, 3, 3)]
+    assert hal.wait_any([(s, 2) for s in sems], timeout=0) == 1
+
+
 def test_wait_any_wakes_on_a_later_signal(device):
     a, b = device.create_semaphore(0), device.create_semaphore(0)
     threading.Timer(0.02, b.signal, args=(1,)).start()
