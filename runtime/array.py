@@ -20,7 +20,7 @@ class Array:
     elements) onto their root's storage and keep `op`/`inputs` for autodiff.
     """
 
-    __slots__ = ("op", "inputs", "params", "shape", "dtype", "ctx", "root", "strides", "offset",
+    __slots__ = ("op", "inputs", "params", "shape", "dtype", "ctx", "base", "strides", "offset",
                  "storage", "__weakref__")
 
     # Tell numpy to defer to our reflected operators (np_array + rt_array).
@@ -29,6 +29,17 @@ class Array:
     op: str | None
     shape: tuple
     dtype: _dt.DType
+
+    @property
+    def root(self) -> Array:
+        """The array owning the storage this one views (itself unless it is a view).
+
+        Roots keep `base` None rather than a reference to themselves, so that
+        arrays are freed by reference counting (and their buffers recycled)
+        without waiting for the cycle collector.
+        """
+        base = self.base
+        return self if base is None else base
 
     @property
     def device(self) -> hal.Device:
@@ -129,7 +140,7 @@ def new_node(op: str, inputs: tuple, params, shape: tuple, dtype: _dt.DType, ctx
     a.shape = shape
     a.dtype = dtype
     a.ctx = ctx
-    a.root = a
+    a.base = None
     a.strides = None
     a.offset = 0
     a.storage = None
@@ -144,7 +155,7 @@ def new_view(op: str, src: Array, params, shape: tuple, strides: tuple, offset: 
     a.shape = shape
     a.dtype = src.dtype
     a.ctx = src.ctx
-    a.root = src.root
+    a.base = src.root
     a.strides = strides
     a.offset = offset
     a.storage = None

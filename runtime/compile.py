@@ -77,7 +77,6 @@ class _Traced:
                 self.ext_sources.append(-1 - len(self.captured))
                 self.captured.append(r.storage)
         node_index = {id(n): i for i, n in enumerate(order)}
-        ext_index = {id(r): j for j, r in enumerate(externals)}
         self.outputs = []
         out_nodes = set()
         for o in out_leaves:
@@ -144,7 +143,6 @@ class _Traced:
             st.fence = value
         roots = {}
         for i, (buf, bucket, nb) in fresh.items():
-            node = self.rec.node_nbytes  # noqa: F841 - keeps the recording referenced
             roots[i] = (Storage(buf, bucket, ctx, value, nb))
         outs = []
         cache: dict = {}
@@ -164,7 +162,7 @@ class _Traced:
                 outs.append(root)
             else:
                 v = new_evaluated(None, shape, dt, ctx)
-                v.root = root
+                v.base = root
                 v.strides = strides
                 v.offset = offset
                 outs.append(v)

@@ -77,7 +77,9 @@ def collect(targets: list) -> list:
             continue
         stack.append((node, True))
         for inp in reversed(node.inputs):
-            r = inp.root
+            r = inp.base
+            if r is None:
+                r = inp
             if r.storage is None and r.op != _PLACEHOLDER and id(r) not in done:
                 stack.append((r, False))
     return order
@@ -93,7 +95,9 @@ def graph_key(order: list):
         node_index[id(node)] = i
         ins = []
         for inp in node.inputs:
-            r = inp.root
+            r = inp.base
+            if r is None:
+                r = inp
             rid = id(r)
             j = node_index.get(rid)
             if j is None:

@@ -13,8 +13,16 @@ import hal
 from . import dtypes as _dt
 from .array import Array, constant, new_node, new_view, upload
 from .device import context_for
-from .shapes import (MAX_DIMS, broadcast_shapes, contiguous_strides, normalize_axes,
-                     parse_index, reshape_strides, reshape_target, size_of)
+from .shapes import (
+    MAX_DIMS,
+    broadcast_shapes,
+    contiguous_strides,
+    normalize_axes,
+    parse_index,
+    reshape_strides,
+    reshape_target,
+    size_of,
+)
 
 UNARY_FLOAT = ("exp", "log", "sqrt", "tanh", "sigmoid")
 ARITH = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")

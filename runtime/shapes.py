@@ -154,7 +154,7 @@ def reshape_strides(shape: tuple, strides: tuple, newshape: tuple):
                 prod_new *= new_dims[ni]
                 ni += 1
         # The old group must be contiguous among itself.
-        for (d0, s0), (d1, s1) in zip(group_old, group_old[1:]):
+        for (_, s0), (d1, s1) in zip(group_old, group_old[1:]):
             if s0 != d1 * s1:
                 return None
         stride = group_old[-1][1]

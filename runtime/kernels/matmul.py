@@ -50,7 +50,10 @@ extern "C" __global__ void matmul_{dt.code}({", ".join(params)}) {{
   u32 rem = batch;
   #pragma unroll
   for (int d = {MAX_BATCH - 1}; d >= 0; --d) {{
-    if (d < (int)nbd) {{ u32 q = rem / bsh[d]; u32 c_ = rem - q * bsh[d]; rem = q; pa += (i64)c_ * sa[d]; pb += (i64)c_ * sb[d]; }}
+    if (d < (int)nbd) {{
+      u32 q = rem / bsh[d]; u32 c_ = rem - q * bsh[d]; rem = q;
+      pa += (i64)c_ * sa[d]; pb += (i64)c_ * sb[d];
+    }}
   }}
   {acc} sum = 0;
   for (u32 k0 = 0; k0 < K; k0 += {TILE}) {{

@@ -78,10 +78,8 @@ def plan(node, layouts: list, ctx) -> list:
     # g has the kept axes of the index; integer-indexed axes become count-1 axes of stride 0.
     full_strides = []
     gi = 0
-    gdims = [i for i, d in enumerate(gshape)]
-    del gdims
     gstrides = list(gstr)
-    for (start, step, count, keep) in info:
+    for (_, _, _, keep) in info:
         if keep:
             full_strides.append(gstrides[gi])
             gi += 1

@@ -161,7 +161,9 @@ RT_DEV {A} rt_block_reduce({A} v) {{
             body += ["    u64 rem = (u64)o * R + r; i64 pos = off;",
                      "    #pragma unroll",
                      f"    for (int d = {MAX_DIMS - 1}; d >= 0; --d) {{",
-                     "      if (d < (int)ndim) { u64 q = rem / shp[d]; pos += (i64)(rem - q * shp[d]) * st[d]; rem = q; }",
+                     "      if (d < (int)ndim) {",
+                     "        u64 q = rem / shp[d]; pos += (i64)(rem - q * shp[d]) * st[d]; rem = q;",
+                     "      }",
                      "    }"]
         else:
             body.append("    const u64 pos = (u64)off + (u64)o * R + r;")
@@ -235,19 +237,19 @@ def _np_reduce(op, x: np.ndarray, dt, out_dt) -> np.ndarray:
 
 def _numpy(op, dt, out, names) -> dict:
     def run(bindings, c, strided):
-        O, R, off = c[0], c[1], c[3]
+        n_out, R, off = c[0], c[1], c[3]
         if strided:
             ndim = c[5]
             shape = tuple(c[6:6 + ndim])
             strides = tuple(signed(s) for s in c[6 + MAX_DIMS:6 + MAX_DIMS + ndim])
-            x = strided_view(bindings[1], dt, shape, strides, off).reshape(O, R)
+            x = strided_view(bindings[1], dt, shape, strides, off).reshape(n_out, R)
         else:
-            x = np.frombuffer(bindings[1], dtype=dt.storage)[off:off + O * R].reshape(O, R)
+            x = np.frombuffer(bindings[1], dtype=dt.storage)[off:off + n_out * R].reshape(n_out, R)
         x = to_compute(x, dt)
         if dt is _dt.float16 and op in ("sum", "mean"):
             x = x.astype(np.float32)
         res = _np_reduce(op, x, dt, out)
-        o = np.frombuffer(bindings[0], dtype=out.storage, count=O)
+        o = np.frombuffer(bindings[0], dtype=out.storage, count=n_out)
         store(o, res, out)
 
     def final_c(wg, bindings, c):
@@ -273,7 +275,7 @@ def plan(node, layouts: list, ctx) -> list:
     axes = node.params[0]
     kept = [i for i in range(len(shape)) if i not in axes]
     order = kept + list(axes)
-    O = size_of(tuple(shape[i] for i in kept))
+    O = size_of(tuple(shape[i] for i in kept))  # noqa: E741 - rows of the (O, R) view
     R = size_of(tuple(shape[i] for i in axes))
     src = reduce_source(op, dt, out)
     names = _names(op, dt, out)

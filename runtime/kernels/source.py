@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hal
 
-from .cuda_common import CUDA_PRELUDE, HIP_PRELUDE, COMMON
+from .cuda_common import COMMON, CUDA_PRELUDE, HIP_PRELUDE
 
 WORKGROUP = 256
 
