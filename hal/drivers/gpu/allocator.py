@@ -1,0 +1,143 @@
+"""GPU memory: device-local allocations, pinned host memory, stream-ordered pool allocations.
+
+A buffer's driver allocation is an ``Allocation`` record holding the device
+address commands use. Frees never race queued work: a released buffer's memory
+is handed to the device, which frees it once every submission made before the
+release has completed (``GpuDevice.defer``); ``queue_dealloca`` frees
+stream-ordered instead (``cuMemFreeAsync`` after the work on its stream).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+from hal.allocator import Allocator
+from hal.errors import FailedPreconditionError
+from hal.types import BufferUsage, MemoryAccess, MemoryType
+
+if TYPE_CHECKING:
+    from hal.drivers.gpu.device import GpuDevice
+
+DEVICE_MEMORY = MemoryType.DEVICE_LOCAL | MemoryType.DEVICE_VISIBLE
+#: Pinned host memory mapped into the device's address space.
+HOST_MEMORY = (MemoryType.HOST_LOCAL | MemoryType.HOST_VISIBLE | MemoryType.HOST_COHERENT
+               | MemoryType.HOST_CACHED | MemoryType.DEVICE_VISIBLE)
+_HOST_BITS = MemoryType.HOST_LOCAL | MemoryType.HOST_VISIBLE | MemoryType.HOST_COHERENT | MemoryType.HOST_CACHED
+
+
+class Allocation:
+    """One driver allocation: ``ptr`` is the device address (for pinned memory too), ``host`` the host address."""
+
+    __slots__ = ("ptr", "size", "kind", "host", "queue", "freed", "free_stream")
+
+    DEVICE = "device"  #: cuMemAlloc
+    POOL = "pool"  #: cuMemAllocAsync from the device's memory pool, on queue ``queue``
+    HOST = "host"  #: cuMemHostAlloc
+
+    def __init__(self, ptr: int, size: int, kind: str, host: int = 0, queue: int = 0) -> None:
+        self.ptr = ptr
+        self.size = size
+        self.kind = kind
+        self.host = host
+        self.queue = queue
+        self.freed = False
+        #: Set by queue_dealloca: free stream-ordered on this stream instead of after pending work.
+        self.free_stream: Any = None
+
+    def __repr__(self) -> str:
+        return f"<Allocation {self.kind} {self.size} bytes @0x{self.ptr:x}>"
+
+
+def physical_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 36
+
+
+def wants_host_memory(memory_type: MemoryType) -> bool:
+    return bool(memory_type & _HOST_BITS)
+
+
+class GpuAllocator(Allocator):
+    """Device-local memory unless the request asks for host-visible memory (then pinned host memory)."""
+
+    device: GpuDevice
+
+    def __init__(self, device: GpuDevice, device_memory_bytes: int) -> None:
+        super().__init__(device)
+        self.max_allocation_size = max(device_memory_bytes, physical_memory_bytes())
+        self._live: set[Allocation] = set()
+        self._live_lock = threading.Lock()
+
+    def _allocate(self, size: int, memory_type: MemoryType, usage: BufferUsage) -> tuple[Allocation, MemoryType]:
+        device = self.device
+        device.check_usable()
+        device.make_current()
+        api = device.api
+        if wants_host_memory(memory_type):
+            host = api.host_alloc(size)
+            allocation = Allocation(api.host_device_pointer(host), size, Allocation.HOST, host=host)
+            actual = HOST_MEMORY
+        else:
+            allocation = Allocation(api.mem_alloc(size), size, Allocation.DEVICE)
+            actual = DEVICE_MEMORY
+        self.track(allocation)
+        return allocation, actual
+
+    def track(self, allocation: Allocation) -> None:
+        with self._live_lock:
+            self._live.add(allocation)
+
+    def _free(self, allocation: Allocation) -> None:
+        if allocation.free_stream is not None:
+            self.free_now(allocation, allocation.free_stream)
+            return
+        # Work submitted before the release may still read or write the memory.
+        self.device.defer(lambda: self.free_now(allocation))
+
+    def free_now(self, allocation: Allocation, stream: Any = None) -> None:
+        """Give the memory back to the driver (``stream``: stream-ordered, for pool memory)."""
+        with self._live_lock:
+            if allocation.freed:
+                return
+            allocation.freed = True
+            self._live.discard(allocation)
+        device = self.device
+        if device.closed_for_good:
+            return  # released with the context
+        device.make_current()
+        api = device.api
+        try:
+            if allocation.kind == Allocation.HOST:
+                api.host_free(allocation.host)
+            elif allocation.kind == Allocation.POOL:
+                api.mem_free_async(allocation.ptr, stream if stream is not None else device.stream(allocation.queue))
+            else:
+                api.mem_free(allocation.ptr)
+        except Exception:  # a lost device frees everything with its context
+            if not device.lost:
+                raise
+
+    def free_all(self) -> None:
+        """Free every allocation still live (device close)."""
+        with self._live_lock:
+            live = list(self._live)
+        for allocation in live:
+            try:
+                self.free_now(allocation)
+            except Exception:
+                pass
+
+    def _map(self, allocation: Allocation, offset: int, length: int, access: MemoryAccess) -> memoryview:
+        if self.device.closed:
+            raise FailedPreconditionError("cannot map a buffer of a closed device")
+        if allocation.kind != Allocation.HOST:
+            raise FailedPreconditionError("only host-visible (pinned) buffers can be mapped")
+        if length == 0:
+            return memoryview(bytearray(0))
+        array = (ctypes.c_ubyte * length).from_address(allocation.host + offset)
+        return memoryview(array).cast("B")

@@ -1,0 +1,468 @@
+"""The GPU-generic device: queues as streams, the pending-action queue and the completion thread.
+
+Submission path (``queue_execute``, ``queue_barrier``, ``queue_alloca``, ``queue_dealloca``):
+
+1. The submission gets a sequence number and is counted as outstanding.
+2. Its waits are resolved through the core's ``FenceWaiter`` over *issuable*
+   views of the semaphores: a wait is issuable once its value is reached on
+   the host or a device timepoint covers it. Until then the submission is
+   parked (wait-before-signal) and ``queue_execute`` returns at once.
+3. Once issuable, the submission is issued on its queue's stream, in the
+   order submissions became ready: device waits (``cuStreamWaitEvent``), the
+   commands, then one event recorded as the timepoint of every signal.
+   Issuing can make parked work issuable; a per-thread trampoline turns that
+   into a loop rather than a recursion.
+4. The completion thread waits for the timepoint's event, then advances (or,
+   on a device fault, fails) the signalled semaphores, releases what the
+   submission held and runs deferred frees whose submissions all completed.
+
+A sticky device fault marks the device lost: every later submission fails its
+semaphores with the same ``DeviceLostError``, so nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue as queue_module
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from hal.buffer import Buffer
+from hal.command_buffer import Binding, CommandBuffer
+from hal.device import Device
+from hal.drivers.gpu.allocator import DEVICE_MEMORY, Allocation, GpuAllocator, wants_host_memory
+from hal.drivers.gpu.event_semaphore import EventPool, EventSemaphore, Issuable, Timepoint, poll_event
+from hal.drivers.gpu.graph_command_buffer import JOIN_KINDS, GraphCommandBuffer
+from hal.drivers.gpu.staging import StagingPool
+from hal.drivers.gpu.status import DeviceLostError
+from hal.drivers.gpu.stream_command_buffer import StreamCommandBuffer
+from hal.errors import DeadlineExceededError, HalError, InvalidArgumentError
+from hal.semaphore import Fence, FenceWaiter, Semaphore, remaining
+from hal.types import BufferUsage, CommandBufferMode, MemoryType
+
+COMMAND_BUFFER_MODES = ("auto", "graph", "stream")
+#: Bytes the stream-ordered memory pool keeps reserved instead of returning them to the driver.
+POOL_RELEASE_THRESHOLD = 1 << 30
+
+#: Per thread: the context made current last (an int handle) and the issue trampoline.
+_thread = threading.local()
+
+
+class Queue:
+    __slots__ = ("index", "stream", "lock")
+
+    def __init__(self, index: int, stream: Any) -> None:
+        self.index = index
+        self.stream = stream
+        self.lock = threading.Lock()
+
+
+class Submission:
+    __slots__ = ("device", "queue", "command_buffers", "tables", "waits", "signals", "action", "seq",
+                 "timepoint")
+
+    def __init__(self, device: GpuDevice, queue: int, command_buffers: list[CommandBuffer],
+                 tables: list[list[Binding] | None], waits: list[Fence], signals: list[Fence],
+                 action: Callable[[Queue], None] | None = None) -> None:
+        self.device = device
+        self.queue = queue
+        self.command_buffers = command_buffers
+        self.tables = tables
+        self.waits = waits
+        self.signals = signals
+        self.action = action
+        self.seq = 0
+        self.timepoint: Timepoint | None = None
+
+
+def parse_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Device options common to the GPU drivers; InvalidArgumentError for unknown ones."""
+    options = dict(options)
+    parsed = {
+        "command_buffer": options.pop("command_buffer", "auto"),
+        "barrier_lowering": options.pop("barrier_lowering", "auto"),
+        "queue_count": options.pop("queue_count", 1),
+    }
+    if options:
+        raise InvalidArgumentError(
+            f"unknown device options {sorted(options)}; known: command_buffer ({'|'.join(COMMAND_BUFFER_MODES)}), "
+            f"barrier_lowering (auto|{'|'.join(JOIN_KINDS)}), queue_count")
+    if parsed["command_buffer"] not in COMMAND_BUFFER_MODES:
+        raise InvalidArgumentError(
+            f"command_buffer must be one of {COMMAND_BUFFER_MODES}, got {parsed['command_buffer']!r}")
+    if parsed["barrier_lowering"] not in ("auto", *JOIN_KINDS):
+        raise InvalidArgumentError(
+            f"barrier_lowering must be one of {('auto', *JOIN_KINDS)}, got {parsed['barrier_lowering']!r}")
+    count = parsed["queue_count"]
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise InvalidArgumentError(f"queue_count must be an int >= 1, got {count!r}")
+    return parsed
+
+
+class GpuDevice(Device):
+    """A device on one GPU context; subclasses add the API's executable formats and properties."""
+
+    def __init__(self, driver, info, *, api: Any, handle: Any, context: Any, options: dict[str, Any],
+                 limits: dict[str, Any], memory_bytes: int, memory_pools: bool) -> None:
+        options = parse_options(options)
+        super().__init__(driver, info, queue_count=options["queue_count"], limits=limits)
+        self.api = api
+        self.handle = handle
+        self.context = context
+        self.context_key = int(context)
+        self.command_buffer_mode: str = options["command_buffer"]
+        self.barrier_lowering: str = options["barrier_lowering"]
+        self.closed_for_good = False
+        self.lost: BaseException | None = None
+        self.make_current()
+        self._queues = [Queue(i, api.stream_create()) for i in range(self.queue_count)]
+        self.events = EventPool(api)
+        self.staging = StagingPool(api)
+        self.allocator = GpuAllocator(self, memory_bytes)
+        self.memory_pools = memory_pools
+        if memory_pools:
+            pool = api.memory_pool(handle)
+            api.set_pool_release_threshold(pool, POOL_RELEASE_THRESHOLD)
+        self._idle = threading.Condition()
+        self._outstanding: collections.OrderedDict[int, Submission] = collections.OrderedDict()
+        self._next_seq = 1
+        self._deferred: collections.deque[tuple[int, Callable[[], Any]]] = collections.deque()
+        self._parked: dict[int, FenceWaiter] = {}
+        self._modules: list[Any] = []
+        self._join_function: Any = None
+        #: Graph command buffers' device objects, released at close if still alive.
+        self.graph_resources: weakref.WeakSet = weakref.WeakSet()
+        self._completion_inbox: queue_module.SimpleQueue = queue_module.SimpleQueue()
+        self._completion = threading.Thread(target=self._completion_loop, name=f"hal-{info.driver}-completion",
+                                            daemon=True)
+        self._completion.start()
+
+    # -- context -----------------------------------------------------------------------
+    def make_current(self) -> None:
+        """Make this device's context current on the calling thread (a cheap check when it is)."""
+        if getattr(_thread, "context", None) != self.context_key:
+            self.api.set_current(self.context)
+            _thread.context = self.context_key
+
+    def check_usable(self) -> None:
+        if self.lost is not None:
+            raise self.lost
+
+    def stream(self, queue: int) -> Any:
+        return self._queues[queue].stream
+
+    # -- objects -------------------------------------------------------------------------
+    def _create_semaphore(self, initial_value: int) -> Semaphore:
+        return EventSemaphore(self, initial_value)
+
+    def _create_command_buffer(self, mode: CommandBufferMode, binding_capacity: int) -> CommandBuffer:
+        kind = self.command_buffer_mode
+        if kind == "auto":
+            kind = "graph" if CommandBufferMode.REUSABLE in mode else "stream"
+        cls = GraphCommandBuffer if kind == "graph" else StreamCommandBuffer
+        return cls(self, mode, binding_capacity)
+
+    def allocate_staging(self, size: int) -> Allocation:
+        """Device memory for a graph command buffer's update payloads (not a user buffer)."""
+        self.make_current()
+        allocation = Allocation(self.api.mem_alloc(size), size, Allocation.DEVICE)
+        self.allocator.track(allocation)
+        return allocation
+
+    def join_kernel_params(self) -> Any:
+        """Kernel-node parameters of the no-op kernel joining graph levels."""
+        if self._join_function is None:
+            self._join_function = self._load_join_function()
+        return self.api.kernel_node_params(self._join_function, (1, 1, 1), (1, 1, 1), 0)
+
+    def _load_join_function(self) -> Any:
+        raise NotImplementedError
+
+    # -- host transfers ----------------------------------------------------------------------
+    def _write(self, buffer: Buffer, offset: int, data: memoryview) -> None:
+        import numpy as np
+
+        self.check_usable()
+        allocation: Allocation = buffer._allocation
+        source = np.frombuffer(data, dtype=np.uint8)
+        start = buffer.offset + offset
+        if allocation.kind == Allocation.HOST:
+            import ctypes
+
+            ctypes.memmove(allocation.host + start, source.ctypes.data, len(source))
+            return
+        self.make_current()
+        self.api.memcpy_htod(allocation.ptr + start, source.ctypes.data, len(source))
+
+    def _read(self, buffer: Buffer, offset: int, length: int) -> bytes:
+        import ctypes
+
+        self.check_usable()
+        allocation: Allocation = buffer._allocation
+        start = buffer.offset + offset
+        if allocation.kind == Allocation.HOST:
+            return ctypes.string_at(allocation.host + start, length)
+        out = ctypes.create_string_buffer(length)
+        self.make_current()
+        self.api.memcpy_dtoh(ctypes.addressof(out), allocation.ptr + start, length)
+        return out.raw
+
+    # -- submissions -------------------------------------------------------------------------
+    def _queue_execute(self, queue: int, command_buffers: list[CommandBuffer],
+                       binding_tables: list[list[Binding] | None], waits: list[Fence],
+                       signals: list[Fence]) -> None:
+        for cb in command_buffers:
+            cb.check_submittable()  # type: ignore[attr-defined]
+        self._submit(Submission(self, queue, command_buffers, binding_tables, waits, signals))
+
+    def _queue_alloca(self, queue: int, size: int, memory_type: MemoryType, usage: BufferUsage,
+                      waits: list[Fence], signals: list[Fence]) -> Buffer:
+        if wants_host_memory(memory_type) or not self.memory_pools:
+            buffer = self.allocator.allocate(size, memory_type, usage)
+        else:
+            self.check_usable()
+            self.make_current()
+            q = self._queues[queue]
+            # Allocated now in stream order: the signal's event, recorded later on this stream, follows it.
+            with q.lock:
+                ptr = self.api.mem_alloc_async(size, q.stream)
+            allocation = Allocation(ptr, size, Allocation.POOL, queue=queue)
+            self.allocator.track(allocation)
+            buffer = self.allocator.wrap(allocation, size, DEVICE_MEMORY, usage)
+        self._submit(Submission(self, queue, [], [], waits, signals))
+        return buffer
+
+    def _queue_dealloca(self, queue: int, buffer: Buffer, waits: list[Fence], signals: list[Fence]) -> None:
+        def release(q: Queue) -> None:
+            allocation: Allocation = buffer._allocation
+            if allocation.kind == Allocation.POOL:
+                # Stream-ordered: the free follows everything issued on this stream so far.
+                allocation.free_stream = q.stream
+            buffer.release()
+
+        self._submit(Submission(self, queue, [], [], waits, signals, release))
+
+    def _submit(self, sub: Submission) -> None:
+        with self._idle:
+            sub.seq = seq = self._next_seq
+            self._next_seq += 1
+            self._outstanding[seq] = sub
+        if self.lost is not None:
+            self._finish(sub, self.lost)
+            return
+        if not sub.waits:
+            self._ready(sub)
+            return
+        waiter = FenceWaiter([(Issuable(sem), value) for sem, value in sub.waits],  # type: ignore[misc]
+                             lambda: self._unparked(sub, None), lambda exc: self._unparked(sub, exc))
+        with self._idle:
+            if not waiter.done:
+                self._parked[seq] = waiter
+
+    def _unparked(self, sub: Submission, failure: BaseException | None) -> None:
+        with self._idle:
+            self._parked.pop(sub.seq, None)
+        if failure is None:
+            self._ready(sub)
+        else:  # the original failure travels on, as the core's drivers do
+            self._finish(sub, failure)
+
+    def _cancel_parked(self, cause: BaseException) -> None:
+        with self._idle:
+            parked, self._parked = self._parked, {}
+        for waiter in parked.values():
+            waiter.cancel(cause)
+
+    @staticmethod
+    def _ready(sub: Submission) -> None:
+        """Issue ``sub`` now, or after the submission this thread is issuing (no recursion)."""
+        pending = getattr(_thread, "pending", None)
+        if pending is not None:
+            pending.append(sub)
+            return
+        pending = _thread.pending = collections.deque((sub,))
+        try:
+            while pending:
+                item = pending.popleft()
+                item.device._issue(item)
+        finally:
+            _thread.pending = None
+
+    def _issue(self, sub: Submission) -> None:
+        if self.lost is not None:
+            self._finish(sub, self.lost)
+            return
+        for sem, _ in sub.waits:
+            if sem._failure is not None:  # failed after the submission became issuable
+                self._finish(sub, sem._failure)
+                return
+        q = self._queues[sub.queue]
+        api = self.api
+        try:
+            self.make_current()
+            with q.lock:
+                stream = q.stream
+                for sem, value in sub.waits:
+                    timepoint = sem._timepoint_for(value)  # type: ignore[attr-defined]
+                    if timepoint is not None:
+                        api.stream_wait_event(stream, timepoint.event)
+                for cb, table in zip(sub.command_buffers, sub.tables):
+                    cb.issue(q, table, sub)  # type: ignore[attr-defined]
+                if sub.action is not None:
+                    sub.action(q)
+                event = self.events.acquire()
+                try:
+                    api.event_record(event, stream)
+                except BaseException:
+                    self.events.release(event)
+                    raise
+                sub.timepoint = timepoint = Timepoint(event, self.events, sub.signals)  # type: ignore[arg-type]
+                for sem, value in sub.signals:
+                    sem._add_timepoint(value, timepoint)  # type: ignore[attr-defined]
+        except BaseException as exc:  # nothing of it runs: its signals carry the failure
+            if isinstance(exc, DeviceLostError):
+                self._mark_lost(exc)
+            self._finish(sub, self.lost or exc)
+            return
+        self._completion_inbox.put(sub)
+
+    # -- completion ------------------------------------------------------------------------
+    def _completion_loop(self) -> None:
+        inbox = self._completion_inbox
+        api = self.api
+        while True:
+            sub = inbox.get()
+            if sub is None:
+                return
+            failure = None
+            try:
+                self.make_current()
+                api.event_synchronize(sub.timepoint.event)
+            except HalError as exc:
+                if isinstance(exc, DeviceLostError):
+                    self._mark_lost(exc)
+                failure = self.lost or exc
+            try:
+                self._finish(sub, failure)
+            except BaseException:  # keep retiring: one bad release must not stall every waiter
+                import traceback
+
+                traceback.print_exc()
+
+    def _wait_timepoint(self, timepoint: Timepoint, deadline: float | None) -> None:
+        """A host wait on a timepoint: block on its event directly (lower latency than the completion thread)."""
+        if self.closed_for_good:
+            return
+        try:
+            self.make_current()
+            if deadline is None:
+                self.api.event_synchronize(timepoint.event)
+            elif not poll_event(self.api, timepoint.event, deadline):
+                return  # a long wait: the completion thread wakes the waiter
+        except HalError:
+            return  # the completion thread fails the semaphores with the device's error
+        timepoint.reached()
+
+    def _mark_lost(self, exc: BaseException) -> None:
+        with self._idle:
+            if self.lost is None:
+                self.lost = DeviceLostError(
+                    f"device {self.info.uri} is lost after a GPU fault; create a new process to use it again: {exc}")
+                self.lost.__cause__ = exc
+
+    def _finish(self, sub: Submission, failure: BaseException | None) -> None:
+        """Advance or fail the submission's signals, release what it held, retire it."""
+        if failure is None:
+            if sub.timepoint is not None:
+                sub.timepoint.reached()
+        else:
+            for sem, _ in sub.signals:
+                sem._fail(failure)
+        for cb in sub.command_buffers:
+            cb.retired()  # type: ignore[attr-defined]
+        sub.timepoint = None
+        run = []
+        with self._idle:
+            del self._outstanding[sub.seq]
+            oldest = next(iter(self._outstanding), None)
+            deferred = self._deferred
+            while deferred and (oldest is None or deferred[0][0] < oldest):
+                run.append(deferred.popleft()[1])
+            if not self._outstanding:
+                self._idle.notify_all()
+        for fn in run:
+            self._run_released(fn)
+
+    # -- deferred releases ---------------------------------------------------------------------
+    def defer(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` once every submission made so far has completed (now if none is outstanding)."""
+        with self._idle:
+            if self._outstanding and not self.closed_for_good:
+                self._deferred.append((self._next_seq - 1, fn))
+                return
+        self._run_released(fn)
+
+    def release_later(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Release a resource from any thread (a finalizer): skipped once the device is closed."""
+        if self.closed_for_good:
+            return
+        self._run_released(lambda: fn(*args))
+
+    def _run_released(self, fn: Callable[[], Any]) -> None:
+        if self.closed_for_good:
+            return
+        try:
+            self.make_current()
+            fn()
+        except HalError:
+            if self.lost is None:
+                raise
+
+    def _wait_idle(self, deadline: float | None) -> None:
+        with self._idle:
+            while self._outstanding:
+                left = remaining(deadline)
+                if left == 0.0:
+                    raise DeadlineExceededError(
+                        f"timed out waiting for {len(self._outstanding)} outstanding submissions")
+                self._idle.wait(left)
+
+    # -- close ------------------------------------------------------------------------------------
+    def register_module(self, module: Any) -> None:
+        self._modules.append(module)
+
+    def _close(self) -> None:
+        self._completion_inbox.put(None)
+        if self._completion is not threading.current_thread():
+            self._completion.join(timeout=30)
+        api = self.api
+        try:
+            self.make_current()
+        except HalError:
+            pass
+        with self._idle:
+            deferred, self._deferred = list(self._deferred), collections.deque()
+        for _, fn in deferred:
+            self._quietly(fn)
+        for q in self._queues:
+            self._quietly(lambda q=q: api.stream_synchronize(q.stream))
+            self._quietly(lambda q=q: api.stream_destroy(q.stream))
+        for resources in list(self.graph_resources):
+            self._quietly(resources.release)
+        self.allocator.free_all()
+        self.staging.close()
+        self.events.close()
+        for module in self._modules:
+            self._quietly(lambda module=module: api.module_unload(module))
+        self._modules = []
+        self.closed_for_good = True
+
+    @staticmethod
+    def _quietly(fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except Exception:  # close releases what it can; a lost context frees the rest itself
+            pass
+

@@ -1,0 +1,210 @@
+"""Timeline semaphores emulated with GPU events.
+
+The host-side timeline (value, failure, host waiters, listeners) is the core's
+``hal.Semaphore``. On top of it an ``EventSemaphore`` keeps device *timepoints*:
+``(value, Timepoint)`` pairs recorded when a submission that signals the
+semaphore is issued to a stream. The timepoint's event completes when that
+submission's work does, so:
+
+- a later submission waiting for a value a timepoint covers is issued at once
+  with a device-side wait on the event (``cuStreamWaitEvent``), without a host
+  round trip;
+- a wait that no timepoint covers yet (wait-before-signal) stays parked in the
+  device's pending queue until a timepoint or a host ``signal()`` reaches it;
+- a host ``wait()`` can block on the event itself (``cuEventSynchronize``)
+  instead of waiting for the completion thread to notice.
+
+Events come from a per-device pool; a timepoint hands its event back when the
+last reference to it goes (the semaphores prune timepoints their value passed).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from hal.errors import aborted_by
+from hal.semaphore import Listener, Semaphore
+
+if TYPE_CHECKING:
+    from hal.drivers.gpu.device import GpuDevice
+
+#: How long a host wait with a timeout polls the event before sleeping on the
+#: completion thread's notification (a poll costs ~1 µs; a thread handoff ~tens).
+POLL_SECONDS = 200e-6
+
+
+class EventPool:
+    """Reusable events of one device (creating an event costs more than recording one)."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+        self._free: list[Any] = []
+        self._closed = False
+        self.created = 0
+
+    def acquire(self) -> Any:
+        try:
+            return self._free.pop()
+        except IndexError:
+            self.created += 1
+            return self.api.event_create()
+
+    def release(self, event: Any) -> None:
+        if not self._closed:
+            self._free.append(event)
+
+    def close(self) -> None:
+        self._closed = True
+        events, self._free = self._free, []
+        for event in events:
+            try:
+                self.api.event_destroy(event)
+            except Exception:  # a lost context destroys its events itself
+                pass
+
+    @property
+    def available(self) -> int:
+        return len(self._free)
+
+
+class Timepoint:
+    """The event recorded after one submission, and the (semaphore, value) pairs it reaches."""
+
+    __slots__ = ("event", "pool", "signals")
+
+    def __init__(self, event: Any, pool: EventPool, signals: Sequence[tuple[EventSemaphore, int]]) -> None:
+        self.event = event
+        self.pool = pool
+        self.signals = signals
+
+    def reached(self) -> None:
+        """The event completed without error: advance every semaphore it signals."""
+        for sem, value in self.signals:
+            sem._advance(value)
+
+    def __del__(self) -> None:
+        self.pool.release(self.event)
+
+
+class EventSemaphore(Semaphore):
+    """A ``hal.Semaphore`` with device timepoints (see the module docstring)."""
+
+    device: GpuDevice
+
+    def __init__(self, device: GpuDevice, initial_value: int = 0) -> None:
+        super().__init__(device, initial_value)
+        self._timepoints: list[tuple[int, Timepoint]] = []
+        self._issuable: list[tuple[int, int, Listener]] = []
+
+    # -- device timepoints -----------------------------------------------------------
+    def _add_timepoint(self, value: int, timepoint: Timepoint) -> None:
+        """A submission signalling ``value`` was issued; wake work that may now be issued behind it."""
+        with self._lock:
+            if self._failure is not None or value <= self._value:
+                return
+            self._timepoints.append((value, timepoint))
+            ready = self._pop_issuable(value)
+        for listener in ready:
+            listener(None)
+
+    def _timepoint_for(self, value: int) -> Timepoint | None:
+        """None if ``value`` is reached on the host, else the timepoint to wait on.
+
+        Raises AbortedError if the semaphore failed.
+        """
+        with self._lock:
+            if self._failure is not None:
+                raise aborted_by(self._failure, f"semaphore failed before value {value} was reached")
+            if self._value >= value:
+                return None
+            best: tuple[int, Timepoint] | None = None
+            for entry in self._timepoints:
+                if entry[0] >= value and (best is None or entry[0] < best[0]):
+                    best = entry
+        if best is None:
+            raise AssertionError(f"no timepoint covers value {value}")  # the pending queue prevents this
+        return best[1]
+
+    def _peek_timepoint(self, value: int) -> Timepoint | None:
+        with self._lock:
+            if self._failure is not None or self._value >= value:
+                return None
+            best = None
+            for entry in self._timepoints:
+                if entry[0] >= value and (best is None or entry[0] < best[0]):
+                    best = entry
+            return None if best is None else best[1]
+
+    def _notify_issuable(self, value: int, listener: Listener) -> None:
+        """Call ``listener`` once work waiting for ``value`` can be issued: the value is reached,
+        a timepoint covers it, or the semaphore failed (then with the failure)."""
+        with self._lock:
+            failure = self._failure
+            if failure is None and self._value < value and not any(v >= value for v, _ in self._timepoints):
+                heapq.heappush(self._issuable, (value, next(self._tokens), listener))
+                return
+        listener(failure)
+
+    def _pop_issuable(self, value: int) -> list[Listener]:
+        ready = []
+        while self._issuable and self._issuable[0][0] <= value:
+            ready.append(heapq.heappop(self._issuable)[2])
+        return ready
+
+    # -- the host timeline, extended ------------------------------------------------------
+    def _advance(self, value: int) -> None:
+        super()._advance(value)
+        with self._lock:
+            current = self._value
+            if self._timepoints:
+                self._timepoints = [entry for entry in self._timepoints if entry[0] > current]
+            ready = self._pop_issuable(current)
+        for listener in ready:
+            listener(None)
+
+    def _fail(self, cause: BaseException) -> None:
+        super()._fail(cause)
+        with self._lock:
+            pending = [entry[2] for entry in sorted(self._issuable)]
+            self._issuable = []
+            self._timepoints = []
+        for listener in pending:
+            listener(cause)
+
+    def _wait(self, value: int, deadline: float | None) -> None:
+        if self._value < value and self._failure is None:
+            timepoint = self._peek_timepoint(value)
+            if timepoint is not None:
+                self.device._wait_timepoint(timepoint, deadline)
+        super()._wait(value, deadline)
+
+
+class Issuable:
+    """Adapts an EventSemaphore so the core's FenceWaiter waits for *issuable* rather than *reached*.
+
+    FenceWaiter calls ``sem._notify_at(value, listener)``; this view routes that
+    to ``_notify_issuable``, which also fires when a device timepoint covers the value.
+    """
+
+    __slots__ = ("sem",)
+
+    def __init__(self, sem: EventSemaphore) -> None:
+        self.sem = sem
+
+    def _notify_at(self, value: int, listener: Listener) -> None:
+        self.sem._notify_issuable(value, listener)
+
+
+def poll_event(api: Any, event: Any, deadline: float | None) -> bool:
+    """Poll an event until it completes, ``POLL_SECONDS`` pass, or the deadline; True if it completed."""
+    end = time.monotonic() + POLL_SECONDS
+    if deadline is not None:
+        end = min(end, deadline)
+    while True:
+        if api.event_query(event):
+            return True
+        if time.monotonic() >= end:
+            return False

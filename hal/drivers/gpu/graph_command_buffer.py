@@ -1,0 +1,282 @@
+"""Graph command buffer: every command a graph node, instantiated once, re-executed by graph launch.
+
+The model is IREE's: commands recorded between two barriers have no edges among
+them (they may run concurrently) and a barrier is a join that every command of
+the previous level precedes and every command of the next level follows
+(``RecordingCommandBuffer.levels``). How a join becomes CUDA graph structure is
+a measured choice (DESIGN.md, "Graph launch host cost"):
+
+- ``empty``: one empty node depending on the whole previous level (the model's
+  own shape; launch cost grows steeply when it joins several branches);
+- ``edges``: every node of the next level depends directly on every node of
+  the previous one (a*b edges; cheapest to launch for the usual widths);
+- ``kernel``: a no-op kernel node as the join (a+b edges, ~0.7 µs of GPU time).
+
+``choose_join`` picks per barrier from the widths it joins, unless the device
+option ``barrier_lowering`` forces one.
+
+Rebinding: a reusable buffer recorded with ``hal.Slot`` references is built and
+instantiated with the first submission's binding table. Later submissions
+compare each used slot's (address, size) with what the executable graph holds
+and update only the nodes that read a changed slot, in place
+(``cuGraphExec{Kernel,Memset,Memcpy}NodeSetParams``): the cost is O(changed
+bindings), and O(slots) when the table is the same. The executable graph is
+never re-instantiated for a new table, except when the driver rejects an
+in-place update of a memset/memcpy node (a different kind of allocation, a
+length change to or from zero), counted in ``reinstantiations``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from hal.command_buffer import Binding
+from hal.drivers.gpu.recording import Command, Copy, Dispatch, Fill, RecordingCommandBuffer, slot_address
+from hal.errors import HalError
+
+JOIN_KINDS = ("empty", "edges", "kernel")
+#: A join of a*b <= EDGE_LIMIT node pairs becomes direct edges (10x10 levels: 13 µs launch
+#: with edges against 95 µs with empty nodes on an H100); wider joins use a no-op kernel.
+EDGE_LIMIT = 256
+
+
+def choose_join(before: int, after: int, policy: str = "auto") -> str:
+    """How to lower a barrier between a level of ``before`` nodes and one of ``after`` nodes."""
+    if policy in JOIN_KINDS:
+        return policy
+    if before <= 1 or after <= 1 or before * after <= EDGE_LIMIT:
+        return "edges"
+    return "kernel"
+
+
+class _Node:
+    """A graph node made from one command, with the parameters the executable graph holds."""
+
+    __slots__ = ("command", "handle", "params", "kind", "enabled")
+
+    def __init__(self, command: Command, handle: Any, params: Any, kind: str, enabled: bool = True) -> None:
+        self.command = command
+        self.handle = handle
+        self.params = params
+        self.kind = kind
+        self.enabled = enabled
+
+
+class _GraphResources:
+    """What a graph command buffer owns on the device, released when it is garbage."""
+
+    def __init__(self, device) -> None:
+        self.device = device
+        self.graph: Any = None
+        self.graph_exec: Any = None
+        self.staging: Any = None  # device Allocation holding update payloads
+
+    def release(self) -> None:
+        api = self.device.api
+        graph_exec, graph, staging = self.graph_exec, self.graph, self.staging
+        self.graph_exec = self.graph = self.staging = None
+        if graph_exec is not None:
+            api.graph_exec_destroy(graph_exec)
+        if graph is not None:
+            api.graph_destroy(graph)
+        if staging is not None:
+            self.device.allocator.free_now(staging)
+
+
+class GraphCommandBuffer(RecordingCommandBuffer):
+    kind = "graph"
+
+    def __init__(self, device, mode, binding_capacity: int) -> None:
+        super().__init__(device, mode, binding_capacity)
+        self._resources = _GraphResources(device)
+        device.graph_resources.add(self._resources)
+        self._finalizer = weakref.finalize(self, device.release_later, self._resources.release)
+        self._nodes: list[_Node] = []
+        #: Per used slot: indices into _nodes of the nodes reading it.
+        self._slot_nodes: dict[int, list[int]] = {}
+        self._applied: dict[int, tuple[int, int]] = {}
+        self.joins: list[str] = []
+        self.node_count = 0
+        self.reinstantiations = 0
+        self.updated_nodes = 0
+
+    # -- recording -----------------------------------------------------------------
+    def _pack_staging(self) -> None:
+        if not self.staging_size:
+            return
+        payload = self.staging_payload()
+        device = self.device
+        staging = device.allocate_staging(len(payload))
+        device.api.memcpy_htod(staging.ptr, _address_of(payload), len(payload))
+        self._resources.staging = staging
+
+    def _end(self) -> None:
+        super()._end()
+        if not self.uses_slots:
+            self._build(None)
+
+    # -- building ----------------------------------------------------------------------
+    def _build(self, table: Sequence[Binding] | None) -> None:
+        """Create the graph from the levels (addresses from ``table``) and instantiate it."""
+        device = self.device
+        api = device.api
+        device.make_current()
+        if self.slot_dispatches:
+            self.patch_slot_args(table)
+        graph = api.graph_create()
+        self._resources.graph = graph
+        self._nodes = []
+        self._slot_nodes = {}
+        self.joins = []
+        policy = device.barrier_lowering
+        previous: list[Any] = []
+        for level in self.levels:
+            if not level:
+                continue
+            if not previous:
+                deps: list[Any] = []
+            else:
+                join = choose_join(len(previous), len(level), policy)
+                self.joins.append(join)
+                if join == "edges":
+                    deps = previous
+                elif join == "empty":
+                    deps = [api.graph_add_empty_node(graph, previous)]
+                else:
+                    deps = [api.graph_add_kernel_node(graph, previous, device.join_kernel_params())]
+            previous = [self._add_node(graph, command, deps, table) for command in level]
+        self.node_count = len(self._nodes)
+        self._resources.graph_exec = api.graph_instantiate(graph) if self._nodes else None
+        self._applied = {slot: slot_address(table[slot]) for slot in self._slot_nodes}  # type: ignore[index]
+
+    def _add_node(self, graph: Any, command: Command, deps: list[Any], table: Sequence[Binding] | None) -> Any:
+        device = self.device
+        api = device.api
+        kind = type(command)
+        index = len(self._nodes)
+        if kind is Dispatch:
+            params = api.kernel_node_params(command.function, command.grid, command.block,
+                                            self.args.params_address(command.arg_start, command.arg_count))
+            node = _Node(command, api.graph_add_kernel_node(graph, deps, params), params, "kernel")
+            slots = {slot for _, slot, _ in command.slot_args}
+        elif kind is Fill:
+            ptr, length = command.target.resolve(table)
+            size = command.element_size
+            if length:
+                params = api.memset_node_params(ptr, command.value, size, length // size)
+                node = _Node(command, api.graph_add_memset_node(graph, deps, params, device.context), params, "memset")
+            else:  # nothing to fill with this table: a placeholder (a new table rebuilds)
+                node = _Node(command, api.graph_add_empty_node(graph, deps), None, "memset", enabled=False)
+            slots = {command.target.slot} - {None}
+        else:
+            dst, length = command.target.resolve(table)
+            if kind is Copy:
+                src, src_length = command.source.resolve(table)
+                length = min(length, src_length)
+                slots = {command.source.slot, command.target.slot} - {None}
+            else:
+                src = self._resources.staging.ptr + command.staging_offset  # type: ignore[union-attr]
+                length = command.length
+                slots = {command.target.slot} - {None}
+            if length:
+                params = api.memcpy_node_params(dst, src, length)
+                node = _Node(command, api.graph_add_memcpy_node(graph, deps, params, device.context), params, "memcpy")
+            else:
+                node = _Node(command, api.graph_add_empty_node(graph, deps), None, "memcpy", enabled=False)
+        self._nodes.append(node)
+        for slot in slots:
+            self._slot_nodes.setdefault(slot, []).append(index)  # type: ignore[arg-type]
+        return node.handle
+
+    # -- submission ----------------------------------------------------------------------
+    def issue(self, queue, table: Sequence[Binding] | None, submission) -> None:
+        resources = self._resources
+        if self.uses_slots:
+            if resources.graph is None:
+                self._build(table)
+            else:
+                self._rebind(table)
+        if resources.graph_exec is not None:
+            self.device.api.graph_launch(resources.graph_exec, queue.stream)
+
+    def _rebind(self, table: Sequence[Binding] | None) -> None:
+        applied = self._applied
+        dirty: set[int] = set()
+        changed = {}
+        for slot, nodes in self._slot_nodes.items():
+            key = slot_address(table[slot])  # type: ignore[index]
+            if key != applied[slot]:
+                changed[slot] = key
+                dirty.update(nodes)
+        if not dirty:
+            return
+        try:
+            for index in sorted(dirty):
+                self._update_node(self._nodes[index], table)
+        except _RebuildNeeded:
+            self._reinstantiate(table)
+            return
+        applied.update(changed)
+
+    def _update_node(self, node: _Node, table: Sequence[Binding] | None) -> None:
+        device = self.device
+        api = device.api
+        graph_exec = self._resources.graph_exec
+        command = node.command
+        self.updated_nodes += 1
+        if node.kind == "kernel":
+            self.patch_dispatch(command, table)  # type: ignore[arg-type]
+            api.exec_set_kernel_params(graph_exec, node.handle, node.params)
+            return
+        if node.params is None:
+            raise _RebuildNeeded
+        if node.kind == "memset":
+            ptr, length = command.target.resolve(table)  # type: ignore[union-attr]
+            if not length:
+                raise _RebuildNeeded
+            api.set_memset_node_target(node.params, ptr, length // command.element_size)  # type: ignore[union-attr]
+            setter = api.exec_set_memset_params
+        else:
+            dst, length = command.target.resolve(table)  # type: ignore[union-attr]
+            if type(command) is Copy:
+                src, src_length = command.source.resolve(table)
+                length = min(length, src_length)
+            else:
+                src = self._resources.staging.ptr + command.staging_offset  # type: ignore[union-attr]
+            if not length:
+                raise _RebuildNeeded
+            api.set_memcpy_node_target(node.params, dst, src, length)
+            setter = api.exec_set_memcpy_params
+        try:
+            setter(graph_exec, node.handle, node.params, device.context)
+        except HalError as exc:
+            if getattr(exc, "api_code", "").endswith("INVALID_VALUE"):
+                raise _RebuildNeeded from exc  # the driver refused this change in place
+            raise
+
+    def _reinstantiate(self, table: Sequence[Binding] | None) -> None:
+        """Rebuild the graph for ``table``; the old executable graph may still be running: free it later."""
+        resources = self._resources
+        old_exec, old_graph = resources.graph_exec, resources.graph
+        resources.graph_exec = resources.graph = None
+        api = self.device.api
+        self.device.defer(lambda: (old_exec is not None and api.graph_exec_destroy(old_exec),
+                                   api.graph_destroy(old_graph)))
+        self.reinstantiations += 1
+        self._build(table)
+
+    def retired(self) -> None:
+        if not self.reusable:
+            self._finalizer()
+
+
+class _RebuildNeeded(Exception):
+    pass
+
+
+def _address_of(data: bytes) -> int:
+    import numpy as np
+
+    return np.frombuffer(data, dtype=np.uint8).ctypes.data

@@ -1,0 +1,214 @@
+"""What both GPU command buffer kinds record: commands with device addresses resolved once.
+
+``RecordingCommandBuffer`` implements the core's command hooks by appending
+commands to ``levels`` (a new level after each barrier): direct buffer ranges
+become device addresses at record time, ``hal.Slot`` ranges stay symbolic
+(``Target.slot``) until a binding table resolves them at submission. ``end()``
+packs every dispatch's kernel arguments into one ``ArgArena`` and every
+``update_buffer`` payload into one staging block. The stream command buffer
+issues these commands on a stream; the graph command buffer turns them into
+graph nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from hal.buffer import Buffer
+from hal.command_buffer import Binding, BufferRef, CommandBuffer
+from hal.drivers.gpu.kernel_args import ArgArena
+from hal.errors import FailedPreconditionError
+from hal.executable import Executable, Export
+
+if TYPE_CHECKING:
+    from hal.drivers.gpu.device import GpuDevice
+
+#: update_buffer payloads are laid out at this alignment in the staging block.
+STAGING_ALIGNMENT = 16
+
+
+class Target:
+    """A device byte range: fixed (``slot`` None) or relative to binding-table entry ``slot``."""
+
+    __slots__ = ("ptr", "length", "slot", "offset")
+
+    def __init__(self, ptr: int, length: int | None, slot: int | None = None, offset: int = 0) -> None:
+        self.ptr = ptr
+        self.length = length
+        self.slot = slot
+        self.offset = offset
+
+    def resolve(self, table: Sequence[Binding] | None) -> tuple[int, int]:
+        """(device address, length) against a binding table."""
+        if self.slot is None:
+            return self.ptr, self.length  # type: ignore[return-value]
+        buffer, base, size = table[self.slot]  # type: ignore[index]
+        length = size - self.offset if self.length is None else self.length
+        return buffer._allocation.ptr + buffer.offset + base + self.offset, length
+
+
+def slot_address(entry: Binding) -> tuple[int, int]:
+    """(device address, size) of a binding-table entry."""
+    buffer, base, size = entry
+    return buffer._allocation.ptr + buffer.offset + base, size
+
+
+class Dispatch:
+    __slots__ = ("function", "grid", "block", "arg_start", "arg_count", "slot_args")
+
+    def __init__(self, function: object, grid: tuple[int, int, int], block: tuple[int, int, int],
+                 arg_start: int, arg_count: int, slot_args: list[tuple[int, int, int]]) -> None:
+        self.function = function
+        self.grid = grid
+        self.block = block
+        self.arg_start = arg_start
+        self.arg_count = arg_count
+        #: (arena index, slot, byte offset in the slot) of bindings that go through the table.
+        self.slot_args = slot_args
+
+
+class Fill:
+    __slots__ = ("target", "value", "element_size")
+
+    def __init__(self, target: Target, value: int, element_size: int) -> None:
+        self.target = target
+        self.value = value
+        self.element_size = element_size
+
+
+class Copy:
+    __slots__ = ("source", "target")
+
+    def __init__(self, source: Target, target: Target) -> None:
+        self.source = source
+        self.target = target
+
+
+class Update:
+    __slots__ = ("staging_offset", "target", "length")
+
+    def __init__(self, staging_offset: int, target: Target, length: int) -> None:
+        self.staging_offset = staging_offset
+        self.target = target
+        self.length = length
+
+
+Command = Dispatch | Fill | Copy | Update
+
+
+class RecordingCommandBuffer(CommandBuffer):
+    """Records commands into barrier-separated levels; subclasses issue or lower them."""
+
+    device: GpuDevice
+
+    def __init__(self, device: GpuDevice, mode, binding_capacity: int) -> None:
+        super().__init__(device, mode, binding_capacity)
+        self.levels: list[list[Command]] = [[]]
+        self.args = ArgArena()
+        self._payloads: list[bytes] = []
+        self._staging_size = 0
+        #: Root buffers referenced directly: submitting after one was released is an error.
+        self._roots: dict[int, Buffer] = {}
+        self.uses_slots = False
+        self.slot_dispatches: list[Dispatch] = []
+
+    # -- references ----------------------------------------------------------------
+    def _target(self, ref: BufferRef) -> Target:
+        buffer = ref.buffer
+        if buffer is None:
+            self.uses_slots = True
+            return Target(0, ref.length, ref.slot, ref.offset)
+        root = buffer._root
+        self._roots[id(root)] = root
+        return Target(buffer._allocation.ptr + buffer.offset + ref.offset, ref.length)
+
+    def check_submittable(self) -> None:
+        for root in self._roots.values():
+            if root._released:
+                raise FailedPreconditionError(
+                    "a buffer this command buffer references was released; it cannot be submitted")
+
+    # -- core hooks ------------------------------------------------------------------
+    def _fill(self, target: BufferRef, pattern: int, pattern_length: int) -> None:
+        self.levels[-1].append(Fill(self._target(target), pattern, pattern_length))
+
+    def _update(self, data: bytes, target: BufferRef) -> None:
+        offset = self._staging_size
+        self._payloads.append(data)
+        padded = -(-len(data) // STAGING_ALIGNMENT) * STAGING_ALIGNMENT
+        self._staging_size += padded
+        self.levels[-1].append(Update(offset, self._target(target), len(data)))
+
+    def _copy(self, source: BufferRef, target: BufferRef) -> None:
+        self.levels[-1].append(Copy(self._target(source), self._target(target)))
+
+    def _barrier(self) -> None:
+        if self.levels[-1]:
+            self.levels.append([])
+
+    def _dispatch(self, executable: Executable, ordinal: int, export: Export,
+                  workgroups: tuple[int, int, int], constants: tuple[int, ...],
+                  bindings: list[BufferRef]) -> None:
+        pointers = []
+        slot_args = []
+        start = self.args.next_index  # this dispatch's first slot
+        for i, ref in enumerate(bindings):
+            buffer = ref.buffer
+            if buffer is None:
+                self.uses_slots = True
+                slot_args.append((start + i, ref.slot, ref.offset))
+                pointers.append(0)
+            else:
+                root = buffer._root
+                self._roots[id(root)] = root
+                pointers.append(buffer._allocation.ptr + buffer.offset + ref.offset)
+        self.args.add(pointers, constants)
+        function = executable.functions[ordinal]  # type: ignore[attr-defined]
+        self.levels[-1].append(Dispatch(function, workgroups, export.workgroup_size, start,
+                                        len(pointers) + len(constants), slot_args))
+
+    def _end(self) -> None:
+        if not self.levels[-1] and len(self.levels) > 1:
+            self.levels.pop()
+        self.args.pack()
+        self.slot_dispatches = [c for c in self.commands() if type(c) is Dispatch and c.slot_args]
+        self._pack_staging()
+
+    def _pack_staging(self) -> None:
+        """Subclasses place ``staging_payload()`` where their commands read it."""
+
+    def staging_payload(self) -> bytes:
+        """Every update_buffer payload at its staging offset."""
+        block = bytearray(self._staging_size)
+        offset = 0
+        for data in self._payloads:
+            block[offset:offset + len(data)] = data
+            offset += -(-len(data) // STAGING_ALIGNMENT) * STAGING_ALIGNMENT
+        self._payloads = []
+        return bytes(block)
+
+    @property
+    def staging_size(self) -> int:
+        return self._staging_size
+
+    def commands(self) -> list[Command]:
+        return [command for level in self.levels for command in level]
+
+    def patch_slot_args(self, table: Sequence[Binding] | None) -> None:
+        """Write the table's addresses into the argument slots of every slot binding."""
+        for command in self.slot_dispatches:
+            self.patch_dispatch(command, table)
+
+    def patch_dispatch(self, command: Dispatch, table: Sequence[Binding] | None) -> None:
+        values = self.args.values
+        for index, slot, offset in command.slot_args:
+            buffer, base, _ = table[slot]  # type: ignore[index]
+            values[index] = buffer._allocation.ptr + buffer.offset + base + offset  # type: ignore[index]
+
+    # -- submission (subclasses) ---------------------------------------------------------
+    def issue(self, queue, table: Sequence[Binding] | None, submission) -> None:
+        raise NotImplementedError
+
+    def retired(self) -> None:
+        """The last submission of this command buffer completed (one-shot: release its resources)."""

@@ -1,0 +1,407 @@
+"""A simulated GPU API for testing the GPU-generic driver logic on a machine without a GPU.
+
+``FakeGpuApi`` implements the shim interface of ``hal/drivers/cuda/api.py`` with
+host memory and one worker thread per stream, keeping the CUDA semantics the
+generic code relies on: stream order, events that capture the work recorded
+before them, ``cuStreamWaitEvent`` capturing the event's state at call time,
+kernel parameters copied at launch / node creation / exec update time, graph
+nodes run in dependency order, updates affecting later launches only, and
+sticky faults (a raising kernel makes every later call fail). Kernels are
+numpy callables (the CTS's ``numpy`` format).
+
+``fake-gpu`` registers as a HAL driver (``HAL_PLUGINS=tests.drivers.fake_gpu``)
+so the conformance suite runs the generic GPU driver end to end:
+``pytest tests/cts --driver fake-gpu [--driver-option command_buffer=graph]``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import enum
+import queue
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from hal.driver import DeviceInfo, Driver
+from hal.drivers.cuda.status import CUDA
+from hal.drivers.gpu.device import GpuDevice
+from hal.drivers.gpu.executable_cache import GpuExecutable
+from hal.drivers.local.executable import NumpyExecutable
+from hal.registry import DriverFactory, hookimpl
+
+
+class FakeResult(enum.IntEnum):
+    CUDA_ERROR_INVALID_VALUE = 1
+    CUDA_ERROR_OUT_OF_MEMORY = 2
+    CUDA_ERROR_LAUNCH_FAILED = 719
+
+
+def _raise(code: FakeResult, function: str) -> None:
+    raise CUDA.error(code, function)
+
+
+class FakeFunction:
+    def __init__(self, fn, bindings: int, constants: int) -> None:
+        self.fn = fn
+        self.bindings = bindings
+        self.constants = constants
+
+    def read_args(self, params: int) -> tuple[list[int], list[int]]:
+        count = self.bindings + self.constants
+        if not count:
+            return [], []
+        slots = (ctypes.c_uint64 * count).from_address(params)
+        pointers = [ctypes.c_uint64.from_address(slots[i]).value for i in range(self.bindings)]
+        constants = [ctypes.c_uint32.from_address(slots[self.bindings + i]).value for i in range(self.constants)]
+        return pointers, constants
+
+
+class _Event:
+    def __init__(self) -> None:
+        self.recorded = 0
+        self.completed = 0
+        self.cond = threading.Condition()
+
+
+class _Stream:
+    def __init__(self, api: FakeGpuApi) -> None:
+        self.api = api
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="fake-gpu-stream")
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            work = self.inbox.get()
+            if work is None:
+                return
+            if self.api.fault is None:
+                try:
+                    work()
+                except Exception as exc:  # a kernel fault: sticky, like CUDA_ERROR_LAUNCH_FAILED
+                    self.api.fault = exc
+            elif getattr(work, "always", False):
+                work()
+
+
+class FakeGpuApi:
+    name = "fake"
+    pointer_size = 8
+
+    def __init__(self) -> None:
+        self.fault: BaseException | None = None
+        self._memory: dict[int, np.ndarray] = {}
+        self._bases: list[int] = []
+        self._lock = threading.Lock()
+        self.calls: dict[str, int] = {}
+
+    def _check(self, function: str) -> None:
+        self.calls[function] = self.calls.get(function, 0) + 1
+        if self.fault is not None:
+            _raise(FakeResult.CUDA_ERROR_LAUNCH_FAILED, function)
+
+    # -- memory -------------------------------------------------------------------------
+    def _allocate(self, size: int) -> int:
+        if size > 1 << 34:
+            _raise(FakeResult.CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc")
+        array = np.zeros(size + 8, dtype=np.uint8)
+        ptr = array.ctypes.data
+        with self._lock:
+            self._memory[ptr] = array
+            bisect.insort(self._bases, ptr)
+        return ptr
+
+    def _release(self, ptr: int) -> None:
+        with self._lock:
+            if ptr not in self._memory:
+                _raise(FakeResult.CUDA_ERROR_INVALID_VALUE, "cuMemFree")
+            del self._memory[ptr]
+            self._bases.remove(ptr)
+
+    def view(self, ptr: int) -> memoryview:
+        """Bytes from ``ptr`` to the end of its allocation (what a kernel may touch)."""
+        with self._lock:
+            index = bisect.bisect_right(self._bases, ptr) - 1
+            if index < 0:
+                raise RuntimeError(f"illegal address 0x{ptr:x}")
+            base = self._bases[index]
+            array = self._memory[base]
+            if ptr - base > len(array) - 8:
+                raise RuntimeError(f"illegal address 0x{ptr:x}")
+            return memoryview(array[ptr - base:len(array) - 8])
+
+    @property
+    def live_allocations(self) -> int:
+        return len(self._memory)
+
+    def mem_alloc(self, size: int) -> int:
+        self._check("cuMemAlloc")
+        return self._allocate(size)
+
+    def mem_free(self, ptr: int) -> None:
+        self._check("cuMemFree")
+        self._release(ptr)
+
+    def mem_alloc_async(self, size: int, stream: _Stream) -> int:
+        self._check("cuMemAllocAsync")
+        return self._allocate(size)
+
+    def mem_free_async(self, ptr: int, stream: _Stream) -> None:
+        self._check("cuMemFreeAsync")
+        stream.inbox.put(lambda: self._release(ptr))
+
+    def host_alloc(self, size: int) -> int:
+        self._check("cuMemHostAlloc")
+        return self._allocate(size)
+
+    def host_free(self, ptr: int) -> None:
+        self._check("cuMemFreeHost")
+        self._release(ptr)
+
+    def host_device_pointer(self, ptr: int) -> int:
+        return ptr
+
+    def memory_pool(self, dev: Any) -> Any:
+        return "pool"
+
+    def set_pool_release_threshold(self, pool: Any, size: int) -> None:
+        pass
+
+    @staticmethod
+    def _memset(ptr: int, value: int, element_size: int, count: int) -> None:
+        dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[element_size]
+        np.frombuffer((ctypes.c_ubyte * (count * element_size)).from_address(ptr), dtype=dtype)[:] = value
+
+    def memset_async(self, ptr: int, value: int, element_size: int, count: int, stream: _Stream) -> None:
+        self._check("cuMemsetAsync")
+        stream.inbox.put(lambda: self._memset(ptr, value, element_size, count))
+
+    def memcpy_dtod_async(self, dst: int, src: int, size: int, stream: _Stream) -> None:
+        self._check("cuMemcpyDtoDAsync")
+        stream.inbox.put(lambda: ctypes.memmove(dst, src, size))
+
+    def memcpy_htod_async(self, dst: int, host: int, size: int, stream: _Stream) -> None:
+        self._check("cuMemcpyHtoDAsync")
+        stream.inbox.put(lambda: ctypes.memmove(dst, host, size))
+
+    def memcpy_htod(self, dst: int, host: int, size: int) -> None:
+        self._check("cuMemcpyHtoD")
+        ctypes.memmove(dst, host, size)
+
+    def memcpy_dtoh(self, host: int, src: int, size: int) -> None:
+        self._check("cuMemcpyDtoH")
+        ctypes.memmove(host, src, size)
+
+    # -- contexts, streams, events ------------------------------------------------------------
+    def set_current(self, ctx: Any) -> None:
+        pass
+
+    def stream_create(self) -> _Stream:
+        self._check("cuStreamCreate")
+        return _Stream(self)
+
+    def stream_destroy(self, stream: _Stream) -> None:
+        stream.inbox.put(None)
+
+    def stream_synchronize(self, stream: _Stream) -> None:
+        event = self.event_create()
+        self.event_record(event, stream)
+        self.event_synchronize(event)
+
+    def event_create(self) -> _Event:
+        self._check("cuEventCreate")
+        return _Event()
+
+    def event_destroy(self, event: _Event) -> None:
+        pass
+
+    def event_record(self, event: _Event, stream: _Stream) -> None:
+        self._check("cuEventRecord")
+        with event.cond:
+            event.recorded += 1
+            generation = event.recorded
+
+        def complete() -> None:
+            with event.cond:
+                event.completed = max(event.completed, generation)
+                event.cond.notify_all()
+
+        complete.always = True  # type: ignore[attr-defined]
+        stream.inbox.put(complete)
+
+    def event_query(self, event: _Event) -> bool:
+        self._check("cuEventQuery")
+        return event.completed >= event.recorded
+
+    def event_synchronize(self, event: _Event) -> None:
+        with event.cond:
+            target = event.recorded
+            while event.completed < target:
+                event.cond.wait()
+        self._check("cuEventSynchronize")
+
+    def stream_wait_event(self, stream: _Stream, event: _Event) -> None:
+        self._check("cuStreamWaitEvent")
+        target = event.recorded
+
+        def wait() -> None:
+            with event.cond:
+                while event.completed < target:
+                    event.cond.wait()
+
+        wait.always = True  # type: ignore[attr-defined]
+        stream.inbox.put(wait)
+
+    # -- kernels --------------------------------------------------------------------------------
+    def _run_kernel(self, function: FakeFunction, grid, pointers: list[int], constants: list[int]) -> None:
+        views = [self.view(p) for p in pointers]
+        function.fn(tuple(grid), views, constants)
+
+    def launch_kernel(self, func: FakeFunction, gx, gy, gz, bx, by, bz, stream: _Stream, params: int) -> None:
+        self._check("cuLaunchKernel")
+        pointers, constants = func.read_args(params)  # copied now, as cuLaunchKernel does
+        stream.inbox.put(lambda: self._run_kernel(func, (gx, gy, gz), pointers, constants))
+
+    def function_max_threads(self, func: Any) -> int:
+        return 1024
+
+    def module_unload(self, module: Any) -> None:
+        pass
+
+    # -- graphs -----------------------------------------------------------------------------------
+    def graph_create(self) -> list:
+        self._check("cuGraphCreate")
+        return []
+
+    def graph_destroy(self, graph: list) -> None:
+        pass
+
+    def kernel_node_params(self, func, grid, block, params: int) -> SimpleNamespace:
+        return SimpleNamespace(func=func, grid=tuple(grid), params=params)
+
+    def memset_node_params(self, ptr: int, value: int, element_size: int, count: int) -> SimpleNamespace:
+        return SimpleNamespace(dst=ptr, value=value, element_size=element_size, count=count)
+
+    def set_memset_node_target(self, params: SimpleNamespace, ptr: int, count: int) -> None:
+        params.dst, params.count = ptr, count
+
+    def memcpy_node_params(self, dst: int, src: int, size: int) -> SimpleNamespace:
+        return SimpleNamespace(dst=dst, src=src, size=size)
+
+    def set_memcpy_node_target(self, params: SimpleNamespace, dst: int, src: int, size: int) -> None:
+        params.dst, params.src, params.size = dst, src, size
+
+    def _node_work(self, kind: str, params: SimpleNamespace):
+        """What the node runs, with its parameters copied now (node creation or exec update)."""
+        if kind == "kernel":
+            pointers, constants = params.func.read_args(params.params)
+            func, grid = params.func, params.grid
+            return lambda: self._run_kernel(func, grid, pointers, constants)
+        if kind == "memset":
+            dst, value, size, count = params.dst, params.value, params.element_size, params.count
+            return lambda: self._memset(dst, value, size, count)
+        if kind == "memcpy":
+            dst, src, size = params.dst, params.src, params.size
+            return lambda: ctypes.memmove(dst, src, size)
+        return lambda: None
+
+    def _add(self, graph: list, deps: list, kind: str, params: Any) -> dict:
+        for dep in deps:
+            assert any(dep is node for node in graph), "a dependency from another graph"
+        node = {"kind": kind, "deps": list(deps), "work": self._node_work(kind, params), "id": len(graph)}
+        graph.append(node)
+        return node
+
+    def graph_add_kernel_node(self, graph, deps, params):
+        self._check("cuGraphAddKernelNode")
+        return self._add(graph, deps, "kernel", params)
+
+    def graph_add_memset_node(self, graph, deps, params, ctx):
+        self._check("cuGraphAddMemsetNode")
+        return self._add(graph, deps, "memset", params)
+
+    def graph_add_memcpy_node(self, graph, deps, params, ctx):
+        self._check("cuGraphAddMemcpyNode")
+        return self._add(graph, deps, "memcpy", params)
+
+    def graph_add_empty_node(self, graph, deps):
+        self._check("cuGraphAddEmptyNode")
+        return self._add(graph, deps, "empty", None)
+
+    def graph_add_edges(self, graph, sources, targets) -> None:
+        for source, target in zip(sources, targets):
+            target["deps"].append(source)
+
+    def graph_instantiate(self, graph: list) -> dict:
+        self._check("cuGraphInstantiate")
+        return {"works": {node["id"]: node["work"] for node in graph}, "enabled": {}, "graph": graph}
+
+    def graph_exec_destroy(self, graph_exec: dict) -> None:
+        pass
+
+    def graph_launch(self, graph_exec: dict, stream: _Stream) -> None:
+        self._check("cuGraphLaunch")
+        works = [w for i, w in sorted(graph_exec["works"].items()) if graph_exec["enabled"].get(i, True)]
+
+        def run() -> None:
+            for work in works:  # creation order is a topological order
+                work()
+
+        stream.inbox.put(run)
+
+    def exec_set_kernel_params(self, graph_exec, node, params) -> None:
+        self._check("cuGraphExecKernelNodeSetParams")
+        graph_exec["works"][node["id"]] = self._node_work("kernel", params)
+
+    def exec_set_memset_params(self, graph_exec, node, params, ctx) -> None:
+        self._check("cuGraphExecMemsetNodeSetParams")
+        graph_exec["works"][node["id"]] = self._node_work("memset", params)
+
+    def exec_set_memcpy_params(self, graph_exec, node, params, ctx) -> None:
+        self._check("cuGraphExecMemcpyNodeSetParams")
+        graph_exec["works"][node["id"]] = self._node_work("memcpy", params)
+
+    def exec_set_node_enabled(self, graph_exec, node, enabled: bool) -> None:
+        graph_exec["enabled"][node["id"]] = enabled
+
+
+class FakeGpuDevice(GpuDevice):
+    executable_formats = ("numpy",)
+
+    def _prepare_executable(self, spec) -> GpuExecutable:
+        numpy_exe = NumpyExecutable(self, spec)
+        functions = [FakeFunction(fn, e.bindings, e.constants) for fn, e in zip(numpy_exe.functions, spec.exports)]
+        return GpuExecutable(self, spec, None, functions)
+
+    def _load_join_function(self) -> FakeFunction:
+        return FakeFunction(lambda grid, views, constants: None, 0, 0)
+
+
+class FakeGpuDriver(Driver):
+    name = "fake-gpu"
+    summary = "the GPU-generic driver over a simulated GPU API (tests only)"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.api = FakeGpuApi()
+
+    def _probe(self) -> tuple[bool, str | None]:
+        return True, None
+
+    def _query_devices(self) -> list[DeviceInfo]:
+        props = {"memory_total": 1 << 34, "memory_pools_supported": True}
+        return [DeviceInfo(self.name, 0, "FAKE-0", "simulated GPU", "fake-gpu://0", props)]
+
+    def _create_device(self, info: DeviceInfo, **options: Any) -> FakeGpuDevice:
+        limits = {"max_workgroup_count": ((1 << 31) - 1, 65535, 65535), "max_workgroup_size": 1024}
+        return FakeGpuDevice(self, info, api=self.api, handle=0, context=1, options=options, limits=limits,
+                             memory_bytes=1 << 34, memory_pools=True)
+
+
+@hookimpl
+def hal_register_drivers():
+    return [DriverFactory("fake-gpu", FakeGpuDriver.summary, FakeGpuDriver, 0)]
