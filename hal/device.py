@@ -80,9 +80,9 @@ class Device(abc.ABC):
         self.close()
 
     # -- objects ------------------------------------------------------------------
-    def create_semaphore(self, initial_value: int = 0) -> Semaphore:
+    def create_semaphore(self, initial: int = 0) -> Semaphore:
         self._check_open()
-        return self._create_semaphore(check_int(initial_value, "semaphore initial value"))
+        return self._create_semaphore(check_int(initial, "semaphore initial value"))
 
     def create_command_buffer(self, mode: CommandBufferMode = CommandBufferMode.ONE_SHOT,
                               binding_capacity: int = 0) -> CommandBuffer:
