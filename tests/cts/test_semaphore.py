@@ -23,6 +23,10 @@ def test_default_initial_value_is_zero(device):
     assert device.create_semaphore().value == 0
 
 
+def test_initial_value_by_keyword(device):
+    assert device.create_semaphore(initial=4).value == 4
+
+
 def test_signal_raises_the_value(device):
     sem = device.create_semaphore(0)
     for value in (1, 2, 5, 100, 2**33):
