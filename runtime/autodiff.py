@@ -123,28 +123,37 @@ def _vjp(node: Array, k: int, g: Array) -> Array | None:
 
 def _backward(out: Array, wrt: list) -> list:
     targets = {id(w) for w in wrt}
-    # Post-order DFS marking nodes that lead to a differentiated input.
+    # Post-order DFS marking the nodes that lead to a differentiated input.
     order = []
     relevant: dict = {}
+    get = relevant.get
     stack = [(out, False)]
+    push, pop = stack.append, stack.pop
     while stack:
-        node, expanded = stack.pop()
+        node, expanded = pop()
         nid = id(node)
         if nid in relevant:
             continue
         if expanded:
-            hit = nid in targets
-            if not hit and node.op is not None and node.op not in _NO_GRAD:
-                hit = any(relevant.get(id(inp), False) for inp in node.inputs)
+            if nid in targets:
+                hit = True
+            elif node.op is None or node.op in _NO_GRAD:
+                hit = False
+            else:
+                hit = False
+                for inp in node.inputs:
+                    if get(id(inp)):
+                        hit = True
+                        break
             relevant[nid] = hit
             order.append(node)
             continue
-        stack.append((node, True))
+        push((node, True))
         if nid in targets or node.op is None:
             continue
         for inp in node.inputs:
             if id(inp) not in relevant:
-                stack.append((inp, False))
+                push((inp, False))
     cot: dict = {id(out): constant(1.0, out.dtype, out.ctx) if out.dtype.is_float
                  else constant(1.0, ops._dt.float32, out.ctx)}
     for node in reversed(order):

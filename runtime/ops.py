@@ -93,11 +93,21 @@ def _operands(a, b):
 
 def _bshape(a: Array, b: Array) -> tuple:
     sa, sb = a.shape, b.shape
-    return sa if sa == sb else broadcast_shapes(sa, sb)
+    if sa == sb or not sb:
+        return sa
+    if not sa:
+        return sb
+    return broadcast_shapes(sa, sb)
+
+
+_PROMOTE = _dt._PROMOTE
 
 
 def _binary(op: str, a, b) -> Array:
-    a, b, dt = _operands(a, b)
+    if type(a) is Array and type(b) is Array and a.ctx is b.ctx:
+        dt = _PROMOTE[a.dtype, b.dtype]
+    else:
+        a, b, dt = _operands(a, b)
     shape = _bshape(a, b)
     if op == "div":
         out = dt if dt.is_float else _dt.float32
@@ -292,10 +302,17 @@ def matmul(a, b) -> Array:
 
 # ---- views ------------------------------------------------------------------------------------
 
+_reshape_targets: dict = {}  # (shape, requested shape) -> validated target shape
+
 def reshape(x, shape) -> Array:
     if type(x) is not Array:
         x = asarray(x)
-    newshape = reshape_target(x.shape, shape, x.size)
+    key = (x.shape, shape)
+    newshape = _reshape_targets.get(key) if type(shape) is tuple else None
+    if newshape is None:
+        newshape = reshape_target(x.shape, shape, x.size)
+        if type(shape) is tuple and len(_reshape_targets) < 4096:
+            _reshape_targets[key] = newshape
     if newshape == x.shape:
         return x
     strides, offset = x.layout()

@@ -40,6 +40,11 @@ _BOOL_UFUNC = {"add": np.logical_or, "mul": np.logical_and, "maximum": np.logica
                "minimum": np.logical_and}
 
 
+# Ops whose numpy evaluation here can raise floating-point warnings numpy itself would not
+# (sigmoid's exp overflow, power's and cast's intermediate values): evaluated under errstate.
+_QUIET = frozenset(("sigmoid", "pow", "cast", "where"))
+
+
 def c_expr(op: str, cdt) -> str:
     if op in _C_ANY:
         return _C_ANY[op]
@@ -144,8 +149,17 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
     compute = compute_np(cdt)
     native_out = out_dt is not _dt.bfloat16
 
+    quiet = op in _QUIET
+
     def apply(out, ins):
+        if not quiet:
+            _apply(out, ins)
+            return
         with np.errstate(**ERRSTATE):
+            _apply(out, ins)
+
+    def _apply(out, ins):
+        if True:
             vals = [to_compute(x, d) for x, d in zip(ins, in_dts)]
             if op == "where":
                 c, a, b = vals
@@ -200,10 +214,51 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
             ins.append(strided_view(bindings[1 + i], in_dts[i], shape, strides, c[base]))
         apply(out, ins)
 
+    ufunc = _BOOL_UFUNC.get(op) if cdt is _dt.bool_ else None
+    ufunc = ufunc or _NP_UFUNC.get(op)
+    fast = (ufunc is not None and not quiet and cdt is not _dt.bfloat16 and all(d is cdt for d in in_dts)
+            and (out_dt is cdt or op in ("eq", "ne", "lt", "le", "gt", "ge")))
     fns = {}
     for v in _variants(k):
-        fns[_export_name(op, in_dts, out_dt, v)] = strided_fn if v == "g" else contiguous_fn(v)
+        if v == "g":
+            fn = strided_fn
+        elif fast:
+            fn = _fast_contiguous(ufunc, v, cdt, out_dt)
+        else:
+            fn = contiguous_fn(v)
+        fns[_export_name(op, in_dts, out_dt, v)] = fn
     return fns
+
+
+def _fast_contiguous(ufunc, variant: str, cdt, out_dt):
+    """The common case as one ufunc call on views of the bound bytes (no conversions needed)."""
+    frombuffer = np.frombuffer
+    dt, item, odt = cdt.storage, cdt.itemsize, out_dt.storage
+    if variant == "cc":
+        def run(workgroups, b, c):
+            n = c[0]
+            ufunc(frombuffer(b[1], dt, n, c[1] * item), frombuffer(b[2], dt, n, c[2] * item),
+                  out=frombuffer(b[0], odt, n))
+    elif variant == "cs":
+        def run(workgroups, b, c):
+            n = c[0]
+            ufunc(frombuffer(b[1], dt, n, c[1] * item), frombuffer(b[2], dt, 1, c[2] * item)[0],
+                  out=frombuffer(b[0], odt, n))
+    elif variant == "sc":
+        def run(workgroups, b, c):
+            n = c[0]
+            ufunc(frombuffer(b[1], dt, 1, c[1] * item)[0], frombuffer(b[2], dt, n, c[2] * item),
+                  out=frombuffer(b[0], odt, n))
+    elif variant == "c":
+        def run(workgroups, b, c):
+            n = c[0]
+            ufunc(frombuffer(b[1], dt, n, c[1] * item), out=frombuffer(b[0], odt, n))
+    else:
+        def run(workgroups, b, c):
+            n = c[0]
+            ins = [frombuffer(b[1 + i], dt, n if v == "c" else 1, c[1 + i] * item) for i, v in enumerate(variant)]
+            ufunc(*ins, out=frombuffer(b[0], odt, n))
+    return run
 
 
 # ---- planning ---------------------------------------------------------------------------------

@@ -19,20 +19,17 @@ def flat(mv, dtype) -> np.ndarray:
 
 
 def strided_view(mv, dtype, shape: tuple, strides: tuple, offset: int) -> np.ndarray:
-    """View of a bound buffer with element strides (may be negative or zero)."""
-    base = np.frombuffer(mv, dtype=dtype.storage)
+    """View of a bound buffer with element strides (may be negative or zero) and element offset."""
     item = dtype.itemsize
-    if not shape:
-        return base[offset:offset + 1].reshape(())
-    start = base[offset:]
-    if any(s < 0 for s in strides):
-        # as_strided cannot step before the first element of `start`; build from the
-        # lowest address the view touches and reverse the negative axes afterwards.
-        low = offset + sum((d - 1) * s for d, s in zip(shape, strides) if s < 0 and d > 0)
-        v = as_strided(base[low:], shape, tuple(abs(s) * item for s in strides), writeable=True)
-        flip = tuple(slice(None, None, -1) if s < 0 else slice(None) for s in strides)
-        return v[flip]
-    return as_strided(start, shape, tuple(s * item for s in strides), writeable=True)
+    if 0 in shape:
+        return np.empty(shape, dtype=dtype.storage)
+    try:
+        return np.ndarray(shape, dtype=dtype.storage, buffer=mv, offset=offset * item,
+                          strides=tuple(s * item for s in strides))
+    except (TypeError, ValueError):
+        # a read-only exporter: fall back to a view through frombuffer
+        base = np.frombuffer(mv, dtype=dtype.storage)
+        return as_strided(base[offset:], shape, tuple(s * item for s in strides), writeable=False)
 
 
 def to_compute(x: np.ndarray, dtype) -> np.ndarray:
