@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rt_helpers import TOL, rand
 
 import hal
 import runtime as rt
-
-from rt_helpers import TOL, rand
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 DTYPES = ["float32", "float16", "int32", "bool"]

@@ -1,0 +1,137 @@
+"""The CUDA C kernels, run on the CPU by cuda_emu through the real runtime plans, against numpy.
+
+The runtime is pointed at a local-sync device that claims to be a GPU (so
+reductions take their split two-pass path) while every executable it loads
+launches the emulated CUDA kernels instead of the numpy implementations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cuda_emu = pytest.importorskip("cuda_emu")
+if cuda_emu.GXX is None:
+    pytest.skip("g++ is needed to emulate the CUDA kernels", allow_module_level=True)
+
+import hal  # noqa: E402
+import runtime as rt  # noqa: E402
+from runtime.device import context_for  # noqa: E402
+from runtime.kernels.source import KernelSource  # noqa: E402
+
+_built: dict = {}
+
+
+@pytest.fixture(scope="module")
+def gpu_like():
+    device = hal.create_device("local-sync")
+    ctx = context_for(device)
+    ctx.is_gpu = True
+    original = KernelSource.numpy_code
+
+    def emulated(self):
+        code = _built.get(self.key)
+        if code is None:
+            code = _built[self.key] = cuda_emu.emulated_code(self)
+        return code
+
+    KernelSource.numpy_code = emulated
+    try:
+        yield device
+    finally:
+        KernelSource.numpy_code = original
+
+
+def close(got, want, rtol=1e-5, atol=1e-5):
+    got = np.asarray(got)
+    want = np.asarray(want)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    if want.dtype.kind in "fc":
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def test_elementwise_variants_and_dtypes(gpu_like):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((3, 5)).astype(np.float32)
+    b = rng.standard_normal((5,)).astype(np.float32)
+    A, B = rt.array(a, device=gpu_like), rt.array(b, device=gpu_like)
+    close((A + B).numpy(), a + b)  # broadcast: strided variant
+    close((A * 2.0).numpy(), a * 2)  # contiguous + scalar
+    close((3.0 - A).numpy(), 3 - a)
+    close(rt.maximum(A, B).numpy(), np.maximum(a, b))
+    close((A.T[::-1] > 0).numpy(), a.T[::-1] > 0)
+    close(rt.sigmoid(A).numpy(), 1 / (1 + np.exp(-a)), rtol=1e-5)
+    close(rt.where(A > 0, A, B).numpy(), np.where(a > 0, a, b))
+    close(A.astype(rt.float16).numpy(), a.astype(np.float16))
+    close((A.astype(rt.bfloat16) * 2).astype(rt.float32).numpy(), a * 2, rtol=1e-2, atol=1e-2)
+    i = rng.integers(-5, 5, (4, 4)).astype(np.int32)
+    I = rt.array(i, device=gpu_like)
+    close((I * I - 3).numpy(), i * i - 3)
+    close((I ** 2).numpy(), i ** 2)
+    close(abs(I).numpy(), np.abs(i))
+    close((I / 2).numpy(), (i / 2).astype(np.float32))
+    h = rng.standard_normal(7).astype(np.float16)
+    close((rt.array(h, device=gpu_like) + 1).numpy(), h + np.float16(1), rtol=1e-3, atol=1e-3)
+
+
+def test_reductions_single_and_split(gpu_like):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 9000)).astype(np.float32)  # long rows, few outputs: two-pass split
+    X = rt.array(x, device=gpu_like)
+    close(X.sum(axis=1).numpy(), x.sum(axis=1), rtol=1e-4, atol=1e-3)
+    close(X.mean(axis=1).numpy(), x.mean(axis=1), rtol=1e-4, atol=1e-5)
+    close(X.max(axis=1).numpy(), x.max(axis=1))
+    close(X.argmax(axis=1).numpy(), x.argmax(axis=1).astype(np.int32))
+    close(X.argmin(axis=1).numpy(), x.argmin(axis=1).astype(np.int32))
+    y = rng.standard_normal((4, 6, 5)).astype(np.float32)
+    Y = rt.array(y, device=gpu_like)
+    close(Y.sum(axis=(0, 2)).numpy(), y.sum(axis=(0, 2)), rtol=1e-5, atol=1e-5)  # strided
+    close(Y[:, ::-2].min(axis=0).numpy(), y[:, ::-2].min(axis=0))
+    close(Y.argmax(axis=1).numpy(), y.argmax(axis=1).astype(np.int32))
+    t = np.array([[1, 5, 5, 2]], np.int32)  # ties: the first index wins
+    close(rt.array(t, device=gpu_like).argmax(axis=1).numpy(), np.array([1], np.int32))
+    b = rng.random((5, 7)) > 0.5
+    close(rt.array(b, device=gpu_like).sum(axis=0).numpy(), b.sum(axis=0).astype(np.int32))
+
+
+def test_matmul_tiles_and_batches(gpu_like):
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((2, 19, 23)).astype(np.float32)
+    b = rng.standard_normal((23, 17)).astype(np.float32)
+    A, B = rt.array(a, device=gpu_like), rt.array(b, device=gpu_like)
+    close((A @ B).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+    close((A[1].T @ A[0]).numpy(), a[1].T @ a[0], rtol=1e-4, atol=1e-4)
+    h = a.astype(np.float16)
+    close((rt.array(h, device=gpu_like) @ rt.array(b.astype(np.float16), device=gpu_like)).numpy(),
+          (h.astype(np.float32) @ b.astype(np.float16).astype(np.float32)).astype(np.float16), rtol=1e-2, atol=1e-2)
+
+
+def test_random_matches_numpy_philox(gpu_like):
+    key = rt.random.key(7, device=gpu_like)
+    u_gpu = rt.random.uniform((300,), key=key).numpy()
+    z_gpu = rt.random.normal((300,), key=key).numpy()
+    k_gpu = rt.random.split(key, 3).numpy()
+    cpu = "local-sync"
+    kc = rt.random.key(7, device=cpu)
+    np.testing.assert_array_equal(u_gpu, rt.random.uniform((300,), key=kc).numpy())
+    np.testing.assert_allclose(z_gpu, rt.random.normal((300,), key=kc).numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(k_gpu, rt.random.split(kc, 3).numpy())
+
+
+def test_gradient_through_slices(gpu_like):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    g = rt.grad(lambda v: (v[1:, ::-2] * 3).sum() + v[0, 2])(rt.array(x, device=gpu_like)).numpy()
+    want = np.zeros_like(x)
+    want[1:, ::-2] = 3
+    want[0, 2] += 1
+    close(g, want)
+
+
+def test_fill_and_copy(gpu_like):
+    z = rt.zeros((3, 4), device=gpu_like) + rt.full((4,), 2.5, device=gpu_like)
+    close(z.numpy(), np.full((3, 4), 2.5, np.float32))
+    x = rt.array(np.arange(12, dtype=np.float32).reshape(3, 4), device=gpu_like)
+    close(x.T.reshape(-1).numpy(), np.arange(12).reshape(3, 4).T.reshape(-1))
