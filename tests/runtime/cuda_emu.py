@@ -66,7 +66,9 @@ static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f
 static inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
 using std::min; using std::max;
 static inline float f16_to_f32(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }
-static inline unsigned short f32_to_f16(float f) { _Float16 v = (_Float16)f; unsigned short h; std::memcpy(&h, &v, 2); return h; }
+static inline unsigned short f32_to_f16(float f) {
+  _Float16 v = (_Float16)f; unsigned short h; std::memcpy(&h, &v, 2); return h;
+}
 """
 
 LAUNCHER = r"""
@@ -82,7 +84,8 @@ static void rt_call(void (*k)(P...), void** ptrs, const unsigned* consts, std::i
   k(arg(std::integral_constant<std::size_t, I>{})...);
 }
 template <typename... P>
-static void rt_launch(void (*k)(P...), void** ptrs, const unsigned* consts, const unsigned* grid, const unsigned* block) {
+static void rt_launch(void (*k)(P...), void** ptrs, const unsigned* consts,
+                      const unsigned* grid, const unsigned* block) {
   gridDim = {grid[0], grid[1], grid[2]};
   blockDim = {block[0], block[1], block[2]};
   const unsigned nthreads = block[0] * block[1] * block[2];
