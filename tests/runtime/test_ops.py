@@ -342,3 +342,33 @@ def test_device_mismatch_is_rejected():
     b = rt.array(np.ones(2, np.float32), device="local-task")
     with pytest.raises(hal.InvalidArgumentError):
         a + b
+
+
+def test_bfloat16(dev):
+    rng = np.random.default_rng(10)
+    a = rng.standard_normal((4, 6)).astype(np.float32)
+    b = rng.standard_normal((6,)).astype(np.float32)
+    A = rt.array(a, device=dev).astype(rt.bfloat16)
+    B = rt.array(b, device=dev, dtype=rt.bfloat16)
+    assert A.dtype is rt.bfloat16 and (A + 1.0).dtype is rt.bfloat16
+    assert (A + rt.array(b, device=dev)).dtype is rt.float32
+    assert (A + rt.array(b.astype(np.float16), device=dev)).dtype is rt.float32
+    assert (A * rt.array(np.array([True]), device=dev)).dtype is rt.bfloat16
+
+    def f32(x):
+        return np.asarray(x.astype(rt.float32).numpy(), dtype=np.float32)
+
+    tol = dict(rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(f32(A), a, **tol)
+    np.testing.assert_allclose(f32(A * B + 1.0), a * b + 1, **tol)
+    np.testing.assert_allclose(f32(rt.exp(A)), np.exp(a), **tol)
+    np.testing.assert_allclose(f32(A.sum(axis=1)), a.sum(axis=1), rtol=5e-2, atol=5e-2)
+    np.testing.assert_allclose(f32(A.max(axis=0)), a.max(axis=0), **tol)
+    np.testing.assert_allclose(f32(A @ B), a @ b, rtol=5e-2, atol=5e-2)
+    np.testing.assert_allclose(f32(rt.where(A > 0, A, 0.0)), np.where(a > 0, a, 0), **tol)
+    np.testing.assert_allclose(f32(A.T[::-1]), a.T[::-1], **tol)
+    host = A.numpy()
+    np.testing.assert_allclose(np.asarray(host, dtype=np.float32), a, **tol)
+    g = rt.grad(lambda x: (x * x).sum())(A)
+    assert g.dtype is rt.bfloat16
+    np.testing.assert_allclose(f32(g), 2 * a, **tol)
