@@ -1,0 +1,516 @@
+"""CUDA driver benchmarks, each against a baseline of raw cuda.bindings calls measured in the same run.
+
+    python benchmarks/hal_bench.py [--out FILE] [--quick] [--device cuda://0]
+
+- stream_dispatch: host cost per dispatch of a 1000-dispatch stream command buffer
+  (record + submit, and submit alone) vs a raw cuLaunchKernel loop with pre-packed
+  arguments (target <= 1.3x);
+- graph_resubmit: re-submission of a reusable 100-dispatch command buffer in 10 barrier
+  levels (host time of the submit, GPU time of the graph), with the same binding table
+  and with a new one each time, for each barrier lowering, vs raw cuGraphLaunch of the
+  same levels joined by empty nodes and by direct edges, the better of the two as the
+  baseline (targets <= 1.2x host, <= 1.1x GPU);
+- round_trip: submit + semaphore wait of one empty dispatch vs raw launch + event
+  record + cuEventSynchronize (target <= 2x);
+- bandwidth: 256 MiB fill and copy vs cuMemsetD32Async / cuMemcpyDtoDAsync (target >= 0.95x);
+- soak: 100k submissions; device memory, host memory and live objects before and after.
+
+Prints one JSON document (also written to --out); ratios are HAL / baseline for times
+and HAL / baseline for bandwidths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import hal  # noqa: E402
+
+KERNELS = r"""
+extern "C" __global__ void bench_touch(unsigned int* p, unsigned int n) {
+  if (threadIdx.x == 0 && blockIdx.x == 0 && n == 0xffffffffu) p[0] = n;
+}
+extern "C" __global__ void bench_empty() {}
+"""
+EXPORTS = [hal.Export("bench_touch", (64, 1, 1), bindings=1, constants=1), hal.Export("bench_empty", (1, 1, 1))]
+
+
+def ns() -> int:
+    return time.perf_counter_ns()
+
+
+def median(values) -> float:
+    return float(statistics.median(values))
+
+
+class Raw:
+    """Raw cuda.bindings on the HAL device's context: the baselines."""
+
+    def __init__(self, device: hal.Device) -> None:
+        from cuda.bindings import driver
+
+        self.d = driver
+        device.make_current()
+        self.stream = self.ok(driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING))
+        self.timing_events = [self.ok(driver.cuEventCreate(0)) for _ in range(2)]
+        self.sync_event = self.ok(driver.cuEventCreate(driver.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+
+    def ok(self, result):
+        if result[0]:
+            raise RuntimeError(f"CUDA call failed: {result[0]!r}")
+        return result[1] if len(result) == 2 else result[1:]
+
+    def pack(self, values: list[int]) -> tuple[int, tuple]:
+        """A void** over one uint64 slot per argument (kept alive by the returned tuple)."""
+        slots = np.array(values, dtype=np.uint64)
+        pointers = np.arange(len(values), dtype=np.uint64) * np.uint64(8) + np.uint64(slots.ctypes.data)
+        return int(pointers.ctypes.data), (slots, pointers)
+
+    def gpu_ms(self, stream, issue) -> float:
+        d = self.d
+        start, stop = self.timing_events
+        self.ok(d.cuEventRecord(start, stream))
+        issue()
+        self.ok(d.cuEventRecord(stop, stream))
+        self.ok(d.cuEventSynchronize(stop))
+        return float(self.ok(d.cuEventElapsedTime(start, stop)))
+
+    def sync(self, stream) -> None:
+        self.ok(self.d.cuStreamSynchronize(stream))
+
+
+def device_stream(device):
+    return device._queues[0].stream
+
+
+# -- 1000 dispatches -------------------------------------------------------------------------
+
+def bench_stream_dispatch(device, raw: Raw, exe, rounds: int, count: int = 1000) -> dict:
+    d = raw.d
+    func = exe.functions[0]
+    buf = device.allocator.allocate(256)
+    ptr = buf._allocation.ptr
+    params, keep = raw.pack([ptr, 1])
+    launch = d.cuLaunchKernel
+    stream = raw.stream
+
+    def raw_loop() -> float:
+        t0 = ns()
+        for _ in range(count):
+            launch(func, 1, 1, 1, 64, 1, 1, 0, stream, params, 0)
+        t1 = ns()
+        raw.sync(stream)
+        return (t1 - t0) / count / 1e3
+
+    sem = device.create_semaphore(0)
+    value = [0]
+
+    def record():
+        cb = device.create_command_buffer()
+        cb.begin()
+        for _ in range(count):
+            cb.dispatch(exe, 0, (1, 1, 1), [1], [buf])
+        cb.end()
+        return cb
+
+    def submit_only() -> float:
+        cb = record()
+        value[0] += 1
+        t0 = ns()
+        device.queue_execute([cb], signal=[(sem, value[0])])
+        t1 = ns()
+        sem.wait(value[0])
+        return (t1 - t0) / count / 1e3
+
+    def record_and_submit() -> float:
+        value[0] += 1
+        t0 = ns()
+        cb = record()
+        device.queue_execute([cb], signal=[(sem, value[0])])
+        t1 = ns()
+        sem.wait(value[0])
+        return (t1 - t0) / count / 1e3
+
+    for fn in (raw_loop, submit_only, record_and_submit):
+        fn()
+    raw_us = median(raw_loop() for _ in range(rounds))
+    submit_us = median(submit_only() for _ in range(rounds))
+    both_us = median(record_and_submit() for _ in range(rounds))
+    buf.release()
+    del keep
+    return {
+        "raw_launch_us": raw_us, "submit_us_per_dispatch": submit_us, "record_submit_us_per_dispatch": both_us,
+        "ratio_submit": submit_us / raw_us, "ratio_record_submit": both_us / raw_us,
+    }
+
+
+# -- 100 dispatches in 10 levels ----------------------------------------------------------------
+
+def raw_graph(raw: Raw, func, pointers: list[int], levels: int, width: int, join: str):
+    """The same graph built with raw calls: kernels of a level joined to the next by `join`."""
+    d = raw.d
+    graph = raw.ok(d.cuGraphCreate(0))
+    keep = []
+    previous: list = []
+    for level in range(levels):
+        if previous and join == "empty":
+            deps = [raw.ok(d.cuGraphAddEmptyNode(graph, previous, len(previous)))]
+        else:
+            deps = previous
+        nodes = []
+        for j in range(width):
+            params_address, packed = raw.pack([pointers[j], level])
+            keep.append(packed)
+            p = d.CUDA_KERNEL_NODE_PARAMS()
+            p.func = func
+            p.gridDimX = p.gridDimY = p.gridDimZ = 1
+            p.blockDimX, p.blockDimY, p.blockDimZ = 64, 1, 1
+            p.sharedMemBytes = 0
+            p.kernelParams = params_address
+            nodes.append(raw.ok(d.cuGraphAddKernelNode(graph, deps, len(deps), p)))
+        previous = nodes
+    graph_exec = raw.ok(d.cuGraphInstantiate(graph, 0))
+    return graph, graph_exec, keep
+
+
+def measure_launches(raw: Raw, stream, launch, rounds: int) -> tuple[float, float]:
+    """(median host µs of launch(), median GPU µs of what it enqueued)."""
+    host, gpu = [], []
+    for _ in range(3):
+        launch()
+    raw.sync(stream)
+    for _ in range(rounds):
+        t0 = ns()
+        launch()
+        host.append((ns() - t0) / 1e3)
+        raw.sync(stream)
+    for _ in range(rounds):
+        gpu.append(raw.gpu_ms(stream, launch) * 1e3)
+    return median(host), median(gpu)
+
+
+def bench_graph_resubmit(raw: Raw, exe_for, rounds: int, levels: int = 10, width: int = 10) -> dict:
+    d = raw.d
+    results: dict = {"shape": f"{levels} levels x {width} dispatches", "raw": {}, "hal": {}}
+    baseline_device = hal.create_device("cuda")
+    exe = exe_for(baseline_device)
+    func = exe.functions[0]
+    buffers = [baseline_device.allocator.allocate(256) for _ in range(2 * width)]
+    pointers = [b._allocation.ptr for b in buffers[:width]]
+    for join in ("empty", "edges"):
+        graph, graph_exec, keep = raw_graph(raw, func, pointers, levels, width, join)
+        host, gpu = measure_launches(raw, raw.stream, lambda ge=graph_exec: d.cuGraphLaunch(ge, raw.stream), rounds)
+        results["raw"][join] = {"host_us": host, "gpu_us": gpu}
+        d.cuGraphExecDestroy(graph_exec)
+        d.cuGraphDestroy(graph)
+        del keep
+    base_host = min(r["host_us"] for r in results["raw"].values())
+    base_gpu = min(r["gpu_us"] for r in results["raw"].values())
+    results["raw_best"] = {"host_us": base_host, "gpu_us": base_gpu}
+    for buffer in buffers:
+        buffer.release()
+    baseline_device.close()
+
+    for lowering in ("auto", "edges", "empty", "kernel"):
+        results["hal"][lowering] = bench_lowering(raw, exe_for, lowering, levels, width, rounds, base_host, base_gpu)
+    return results
+
+
+def bench_lowering(raw: Raw, exe_for, lowering: str, levels: int, width: int, rounds: int,
+                   base_host: float, base_gpu: float) -> dict:
+    """Re-submission of the reusable command buffer on a device with this barrier lowering."""
+    device = hal.create_device("cuda", barrier_lowering=lowering)
+    try:
+        exe = exe_for(device)
+        tables = [[device.allocator.allocate(256) for _ in range(width)] for _ in range(2)]
+        cb = device.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=width)
+        with cb.record():
+            for level in range(levels):
+                if level:
+                    cb.execution_barrier()
+                for j in range(width):
+                    cb.dispatch(exe, 0, (1, 1, 1), [level], [hal.Slot(j)])
+        stream = device_stream(device)
+        sem = device.create_semaphore(0)
+        state = {"value": 0, "which": 0}
+
+        def submit(new_table: bool) -> None:
+            if new_table:
+                state["which"] ^= 1
+            state["value"] += 1
+            device.queue_execute([cb], signal=[(sem, state["value"])], binding_tables=[tables[state["which"]]])
+
+        entry: dict = {}
+        for name, new_table in (("same_table", False), ("new_table", True)):
+            updated = cb.updated_nodes
+            host, gpu = measure_launches(raw, stream, lambda nt=new_table: submit(nt), rounds)
+            entry[name] = {"host_us": host, "gpu_us": gpu, "ratio_host": host / base_host,
+                           "ratio_gpu": gpu / base_gpu,
+                           "nodes_updated_per_submit": (cb.updated_nodes - updated) / (3 + 2 * rounds)}
+        sem.wait(state["value"])
+        entry["joins"] = sorted(set(cb.joins))
+        entry["reinstantiations"] = cb.reinstantiations
+        return entry
+    finally:
+        device.close()
+
+
+# -- round trip --------------------------------------------------------------------------------
+
+def bench_round_trip(raw: Raw, rounds: int) -> dict:
+    d = raw.d
+    device = hal.create_device("cuda", command_buffer="stream")
+    try:
+        exe = device.load_executable(hal.ExecutableSpec("cuda-c", KERNELS, EXPORTS))
+        empty_func = exe.functions[1]
+        stream = raw.stream
+
+        def raw_trip() -> float:
+            t0 = ns()
+            d.cuLaunchKernel(empty_func, 1, 1, 1, 1, 1, 1, 0, stream, 0, 0)
+            d.cuEventRecord(raw.sync_event, stream)
+            d.cuEventSynchronize(raw.sync_event)
+            return (ns() - t0) / 1e3
+
+        cb = device.create_command_buffer(hal.CommandBufferMode.REUSABLE)
+        with cb.record():
+            cb.dispatch(exe, 1, (1, 1, 1))
+        sem = device.create_semaphore(0)
+        value = [0]
+
+        def hal_trip() -> float:
+            value[0] += 1
+            t0 = ns()
+            device.queue_execute([cb], signal=[(sem, value[0])])
+            sem.wait(value[0])
+            return (ns() - t0) / 1e3
+
+        def hal_barrier_trip() -> float:
+            value[0] += 1
+            t0 = ns()
+            device.queue_barrier(signal=[(sem, value[0])])
+            sem.wait(value[0])
+            return (ns() - t0) / 1e3
+
+        def hal_timeout_trip() -> float:
+            value[0] += 1
+            t0 = ns()
+            device.queue_execute([cb], signal=[(sem, value[0])])
+            sem.wait(value[0], timeout=10)
+            return (ns() - t0) / 1e3
+
+        samples = {}
+        for name, fn in (("raw_us", raw_trip), ("hal_us", hal_trip), ("hal_barrier_us", hal_barrier_trip),
+                         ("hal_wait_with_timeout_us", hal_timeout_trip)):
+            for _ in range(20):
+                fn()
+            samples[name] = median(fn() for _ in range(rounds * 20))
+        samples["ratio"] = samples["hal_us"] / samples["raw_us"]
+        return samples
+    finally:
+        device.close()
+
+
+# -- bandwidth -------------------------------------------------------------------------------------
+
+def bench_bandwidth(device, raw: Raw, rounds: int, size: int = 256 << 20) -> dict:
+    d = raw.d
+    src = device.allocator.allocate(size)
+    dst = device.allocator.allocate(size)
+    stream = device_stream(device)
+    sem = device.create_semaphore(0)
+    value = [0]
+
+    def hal_run(body) -> None:
+        cb = device.create_command_buffer()
+        with cb.record():
+            body(cb)
+        value[0] += 1
+        device.queue_execute([cb], signal=[(sem, value[0])])
+
+    def best_gpu_ms(issue) -> float:
+        issue()
+        raw.sync(stream)
+        return min(raw.gpu_ms(stream, issue) for _ in range(rounds))
+
+    out = {}
+    fill_raw = best_gpu_ms(lambda: d.cuMemsetD32Async(dst._allocation.ptr, 0x3F800000, size // 4, stream))
+    fill_hal = best_gpu_ms(lambda: hal_run(lambda cb: cb.fill_buffer(dst, 0x3F800000, 4)))
+    copy_raw = best_gpu_ms(lambda: d.cuMemcpyDtoDAsync(dst._allocation.ptr, src._allocation.ptr, size, stream))
+    copy_hal = best_gpu_ms(lambda: hal_run(lambda cb: cb.copy_buffer(src, dst)))
+    sem.wait(value[0])
+    gb = size / 1e9
+    out["fill"] = {"raw_gb_s": gb / (fill_raw / 1e3), "hal_gb_s": gb / (fill_hal / 1e3)}
+    out["copy"] = {"raw_gb_s": 2 * gb / (copy_raw / 1e3), "hal_gb_s": 2 * gb / (copy_hal / 1e3)}
+    for entry in out.values():
+        entry["ratio"] = entry["hal_gb_s"] / entry["raw_gb_s"]
+    check = np.frombuffer(device.read(dst, 0, 16), np.uint32)
+    out["copy_checked"] = bool(device.read(dst, 0, 4096) == device.read(src, 0, 4096))
+    out["fill_value_seen_before_copy"] = [hex(int(v)) for v in check[:1]]
+    src.release()
+    dst.release()
+    return out
+
+
+# -- soak -------------------------------------------------------------------------------------------
+
+def rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def bench_soak(device, exe, submissions: int) -> dict:
+    from cuda.bindings import driver as d
+
+    buf = device.allocator.allocate(4096)
+    reusable = device.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=1)
+    with reusable.record():
+        reusable.dispatch(exe, 0, (1, 1, 1), [1], [hal.Slot(0)])
+    one_shot_every = 10
+    sem = device.create_semaphore(0)
+
+    def loop(n: int, start: int) -> int:
+        value = start
+        for i in range(n):
+            value += 1
+            if i % one_shot_every == 0:
+                cb = device.create_command_buffer()
+                with cb.record():
+                    cb.update_buffer(b"\x01\x02\x03\x04", (buf, 0, 4))
+                    cb.dispatch(exe, 0, (1, 1, 1), [1], [buf])
+                device.queue_execute([cb], signal=[(sem, value)])
+            else:
+                device.queue_execute([reusable], signal=[(sem, value)], binding_tables=[[buf]])
+            if i % 1000 == 999:
+                sem.wait(value)
+        sem.wait(value)
+        return value
+
+    value = loop(2000, 0)  # warm pools
+    device.wait_idle()
+    device.make_current()
+    free_before = d.cuMemGetInfo()[1]
+    rss_before = rss_bytes()
+    stats_before = device.allocator.statistics()
+    t0 = time.perf_counter()
+    loop(submissions, value)
+    elapsed = time.perf_counter() - t0
+    device.wait_idle()
+    device.make_current()
+    free_after = d.cuMemGetInfo()[1]
+    rss_after = rss_bytes()
+    stats_after = device.allocator.statistics()
+    buf.release()
+    return {
+        "submissions": submissions, "seconds": elapsed, "us_per_submission": elapsed / submissions * 1e6,
+        "device_free_before": free_before, "device_free_after": free_after,
+        "device_memory_growth": free_before - free_after,
+        "rss_before": rss_before, "rss_after": rss_after, "rss_growth": rss_after - rss_before,
+        "live_buffers_before": stats_before.live_buffers, "live_buffers_after": stats_after.live_buffers,
+        "events_created": device.events.created, "outstanding_after": len(device._outstanding),
+        "flat": abs(free_before - free_after) < (8 << 20) and (rss_after - rss_before) < (64 << 20),
+    }
+
+
+# -- main ---------------------------------------------------------------------------------------------
+
+def targets(results: dict) -> list[dict]:
+    out = []
+
+    def add(name, value, limit, higher_is_better=False):
+        if value is None:
+            return
+        met = value >= limit if higher_is_better else value <= limit
+        out.append({"benchmark": name, "value": round(value, 3), "target": ("≥ " if higher_is_better else "≤ ")
+                    + str(limit), "met": met})
+
+    sd = results.get("stream_dispatch", {})
+    add("stream dispatch: submit per dispatch / raw cuLaunchKernel", sd.get("ratio_submit"), 1.3)
+    add("stream dispatch: record+submit per dispatch / raw cuLaunchKernel", sd.get("ratio_record_submit"), 1.3)
+    gr = results.get("graph_resubmit", {}).get("hal", {}).get("auto", {})
+    for table in ("same_table", "new_table"):
+        if table in gr:
+            add(f"graph re-submit ({table}) host / raw cuGraphLaunch", gr[table]["ratio_host"], 1.2)
+            add(f"graph re-submit ({table}) GPU / raw graph", gr[table]["ratio_gpu"], 1.1)
+    rt = results.get("round_trip", {})
+    add("submit + wait round trip / raw launch + cuEventSynchronize", rt.get("ratio"), 2.0)
+    bw = results.get("bandwidth", {})
+    for kind in ("fill", "copy"):
+        if kind in bw:
+            add(f"256 MiB {kind} bandwidth / raw", bw[kind]["ratio"], 0.95, higher_is_better=True)
+    soak = results.get("soak", {})
+    if "flat" in soak:
+        out.append({"benchmark": "100k submissions: memory flat", "value": soak["flat"], "target": "flat",
+                    "met": soak["flat"]})
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
+    parser.add_argument("--only", nargs="*", help="run only these sections")
+    args = parser.parse_args(argv)
+    rounds = 5 if args.quick else 25
+    report: dict = {"python": platform.python_version()}
+    info = {i.name: i for i in hal.list_drivers()}.get("cuda")
+    if info is None or not info.available:
+        report["error"] = f"cuda unavailable: {info.reason if info else 'not registered'}"
+        text = json.dumps(report, indent=2)
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text)
+        return 0
+    device = hal.create_device("cuda")
+    report["device"] = {k: device.info.properties.get(k) for k in
+                        ("name", "compute_capability", "driver_version", "nvrtc_version", "sm_count")}
+    raw = Raw(device)
+    exe = device.load_executable(hal.ExecutableSpec("cuda-c", KERNELS, EXPORTS))
+
+    def exe_for(dev):
+        return dev.load_executable(hal.ExecutableSpec("cuda-c", KERNELS, EXPORTS))
+
+    sections = {
+        "stream_dispatch": lambda: bench_stream_dispatch(device, raw, exe, rounds),
+        "graph_resubmit": lambda: bench_graph_resubmit(raw, exe_for, rounds * 4),
+        "round_trip": lambda: bench_round_trip(raw, rounds),
+        "bandwidth": lambda: bench_bandwidth(device, raw, max(3, rounds // 3)),
+        "soak": lambda: bench_soak(device, exe, 20_000 if args.quick else 100_000),
+    }
+    results: dict = {}
+    for name, fn in sections.items():
+        if args.only and name not in args.only:
+            continue
+        t0 = time.perf_counter()
+        try:
+            results[name] = fn()
+        except Exception as exc:  # report and go on with the other sections
+            results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+        results[name]["seconds"] = round(time.perf_counter() - t0, 2)
+        print(f"[hal_bench] {name} done in {results[name]['seconds']} s", file=sys.stderr)
+    report["results"] = results
+    report["targets"] = targets(results)
+    device.close()
+    text = json.dumps(report, indent=2, default=str)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
