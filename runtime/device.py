@@ -13,7 +13,8 @@ from .graph_cache import GraphCache
 class DeviceContext:
     """Everything the runtime keeps for one hal.Device."""
 
-    __slots__ = ("device", "semaphore", "submitted", "completed", "buffers", "graphs", "failed",
+    __slots__ = ("device", "semaphore", "submitted", "completed", "buffers", "graphs", "failed", "programs",
+                 "retired_programs",
                  "executables", "constants", "is_gpu", "gpu_format", "lock", "name", "__weakref__")
 
     def __init__(self, device: hal.Device) -> None:
@@ -25,6 +26,8 @@ class DeviceContext:
         self.graphs = GraphCache()
         self.executables: dict = {}
         self.constants: dict = {}
+        self.programs: dict = {}  # program id -> cpu_program.Program of live recordings
+        self.retired_programs: list = []  # (submission value, program id) of dropped recordings
         self.gpu_format = next((f for f in ("cuda-c", "hip-c") if device.can_prepare(f)), None)
         self.is_gpu = self.gpu_format is not None
         self.lock = threading.RLock()
@@ -41,7 +44,19 @@ class DeviceContext:
             value = self.completed
         self.completed = value
         self.buffers.retire(value)
+        if self.retired_programs:
+            keep = []
+            for fence, pid in self.retired_programs:
+                if fence <= value:
+                    self.programs.pop(pid, None)
+                else:
+                    keep.append((fence, pid))
+            self.retired_programs = keep
         return value
+
+    def retire_program(self, pid: int) -> None:
+        """Forget a dropped recording's CPU program once the submissions already queued have run."""
+        self.retired_programs.append((self.submitted, pid))
 
     def wait(self, value: int) -> None:
         """Wait until the current timeline reaches `value` (AbortedError if its work failed)."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hal
 
-from . import graph_cache
+from . import cpu_program, graph_cache
+from .cpu_program import binding_bucket, program_executable
 from .array import Array
 from .device import DeviceContext, Storage
 from .kernels import elementwise, matmul, pad, random, reduce
@@ -45,7 +46,8 @@ PLANNERS.update({op: reduce.plan for op in REDUCTIONS})
 class Recording:
     """A recorded reusable command buffer and what its slots hold."""
 
-    __slots__ = ("cb", "n_ext", "node_nbytes", "temp_nbytes", "footprint", "scratch", "levels", "dispatches")
+    __slots__ = ("cb", "n_ext", "node_nbytes", "temp_nbytes", "footprint", "scratch", "levels", "dispatches",
+                 "program")
 
     def __init__(self, cb, n_ext: int, node_nbytes: list, temp_nbytes: list, levels: int, dispatches: int) -> None:
         self.cb = cb
@@ -55,10 +57,19 @@ class Recording:
         self.levels = levels
         self.dispatches = dispatches
         self.scratch = None  # persistent buffers of rt.compile recordings
+        self.program = None  # (registry, id) of the CPU program this recording runs
         self.footprint = 512 + 256 * dispatches
 
     def drop(self) -> None:
         self.cb = None
+
+    def __del__(self) -> None:
+        if self.program is not None:
+            ctx, pid = self.program
+            try:
+                ctx.retire_program(pid)
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass
 
 
 def collect(targets: list) -> list:
@@ -156,12 +167,15 @@ def record(ctx: DeviceContext, order: list, externals: list) -> Recording:
     Slot = hal.Slot
     dispatches = 0
     levels = 0
+    program = None
+    if not ctx.is_gpu and cpu_program.enabled() and binding_bucket(E + N + T) is not None:
+        program = cpu_program.Program()
     cb.begin()
     prev = None
     for lv, i, cmds in plans:
         if not cmds:
             continue
-        if prev is not None and lv != prev:
+        if prev is not None and lv != prev and program is None:
             cb.execution_barrier()
         if prev != lv:
             levels += 1
@@ -171,25 +185,41 @@ def record(ctx: DeviceContext, order: list, externals: list) -> Recording:
             kind = cmd[0]
             if kind == "dispatch":
                 _, src, name, wg, consts, roles = cmd
-                refs = []
+                slots = []
                 for role in roles:
                     if role[0] == "out":
-                        refs.append(Slot(E + i))
+                        slots.append(E + i)
                     elif role[0] == "in":
-                        refs.append(Slot(slot_of[id(node.inputs[role[1]].root)]))
+                        slots.append(slot_of[id(node.inputs[role[1]].root)])
                     else:
-                        refs.append(Slot(E + N + temp_base[i] + role[1]))
-                cb.dispatch(executable(ctx, src), name, workgroups=wg, constants=consts, bindings=refs)
+                        slots.append(E + N + temp_base[i] + role[1])
+                if program is not None:
+                    program.add_dispatch(src.numpy_code()[name], tuple(slots), consts, wg)
+                else:
+                    cb.dispatch(executable(ctx, src), name, workgroups=wg, constants=consts,
+                                bindings=[Slot(s) for s in slots])
                 dispatches += 1
             elif kind == "fill":
                 nbytes = node.size * node.dtype.itemsize
-                cb.fill_buffer(Slot(E + i, 0, nbytes), pattern=cmd[2], pattern_length=cmd[3])
+                if program is not None:
+                    program.add_fill(E + i, nbytes, cmd[2], cmd[3])
+                else:
+                    cb.fill_buffer(Slot(E + i, 0, nbytes), pattern=cmd[2], pattern_length=cmd[3])
                 dispatches += 1
-            elif kind == "barrier":
+            elif kind == "barrier" and program is None:
                 cb.execution_barrier()
                 prev = lv + 1
+    if program is not None and program.steps:
+        nbind = binding_bucket(E + N + T)
+        S = E + N + T
+        ctx.programs[program.pid] = program
+        cb.dispatch(program_executable(ctx), f"program_{nbind}", workgroups=(1, 1, 1),
+                    constants=[program.pid], bindings=[Slot(min(k, S - 1)) for k in range(nbind)])
     cb.end()
-    return Recording(cb, E, node_nbytes, temp_nbytes, levels, dispatches)
+    rec = Recording(cb, E, node_nbytes, temp_nbytes, levels, dispatches)
+    if program is not None:
+        rec.program = (ctx, program.pid)
+    return rec
 
 
 def evaluate(arrays) -> None:

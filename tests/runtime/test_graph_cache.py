@@ -37,8 +37,10 @@ def test_second_eval_is_a_hit_with_new_data(dev):
     assert {"hits", "misses", "entries"} <= set(stats)
 
 
-def test_recording_binds_only_slots(dev, monkeypatch):
+@pytest.mark.parametrize("cpu_program", ["0", "1"])
+def test_recording_binds_only_slots(dev, monkeypatch, cpu_program):
     """The recorded command buffer refers to buffers only through hal.Slot, never directly."""
+    monkeypatch.setenv("RUNTIME_CPU_PROGRAM", cpu_program)
     ctx = context_for(dev)
     ctx.graphs.clear()
     refs = []
@@ -68,6 +70,7 @@ def test_recording_binds_only_slots(dev, monkeypatch):
 
 
 def test_barriers_only_between_dependent_levels(dev, monkeypatch):
+    monkeypatch.setenv("RUNTIME_CPU_PROGRAM", "0")  # one dispatch per kernel, as on GPUs
     ctx = context_for(dev)
     ctx.graphs.clear()
     barriers = []
@@ -182,3 +185,31 @@ def test_failed_submission_is_reported_and_device_recovers(dev):
         bad.numpy()
     np.testing.assert_allclose(ok.numpy(), np.full(3, 2.0))
     np.testing.assert_allclose((x * 5).numpy(), np.full(3, 5.0))
+
+
+def test_cpu_program_is_one_dispatch(dev, monkeypatch):
+    """On CPU drivers a recording runs all its kernels inside one dispatch; results are the same."""
+    ctx = context_for(dev)
+    if ctx.is_gpu:
+        pytest.skip("GPU devices record one dispatch per kernel")
+    ctx.graphs.clear()
+    dispatches = []
+    real = ctx.device.create_command_buffer
+
+    def spy(*args, **kwargs):
+        cb = real(*args, **kwargs)
+        orig = cb.dispatch
+
+        def dispatch(*a, **k):
+            dispatches.append(a[1])
+            return orig(*a, **k)
+
+        cb.dispatch = dispatch
+        return cb
+
+    monkeypatch.setattr(ctx.device, "create_command_buffer", spy)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    xr = rt.array(x, device=dev)
+    y = (rt.exp(xr * 0.1) @ xr.T).sum(axis=0) + rt.zeros((3,), device=dev)
+    np.testing.assert_allclose(y.numpy(), (np.exp(x * 0.1) @ x.T).sum(axis=0), rtol=1e-5)
+    assert len(dispatches) == 1 and dispatches[0].startswith("program_")

@@ -1,0 +1,77 @@
+"""One dispatch per recording on the CPU drivers: a numpy "program" executable.
+
+A CPU driver runs a command buffer's commands one after another anyway, so
+the kernels of a recording can run inside a single dispatch: the program
+executable receives every slot of the binding table as a binding and calls
+each kernel's numpy function on the views it needs, in the recorded
+(topological) order. This skips the driver's per-dispatch work, the main
+cost of small arrays on the CPU. The command buffer still binds only slots,
+so graph-cache replays and rt.compile work unchanged. RUNTIME_CPU_PROGRAM=0
+records every kernel as its own dispatch instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+
+import hal
+
+_ids = itertools.count(1)
+_BUCKETS = tuple(range(8, 129, 8)) + (256, 512, 1024, 2048, 4096)  # bindings per program dispatch
+
+
+def enabled() -> bool:
+    return os.environ.get("RUNTIME_CPU_PROGRAM", "1") not in ("0", "false", "off", "no")
+
+
+def binding_bucket(n: int) -> int | None:
+    for b in _BUCKETS:
+        if n <= b:
+            return b
+    return None
+
+
+class Program:
+    """The kernels of one recording: (function, binding slots, constants, workgroups) in order."""
+
+    __slots__ = ("steps", "pid")
+
+    def __init__(self) -> None:
+        self.steps: list = []
+        self.pid = next(_ids)
+
+    def add_dispatch(self, fn, slots: tuple, constants: list, workgroups) -> None:
+        self.steps.append((fn, slots, list(constants), workgroups))
+
+    def add_fill(self, slot: int, nbytes: int, pattern: int, pattern_length: int) -> None:
+        dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[pattern_length]
+
+        def fill(workgroups, views, constants):
+            np.frombuffer(views[0], dtype=dtype, count=nbytes // pattern_length)[...] = pattern
+
+        self.steps.append((fill, (slot,), [], (1, 1, 1)))
+
+    def run(self, views) -> None:
+        for fn, slots, constants, workgroups in self.steps:
+            fn(workgroups, [views[s] for s in slots], constants)
+
+
+def program_executable(ctx) -> hal.Executable:
+    """The interpreter executable: one export per binding-count bucket, constant 0 = program id."""
+    exe = ctx.executables.get("cpu-program")
+    if exe is None:
+        programs = ctx.programs
+
+        def make(bucket):
+            def interpret(workgroups, bindings, constants):
+                programs[constants[0]].run(bindings)
+            return interpret
+
+        code = {f"program_{b}": make(b) for b in _BUCKETS}
+        exports = [hal.Export(f"program_{b}", (1, 1, 1), b, 1) for b in _BUCKETS]
+        exe = ctx.device.load_executable(hal.ExecutableSpec("numpy", code, exports))
+        ctx.executables["cpu-program"] = exe
+    return exe
