@@ -13,8 +13,8 @@ from __future__ import annotations
 import hal
 
 from . import cpu_program, graph_cache
-from .cpu_program import binding_bucket, program_executable
 from .array import Array
+from .cpu_program import binding_bucket, program_executable
 from .device import DeviceContext, Storage
 from .kernels import elementwise, matmul, pad, random, reduce
 from .kernels.source import executable
