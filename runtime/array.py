@@ -65,7 +65,8 @@ class Array:
         """(strides, offset) in elements relative to the root's storage."""
         strides = self.strides
         if strides is None:
-            strides = contiguous_strides(self.shape)
+            from .ops import _row_major
+            strides = _row_major(self.shape)
         return strides, self.offset
 
     def __len__(self) -> int:

@@ -315,6 +315,8 @@ def reshape(x, shape) -> Array:
             _reshape_targets[key] = newshape
     if newshape == x.shape:
         return x
+    if x.strides is None:  # a dense root: the new shape's row-major strides
+        return new_view("reshape", x, newshape, newshape, _row_major(newshape), x.offset)
     strides, offset = x.layout()
     new_strides = reshape_strides(x.shape, strides, newshape)
     if new_strides is None:
@@ -323,12 +325,28 @@ def reshape(x, shape) -> Array:
     return new_view("reshape", x, newshape, newshape, new_strides, offset)
 
 
+def _row_major(shape: tuple) -> tuple:
+    strides = _strides_cache.get(shape)
+    if strides is None:
+        strides = contiguous_strides(shape)
+        if len(_strides_cache) < 4096:
+            _strides_cache[shape] = strides
+    return strides
+
+
+_strides_cache: dict = {}
+
+
 def transpose(x, axes=None) -> Array:
     if type(x) is not Array:
         x = asarray(x)
     nd = x.ndim
     if axes is None:
+        if nd < 2:
+            return x
         axes = tuple(range(nd - 1, -1, -1))
+        strides = x.strides if x.strides is not None else _row_major(x.shape)
+        return new_view("transpose", x, axes, x.shape[::-1], strides[::-1], x.offset)
     else:
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
             axes = axes[0]
