@@ -88,3 +88,15 @@ def test_cupy_zero_copy_on_cuda():
     np.testing.assert_array_equal(cp.asnumpy(c), np.arange(6))
     d = cp.from_dlpack(x[::2])
     np.testing.assert_array_equal(cp.asnumpy(d), np.arange(6)[::2])
+
+
+@pytest.mark.parametrize("device", CPU)
+def test_host_read_path_for_device_local_memory(device, monkeypatch):
+    """Memory that cannot be mapped (GPU device-local) is read back with Device.read."""
+    from runtime import host
+    monkeypatch.setattr(host, "_host_visible", lambda buf: False)
+    x = rt.array(np.arange(12, dtype=np.float32).reshape(3, 4), device=device)
+    np.testing.assert_array_equal(x.numpy(), np.arange(12).reshape(3, 4))
+    np.testing.assert_array_equal((x[:, ::-1].T * 2).numpy(), np.arange(12).reshape(3, 4)[:, ::-1].T * 2)
+    b = rt.array(np.array([True, False]), device=device)
+    np.testing.assert_array_equal(b.numpy(), [True, False])
