@@ -8,7 +8,7 @@ import hal
 
 from . import dtypes as _dt
 from .device import DeviceContext, Storage, context_for
-from .shapes import contiguous_strides, size_of
+from .shapes import size_of
 
 
 class Array:

@@ -60,7 +60,7 @@ def test_graph_cache_replays_with_new_buffers(gpu):
     ctx = context_for(gpu)
     rng = np.random.default_rng(0)
     hits = ctx.graphs.hits
-    for step in range(3):
+    for _ in range(3):
         a = rng.standard_normal((5, 3000)).astype(np.float32)
         w = rng.standard_normal((3000, 4)).astype(np.float32)
         A, W = rt.array(a, device=gpu), rt.array(w, device=gpu)
