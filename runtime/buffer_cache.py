@@ -33,7 +33,7 @@ class BufferCache:
 
     def __init__(self, device: hal.Device, limit_bytes: int | None = None) -> None:
         self._device = device
-        self._free: dict[int, list] = {}
+        self._free: dict[int, dict] = {}  # bucket -> {id(buffer): buffer}, in release order
         self._pending: list = []  # (fence value, bucket, buffer)
         self._pending_min = None
         self.free_bytes = 0
@@ -43,13 +43,22 @@ class BufferCache:
         self.hits = 0
         self.misses = 0
 
-    def acquire(self, nbytes: int) -> tuple[hal.Buffer, int]:
+    def acquire(self, nbytes: int, prefer: hal.Buffer | None = None) -> tuple[hal.Buffer, int]:
+        """A buffer of at least nbytes: `prefer` if it is free, else the most recently freed one.
+
+        Handing a recording the buffers it had last time keeps its binding
+        table unchanged, which GPU drivers replay without patching nodes.
+        """
         bucket = bucket_size(nbytes)
         free = self._free.get(bucket)
         if free:
             self.hits += 1
             self.free_bytes -= bucket
-            return free.pop(), bucket
+            if prefer is not None:
+                buf = free.pop(id(prefer), None)
+                if buf is not None:
+                    return buf, bucket
+            return free.popitem()[1], bucket
         self.misses += 1
         try:
             buf = self._device.allocator.allocate(bucket)
@@ -89,7 +98,7 @@ class BufferCache:
             self.allocated_bytes -= bucket
             buffer.release()
             return
-        self._free.setdefault(bucket, []).append(buffer)
+        self._free.setdefault(bucket, {})[id(buffer)] = buffer
         self.free_bytes += bucket
 
     def trim(self, keep_bytes: int = 0) -> None:
@@ -97,6 +106,6 @@ class BufferCache:
         for bucket in sorted(self._free, reverse=True):
             lst = self._free[bucket]
             while lst and self.free_bytes > keep_bytes:
-                lst.pop().release()
+                lst.popitem()[1].release()
                 self.free_bytes -= bucket
                 self.allocated_bytes -= bucket

@@ -126,16 +126,19 @@ class _Traced:
         for slot, (buf, _) in self.scratch.items():
             table[slot] = buf
         fresh = {}
+        ctx.throttle()
         acquire = ctx.buffers.acquire
+        last = rec.last_table
         for i in self.out_nodes:
             nb = rec.node_nbytes[i]
-            buf, bucket = acquire(nb)
+            buf, bucket = acquire(nb, last[E + i] if last is not None else None)
             table[E + i] = buf
             fresh[i] = (buf, bucket, nb)
         value = ctx.submitted + 1
         sem = ctx.semaphore
         wait = [(sem, ctx.submitted)] if ctx.submitted > ctx.completed else []
         ctx.device.queue_execute([rec.cb], wait=wait, signal=[(sem, value)], binding_tables=[table])
+        rec.last_table = table
         ctx.submitted = value
         for st in storages:
             st.fence = value

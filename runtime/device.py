@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import hal
 
 from .buffer_cache import BufferCache
 from .graph_cache import GraphCache
+
+
+MAX_IN_FLIGHT = int(os.environ.get("RUNTIME_MAX_IN_FLIGHT", "4"))  # queued submissions before the host waits
 
 
 class DeviceContext:
@@ -53,6 +57,15 @@ class DeviceContext:
                     keep.append((fence, pid))
             self.retired_programs = keep
         return value
+
+    def throttle(self) -> None:
+        """Bound the submissions in flight, so a fast host cannot queue unbounded work and memory."""
+        behind = self.submitted - MAX_IN_FLIGHT
+        if behind > self.completed:
+            self.refresh()
+            if behind > self.completed:
+                self.wait(behind)
+                self.refresh()
 
     def retire_program(self, pid: int) -> None:
         """Forget a dropped recording's CPU program once the submissions already queued have run."""

@@ -47,7 +47,7 @@ class Recording:
     """A recorded reusable command buffer and what its slots hold."""
 
     __slots__ = ("cb", "n_ext", "node_nbytes", "temp_nbytes", "footprint", "scratch", "levels", "dispatches",
-                 "program")
+                 "program", "last_table")
 
     def __init__(self, cb, n_ext: int, node_nbytes: list, temp_nbytes: list, levels: int, dispatches: int) -> None:
         self.cb = cb
@@ -57,7 +57,8 @@ class Recording:
         self.levels = levels
         self.dispatches = dispatches
         self.scratch = None  # persistent buffers of rt.compile recordings
-        self.program = None  # (registry, id) of the CPU program this recording runs
+        self.program = None  # (context, id) of the CPU program this recording runs
+        self.last_table = None  # the buffers of the latest submission, preferred for the next one
         self.footprint = 512 + 256 * dispatches
 
     def drop(self) -> None:
@@ -259,18 +260,21 @@ def submit(ctx: DeviceContext, rec: Recording, order: list, externals: list) -> 
     table = [None] * (E + len(rec.node_nbytes) + len(rec.temp_nbytes))
     for j, r in enumerate(externals):
         table[j] = r.storage.buffer
+    ctx.throttle()
     acquire = ctx.buffers.acquire
+    last = rec.last_table
     outs = []
     for i, nb in enumerate(rec.node_nbytes):
-        buf, bucket = acquire(nb)
+        buf, bucket = acquire(nb, last[E + i] if last is not None else None)
         table[E + i] = buf
         outs.append((buf, bucket, nb))
     temps = []
     base = E + len(rec.node_nbytes)
     for t, nb in enumerate(rec.temp_nbytes):
-        buf, bucket = acquire(nb)
+        buf, bucket = acquire(nb, last[base + t] if last is not None else None)
         table[base + t] = buf
         temps.append((buf, bucket))
+    rec.last_table = table
     value = ctx.submitted + 1
     sem = ctx.semaphore
     wait = [(sem, ctx.submitted)] if ctx.submitted > ctx.completed else []
