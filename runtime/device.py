@@ -10,7 +10,6 @@ import hal
 from .buffer_cache import BufferCache
 from .graph_cache import GraphCache
 
-
 MAX_IN_FLIGHT = int(os.environ.get("RUNTIME_MAX_IN_FLIGHT", "4"))  # queued submissions before the host waits
 
 
