@@ -12,6 +12,10 @@ import hal
 
 WAIT_TIMEOUT = 30.0
 
+#: Drivers whose failing kernels raise a Python exception and leave the device usable
+#: (on GPUs a kernel fault usually ends the context for the rest of the process).
+RECOVERABLE_FAULT_DRIVERS = frozenset({"local-sync", "local-task"})
+
 # Memory the host can map on every driver (pinned host memory on GPUs).
 MAPPABLE = hal.MemoryType.HOST_LOCAL | hal.MemoryType.HOST_VISIBLE
 

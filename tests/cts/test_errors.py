@@ -11,7 +11,7 @@ import pytest
 
 import hal
 
-from .helpers import WAIT_TIMEOUT, allocate_with, random_bytes, read_u32, record, submit_and_wait
+from .helpers import MAPPABLE, WAIT_TIMEOUT, allocate_with, random_bytes, read_u32, record, submit_and_wait
 from .kernels import load_kernels
 
 Mode = hal.CommandBufferMode
@@ -90,10 +90,14 @@ def _one_shot_twice(ctx: Context) -> None:
 
 def _map_without_mapping(ctx: Context) -> None:
     usage = hal.BufferUsage.TRANSFER | hal.BufferUsage.DISPATCH_STORAGE
-    buf = ctx.device.allocator.allocate(
-        16, memory_type=hal.MemoryType.HOST_LOCAL | hal.MemoryType.HOST_VISIBLE, usage=usage
-    )
+    buf = ctx.device.allocator.allocate(16, memory_type=MAPPABLE, usage=usage)
     with buf.map():
+        pass
+
+
+def _map_outside(ctx: Context) -> None:
+    buf = ctx.device.allocator.allocate(64, memory_type=MAPPABLE)
+    with buf.map(hal.MemoryAccess.READ, 60, 8):
         pass
 
 
@@ -265,7 +269,7 @@ CASES: dict[str, Case] = {
     "subspan-outside": Case(OOR, lambda c: c.buf.subspan(60, 8), ("subspan",)),
     "read-outside": Case(OOR, lambda c: c.device.read(c.buf, 60, 8), ("read",)),
     "write-outside": Case(OOR, lambda c: c.device.write(c.buf, bytes(8), 60), ("write",)),
-    "map-outside": Case(OOR, lambda c: c.buf.map(hal.MemoryAccess.READ, 60, 8).__enter__(), ("map",)),
+    "map-outside": Case(OOR, _map_outside, ("map",)),
     # executables and drivers
     "executable-no-preparable-format": Case(
         hal.IncompatibleError,
