@@ -16,6 +16,8 @@ Uses the driver selection of tests/conftest.py (--driver, HAL_CTS_DRIVERS).
 
 from __future__ import annotations
 
+import os
+
 import hypothesis.strategies as st
 import pytest
 from cts.kernels import KERNELS, WORKGROUP_SIZE, load_kernels
@@ -39,7 +41,8 @@ from hypothesis import HealthCheck, given, settings
 
 import hal
 
-EXAMPLES = 500
+# More examples for a longer hunt: HAL_DIFFERENTIAL_EXAMPLES=5000.
+EXAMPLES = int(os.environ.get("HAL_DIFFERENTIAL_EXAMPLES", "500"))
 WAIT_TIMEOUT = 30.0
 
 # Which bindings each kernel reads and writes (by binding position).
