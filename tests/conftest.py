@@ -13,7 +13,7 @@ Without --driver, the HAL_CTS_DRIVERS environment variable (comma or space
 separated) selects the drivers; without either, every driver that
 hal.list_drivers() reports is selected. A selected driver that is not
 available on this machine shows up as skipped tests carrying the driver's
-reason, never as passed ones.
+reason, never as passed ones; a name no plugin registers makes its tests error.
 
 Any test or fixture that asks for `driver_uri` is parametrized over the
 selected drivers; `device` gives such a test one device per driver and module.
