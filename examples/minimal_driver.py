@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hal
 from hal.allocator import Allocator
-from hal.semaphore import FenceWaiter
+from hal.submission import HostSubmissions
 
 HOST = (hal.MemoryType.DEVICE_LOCAL | hal.MemoryType.DEVICE_VISIBLE | hal.MemoryType.HOST_LOCAL
         | hal.MemoryType.HOST_VISIBLE | hal.MemoryType.HOST_COHERENT)
@@ -77,6 +77,7 @@ class MinimalDevice(hal.Device):
     def __init__(self, driver, info):
         super().__init__(driver, info)
         self.allocator = MinimalAllocator(self)
+        self.submissions = HostSubmissions()  # the core's bookkeeping of host-completed work
 
     def _create_semaphore(self, initial_value):
         return hal.Semaphore(self, initial_value)  # the core's host timeline is all we need
@@ -102,27 +103,21 @@ class MinimalDevice(hal.Device):
 
     def _queue_alloca(self, queue, size, memory_type, usage, waits, signals):
         buffer = self.allocator.allocate(size, memory_type, usage)
-        self._submit(waits, signals, lambda: None)
+        self._submit(waits, signals, None)
         return buffer
 
     def _queue_dealloca(self, queue, buffer, waits, signals):
         self._submit(waits, signals, buffer.release)
 
     def _submit(self, waits, signals, work):
-        def finish(failure):
-            for sem, value in signals:
-                sem._fail(failure) if failure else sem._advance(value)
+        # Park on the waits; run inline on the thread that reaches the last one; signal or fail.
+        self.submissions.submit(waits, signals, work, lambda run: run())
 
-        def run():
-            try:
-                work()
-            except Exception as exc:  # a failing kernel fails what the work would signal
-                return finish(exc)
-            finish(None)
-        FenceWaiter(waits, run, finish)  # runs now, or when the last wait is reached
+    def _cancel_parked(self, cause):
+        self.submissions.cancel_parked(cause)
 
     def _wait_idle(self, deadline):
-        pass  # work runs inline: nothing is ever in flight
+        self.submissions.wait_idle(deadline)
 
 
 class MinimalDriver(hal.Driver):
@@ -133,7 +128,8 @@ class MinimalDriver(hal.Driver):
         return True, None
 
     def _query_devices(self):
-        return [hal.DeviceInfo(self.name, 0, "minimal0", "minimal host device", "minimal://0", {})]
+        return [hal.DeviceInfo(self.name, 0, "minimal0", "minimal host device", "minimal://0",
+                               {"recoverable_kernel_faults": True})]
 
     def _create_device(self, info, **options):
         return MinimalDevice(self, info)

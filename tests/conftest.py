@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Iterator
 
 import pytest
-from cts.helpers import RECOVERABLE_FAULT_DRIVERS
+from cts.helpers import faults_recoverable
 
 import hal
 
@@ -179,13 +179,13 @@ def make_device(
 
 
 @pytest.fixture
-def fault_tests_allowed(request: pytest.FixtureRequest, driver_name: str) -> bool:
+def fault_tests_allowed(request: pytest.FixtureRequest, shared_device: hal.Device) -> bool:
     """Whether the driver survives a kernel fault; skips fault tests on the others unless --run-fault-tests.
 
     A GPU kernel fault usually ends the GPU context for the rest of the process, so
     there fault tests run only when asked for, on their own (``-m gpu_fault``).
     """
-    if driver_name in RECOVERABLE_FAULT_DRIVERS:
+    if faults_recoverable(shared_device):  # the driver declares it in its device properties
         return True
     if not request.config.getoption("--run-fault-tests"):
         pytest.skip("a GPU kernel fault can leave the context unusable; pass --run-fault-tests to run it")

@@ -12,9 +12,14 @@ import hal
 
 WAIT_TIMEOUT = 30.0
 
-#: Drivers whose failing kernels raise a Python exception and leave the device usable
-#: (on GPUs a kernel fault usually ends the context for the rest of the process).
-RECOVERABLE_FAULT_DRIVERS = frozenset({"local-sync", "local-task"})
+#: Device property a driver sets when a failing kernel leaves the device usable for new work
+#: (CPU drivers: the kernel raised a Python exception). On GPUs a kernel fault usually ends
+#: the context for the rest of the process.
+RECOVERABLE_FAULTS_PROPERTY = "recoverable_kernel_faults"
+
+
+def faults_recoverable(device: hal.Device) -> bool:
+    return bool(device.info.properties.get(RECOVERABLE_FAULTS_PROPERTY, False))
 
 # Memory the host can map on every driver (pinned host memory on GPUs).
 MAPPABLE = hal.MemoryType.HOST_LOCAL | hal.MemoryType.HOST_VISIBLE

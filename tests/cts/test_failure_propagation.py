@@ -8,11 +8,11 @@ import pytest
 import hal
 
 from .helpers import (
-    RECOVERABLE_FAULT_DRIVERS,
     WAIT_TIMEOUT,
     allocate_with,
     assert_not_reached,
     cause_chain,
+    faults_recoverable,
     read_u32,
     record,
     submit_and_wait,
@@ -79,8 +79,8 @@ def test_kernel_failure_propagates(faulting_device):
         np.testing.assert_array_equal(read_u32(dev, victim), np.zeros(8, np.uint32))
 
 
-def test_device_runs_new_work_after_a_kernel_failure(device, kernels, driver_name):
-    if driver_name not in RECOVERABLE_FAULT_DRIVERS:
+def test_device_runs_new_work_after_a_kernel_failure(device, kernels):
+    if not faults_recoverable(device):
         pytest.skip("after a GPU kernel fault only new semaphores are promised, not new work")
     buf = allocate_with(device, bytes(16))
     sem = device.create_semaphore(0)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import abc
 import os
-import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -20,9 +19,9 @@ from hal.device import Device
 from hal.drivers.local.allocator import LocalAllocator, span
 from hal.drivers.local.command_buffer import LocalCommandBuffer
 from hal.drivers.local.executable import NumpyExecutable
-from hal.errors import DeadlineExceededError
 from hal.executable import ExecutableSpec
-from hal.semaphore import Fence, FenceWaiter, Semaphore, remaining
+from hal.semaphore import Fence, Semaphore
+from hal.submission import HostSubmissions
 from hal.types import BufferUsage, CommandBufferMode
 
 
@@ -32,9 +31,7 @@ class LocalDevice(Device):
     def __init__(self, driver, info, *, queue_count: int = 1) -> None:
         super().__init__(driver, info, queue_count=queue_count)
         self.allocator = LocalAllocator(self)
-        self._idle = threading.Condition()
-        self._outstanding = 0
-        self._parked: set[FenceWaiter] = set()
+        self._submissions = HostSubmissions()
 
     # -- objects -------------------------------------------------------------------
     def _create_semaphore(self, initial_value: int) -> Semaphore:
@@ -73,54 +70,17 @@ class LocalDevice(Device):
 
     def _submit(self, queue: int, waits: list[Fence], signals: list[Fence],
                 work: Callable[[], None] | None) -> None:
-        with self._idle:
-            self._outstanding += 1
-
-        def finish(failure: BaseException | None) -> None:
-            for sem, value in signals:
-                if failure is None:
-                    sem._advance(value)
-                else:
-                    sem._fail(failure)
-            with self._idle:
-                self._outstanding -= 1
-                if not self._outstanding:
-                    self._idle.notify_all()
-
-        def run() -> None:
-            try:
-                if work is not None:
-                    work()
-            except BaseException as exc:  # the failure travels to every semaphore we would signal
-                finish(exc)
-            else:
-                finish(None)
-
-        waiter = FenceWaiter(waits, lambda: self._schedule(queue, run), finish)
-        if not waiter.done:
-            with self._idle:
-                self._parked.add(waiter)
-                # Drop waiters that completed meanwhile so the set stays small.
-                self._parked = {w for w in self._parked if not w.done}
-
-    def _cancel_parked(self, cause: BaseException) -> None:
-        with self._idle:
-            parked, self._parked = self._parked, set()
-        for waiter in parked:
-            waiter.cancel(cause)
+        self._submissions.submit(waits, signals, work, lambda run: self._schedule(queue, run))
 
     @abc.abstractmethod
     def _schedule(self, queue: int, run: Callable[[], None]) -> None:
         """Run a submission whose waits are all reached."""
 
+    def _cancel_parked(self, cause: BaseException) -> None:
+        self._submissions.cancel_parked(cause)
+
     def _wait_idle(self, deadline: float | None) -> None:
-        with self._idle:
-            while self._outstanding:
-                left = remaining(deadline)
-                if left == 0.0:
-                    raise DeadlineExceededError(
-                        f"timed out waiting for {self._outstanding} outstanding submissions")
-                self._idle.wait(left)
+        self._submissions.wait_idle(deadline)
 
 
 def local_device_properties(worker_threads: int) -> dict:
@@ -132,4 +92,6 @@ def local_device_properties(worker_threads: int) -> dict:
         "worker_threads": worker_threads,
         "executable_formats": list(LocalDevice.executable_formats),
         "numpy_version": np.__version__,
+        # A failing numpy kernel raises a Python exception: the device runs new work afterwards.
+        "recoverable_kernel_faults": True,
     }

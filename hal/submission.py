@@ -1,0 +1,73 @@
+"""Submissions that complete on the host: park on waits, run when ready, then signal or fail.
+
+The CPU drivers (and any driver whose work finishes on a host thread) share
+this bookkeeping: which submissions are parked on unreached waits (so
+``close()`` can fail them), how many are outstanding (for ``wait_idle``), and
+how a failure reaches every semaphore the work would have signalled.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from hal.errors import DeadlineExceededError
+from hal.semaphore import Fence, FenceWaiter, remaining
+
+
+class HostSubmissions:
+    def __init__(self) -> None:
+        self._idle = threading.Condition()
+        self._outstanding = 0
+        self._parked: set[FenceWaiter] = set()
+
+    def submit(self, waits: list[Fence], signals: list[Fence], work: Callable[[], None] | None,
+               schedule: Callable[[Callable[[], None]], None]) -> None:
+        """Run ``work`` through ``schedule`` once ``waits`` are reached, then advance ``signals``.
+
+        An exception from ``work``, or a failed wait, fails every signal semaphore with the cause.
+        """
+        with self._idle:
+            self._outstanding += 1
+
+        def finish(failure: BaseException | None) -> None:
+            for sem, value in signals:
+                if failure is None:
+                    sem._advance(value)
+                else:
+                    sem._fail(failure)
+            with self._idle:
+                self._outstanding -= 1
+                if not self._outstanding:
+                    self._idle.notify_all()
+
+        def run() -> None:
+            try:
+                if work is not None:
+                    work()
+            except BaseException as exc:  # the failure travels to every semaphore we would signal
+                finish(exc)
+            else:
+                finish(None)
+
+        waiter = FenceWaiter(waits, lambda: schedule(run), finish)
+        if not waiter.done:
+            with self._idle:
+                # Drop waiters that completed meanwhile so the set stays small.
+                self._parked = {w for w in self._parked if not w.done}
+                self._parked.add(waiter)
+
+    def cancel_parked(self, cause: BaseException) -> None:
+        with self._idle:
+            parked, self._parked = self._parked, set()
+        for waiter in parked:
+            waiter.cancel(cause)
+
+    def wait_idle(self, deadline: float | None) -> None:
+        with self._idle:
+            while self._outstanding:
+                left = remaining(deadline)
+                if left == 0.0:
+                    raise DeadlineExceededError(
+                        f"timed out waiting for {self._outstanding} outstanding submissions")
+                self._idle.wait(left)
