@@ -35,6 +35,8 @@ RT_DEV unsigned short f32_to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return (unsigned short)(u >> 16);
 }
+// Four elements moved as one aligned vector load/store.
+template <typename T> struct alignas(4 * sizeof(T)) rt_vec4 { T v[4]; };
 RT_DEV float rt_fmax(float a, float b) { return (a > b || a != a) ? a : b; }
 RT_DEV float rt_fmin(float a, float b) { return (a < b || a != a) ? a : b; }
 RT_DEV int rt_ipow(int base, int e) {

@@ -114,6 +114,7 @@ def _cuda(op, in_dts, out_dt, cdt) -> str:
                             + ", ".join(f"(int)t{i}_{d}" for d in range(MAX_DIMS)) + "};")
         else:
             params += [f"u32 o{i}" for i in range(k)]
+            body += _vector_loop(v, names, in_dts, out_dt, cdt, expr, res_compute)
         body.append("  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;"
                     " i += (u64)blockDim.x * gridDim.x) {")
         if v == "g":
@@ -140,6 +141,35 @@ def _cuda(op, in_dts, out_dt, cdt) -> str:
         body.append("  }")
         parts.append(f'extern "C" __global__ void {name}({", ".join(params)}) {{\n' + "\n".join(body) + "\n}\n")
     return "\n".join(parts)
+
+
+def _vector_loop(variant, names, in_dts, out_dt, cdt, expr, res_compute) -> list:
+    """Contiguous variants: when n and the offsets are multiples of 4, move 4 elements per vector access."""
+    contiguous = [i for i, v in enumerate(variant) if v == "c"]
+    check = " | ".join(["n"] + [f"o{i}" for i in contiguous])
+    lines = [f"  if ((({check}) & 3u) == 0) {{",
+             "    const u64 nv = n >> 2;",
+             "    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < nv;"
+             " j += (u64)blockDim.x * gridDim.x) {"]
+    for i in contiguous:
+        d = in_dts[i]
+        lines.append(f"      const rt_vec4<{d.c_storage}> v{i} = "
+                     f"reinterpret_cast<const rt_vec4<{d.c_storage}>*>(in{i} + o{i})[j];")
+    lines.append(f"      rt_vec4<{out_dt.c_storage}> ov;")
+    lines.append("      #pragma unroll")
+    lines.append("      for (int e = 0; e < 4; ++e) {")
+    for i, (nm, d) in enumerate(zip(names, in_dts)):
+        target = "bool" if nm == "c" else cdt.c_compute
+        ref = f"v{i}.v[e]" if variant[i] == "c" else f"in{i}[o{i}]"
+        lines.append(f"        const {target} {nm} = {convert(load_expr(d, ref), d.c_compute, target)};")
+    lines.append(f"        const {res_compute} r = {expr};")
+    lines.append(f"        ov.v[e] = {store_expr(out_dt, 'r')};")
+    lines.append("      }")
+    lines.append(f"      reinterpret_cast<rt_vec4<{out_dt.c_storage}>*>(out)[j] = ov;")
+    lines.append("    }")
+    lines.append("    return;")
+    lines.append("  }")
+    return lines
 
 
 # ---- numpy ------------------------------------------------------------------------------------
@@ -285,6 +315,10 @@ def plan(node, layouts: list, ctx) -> list:
     if "g" not in variant:
         v = "".join(variant)
         consts = [n] + [lay[2] for lay in layouts]
+        aligned = all((o & 3) == 0 for o, c in zip(consts[1:], v) if c == "c") and (n & 3) == 0
+        name = _export_name(node.op, in_dts, node.dtype, v)
+        groups = grid_1d(n // 4 if aligned else n)
+        return [("dispatch", src, name, (groups, 1, 1), consts, bindings)]
     else:
         v = "g"
         shape, strides_list = collapse(out_shape, [cstr] + bstrides)

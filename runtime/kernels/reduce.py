@@ -156,7 +156,20 @@ RT_DEV {A} rt_block_reduce({A} v) {{
         body.append(f"  {A} v = {ident};")
         if arg:
             body.append("  u32 iv = 0xffffffffu;")
-        body.append("  for (u64 r = r0 + threadIdx.x; r < r1; r += blockDim.x) {")
+        if not arg and not strided:
+            # Contiguous rows: four independent accumulators keep four loads in flight.
+            ld = lambda k: load_expr(dt, f"x[base + r + {k}u * blockDim.x]")  # noqa: E731
+            body += [f"  {A} v1 = {ident}, v2 = {ident}, v3 = {ident};",
+                     "  const u64 base = (u64)off + (u64)o * R;",
+                     "  u64 r = r0 + threadIdx.x;",
+                     "  for (; r + 3u * blockDim.x < r1; r += 4u * blockDim.x) {",
+                     f"    v = rt_comb(v, ({A})({ld(0)})); v1 = rt_comb(v1, ({A})({ld(1)}));",
+                     f"    v2 = rt_comb(v2, ({A})({ld(2)})); v3 = rt_comb(v3, ({A})({ld(3)}));",
+                     "  }",
+                     "  v = rt_comb(rt_comb(v, v1), rt_comb(v2, v3));",
+                     "  for (; r < r1; r += blockDim.x) {"]
+        else:
+            body.append("  for (u64 r = r0 + threadIdx.x; r < r1; r += blockDim.x) {")
         if strided:
             body += ["    u64 rem = (u64)o * R + r; i64 pos = off;",
                      "    #pragma unroll",

@@ -76,6 +76,19 @@ def test_elementwise_variants_and_dtypes(gpu_like):
     close((rt.array(h, device=gpu_like) + 1).numpy(), h + np.float16(1), rtol=1e-3, atol=1e-3)
 
 
+def test_vector_and_scalar_paths(gpu_like):
+    """Contiguous kernels move 4 elements per access when n and offsets are multiples of 4."""
+    x = np.arange(64, dtype=np.float32)
+    X = rt.array(x, device=gpu_like)
+    close((X[4:] + X[:-4]).numpy(), x[4:] + x[:-4])  # aligned offsets: vector path
+    close((X[1:61] * X[2:62]).numpy(), x[1:61] * x[2:62])  # misaligned: scalar path
+    close((X[8:] - 1.5).numpy(), x[8:] - 1.5)
+    h = x.astype(np.float16)
+    close((rt.array(h, device=gpu_like)[4:] * 2).numpy(), h[4:] * np.float16(2))
+    b = x > 30
+    close(rt.where(rt.array(b, device=gpu_like), X, -X).numpy(), np.where(b, x, -x))
+
+
 def test_reductions_single_and_split(gpu_like):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((3, 9000)).astype(np.float32)  # long rows, few outputs: two-pass split
