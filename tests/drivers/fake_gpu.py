@@ -60,6 +60,27 @@ class FakeFunction:
         return pointers, constants
 
 
+class FakeIndirectFunction(FakeFunction):
+    """An export's indirect-binding variant: parameter 0 is the address of a table of binding addresses."""
+
+    def read_args(self, params: int):
+        slots = (ctypes.c_uint64 * (1 + self.constants)).from_address(params)
+        table = ctypes.c_uint64.from_address(slots[0]).value
+        constants = [ctypes.c_uint32.from_address(slots[1 + i]).value for i in range(self.constants)]
+        return _TableRef(table, self.bindings), constants
+
+
+class _TableRef:
+    """Binding addresses read from device memory when the kernel runs, as the real variant does."""
+
+    def __init__(self, address: int, count: int) -> None:
+        self.address = address
+        self.count = count
+
+    def read(self) -> list[int]:
+        return list((ctypes.c_uint64 * self.count).from_address(self.address))
+
+
 class _Event:
     def __init__(self) -> None:
         self.recorded = 0
@@ -257,7 +278,9 @@ class FakeGpuApi:
         stream.inbox.put(wait)
 
     # -- kernels --------------------------------------------------------------------------------
-    def _run_kernel(self, function: FakeFunction, grid, pointers: list[int], constants: list[int]) -> None:
+    def _run_kernel(self, function: FakeFunction, grid, pointers, constants: list[int]) -> None:
+        if isinstance(pointers, _TableRef):
+            pointers = pointers.read()
         views = [self.view(p) for p in pointers]
         function.fn(tuple(grid), views, constants)
 
@@ -376,6 +399,10 @@ class FakeGpuDevice(GpuDevice):
         numpy_exe = NumpyExecutable(self, spec)
         functions = [FakeFunction(fn, e.bindings, e.constants) for fn, e in zip(numpy_exe.functions, spec.exports)]
         return GpuExecutable(self, spec, None, functions)
+
+    def _load_indirect(self, executable) -> tuple:
+        return tuple(FakeIndirectFunction(f.fn, f.bindings, f.constants) if f.bindings else None
+                     for f in executable.functions)
 
     def _load_join_function(self) -> FakeFunction:
         return FakeFunction(lambda grid, views, constants: None, 0, 0)

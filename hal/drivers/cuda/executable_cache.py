@@ -18,7 +18,7 @@ from typing import Any
 
 from hal.disk_cache import DiskCache
 from hal.drivers.cuda.status import CompileError, check_nvrtc
-from hal.drivers.gpu.executable_cache import ExecutableCache
+from hal.drivers.gpu.executable_cache import ExecutableCache, indirect_source
 from hal.errors import IncompatibleError, InvalidArgumentError, UnavailableError
 from hal.executable import ExecutableSpec
 
@@ -155,6 +155,12 @@ class CudaExecutableCache(ExecutableCache):
                 raise InvalidArgumentError(f"cubin code must be bytes, got {type(code).__name__}")
             return bytes(code)
         raise IncompatibleError(f"the CUDA driver cannot prepare {spec.format!r} executables")
+
+    def indirect_image_for(self, spec: ExecutableSpec) -> bytes | None:
+        if spec.format != "cuda-c":
+            return None  # precompiled code cannot be given another entry point
+        code = spec.code.decode() if isinstance(spec.code, bytes) else spec.code
+        return cached_compile(indirect_source(code, spec.exports), self.target, spec.options)
 
 
 #: The no-op kernel that joins graph levels when a barrier is lowered to a kernel node.

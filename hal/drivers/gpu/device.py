@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import queue as queue_module
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +44,8 @@ from hal.semaphore import Fence, FenceWaiter, Semaphore, remaining
 from hal.types import BufferUsage, CommandBufferMode, MemoryType
 
 COMMAND_BUFFER_MODES = ("auto", "graph", "stream")
+#: How long the completion thread leaves in-flight work to host waiters before waiting on it itself.
+RETIRE_DELAY = 200e-6
 #: Bytes the stream-ordered memory pool keeps reserved instead of returning them to the driver.
 POOL_RELEASE_THRESHOLD = 1 << 30
 
@@ -61,7 +64,7 @@ class Queue:
 
 class Submission:
     __slots__ = ("device", "queue", "command_buffers", "tables", "waits", "signals", "action", "seq",
-                 "timepoint")
+                 "timepoint", "resources")
 
     def __init__(self, device: GpuDevice, queue: int, command_buffers: list[CommandBuffer],
                  tables: list[list[Binding] | None], waits: list[Fence], signals: list[Fence],
@@ -75,6 +78,8 @@ class Submission:
         self.action = action
         self.seq = 0
         self.timepoint: Timepoint | None = None
+        #: Released when the submission retires (staging memory of its commands).
+        self.resources: list[Callable[[], Any]] = []
 
 
 def parse_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -84,17 +89,20 @@ def parse_options(options: dict[str, Any]) -> dict[str, Any]:
         "command_buffer": options.pop("command_buffer", "auto"),
         "barrier_lowering": options.pop("barrier_lowering", "auto"),
         "queue_count": options.pop("queue_count", 1),
+        "indirect_bindings": options.pop("indirect_bindings", True),
     }
     if options:
         raise InvalidArgumentError(
             f"unknown device options {sorted(options)}; known: command_buffer ({'|'.join(COMMAND_BUFFER_MODES)}), "
-            f"barrier_lowering (auto|{'|'.join(JOIN_KINDS)}), queue_count")
+            f"barrier_lowering (auto|{'|'.join(JOIN_KINDS)}), queue_count, indirect_bindings")
     if parsed["command_buffer"] not in COMMAND_BUFFER_MODES:
         raise InvalidArgumentError(
             f"command_buffer must be one of {COMMAND_BUFFER_MODES}, got {parsed['command_buffer']!r}")
     if parsed["barrier_lowering"] not in ("auto", *JOIN_KINDS):
         raise InvalidArgumentError(
             f"barrier_lowering must be one of {('auto', *JOIN_KINDS)}, got {parsed['barrier_lowering']!r}")
+    if not isinstance(parsed["indirect_bindings"], bool):
+        raise InvalidArgumentError(f"indirect_bindings must be True or False, got {parsed['indirect_bindings']!r}")
     count = parsed["queue_count"]
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise InvalidArgumentError(f"queue_count must be an int >= 1, got {count!r}")
@@ -114,6 +122,8 @@ class GpuDevice(Device):
         self.context_key = int(context)
         self.command_buffer_mode: str = options["command_buffer"]
         self.barrier_lowering: str = options["barrier_lowering"]
+        # One device table per command buffer: with several queues a buffer could run on two at once.
+        self.indirect_bindings: bool = options["indirect_bindings"] and self.queue_count == 1
         self.closed_for_good = False
         self.lost: BaseException | None = None
         self.make_current()
@@ -135,6 +145,9 @@ class GpuDevice(Device):
         #: Graph command buffers' device objects, released at close if still alive.
         self.graph_resources: weakref.WeakSet = weakref.WeakSet()
         self._completion_inbox: queue_module.SimpleQueue = queue_module.SimpleQueue()
+        #: Issued submissions not yet retired, in issue order.
+        self._inflight: collections.deque[Submission] = collections.deque()
+        self._retire_lock = threading.Lock()
         self._completion = threading.Thread(target=self._completion_loop, name=f"hal-{info.driver}-completion",
                                             daemon=True)
         self._completion.start()
@@ -179,6 +192,18 @@ class GpuDevice(Device):
 
     def _load_join_function(self) -> Any:
         raise NotImplementedError
+
+    def indirect_function(self, executable: Any, ordinal: int) -> Any:
+        """The export's variant reading binding addresses from a device table, or None."""
+        if not self.indirect_bindings:
+            return None
+        functions = executable.indirect
+        if functions is None:
+            functions = executable.indirect = self._load_indirect(executable)
+        return functions[ordinal] if functions else None
+
+    def _load_indirect(self, executable: Any) -> tuple[Any, ...]:
+        return self.executables.indirect_functions(executable)  # type: ignore[attr-defined]
 
     # -- host transfers ----------------------------------------------------------------------
     def _write(self, buffer: Buffer, offset: int, data: memoryview) -> None:
@@ -326,33 +351,67 @@ class GpuDevice(Device):
                 self._mark_lost(exc)
             self._finish(sub, self.lost or exc)
             return
-        self._completion_inbox.put(sub)
+        self._inflight.append(sub)
+        self._completion_inbox.put(True)
 
     # -- completion ------------------------------------------------------------------------
-    def _completion_loop(self) -> None:
-        inbox = self._completion_inbox
-        api = self.api
-        while True:
-            sub = inbox.get()
-            if sub is None:
-                return
-            failure = None
-            try:
-                self.make_current()
-                api.event_synchronize(sub.timepoint.event)
-            except HalError as exc:
-                if isinstance(exc, DeviceLostError):
-                    self._mark_lost(exc)
-                failure = self.lost or exc
-            try:
-                self._finish(sub, failure)
-            except BaseException:  # keep retiring: one bad release must not stall every waiter
-                import traceback
+    def _retire_completed(self) -> None:
+        """Retire, in issue order, every in-flight submission whose event completed.
 
-                traceback.print_exc()
+        Called by the completion thread and by host waiters (so a waiter whose work is done
+        need not wait for the completion thread); issue order keeps semaphore values
+        consistent: a submission never appears complete before one issued ahead of it.
+        """
+        inflight = self._inflight
+        api = self.api
+        with self._retire_lock:
+            while inflight:
+                sub = inflight[0]
+                failure = None
+                try:
+                    if not api.event_query(sub.timepoint.event):  # type: ignore[union-attr]
+                        return
+                except HalError as exc:
+                    if isinstance(exc, DeviceLostError):
+                        self._mark_lost(exc)
+                    failure = self.lost or exc
+                inflight.popleft()
+                try:
+                    self._finish(sub, failure)
+                except BaseException:  # keep retiring: one bad release must not stall every waiter
+                    import traceback
+
+                    traceback.print_exc()
+
+    def _completion_loop(self) -> None:
+        """Wait for in-flight work and retire it; sleeps while nothing is in flight.
+
+        Host waiters retire their own work first (``_wait_timepoint``); the thread
+        lets them for ``RETIRE_DELAY`` before blocking on the oldest event, so a tight
+        submit-and-wait loop does not hand the GIL back and forth with it.
+        """
+        inbox = self._completion_inbox
+        inflight = self._inflight
+        api = self.api
+        while inbox.get():
+            self.make_current()
+            while inflight:
+                time.sleep(RETIRE_DELAY)
+                self._retire_completed()
+                try:
+                    sub = inflight[0]
+                except IndexError:
+                    break
+                timepoint = sub.timepoint  # holding it keeps its event from being recycled
+                if timepoint is not None:
+                    try:
+                        api.event_synchronize(timepoint.event)
+                    except HalError:
+                        pass  # _retire_completed records the failure
+                self._retire_completed()
 
     def _wait_timepoint(self, timepoint: Timepoint, deadline: float | None) -> None:
-        """A host wait on a timepoint: block on its event directly (lower latency than the completion thread)."""
+        """A host wait on a timepoint: block on its event directly, then retire what completed."""
         if self.closed_for_good:
             return
         try:
@@ -362,8 +421,8 @@ class GpuDevice(Device):
             elif not poll_event(self.api, timepoint.event, deadline):
                 return  # a long wait: the completion thread wakes the waiter
         except HalError:
-            return  # the completion thread fails the semaphores with the device's error
-        timepoint.reached()
+            pass  # retiring records the device's error on the semaphores
+        self._retire_completed()
 
     def _mark_lost(self, exc: BaseException) -> None:
         with self._idle:
@@ -382,6 +441,8 @@ class GpuDevice(Device):
                 sem._fail(failure)
         for cb in sub.command_buffers:
             cb.retired()  # type: ignore[attr-defined]
+        for release in sub.resources:
+            self._run_released(release)
         sub.timepoint = None
         run = []
         with self._idle:
@@ -434,7 +495,7 @@ class GpuDevice(Device):
         self._modules.append(module)
 
     def _close(self) -> None:
-        self._completion_inbox.put(None)
+        self._completion_inbox.put(False)
         if self._completion is not threading.current_thread():
             self._completion.join(timeout=30)
         api = self.api

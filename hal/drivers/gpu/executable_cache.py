@@ -22,8 +22,11 @@ class GpuExecutable(Executable):
 
     def __init__(self, device: GpuDevice, spec: ExecutableSpec, module: Any, functions: list[Any]) -> None:
         super().__init__(device, spec)
+        self.spec = spec
         self.module = module
         self.functions = functions
+        #: Indirect-binding variants (``None``: not loaded yet; ``()``: none available).
+        self.indirect: Any = None
 
 
 class ExecutableCache:
@@ -35,6 +38,27 @@ class ExecutableCache:
     def image_for(self, spec: ExecutableSpec) -> bytes:
         """The module image (cubin, NUL-terminated PTX, hsaco, ...) for ``spec``."""
         raise NotImplementedError
+
+    def indirect_image_for(self, spec: ExecutableSpec) -> bytes | None:
+        """The image of the indirect-binding variants of ``spec``'s exports, or None if the format has none."""
+        return None
+
+    def indirect_functions(self, executable: GpuExecutable) -> tuple[Any, ...]:
+        """Per export: the variant reading its binding addresses from a device table (see
+        graph_command_buffer), or None for exports without bindings; () when unavailable."""
+        try:
+            image = self.indirect_image_for(executable.spec)
+        except Exception:  # a source the transformation does not fit: keep direct bindings
+            return ()
+        if image is None:
+            return ()
+        device = self.device
+        api = device.api
+        device.make_current()
+        module = api.module_load(image)
+        device.register_module(module)
+        return tuple(api.module_function(module, indirect_name(export.name)) if export.bindings else None
+                     for export in executable.spec.exports)
 
     def prepare(self, spec: ExecutableSpec) -> GpuExecutable:
         image = self.image_for(spec)
@@ -65,3 +89,44 @@ class ExecutableCache:
                 f"export {export.name!r} workgroup size {export.workgroup_size} ({threads} threads) exceeds "
                 f"the {limit} threads per block the compiled kernel supports")
         return function
+
+
+def indirect_name(name: str) -> str:
+    return f"{name}__hal_indirect"
+
+
+#: Appended to kernel source compiled with ``__global__`` defined as ``__device__``: the kernels
+#: become inlinable device functions, and each export gets a kernel that reads its binding
+#: addresses from a device table and calls it. Conversions keep the direct ABI exactly:
+#: any pointer type from the table entry, any 4-byte constant type bit for bit.
+INDIRECT_PRELUDE = r"""
+#undef __global__
+#define __global__ __attribute__((global))
+struct hal_indirect_pointer {
+  unsigned long long value;
+  template <class T> __device__ __forceinline__ operator T*() const { return reinterpret_cast<T*>(value); }
+};
+struct hal_indirect_constant {
+  unsigned int value;
+  template <class T> __device__ __forceinline__ operator T() const {
+    T result{};
+    memcpy(&result, &value, sizeof(T) < sizeof(value) ? sizeof(T) : sizeof(value));
+    return result;
+  }
+};
+"""
+
+
+def indirect_source(source: str, exports) -> str:
+    """CUDA/HIP C of the indirect-binding variants of ``exports`` defined in ``source``."""
+    wrappers = [INDIRECT_PRELUDE]
+    for export in exports:
+        if not export.bindings:
+            continue
+        params = "".join(f", unsigned int c{i}" for i in range(export.constants))
+        args = [f"hal_indirect_pointer{{hal_bindings[{i}]}}" for i in range(export.bindings)]
+        args += [f"hal_indirect_constant{{c{i}}}" for i in range(export.constants)]
+        wrappers.append(
+            f'extern "C" __global__ void {indirect_name(export.name)}('
+            f"const unsigned long long* __restrict__ hal_bindings{params}) {{ {export.name}({', '.join(args)}); }}\n")
+    return "#define __global__ __device__\n" + source + "\n" + "".join(wrappers)

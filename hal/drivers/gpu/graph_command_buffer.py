@@ -16,23 +16,38 @@ a measured choice (DESIGN.md, "Graph launch host cost"):
 option ``barrier_lowering`` forces one.
 
 Rebinding: a reusable buffer recorded with ``hal.Slot`` references is built and
-instantiated with the first submission's binding table. Later submissions
-compare each used slot's (address, size) with what the executable graph holds
-and update only the nodes that read a changed slot, in place
-(``cuGraphExec{Kernel,Memset,Memcpy}NodeSetParams``): the cost is O(changed
-bindings), and O(slots) when the table is the same. The executable graph is
-never re-instantiated for a new table, except when the driver rejects an
-in-place update of a memset/memcpy node (a different kind of allocation, a
-length change to or from zero), counted in ``reinstantiations``.
+instantiated with the first submission's binding table; the executable graph is
+then reused for every table, two ways:
+
+- indirect bindings (dispatches of kernels whose source the driver compiles, with
+  the ``indirect_bindings`` device option on, the default): the node runs a
+  variant of the kernel that reads its binding addresses from a small device
+  table owned by the command buffer. A submission whose table resolves to new
+  addresses copies the new table image (one ``cuMemcpyHtoDAsync`` from pinned
+  staging, stream-ordered before the graph launch); nodes are never touched, so
+  the cost does not grow with the number of dispatches;
+- node updates (everything else: fills, copies, updates, precompiled kernels):
+  each used slot's (address, size) is compared with what the executable graph
+  holds and only the nodes reading a changed slot are updated in place
+  (``cuGraphExec{Kernel,Memset,Memcpy}NodeSetParams``): O(changed bindings),
+  O(slots) for the same table.
+
+The graph is re-instantiated only when the driver rejects an in-place update of
+a memset/memcpy node (a different kind of allocation, a length change to or
+from zero), counted in ``reinstantiations``.
 """
 
 from __future__ import annotations
 
+import ctypes
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from hal.command_buffer import Binding
+from hal.drivers.gpu.kernel_args import ArgArena
 from hal.drivers.gpu.recording import Command, Copy, Dispatch, Fill, RecordingCommandBuffer, slot_address
 from hal.errors import HalError
 
@@ -72,11 +87,14 @@ class _GraphResources:
         self.graph: Any = None
         self.graph_exec: Any = None
         self.staging: Any = None  # device Allocation holding update payloads
+        self.image: Any = None  # device Allocation holding the indirect binding table
 
     def release(self) -> None:
         api = self.device.api
-        graph_exec, graph, staging = self.graph_exec, self.graph, self.staging
-        self.graph_exec = self.graph = self.staging = None
+        graph_exec, graph, staging, image = self.graph_exec, self.graph, self.staging, self.image
+        self.graph_exec = self.graph = self.staging = self.image = None
+        if image is not None:
+            self.device.allocator.free_now(image)
         if graph_exec is not None:
             api.graph_exec_destroy(graph_exec)
         if graph is not None:
@@ -101,6 +119,17 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self.node_count = 0
         self.reinstantiations = 0
         self.updated_nodes = 0
+        self.image_uploads = 0
+        # Indirect bindings: per dispatch using them, (function, first table entry); the table layout.
+        self._indirect: dict[int, tuple[Any, int]] = {}
+        self._indirect_args = ArgArena()
+        self._image_slots: list[int] = []
+        self._image_mask: np.ndarray | None = None
+        self._image_slot_index: np.ndarray | None = None
+        self._image_offsets: np.ndarray | None = None
+        self._image_fixed: np.ndarray | None = None
+        self._image_entries: tuple | None = None
+        self._image_values: np.ndarray | None = None
 
     # -- recording -----------------------------------------------------------------
     def _pack_staging(self) -> None:
@@ -125,6 +154,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         device.make_current()
         if self.slot_dispatches:
             self.patch_slot_args(table)
+        self._plan_indirect()
         graph = api.graph_create()
         self._resources.graph = graph
         self._nodes = []
@@ -150,13 +180,20 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self.node_count = len(self._nodes)
         self._resources.graph_exec = api.graph_instantiate(graph) if self._nodes else None
         self._applied = {slot: slot_address(table[slot]) for slot in self._slot_nodes}  # type: ignore[index]
+        self._image_entries = self._image_values = None  # a new graph: upload the table image again
 
     def _add_node(self, graph: Any, command: Command, deps: list[Any], table: Sequence[Binding] | None) -> Any:
         device = self.device
         api = device.api
         kind = type(command)
         index = len(self._nodes)
-        if kind is Dispatch:
+        if kind is Dispatch and id(command) in self._indirect:
+            function, start = self._indirect[id(command)]
+            params = api.kernel_node_params(function, command.grid, command.block,
+                                            self._indirect_args.params_address(start, 1 + len(command.constants)))
+            node = _Node(command, api.graph_add_kernel_node(graph, deps, params), params, "indirect")
+            slots = set()  # rebinding rewrites the device table, not the node
+        elif kind is Dispatch:
             params = api.kernel_node_params(command.function, command.grid, command.block,
                                             self.args.params_address(command.arg_start, command.arg_count))
             node = _Node(command, api.graph_add_kernel_node(graph, deps, params), params, "kernel")
@@ -190,6 +227,69 @@ class GraphCommandBuffer(RecordingCommandBuffer):
             self._slot_nodes.setdefault(slot, []).append(index)  # type: ignore[arg-type]
         return node.handle
 
+    def _plan_indirect(self) -> None:
+        """Lay out the device binding table of the dispatches that can read their bindings from it."""
+        device = self.device
+        self._indirect = {}
+        slots: list[int] = []
+        offsets: list[int] = []
+        fixed: list[int] = []
+        chosen = []
+        for command in self.slot_dispatches:
+            function = device.indirect_function(command.executable, command.ordinal)
+            if function is None:
+                continue
+            chosen.append((command, function, len(slots)))
+            for target in command.bindings:
+                slots.append(-1 if target.slot is None else target.slot)
+                offsets.append(0 if target.slot is None else target.offset)
+                fixed.append(target.ptr if target.slot is None else 0)
+        if not chosen:
+            self._image_mask = None
+            return
+        resources = self._resources
+        size = 8 * len(slots)
+        if resources.image is None or resources.image.size != size:
+            if resources.image is not None:
+                old, resources.image = resources.image, None
+                device.defer(lambda: device.allocator.free_now(old))
+            resources.image = device.allocate_staging(size)
+        table_ptr = resources.image.ptr
+        self._indirect_args = ArgArena()
+        for command, function, start in chosen:
+            first = self._indirect_args.add([table_ptr + 8 * start], command.constants)
+            self._indirect[id(command)] = (function, first)
+        self._indirect_args.pack()
+        slot_array = np.array(slots, dtype=np.int64)
+        self._image_mask = slot_array >= 0
+        self._image_slot_index = slot_array[self._image_mask]
+        self._image_offsets = np.array(offsets, dtype=np.uint64)[self._image_mask]
+        self._image_fixed = np.array(fixed, dtype=np.uint64)
+        self._image_slots = sorted(set(self._image_slot_index.tolist()))
+        self._image_entries = None
+        self._image_values = None
+
+    def _upload_image(self, table: Sequence[Binding] | None, stream: Any, submission) -> None:
+        """Copy the binding table's addresses to the device table when they changed (stream-ordered)."""
+        entries = tuple(table[slot] for slot in self._image_slots)  # type: ignore[index]
+        if entries == self._image_entries:
+            return
+        bases = np.zeros(max(self._image_slots) + 1, dtype=np.uint64)
+        for slot, entry in zip(self._image_slots, entries):
+            bases[slot] = slot_address(entry)[0]
+        values = self._image_fixed.copy()  # type: ignore[union-attr]
+        values[self._image_mask] = bases[self._image_slot_index] + self._image_offsets
+        self._image_entries = entries
+        if self._image_values is not None and np.array_equal(values, self._image_values):
+            return
+        self._image_values = values
+        device = self.device
+        host, capacity = device.staging.acquire(values.nbytes)
+        ctypes.memmove(host, values.ctypes.data, values.nbytes)
+        device.api.memcpy_htod_async(self._resources.image.ptr, host, values.nbytes, stream)
+        submission.resources.append(lambda: device.staging.release(host, capacity))
+        self.image_uploads += 1
+
     # -- submission ----------------------------------------------------------------------
     def issue(self, queue, table: Sequence[Binding] | None, submission) -> None:
         resources = self._resources
@@ -198,6 +298,8 @@ class GraphCommandBuffer(RecordingCommandBuffer):
                 self._build(table)
             else:
                 self._rebind(table)
+            if self._image_mask is not None:
+                self._upload_image(table, queue.stream, submission)
         if resources.graph_exec is not None:
             self.device.api.graph_launch(resources.graph_exec, queue.stream)
 

@@ -55,11 +55,19 @@ def slot_address(entry: Binding) -> tuple[int, int]:
 
 
 class Dispatch:
-    __slots__ = ("function", "grid", "block", "arg_start", "arg_count", "slot_args")
+    __slots__ = ("function", "grid", "block", "arg_start", "arg_count", "slot_args", "executable", "ordinal",
+                 "bindings", "constants")
 
     def __init__(self, function: object, grid: tuple[int, int, int], block: tuple[int, int, int],
-                 arg_start: int, arg_count: int, slot_args: list[tuple[int, int, int]]) -> None:
+                 arg_start: int, arg_count: int, slot_args: list[tuple[int, int, int]],
+                 executable: Executable | None = None, ordinal: int = 0, bindings: list[Target] | None = None,
+                 constants: tuple[int, ...] = ()) -> None:
         self.function = function
+        self.executable = executable
+        self.ordinal = ordinal
+        #: Each binding as a Target (fixed address, or slot + offset).
+        self.bindings = bindings or []
+        self.constants = constants
         self.grid = grid
         self.block = block
         self.arg_start = arg_start
@@ -152,21 +160,19 @@ class RecordingCommandBuffer(CommandBuffer):
                   bindings: list[BufferRef]) -> None:
         pointers = []
         slot_args = []
+        targets = []
         start = self.args.next_index  # this dispatch's first slot
         for i, ref in enumerate(bindings):
-            buffer = ref.buffer
-            if buffer is None:
-                self.uses_slots = True
-                slot_args.append((start + i, ref.slot, ref.offset))
-                pointers.append(0)
-            else:
-                root = buffer._root
-                self._roots[id(root)] = root
-                pointers.append(buffer._allocation.ptr + buffer.offset + ref.offset)
+            target = self._target(ref)
+            targets.append(target)
+            if target.slot is not None:
+                slot_args.append((start + i, target.slot, target.offset))
+            pointers.append(target.ptr)
         self.args.add(pointers, constants)
         function = executable.functions[ordinal]  # type: ignore[attr-defined]
         self.levels[-1].append(Dispatch(function, workgroups, export.workgroup_size, start,
-                                        len(pointers) + len(constants), slot_args))
+                                        len(pointers) + len(constants), slot_args, executable, ordinal, targets,
+                                        constants))
 
     def _end(self) -> None:
         if not self.levels[-1] and len(self.levels) > 1:

@@ -13,7 +13,7 @@ MIN_BLOCK = 4096
 
 
 class StagingPool:
-    def __init__(self, api: Any, keep_per_class: int = 16) -> None:
+    def __init__(self, api: Any, keep_per_class: int = 64) -> None:
         self.api = api
         self.keep_per_class = keep_per_class
         self._free: dict[int, list[int]] = {}
