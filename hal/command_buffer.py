@@ -82,6 +82,8 @@ class CommandBuffer:
         self.binding_capacity = binding_capacity
         self.state = CommandBufferState.INITIAL
         self._slot_uses: list[_SlotUse] = []
+        # Identical slot uses are checked once per submission: the check costs O(distinct uses), not O(commands).
+        self._slot_use_keys: set[tuple] = set()
 
     @property
     def reusable(self) -> bool:
@@ -157,7 +159,10 @@ class CommandBuffer:
                 f"{what} slot offset {offset} and length {length} must be multiples of the "
                 f"{alignment}-byte pattern length")
         ref = BufferRef(None, index, offset, length)
-        self._slot_uses.append(_SlotUse(ref, what, usage, alignment))
+        key = (index, offset, length, usage, alignment)
+        if key not in self._slot_use_keys:
+            self._slot_use_keys.add(key)
+            self._slot_uses.append(_SlotUse(ref, what, usage, alignment))
         return ref
 
     def check_binding_table(self, table: Sequence[Binding]) -> None:
@@ -165,7 +170,7 @@ class CommandBuffer:
         for use in self._slot_uses:
             ref = use.ref
             buffer, base, size = table[ref.slot]  # type: ignore[index]
-            if use.usage not in buffer.usage:
+            if use.usage._value_ & ~buffer.usage._value_:
                 raise FailedPreconditionError(
                     f"binding table entry {ref.slot} (used as {use.what}) lacks usage {use.usage}")
             length = size - ref.offset if ref.length is None else ref.length

@@ -233,6 +233,8 @@ class Device(abc.ABC):
         return resolved
 
     def _check_binding(self, entry: object, what: str) -> Binding:
+        if type(entry) is Buffer and entry.device is self and not entry._released and not entry._root._released:
+            return entry, 0, entry.size  # fast path: a whole live buffer of this device
         if isinstance(entry, Buffer):
             buffer, offset, length = entry, 0, None
         elif isinstance(entry, tuple) and len(entry) in (2, 3) and isinstance(entry[0], Buffer):
