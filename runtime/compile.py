@@ -49,7 +49,7 @@ def _unflatten(spec, leaves: list):
 class _Traced:
     """One signature's recording and how to bind and rebuild its inputs and outputs."""
 
-    __slots__ = ("ctx", "rec", "ext_sources", "out_spec", "out_nodes", "outputs", "scratch", "captured", "n_nodes")
+    __slots__ = ("ctx", "rec", "table_plan", "out_spec", "out_nodes", "outputs", "scratch", "captured", "n_nodes")
 
     def __init__(self, fn, args: list, kwargs: dict, ctx) -> None:
         self.ctx = ctx
@@ -65,17 +65,6 @@ class _Traced:
         roots = [o.root for o in out_leaves if o.root.storage is None and o.root.op != _PLACEHOLDER]
         order = collect(roots)
         _, externals = graph_key(order)
-        self.rec = record(ctx, order, externals)
-        self.n_nodes = len(order)
-        # Where each external slot's buffer comes from: an argument index or a captured storage.
-        self.ext_sources = []
-        self.captured = []
-        for r in externals:
-            if r.op == _PLACEHOLDER:
-                self.ext_sources.append(r.params)
-            else:
-                self.ext_sources.append(-1 - len(self.captured))
-                self.captured.append(r.storage)
         node_index = {id(n): i for i, n in enumerate(order)}
         self.outputs = []
         out_nodes = set()
@@ -92,16 +81,29 @@ class _Traced:
             else:
                 self.outputs.append(("const", o, None, None))
         self.out_nodes = sorted(out_nodes)
-        # Scratch: nodes nobody sees outside, and the kernels' temporaries, allocated once.
-        self.scratch = {}
-        acquire = ctx.buffers.acquire
-        for i, nb in enumerate(self.rec.node_nbytes):
-            if i not in out_nodes:
-                self.scratch[self.rec.n_ext + i] = acquire(nb)
-        base = self.rec.n_ext + self.n_nodes
-        for t, nb in enumerate(self.rec.temp_nbytes):
-            self.scratch[base + t] = acquire(nb)
-        self.rec.footprint += sum(b for _, b in self.scratch.values())
+        # Values that never leave fn live in buffers the recording owns; only the arguments,
+        # captured arrays and outputs go through the binding table.
+        internal = {i for i in range(len(order)) if i not in out_nodes}
+        self.rec = rec = record(ctx, order, externals, internal)
+        self.n_nodes = len(order)
+        self.captured = []
+        ext_sources = []
+        for r in externals:
+            if r.op == _PLACEHOLDER:
+                ext_sources.append(r.params)
+            else:
+                ext_sources.append(-1 - len(self.captured))
+                self.captured.append(r.storage)
+        # Each binding-table entry: ("arg", leaf index) | ("captured", index) | ("out", node index).
+        E = rec.n_ext
+        self.table_plan = []
+        for slot in rec.table_slots:
+            if slot < E:
+                src = ext_sources[slot]
+                self.table_plan.append(("arg", src) if src >= 0 else ("captured", -1 - src))
+            else:
+                self.table_plan.append(("out", slot - E))
+        self.scratch = rec.scratch or {}
 
     def release(self) -> None:
         ctx = self.ctx
@@ -118,26 +120,26 @@ class _Traced:
     def run(self, leaves: list):
         ctx = self.ctx
         rec = self.rec
-        E = rec.n_ext
-        table = [None] * (E + self.n_nodes + len(rec.temp_nbytes))
         storages = [a.root.storage for a in leaves]
-        for j, src in enumerate(self.ext_sources):
-            table[j] = storages[src].buffer if src >= 0 else self.captured[-1 - src].buffer
-        for slot, (buf, _) in self.scratch.items():
-            table[slot] = buf
-        fresh = {}
         ctx.throttle()
         acquire = ctx.buffers.acquire
         last = rec.last_table
-        for i in self.out_nodes:
-            nb = rec.node_nbytes[i]
-            buf, bucket = acquire(nb, last[E + i] if last is not None else None)
-            table[E + i] = buf
-            fresh[i] = (buf, bucket, nb)
+        table = []
+        fresh = {}
+        for t, (kind, idx) in enumerate(self.table_plan):
+            if kind == "arg":
+                table.append(storages[idx].buffer)
+            elif kind == "out":
+                buf, bucket = acquire(rec.node_nbytes[idx], last[t] if last is not None else None)
+                table.append(buf)
+                fresh[idx] = (buf, bucket, rec.node_nbytes[idx])
+            else:
+                table.append(self.captured[idx].buffer)
         value = ctx.submitted + 1
         sem = ctx.semaphore
         wait = [(sem, ctx.submitted)] if ctx.submitted > ctx.completed else []
-        ctx.device.queue_execute([rec.cb], wait=wait, signal=[(sem, value)], binding_tables=[table])
+        ctx.device.queue_execute([rec.cb], wait=wait, signal=[(sem, value)],
+                                 binding_tables=[table if table else None])
         rec.last_table = table
         ctx.submitted = value
         for st in storages:

@@ -47,7 +47,7 @@ class Recording:
     """A recorded reusable command buffer and what its slots hold."""
 
     __slots__ = ("cb", "n_ext", "node_nbytes", "temp_nbytes", "footprint", "scratch", "levels", "dispatches",
-                 "program", "last_table")
+                 "program", "last_table", "table_slots")
 
     def __init__(self, cb, n_ext: int, node_nbytes: list, temp_nbytes: list, levels: int, dispatches: int) -> None:
         self.cb = cb
@@ -56,9 +56,10 @@ class Recording:
         self.temp_nbytes = temp_nbytes
         self.levels = levels
         self.dispatches = dispatches
-        self.scratch = None  # persistent buffers of rt.compile recordings
+        self.scratch = None  # slot -> (buffer, bucket) the recording owns (rt.compile's internal values)
         self.program = None  # (context, id) of the CPU program this recording runs
         self.last_table = None  # the buffers of the latest submission, preferred for the next one
+        self.table_slots = None  # binding-table entry -> slot (all slots unless some are owned)
         self.footprint = 512 + 256 * dispatches
 
     def drop(self) -> None:
@@ -125,8 +126,13 @@ def graph_key(order: list):
     return tuple(parts), externals
 
 
-def record(ctx: DeviceContext, order: list, externals: list) -> Recording:
-    """Plan every node and record one reusable command buffer that binds only through slots."""
+def record(ctx: DeviceContext, order: list, externals: list, internal: set | None = None) -> Recording:
+    """Plan every node and record one reusable command buffer that binds only through slots.
+
+    `internal` (rt.compile): indices of nodes whose values never leave the recording. Their
+    buffers and the kernels' scratch are allocated here, once, and referenced directly, so
+    the binding table holds only the inputs and the outputs.
+    """
     E = len(externals)
     N = len(order)
     slot_of = {id(r): j for j, r in enumerate(externals)}
@@ -162,10 +168,25 @@ def record(ctx: DeviceContext, order: list, externals: list) -> Recording:
         plans.append((lv, i, cmds))
     plans.sort(key=lambda p: (p[0], p[1]))
     T = len(temp_nbytes)
-    cb = ctx.device.create_command_buffer(mode=hal.CommandBufferMode.REUSABLE,
-                                          binding_capacity=max(1, E + N + T))
     node_nbytes = [max(1, node.size * node.dtype.itemsize) for node in order]
-    Slot = hal.Slot
+    fixed: dict = {}  # slot -> (buffer, bucket) owned by the recording
+    if internal is not None:
+        for i in internal:
+            fixed[E + i] = ctx.buffers.acquire(node_nbytes[i])
+        for t, nb in enumerate(temp_nbytes):
+            fixed[E + N + t] = ctx.buffers.acquire(nb)
+    table_slots = [k for k in range(E + N + T) if k not in fixed]
+    table_index = {k: t for t, k in enumerate(table_slots)}
+    cb = ctx.device.create_command_buffer(mode=hal.CommandBufferMode.REUSABLE,
+                                          binding_capacity=len(table_slots))
+
+    def ref(k: int, offset: int = 0, length: int | None = None):
+        t = table_index.get(k)
+        if t is not None:
+            return hal.Slot(t, offset, length)
+        buf = fixed[k][0]
+        return buf if offset == 0 and length is None else (buf, offset, length)
+
     dispatches = 0
     levels = 0
     program = None
@@ -198,14 +219,14 @@ def record(ctx: DeviceContext, order: list, externals: list) -> Recording:
                     program.add_dispatch(src.numpy_code()[name], tuple(slots), consts, wg)
                 else:
                     cb.dispatch(executable(ctx, src), name, workgroups=wg, constants=consts,
-                                bindings=[Slot(s) for s in slots])
+                                bindings=[ref(s) for s in slots])
                 dispatches += 1
             elif kind == "fill":
                 nbytes = node.size * node.dtype.itemsize
                 if program is not None:
                     program.add_fill(E + i, nbytes, cmd[2], cmd[3])
                 else:
-                    cb.fill_buffer(Slot(E + i, 0, nbytes), pattern=cmd[2], pattern_length=cmd[3])
+                    cb.fill_buffer(ref(E + i, 0, nbytes), pattern=cmd[2], pattern_length=cmd[3])
                 dispatches += 1
             elif kind == "barrier" and program is None:
                 cb.execution_barrier()
@@ -215,9 +236,13 @@ def record(ctx: DeviceContext, order: list, externals: list) -> Recording:
         S = E + N + T
         ctx.programs[program.pid] = program
         cb.dispatch(program_executable(ctx), f"program_{nbind}", workgroups=(1, 1, 1),
-                    constants=[program.pid], bindings=[Slot(min(k, S - 1)) for k in range(nbind)])
+                    constants=[program.pid], bindings=[ref(min(k, S - 1)) for k in range(nbind)])
     cb.end()
     rec = Recording(cb, E, node_nbytes, temp_nbytes, levels, dispatches)
+    rec.table_slots = table_slots
+    if fixed:
+        rec.scratch = fixed
+        rec.footprint += sum(bucket for _, bucket in fixed.values())
     if program is not None:
         rec.program = (ctx, program.pid)
     return rec

@@ -93,3 +93,35 @@ def test_lazy_and_view_arguments(dev):
 def test_compile_needs_an_array(dev):
     with pytest.raises(hal.InvalidArgumentError):
         rt.compile(lambda: rt.zeros((2,)))()
+
+
+def test_functions_returning_arguments_or_constants_only(dev):
+    f = rt.compile(lambda a: (a, rt.full((2,), 3.0, device=dev)))
+    x = rt.array(np.ones(2, np.float32), device=dev)
+    for _ in range(2):
+        a, c = f(x)
+        assert a is x
+        np.testing.assert_array_equal(c.numpy(), np.full(2, 3.0))
+    g = rt.compile(lambda a: a)
+    assert g(x) is x
+
+
+def test_binding_table_holds_only_inputs_and_outputs(dev, monkeypatch):
+    """Internal values live in buffers the recording owns: tables hold arguments and results only."""
+    from runtime.device import context_for
+    ctx = context_for(dev)
+    tables = []
+    real = ctx.device.queue_execute
+
+    def spy(cbs, wait=(), signal=(), binding_tables=None):
+        tables.append(binding_tables)
+        return real(cbs, wait=wait, signal=signal, binding_tables=binding_tables)
+
+    monkeypatch.setattr(ctx.device, "queue_execute", spy)
+    f = rt.compile(lambda a, b: rt.tanh(a * b + 1.0).sum())
+    x = rt.array(np.ones(4, np.float32), device=dev)
+    for _ in range(2):
+        out = f(x, x)
+    np.testing.assert_allclose(float(out), 4 * np.tanh(2.0), rtol=1e-6)
+    # the two arguments, the captured constant 1.0 and the result; none of the 3 intermediates
+    assert len(tables[-1][0]) == 4
