@@ -107,9 +107,7 @@ def _general(dt):
         out = np.frombuffer(bindings[0], dtype=dt.storage, count=nb * M * N).reshape(bshape + (M, N))
         a, b = (to_compute(v, dt) for v in views)
         with np.errstate(**ERRSTATE):
-            if dt is _dt.float32 and N == 1:
-                np.matmul(a, b[..., 0], out=out[..., 0])  # matrix-vector product: BLAS gemv
-            elif dt is _dt.float32:
+            if dt is _dt.float32:
                 np.matmul(a, b, out=out)
             elif dt is _dt.bool_:
                 store(out, np.matmul(a.astype(np.int32), b.astype(np.int32)) != 0, dt)

@@ -150,3 +150,22 @@ def test_fill_and_copy(gpu_like):
     close(z.numpy(), np.full((3, 4), 2.5, np.float32))
     x = rt.array(np.arange(12, dtype=np.float32).reshape(3, 4), device=gpu_like)
     close(x.T.reshape(-1).numpy(), np.arange(12).reshape(3, 4).T.reshape(-1))
+
+
+def test_strided_views_fuzz(gpu_like):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(shape=st.lists(st.integers(1, 4), min_size=2, max_size=4), seed=st.integers(0, 99),
+           steps=st.lists(st.sampled_from([1, 2, -1, -2]), min_size=4, max_size=4))
+    def run(shape, seed, steps):
+        x = np.random.default_rng(seed).standard_normal(tuple(shape)).astype(np.float32)
+        key = tuple(slice(None, None, s) for s in steps[:len(shape)])
+        v, r = rt.array(x, device=gpu_like)[key], x[key]
+        close((v * 2 + v.T.T).numpy(), r * 3)
+        close(v.sum(axis=0).numpy(), r.sum(axis=0), rtol=1e-5, atol=1e-5)
+        close(v.max(axis=-1).numpy(), r.max(axis=-1))
+        close(rt.matmul(v, rt.swapaxes(v, -1, -2)).numpy(), r @ np.swapaxes(r, -1, -2), rtol=1e-4, atol=1e-4)
+
+    run()

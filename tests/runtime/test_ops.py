@@ -372,3 +372,47 @@ def test_bfloat16(dev):
     g = rt.grad(lambda x: (x * x).sum())(A)
     assert g.dtype is rt.bfloat16
     np.testing.assert_allclose(f32(g), 2 * a, **tol)
+
+
+@st.composite
+def basic_index(draw, shape):
+    key = []
+    for d in shape:
+        kind = draw(st.sampled_from(["slice", "slice", "int", "none", "all"]))
+        if kind == "int" and d > 0:
+            key.append(draw(st.integers(-d, d - 1)))
+        elif kind == "none":
+            key.append(None)
+            key.append(slice(None))
+        elif kind == "slice":
+            start = draw(st.one_of(st.none(), st.integers(-d - 1, d + 1)))
+            stop = draw(st.one_of(st.none(), st.integers(-d - 1, d + 1)))
+            step = draw(st.sampled_from([None, 1, 2, 3, -1, -2]))
+            key.append(slice(start, stop, step))
+        else:
+            key.append(slice(None))
+    if draw(st.booleans()) and key:
+        key = key[:-1] + [Ellipsis]
+    return tuple(key)
+
+
+def test_strided_views_through_kernels(dev):
+    @SETTINGS
+    @given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4), data=st.data(), seed=st.integers(0, 999))
+    def run(shape, data, seed):
+        x = np.random.default_rng(seed).standard_normal(tuple(shape)).astype(np.float32)
+        key = data.draw(basic_index(tuple(shape)))
+        xr = rt.array(x, device=dev)
+        view, ref = xr[key], x[key]
+        check(view, ref)
+        check(view * 2 + 1, ref * 2 + 1)
+        check(rt.exp(view.T), np.exp(ref.T))
+        check(view + view.T.T, ref + ref)
+        if ref.ndim:
+            check(view.sum(axis=-1), ref.sum(axis=-1), "float16")
+            check(view.reshape(-1), ref.reshape(-1))
+        if ref.ndim >= 2:
+            check(view @ view.swapaxes(-1, -2) if hasattr(view, "swapaxes") else rt.matmul(
+                view, rt.swapaxes(view, -1, -2)), ref @ np.swapaxes(ref, -1, -2), "float16")
+
+    run()
