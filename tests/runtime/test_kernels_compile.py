@@ -50,3 +50,18 @@ def test_hip_sources_share_the_kernel_body():
         assert hip.startswith("\n#include <hip/hip_runtime.h>")
         body = src.cuda_source().split("RT_DEV float bf16_to_f32", 1)[1]
         assert body in hip
+
+
+def test_indirect_binding_variants_compile():
+    """The GPU driver's indirect-binding transformation (kernels become device functions called by
+    wrappers reading buffer addresses from a table) fits the runtime's kernels: one per family."""
+    executable_cache = pytest.importorskip("hal.drivers.gpu.executable_cache")
+    seen: dict = {}
+    for src in all_sources():
+        seen.setdefault(src.key[0], src)
+    for family, src in seen.items():
+        code = executable_cache.indirect_source(src.cuda_source(), src.exports)
+        ok, log, cubin = compile_cubin(code, f"{src.name}_indirect")
+        assert ok, f"{family}: {log[:4000]}"
+        for export in src.exports:
+            assert executable_cache.indirect_name(export.name).encode() in cubin
