@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 MAX_UPDATE_SIZE = 64 * 1024
 UINT32_MAX = (1 << 32) - 1
 _DISPATCH_BIT = BufferUsage.DISPATCH_STORAGE.value
+_REUSABLE_BIT = CommandBufferMode.REUSABLE.value
 
 
 class Slot(NamedTuple):
@@ -87,7 +88,7 @@ class CommandBuffer:
 
     @property
     def reusable(self) -> bool:
-        return CommandBufferMode.REUSABLE in self.mode
+        return bool(self.mode._value_ & _REUSABLE_BIT)
 
     # -- recording state -------------------------------------------------------
     def begin(self) -> None:

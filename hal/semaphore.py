@@ -182,6 +182,10 @@ def check_fences(fences: object, what: str, device: Device | None = None) -> lis
         raise InvalidArgumentError(f"{what} must be a sequence of (Semaphore, value) pairs, got {fences!r}")
     result = []
     for i, pair in enumerate(fences):
+        if type(pair) is tuple and len(pair) == 2 and type(pair[1]) is int and 0 <= pair[1] <= MAX_VALUE \
+                and isinstance(pair[0], Semaphore) and (device is None or pair[0].device is device):
+            result.append(pair)  # fast path: a well-formed (Semaphore, int) pair of this device
+            continue
         if not isinstance(pair, Sequence) or len(pair) != 2 or not isinstance(pair[0], Semaphore):
             raise InvalidArgumentError(f"{what}[{i}] must be a (Semaphore, value) pair, got {pair!r}")
         value = check_int(pair[1], f"{what}[{i}] value")

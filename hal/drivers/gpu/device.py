@@ -355,21 +355,23 @@ class GpuDevice(Device):
         self._completion_inbox.put(True)
 
     # -- completion ------------------------------------------------------------------------
-    def _retire_completed(self) -> None:
+    def _retire_completed(self, wait_for_lock: bool = True) -> None:
         """Retire, in issue order, every in-flight submission whose event completed.
 
         Called by the completion thread and by host waiters (so a waiter whose work is done
         need not wait for the completion thread); issue order keeps semaphore values
         consistent: a submission never appears complete before one issued ahead of it.
+        ``wait_for_lock=False`` returns at once when another thread is retiring.
         """
         inflight = self._inflight
-        api = self.api
-        with self._retire_lock:
+        if not inflight or not self._retire_lock.acquire(blocking=wait_for_lock):
+            return
+        try:
             while inflight:
                 sub = inflight[0]
                 failure = None
                 try:
-                    if not api.event_query(sub.timepoint.event):  # type: ignore[union-attr]
+                    if not self.api.event_query(sub.timepoint.event):  # type: ignore[union-attr]
                         return
                 except HalError as exc:
                     if isinstance(exc, DeviceLostError):
@@ -382,6 +384,8 @@ class GpuDevice(Device):
                     import traceback
 
                     traceback.print_exc()
+        finally:
+            self._retire_lock.release()
 
     def _completion_loop(self) -> None:
         """Wait for in-flight work and retire it; sleeps while nothing is in flight.

@@ -20,6 +20,7 @@ last reference to it goes (the semaphores prune timepoints their value passed).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import time
 from collections.abc import Sequence
@@ -96,6 +97,7 @@ class EventSemaphore(Semaphore):
 
     def __init__(self, device: GpuDevice, initial_value: int = 0) -> None:
         super().__init__(device, initial_value)
+        #: Sorted by value (submissions usually signal increasing values: appending keeps the order).
         self._timepoints: list[tuple[int, Timepoint]] = []
         self._issuable: list[tuple[int, int, Listener]] = []
 
@@ -105,7 +107,11 @@ class EventSemaphore(Semaphore):
         with self._lock:
             if self._failure is not None or value <= self._value:
                 return
-            self._timepoints.append((value, timepoint))
+            timepoints = self._timepoints
+            if not timepoints or timepoints[-1][0] <= value:
+                timepoints.append((value, timepoint))
+            else:
+                timepoints.insert(bisect.bisect_right(timepoints, value, key=_value_of), (value, timepoint))
             ready = self._pop_issuable(value)
         for listener in ready:
             listener(None)
@@ -120,30 +126,30 @@ class EventSemaphore(Semaphore):
                 raise aborted_by(self._failure, f"semaphore failed before value {value} was reached")
             if self._value >= value:
                 return None
-            best: tuple[int, Timepoint] | None = None
-            for entry in self._timepoints:
-                if entry[0] >= value and (best is None or entry[0] < best[0]):
-                    best = entry
-        if best is None:
+            timepoint = self._covering(value)
+        if timepoint is None:
             raise AssertionError(f"no timepoint covers value {value}")  # the pending queue prevents this
-        return best[1]
+        return timepoint
+
+    def _covering(self, value: int) -> Timepoint | None:
+        """The timepoint of the smallest value >= ``value`` (call with the lock held)."""
+        timepoints = self._timepoints
+        index = bisect.bisect_left(timepoints, value, key=_value_of)
+        return timepoints[index][1] if index < len(timepoints) else None
 
     def _peek_timepoint(self, value: int) -> Timepoint | None:
         with self._lock:
             if self._failure is not None or self._value >= value:
                 return None
-            best = None
-            for entry in self._timepoints:
-                if entry[0] >= value and (best is None or entry[0] < best[0]):
-                    best = entry
-            return None if best is None else best[1]
+            return self._covering(value)
 
     def _notify_issuable(self, value: int, listener: Listener) -> None:
         """Call ``listener`` once work waiting for ``value`` can be issued: the value is reached,
         a timepoint covers it, or the semaphore failed (then with the failure)."""
         with self._lock:
             failure = self._failure
-            if failure is None and self._value < value and not any(v >= value for v, _ in self._timepoints):
+            timepoints = self._timepoints
+            if failure is None and self._value < value and not (timepoints and timepoints[-1][0] >= value):
                 heapq.heappush(self._issuable, (value, next(self._tokens), listener))
                 return
         listener(failure)
@@ -159,8 +165,9 @@ class EventSemaphore(Semaphore):
         super()._advance(value)
         with self._lock:
             current = self._value
-            if self._timepoints:
-                self._timepoints = [entry for entry in self._timepoints if entry[0] > current]
+            timepoints = self._timepoints
+            if timepoints and timepoints[0][0] <= current:
+                del timepoints[:bisect.bisect_right(timepoints, current, key=_value_of)]
             ready = self._pop_issuable(current)
         for listener in ready:
             listener(None)
@@ -174,12 +181,23 @@ class EventSemaphore(Semaphore):
         for listener in pending:
             listener(cause)
 
+    @property
+    def value(self) -> int:
+        """The current value, counting device work that completed since the last retirement."""
+        if self._timepoints:
+            self.device._retire_completed(wait_for_lock=False)
+        return Semaphore.value.fget(self)  # type: ignore[attr-defined]
+
     def _wait(self, value: int, deadline: float | None) -> None:
         if self._value < value and self._failure is None:
             timepoint = self._peek_timepoint(value)
             if timepoint is not None:
                 self.device._wait_timepoint(timepoint, deadline)
         super()._wait(value, deadline)
+
+
+def _value_of(entry: tuple[int, Timepoint]) -> int:
+    return entry[0]
 
 
 class Issuable:
