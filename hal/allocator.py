@@ -8,7 +8,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from hal.buffer import Buffer, check_int
-from hal.errors import InvalidArgumentError, ResourceExhaustedError
+from hal.errors import InvalidArgumentError, ResourceExhaustedError, UnimplementedError
 from hal.types import BufferUsage, MemoryAccess, MemoryType
 
 if TYPE_CHECKING:
@@ -84,6 +84,10 @@ class Allocator(abc.ABC):
     @abc.abstractmethod
     def _free(self, allocation: Any) -> None:
         """Release a driver allocation (may defer until pending work is done)."""
+
+    def _device_address(self, allocation: Any) -> int:
+        """The device address of an allocation's first byte."""
+        raise UnimplementedError(f"{type(self).__name__} does not expose device addresses")
 
     def _map(self, allocation: Any, offset: int, length: int, access: MemoryAccess) -> memoryview:
         raise NotImplementedError

@@ -99,6 +99,13 @@ class Buffer:
         return Buffer(self.allocator, self._allocation, length, self.memory_type, self.usage,
                       root=self._root, offset=self.offset + offset)
 
+    @property
+    def device_address(self) -> int:
+        """The address kernels see for this buffer's first byte (for interop: DLPack,
+        ``__cuda_array_interface__``). Valid until the buffer is released."""
+        self.check_live()
+        return self.allocator._device_address(self._allocation) + self.offset
+
     # -- host access ---------------------------------------------------------
     @contextlib.contextmanager
     def map(self, access: MemoryAccess = MemoryAccess.READ | MemoryAccess.WRITE,

@@ -120,3 +120,18 @@ def test_local_task_queues_run_independently():
         assert blocked.value == 0
         gate.set()
         blocked.wait(1, timeout=10)
+
+
+@pytest.mark.parametrize("uri", ["local-sync", "local-task"])
+def test_device_address_of_buffers_and_subspans(uri):
+    import ctypes
+
+    with hal.create_device(uri) as device:
+        buf = device.allocator.allocate(64)
+        device.write(buf, bytes(range(64)))
+        part = buf.subspan(16, 8)
+        assert part.device_address == buf.device_address + 16
+        assert ctypes.string_at(part.device_address, 8) == bytes(range(16, 24))
+        buf.release()
+        with pytest.raises(hal.FailedPreconditionError):
+            _ = buf.device_address

@@ -36,6 +36,9 @@ class LocalAllocator(Allocator):
     def _free(self, allocation: np.ndarray) -> None:
         pass  # numpy frees the memory once queued work holding it has dropped its references
 
+    def _device_address(self, allocation: np.ndarray) -> int:
+        return allocation.ctypes.data  # the CPU is the device: a host address
+
     def _map(self, allocation: np.ndarray, offset: int, length: int, access: MemoryAccess) -> memoryview:
         return memoryview(allocation[offset:offset + length])
 
