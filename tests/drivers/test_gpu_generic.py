@@ -1,0 +1,323 @@
+"""The GPU-generic driver logic (hal/drivers/gpu) on the simulated GPU API, without a GPU.
+
+The whole conformance suite runs on ``fake-gpu`` with stream and with graph command
+buffers; the tests below check what the suite cannot see: which graph structure a
+barrier becomes, that rebinding touches only what changed, that frees wait for the
+GPU, that a fault ends in failed semaphores rather than a hang.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hal
+from hal.drivers.gpu.graph_command_buffer import EDGE_LIMIT, choose_join
+from hal.drivers.gpu.kernel_args import ArgArena
+from hal.drivers.gpu.status import DeviceLostError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def add_one(workgroups, bindings, constants):
+    (n,) = constants
+    values = np.frombuffer(bindings[0], np.uint32, count=n)
+    values += 1
+
+
+def boom(workgroups, bindings, constants):
+    raise RuntimeError("simulated kernel fault")
+
+
+EXPORTS = [hal.Export("add_one", (64, 1, 1), bindings=1, constants=1), hal.Export("boom", bindings=1)]
+
+
+def kernels(dev):
+    return dev.load_executable(hal.ExecutableSpec("numpy", {"add_one": add_one, "boom": boom}, EXPORTS))
+
+
+def run(dev, cbs, tables=None):
+    sem = dev.create_semaphore(0)
+    dev.queue_execute(cbs, signal=[(sem, 1)], binding_tables=tables)
+    sem.wait(1, timeout=30)
+
+
+def words(dev, buf) -> list[int]:
+    return np.frombuffer(dev.read(buf), np.uint32).tolist()
+
+
+# -- the conformance suite on the simulated GPU -----------------------------------------------------
+
+@pytest.mark.parametrize("options", [
+    ["command_buffer=stream"],
+    ["command_buffer=graph"],
+    ["command_buffer=graph", "indirect_bindings=false", "barrier_lowering=empty"],
+], ids=["stream", "graph", "graph-node-updates-empty-joins"])
+def test_conformance_suite_on_the_simulated_gpu(options):
+    env = dict(os.environ, HAL_PLUGINS="drivers.fake_gpu",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "tests/cts",
+            "--driver", "fake-gpu", "-k", "not kernel_failure_propagates"]
+    for option in options:
+        args += ["--driver-option", option]
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
+# -- pure logic ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("before", "after", "expected"), [
+    (1, 1, "edges"), (1, 50, "edges"), (50, 1, "edges"), (10, 10, "edges"), (16, 16, "edges"), (17, 16, "kernel"),
+    (100, 100, "kernel"),
+])
+def test_join_choice_by_widths(before, after, expected):
+    assert choose_join(before, after) == expected
+    assert (before * after <= EDGE_LIMIT or min(before, after) <= 1) == (expected == "edges")
+
+
+@pytest.mark.parametrize("policy", ["empty", "edges", "kernel"])
+def test_join_choice_forced(policy):
+    assert choose_join(100, 100, policy) == policy
+
+
+def test_arg_arena_packs_pointer_arrays():
+    arena = ArgArena()
+    first = arena.add([0x1000, 0x2000], (7,))
+    second = arena.add([], ())
+    third = arena.add([0xDEAD_BEEF_0000], (1, 0xFFFFFFFF))
+    arena.pack()
+    assert arena.params_address(second, 0) == 0, "no parameters: a NULL void**"
+    address = arena.params_address(first, 3)
+    pointers = (ctypes.c_uint64 * 3).from_address(address)
+    assert ctypes.c_uint64.from_address(pointers[0]).value == 0x1000
+    assert ctypes.c_uint64.from_address(pointers[1]).value == 0x2000
+    assert ctypes.c_uint32.from_address(pointers[2]).value == 7
+    pointers = (ctypes.c_uint64 * 3).from_address(arena.params_address(third, 3))
+    assert ctypes.c_uint64.from_address(pointers[0]).value == 0xDEAD_BEEF_0000
+    assert ctypes.c_uint32.from_address(pointers[2]).value == 0xFFFFFFFF
+    arena.set(third, 0x42)
+    assert ctypes.c_uint64.from_address(pointers[0]).value == 0x42
+
+
+def test_device_options_are_validated(fake_driver):
+    for bad in ({"command_buffer": "tape"}, {"barrier_lowering": "sometimes"}, {"queue_count": 0},
+                {"indirect_bindings": "yes"}, {"no_such_option": 1}):
+        with pytest.raises(hal.InvalidArgumentError):
+            fake_driver.create_device(**bad)
+
+
+# -- command buffers ---------------------------------------------------------------------------------
+
+def test_mode_selection(fake_driver):
+    with fake_driver.create_device() as dev:
+        assert dev.create_command_buffer().kind == "stream"
+        assert dev.create_command_buffer(hal.CommandBufferMode.REUSABLE).kind == "graph"
+    for forced in ("stream", "graph"):
+        with fake_driver.create_device(command_buffer=forced) as dev:
+            assert dev.create_command_buffer().kind == forced
+            assert dev.create_command_buffer(hal.CommandBufferMode.REUSABLE).kind == forced
+
+
+@pytest.mark.parametrize("lowering", ["empty", "edges", "kernel"])
+def test_barrier_lowering_builds_the_graph_shape(fake_driver, lowering):
+    with fake_driver.create_device(barrier_lowering=lowering) as dev:
+        exe = kernels(dev)
+        bufs = [dev.allocator.allocate(64) for _ in range(3)]
+        cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE)
+        with cb.record():
+            for buf in bufs:
+                cb.dispatch(exe, "add_one", 1, [16], [buf])
+            cb.execution_barrier()
+            cb.execution_barrier()  # a second barrier in a row adds nothing
+            for buf in bufs[:2]:
+                cb.dispatch(exe, "add_one", 1, [16], [buf])
+        graph = cb._resources.graph
+        assert cb.joins == [lowering]
+        kinds = [node["kind"] for node in graph]
+        second_level = graph[-2:]
+        if lowering == "edges":
+            assert kinds == ["kernel"] * 5
+            assert all(len(node["deps"]) == 3 for node in second_level), "each depends on the whole level before"
+        else:
+            join = graph[3]
+            assert join["kind"] == ("empty" if lowering == "empty" else "kernel")
+            assert len(join["deps"]) == 3
+            assert all(node["deps"] == [join] for node in second_level)
+        run(dev, [cb])
+        assert [words(dev, b)[0] for b in bufs] == [2, 2, 1]
+
+
+def test_new_tables_rewrite_the_device_table_not_the_nodes(fake_driver):
+    with fake_driver.create_device() as dev:
+        exe = kernels(dev)
+        bufs = [dev.allocator.allocate(64) for _ in range(4)]
+        for buf in bufs:
+            dev.write(buf, bytes(64))
+        cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=2)
+        with cb.record():
+            for _ in range(3):
+                cb.dispatch(exe, "add_one", 1, [16], [hal.Slot(0)])
+                cb.execution_barrier()
+            cb.dispatch(exe, "add_one", 1, [16], [hal.Slot(1)])
+        api = dev.api
+        before = dict(api.calls)
+        run(dev, [cb], [[bufs[0], bufs[1]]])
+        run(dev, [cb], [[bufs[0], bufs[1]]])
+        run(dev, [cb], [[bufs[2], bufs[3]]])
+        run(dev, [cb], [[bufs[2], bufs[3]]])
+        assert [words(dev, b)[0] for b in bufs] == [6, 2, 6, 2]
+        assert cb.image_uploads == 2, "uploaded for each new table only"
+        assert cb.updated_nodes == 0
+        assert api.calls.get("cuGraphInstantiate", 0) - before.get("cuGraphInstantiate", 0) == 1
+        assert api.calls.get("cuGraphExecKernelNodeSetParams", 0) == before.get("cuGraphExecKernelNodeSetParams", 0)
+
+
+def test_node_updates_touch_only_changed_slots(fake_driver):
+    with fake_driver.create_device(indirect_bindings=False) as dev:
+        exe = kernels(dev)
+        bufs = [dev.allocator.allocate(64) for _ in range(3)]
+        for buf in bufs:
+            dev.write(buf, bytes(64))
+        cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=2)
+        with cb.record():
+            for _ in range(4):
+                cb.dispatch(exe, "add_one", 1, [16], [hal.Slot(0)])
+                cb.execution_barrier()
+            cb.fill_buffer(hal.Slot(1, 60, 4), 0x01020304, 4)
+        run(dev, [cb], [[bufs[0], bufs[1]]])
+        assert cb.updated_nodes == 0
+        run(dev, [cb], [[bufs[0], bufs[2]]])
+        assert cb.updated_nodes == 1, "only the fill reads slot 1"
+        run(dev, [cb], [[bufs[1], bufs[2]]])
+        assert cb.updated_nodes == 5
+        assert cb.reinstantiations == 0
+        assert words(dev, bufs[0])[0] == 8 and words(dev, bufs[1])[0] == 4
+        assert words(dev, bufs[2])[15] == 0x01020304  # filled through slot 1
+        assert words(dev, bufs[1])[15] == 0x01020304 + 4  # filled, then incremented through slot 0
+
+
+def test_one_shot_resources_return_after_completion(fake_driver):
+    with fake_driver.create_device() as dev:
+        buf = dev.allocator.allocate(64)
+        for _ in range(20):
+            cb = dev.create_command_buffer()
+            with cb.record():
+                cb.update_buffer(b"\x01\x02\x03\x04", (buf, 0, 4))
+            run(dev, [cb])
+        dev.wait_idle(timeout=30)
+        free = sum(len(blocks) for blocks in dev.staging._free.values())
+        assert free >= 1 and dev.api.calls["cuMemHostAlloc"] <= 2, "staging blocks are reused"
+        assert dev.read(buf, 0, 4) == b"\x01\x02\x03\x04"
+
+
+# -- memory ---------------------------------------------------------------------------------------------
+
+def test_release_waits_for_submitted_work(fake_driver):
+    with fake_driver.create_device() as dev:
+        exe = kernels(dev)
+        api = dev.api
+        buf = dev.allocator.allocate(64)
+        dev.write(buf, bytes(64))
+        gate, done = dev.create_semaphore(0), dev.create_semaphore(0)
+        cb = dev.create_command_buffer()
+        with cb.record():
+            cb.dispatch(exe, "add_one", 1, [16], [buf])
+        dev.queue_execute([cb], wait=[(gate, 1)], signal=[(done, 1)])
+        live = api.live_allocations
+        buf.release()
+        assert api.live_allocations == live, "parked work still uses the memory"
+        assert dev.allocator.statistics().live_buffers == 0
+        gate.signal(1)
+        done.wait(1, timeout=30)
+        dev.wait_idle(timeout=30)
+        assert api.live_allocations == live - 1
+
+
+def test_queue_dealloca_frees_in_stream_order(fake_driver):
+    with fake_driver.create_device() as dev:
+        sem = dev.create_semaphore(0)
+        buf = dev.queue_alloca(256, signal=[(sem, 1)])
+        assert buf._allocation.kind == "pool"
+        frees = dev.api.calls.get("cuMemFreeAsync", 0)
+        dev.queue_dealloca(buf, wait=[(sem, 1)], signal=[(sem, 2)])
+        sem.wait(2, timeout=30)
+        assert dev.api.calls.get("cuMemFreeAsync", 0) == frees + 1
+        assert buf.released
+
+
+def test_close_frees_everything(fake_driver):
+    dev = fake_driver.create_device()
+    api = dev.api
+    before = api.live_allocations
+    dev.allocator.allocate(64)
+    dev.allocator.allocate(64, memory_type=hal.MemoryType.HOST_VISIBLE)
+    cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE)
+    with cb.record():
+        cb.update_buffer(b"abcd", (dev.allocator.allocate(16), 0, 4))
+    run(dev, [cb])
+    dev.close()
+    assert api.live_allocations < before + 4
+    assert dev.staging._closed and dev.events._closed
+
+
+# -- semaphores ---------------------------------------------------------------------------------------------
+
+def test_device_waits_use_timepoints_without_host_round_trips(fake_driver):
+    with fake_driver.create_device() as dev:
+        exe = kernels(dev)
+        buf = dev.allocator.allocate(64)
+        dev.write(buf, bytes(64))
+        gate, sem = dev.create_semaphore(0), dev.create_semaphore(0)
+        cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE)
+        with cb.record():
+            cb.dispatch(exe, "add_one", 1, [16], [buf])
+        dev.queue_execute([cb], wait=[(gate, 1)], signal=[(sem, 1)])
+        for i in range(1, 5):  # parked behind the first until it is issued, then issued with device waits
+            dev.queue_execute([cb], wait=[(sem, i)], signal=[(sem, i + 1)])
+        waits = dev.api.calls.get("cuStreamWaitEvent", 0)
+        gate.signal(1)
+        sem.wait(5, timeout=30)
+        assert words(dev, buf)[0] == 5
+        assert dev.api.calls.get("cuStreamWaitEvent", 0) > waits
+
+
+def test_values_follow_issue_order(fake_driver):
+    with fake_driver.create_device() as dev:
+        a, b = dev.create_semaphore(0), dev.create_semaphore(0)
+        dev.queue_barrier(signal=[(a, 1)])
+        dev.queue_barrier(signal=[(b, 1)])
+        b.wait(1)
+        assert a.value == 1, "work issued earlier is complete when later work is"
+
+
+def test_kernel_fault_loses_the_device_and_fails_waiters(fake_driver):
+    with fake_driver.create_device() as dev:
+        exe = kernels(dev)
+        buf = dev.allocator.allocate(64)
+        s1, s2, s3 = (dev.create_semaphore(0) for _ in range(3))
+        cb = dev.create_command_buffer()
+        with cb.record():
+            cb.dispatch(exe, "boom", 1, [], [buf])
+        dev.queue_execute([cb], signal=[(s1, 1)])
+        dev.queue_barrier(wait=[(s1, 1)], signal=[(s2, 1)])
+        for sem in (s1, s2):
+            with pytest.raises(hal.AbortedError) as info:
+                sem.wait(1, timeout=30)
+            assert isinstance(info.value.__cause__, DeviceLostError)
+        assert s2.failure is s1.failure, "dependent work carries the same cause"
+        assert isinstance(dev.lost, DeviceLostError) and "LAUNCH_FAILED" in str(dev.lost)
+        dev.queue_barrier(signal=[(s3, 1)])  # does not raise: the failure shows on the semaphore
+        with pytest.raises(hal.AbortedError, match="lost"):
+            s3.wait(1, timeout=30)
+        with pytest.raises(DeviceLostError):
+            dev.allocator.allocate(16)
+        fresh = dev.create_semaphore(0)
+        fresh.signal(1)
+        assert fresh.value == 1
