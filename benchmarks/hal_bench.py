@@ -245,7 +245,7 @@ def bench_graph_resubmit(raw: Raw, exe_for, rounds: int, levels: int = 10, width
 
 
 def bench_lowering(raw: Raw, exe_for, lowering: str, levels: int, width: int, rounds: int,
-                   base_host: float, base_gpu: float, indirect_bindings: bool = True) -> dict:
+                   base_host: float, base_gpu: float, indirect_bindings: bool | str = "auto") -> dict:
     """Re-submission of the reusable command buffer on a device with this barrier lowering."""
     device = hal.create_device("cuda", barrier_lowering=lowering, indirect_bindings=indirect_bindings)
     try:

@@ -57,8 +57,8 @@ def words(dev, buf) -> list[int]:
 @pytest.mark.parametrize("options", [
     ["command_buffer=stream"],
     ["command_buffer=graph"],
-    ["command_buffer=graph", "indirect_bindings=false", "barrier_lowering=empty"],
-], ids=["stream", "graph", "graph-node-updates-empty-joins"])
+    ["command_buffer=graph", "indirect_bindings=true", "barrier_lowering=empty"],
+], ids=["stream", "graph", "graph-indirect-empty-joins"])
 def test_conformance_suite_on_the_simulated_gpu(options):
     env = dict(os.environ, HAL_PLUGINS="drivers.fake_gpu",
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
@@ -155,7 +155,7 @@ def test_barrier_lowering_builds_the_graph_shape(fake_driver, lowering):
 
 
 def test_new_tables_rewrite_the_device_table_not_the_nodes(fake_driver):
-    with fake_driver.create_device() as dev:
+    with fake_driver.create_device(indirect_bindings=True) as dev:
         exe = kernels(dev)
         bufs = [dev.allocator.allocate(64) for _ in range(4)]
         for buf in bufs:
@@ -321,3 +321,21 @@ def test_kernel_fault_loses_the_device_and_fails_waiters(fake_driver):
         fresh = dev.create_semaphore(0)
         fresh.signal(1)
         assert fresh.value == 1
+
+
+def test_indirect_bindings_auto_uses_them_for_large_graphs(fake_driver):
+    from hal.drivers.gpu.device import INDIRECT_MIN_DISPATCHES
+
+    with fake_driver.create_device() as dev:
+        exe = kernels(dev)
+        bufs = [dev.allocator.allocate(64) for _ in range(2)]
+        for count, indirect in ((INDIRECT_MIN_DISPATCHES - 1, False), (INDIRECT_MIN_DISPATCHES, True)):
+            cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=1)
+            with cb.record():
+                for _ in range(count):
+                    cb.dispatch(exe, "add_one", 1, [16], [hal.Slot(0)])
+                    cb.execution_barrier()
+            run(dev, [cb], [[bufs[0]]])
+            run(dev, [cb], [[bufs[1]]])
+            assert (cb.image_uploads == 2) == indirect
+            assert (cb.updated_nodes == 0) == indirect

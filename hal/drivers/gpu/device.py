@@ -44,8 +44,11 @@ from hal.semaphore import Fence, FenceWaiter, Semaphore, remaining
 from hal.types import BufferUsage, CommandBufferMode, MemoryType
 
 COMMAND_BUFFER_MODES = ("auto", "graph", "stream")
-#: How long the completion thread leaves in-flight work to host waiters before waiting on it itself.
-RETIRE_DELAY = 200e-6
+#: How long the completion thread leaves in-flight work to host waiters before retiring it itself:
+#: waiters retire their own work at once; the thread mostly releases what nobody waits for.
+RETIRE_DELAY = 1e-3
+#: With indirect_bindings="auto", graphs with at least this many slot-bound dispatches use indirect bindings.
+INDIRECT_MIN_DISPATCHES = 16
 #: Bytes the stream-ordered memory pool keeps reserved instead of returning them to the driver.
 POOL_RELEASE_THRESHOLD = 1 << 30
 
@@ -89,7 +92,7 @@ def parse_options(options: dict[str, Any]) -> dict[str, Any]:
         "command_buffer": options.pop("command_buffer", "auto"),
         "barrier_lowering": options.pop("barrier_lowering", "auto"),
         "queue_count": options.pop("queue_count", 1),
-        "indirect_bindings": options.pop("indirect_bindings", True),
+        "indirect_bindings": options.pop("indirect_bindings", "auto"),
     }
     if options:
         raise InvalidArgumentError(
@@ -101,8 +104,9 @@ def parse_options(options: dict[str, Any]) -> dict[str, Any]:
     if parsed["barrier_lowering"] not in ("auto", *JOIN_KINDS):
         raise InvalidArgumentError(
             f"barrier_lowering must be one of {('auto', *JOIN_KINDS)}, got {parsed['barrier_lowering']!r}")
-    if not isinstance(parsed["indirect_bindings"], bool):
-        raise InvalidArgumentError(f"indirect_bindings must be True or False, got {parsed['indirect_bindings']!r}")
+    if parsed["indirect_bindings"] not in ("auto", True, False):
+        raise InvalidArgumentError(
+            f"indirect_bindings must be 'auto', True or False, got {parsed['indirect_bindings']!r}")
     count = parsed["queue_count"]
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise InvalidArgumentError(f"queue_count must be an int >= 1, got {count!r}")
@@ -123,7 +127,7 @@ class GpuDevice(Device):
         self.command_buffer_mode: str = options["command_buffer"]
         self.barrier_lowering: str = options["barrier_lowering"]
         # One device table per command buffer: with several queues a buffer could run on two at once.
-        self.indirect_bindings: bool = options["indirect_bindings"] and self.queue_count == 1
+        self.indirect_bindings: str | bool = options["indirect_bindings"] if self.queue_count == 1 else False
         self.closed_for_good = False
         self.lost: BaseException | None = None
         self.make_current()
@@ -136,6 +140,7 @@ class GpuDevice(Device):
             pool = api.memory_pool(handle)
             api.set_pool_release_threshold(pool, POOL_RELEASE_THRESHOLD)
         self._idle = threading.Condition()
+        self._idle_waiters = 0
         self._outstanding: collections.OrderedDict[int, Submission] = collections.OrderedDict()
         self._next_seq = 1
         self._deferred: collections.deque[tuple[int, Callable[[], Any]]] = collections.deque()
@@ -192,6 +197,15 @@ class GpuDevice(Device):
 
     def _load_join_function(self) -> Any:
         raise NotImplementedError
+
+    def use_indirect_bindings(self, slot_dispatches: int) -> bool:
+        """Whether a graph with this many dispatches through binding-table slots reads its bindings
+        from a device table: always or never when the option says so; with "auto" from
+        INDIRECT_MIN_DISPATCHES on (below that, updating the few nodes a new table changes costs
+        less than compiling the kernels' indirect variants the first time)."""
+        if self.indirect_bindings == "auto":
+            return slot_dispatches >= INDIRECT_MIN_DISPATCHES
+        return bool(self.indirect_bindings)
 
     def indirect_function(self, executable: Any, ordinal: int) -> Any:
         """The export's variant reading binding addresses from a device table, or None."""
@@ -353,15 +367,19 @@ class GpuDevice(Device):
             return
         self._inflight.append(sub)
         self._completion_inbox.put(True)
+        if self._idle_waiters:
+            with self._idle:
+                self._idle.notify_all()
 
     # -- completion ------------------------------------------------------------------------
-    def _retire_completed(self, wait_for_lock: bool = True) -> None:
+    def _retire_completed(self, wait_for_lock: bool = True, known_done: Timepoint | None = None) -> None:
         """Retire, in issue order, every in-flight submission whose event completed.
 
         Called by the completion thread and by host waiters (so a waiter whose work is done
         need not wait for the completion thread); issue order keeps semaphore values
         consistent: a submission never appears complete before one issued ahead of it.
-        ``wait_for_lock=False`` returns at once when another thread is retiring.
+        ``wait_for_lock=False`` returns at once when another thread is retiring; ``known_done``
+        is a timepoint whose event the caller saw complete (no need to query it again).
         """
         inflight = self._inflight
         if not inflight or not self._retire_lock.acquire(blocking=wait_for_lock):
@@ -371,7 +389,8 @@ class GpuDevice(Device):
                 sub = inflight[0]
                 failure = None
                 try:
-                    if not self.api.event_query(sub.timepoint.event):  # type: ignore[union-attr]
+                    timepoint = sub.timepoint
+                    if timepoint is not known_done and not self.api.event_query(timepoint.event):  # type: ignore[union-attr]
                         return
                 except HalError as exc:
                     if isinstance(exc, DeviceLostError):
@@ -415,7 +434,7 @@ class GpuDevice(Device):
                 self._retire_completed()
 
     def _wait_timepoint(self, timepoint: Timepoint, deadline: float | None) -> None:
-        """A host wait on a timepoint: block on its event directly, then retire what completed."""
+        """A host wait on a timepoint: block on (or poll) its event directly, then retire what completed."""
         if self.closed_for_good:
             return
         try:
@@ -423,10 +442,11 @@ class GpuDevice(Device):
             if deadline is None:
                 self.api.event_synchronize(timepoint.event)
             elif not poll_event(self.api, timepoint.event, deadline):
-                return  # a long wait: the completion thread wakes the waiter
+                return  # the deadline passed: the caller reports it
         except HalError:
-            pass  # retiring records the device's error on the semaphores
-        self._retire_completed()
+            self._retire_completed()  # records the device's error on the semaphores
+            return
+        self._retire_completed(known_done=timepoint)
 
     def _mark_lost(self, exc: BaseException) -> None:
         with self._idle:
@@ -455,7 +475,7 @@ class GpuDevice(Device):
             deferred = self._deferred
             while deferred and (oldest is None or deferred[0][0] < oldest):
                 run.append(deferred.popleft()[1])
-            if not self._outstanding:
+            if not self._outstanding and self._idle_waiters:
                 self._idle.notify_all()
         for fn in run:
             self._run_released(fn)
@@ -486,13 +506,31 @@ class GpuDevice(Device):
                 raise
 
     def _wait_idle(self, deadline: float | None) -> None:
-        with self._idle:
-            while self._outstanding:
-                left = remaining(deadline)
-                if left == 0.0:
-                    raise DeadlineExceededError(
-                        f"timed out waiting for {len(self._outstanding)} outstanding submissions")
-                self._idle.wait(left)
+        """Wait on the oldest in-flight event and retire, until nothing is outstanding."""
+        while True:
+            with self._idle:
+                if not self._outstanding:
+                    return
+                if not self._inflight:  # only parked work: wait for it to be issued or to fail
+                    left = remaining(deadline)
+                    if left == 0.0:
+                        raise DeadlineExceededError(
+                            f"timed out waiting for {len(self._outstanding)} outstanding submissions")
+                    self._idle_waiters += 1
+                    try:
+                        self._idle.wait(left)
+                    finally:
+                        self._idle_waiters -= 1
+                    continue
+            try:
+                timepoint = self._inflight[0].timepoint
+            except IndexError:
+                continue
+            if timepoint is not None:
+                self._wait_timepoint(timepoint, deadline)
+            self._retire_completed()
+            if deadline is not None and remaining(deadline) == 0.0 and self._outstanding:
+                raise DeadlineExceededError(f"timed out waiting for {len(self._outstanding)} outstanding submissions")
 
     # -- close ------------------------------------------------------------------------------------
     def register_module(self, module: Any) -> None:

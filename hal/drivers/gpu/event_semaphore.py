@@ -32,9 +32,11 @@ from hal.semaphore import Listener, Semaphore
 if TYPE_CHECKING:
     from hal.drivers.gpu.device import GpuDevice
 
-#: How long a host wait with a timeout polls the event before sleeping on the
-#: completion thread's notification (a poll costs ~1 µs; a thread handoff ~tens).
-POLL_SECONDS = 200e-6
+#: A host wait with a timeout polls its event (cuEventQuery, ~1 µs): spinning this long first,
+#: then sleeping between polls, from MIN_POLL_SLEEP doubling up to MAX_POLL_SLEEP.
+SPIN_SECONDS = 100e-6
+MIN_POLL_SLEEP = 20e-6
+MAX_POLL_SLEEP = 1e-3
 
 
 class EventPool:
@@ -163,6 +165,8 @@ class EventSemaphore(Semaphore):
     # -- the host timeline, extended ------------------------------------------------------
     def _advance(self, value: int) -> None:
         super()._advance(value)
+        if not self._timepoints and not self._issuable:
+            return  # nothing device-side to prune or wake (a racing addition sees the new value itself)
         with self._lock:
             current = self._value
             timepoints = self._timepoints
@@ -217,12 +221,22 @@ class Issuable:
 
 
 def poll_event(api: Any, event: Any, deadline: float | None) -> bool:
-    """Poll an event until it completes, ``POLL_SECONDS`` pass, or the deadline; True if it completed."""
-    end = time.monotonic() + POLL_SECONDS
-    if deadline is not None:
-        end = min(end, deadline)
+    """Wait for an event by polling until ``deadline``: True once it completed, False at the deadline.
+
+    Spins for ``SPIN_SECONDS`` (short work completes within a few microseconds), then
+    sleeps between polls with a doubling back-off up to ``MAX_POLL_SLEEP``, so a long
+    wait costs little CPU and a host wait with a timeout needs no other thread.
+    """
+    now = time.monotonic()
+    spin_until = now + SPIN_SECONDS
+    pause = MIN_POLL_SLEEP
     while True:
         if api.event_query(event):
             return True
-        if time.monotonic() >= end:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
             return False
+        if now >= spin_until:
+            sleep = pause if deadline is None else min(pause, max(deadline - now, 0.0))
+            time.sleep(sleep)
+            pause = min(pause * 2, MAX_POLL_SLEEP)

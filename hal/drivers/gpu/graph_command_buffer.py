@@ -231,6 +231,9 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         """Lay out the device binding table of the dispatches that can read their bindings from it."""
         device = self.device
         self._indirect = {}
+        self._image_mask = None
+        if not device.use_indirect_bindings(len(self.slot_dispatches)):
+            return
         slots: list[int] = []
         offsets: list[int] = []
         fixed: list[int] = []
