@@ -289,6 +289,29 @@ class FakeGpuApi:
         pointers, constants = func.read_args(params)  # copied now, as cuLaunchKernel does
         stream.inbox.put(lambda: self._run_kernel(func, (gx, gy, gz), pointers, constants))
 
+    @staticmethod
+    def _prepared(function):
+        def call(*args):
+            function(*args)
+            return (0,)
+
+        return call
+
+    def prepare_launch(self, func, grid, block, stream, params):
+        return (self._prepared(self.launch_kernel), (func, *grid, *block, stream, params), "cuLaunchKernel")
+
+    def prepare_memset(self, ptr, value, element_size, count, stream):
+        return (self._prepared(self.memset_async), (ptr, value, element_size, count, stream), "cuMemsetAsync")
+
+    def prepare_copy(self, dst, src, size, stream):
+        return (self._prepared(self.memcpy_dtod_async), (dst, src, size, stream), "cuMemcpyDtoDAsync")
+
+    def prepare_upload(self, dst, host, size, stream):
+        return (self._prepared(self.memcpy_htod_async), (dst, host, size, stream), "cuMemcpyHtoDAsync")
+
+    def fail(self, code, function: str) -> None:
+        _raise(FakeResult(code), function)
+
     def function_max_threads(self, func: Any) -> int:
         return 1024
 

@@ -247,6 +247,27 @@ class CudaApi:
         if err:
             raise_for(err, "cuLaunchKernel")
 
+    # -- prepared calls: (function, arguments, name) issued in a loop; the function returns a status tuple ------
+    def prepare_launch(self, func: Any, grid: tuple[int, int, int], block: tuple[int, int, int], stream: Any,
+                       params: int) -> tuple[Any, tuple, str]:
+        return (self._launch, (func, *grid, *block, 0, stream, params, 0), "cuLaunchKernel")
+
+    def prepare_memset(self, ptr: int, value: int, element_size: int, count: int,
+                       stream: Any) -> tuple[Any, tuple, str]:
+        return (self._memset[element_size], (self.driver.CUdeviceptr(ptr), value, count, stream),
+                f"cuMemsetD{8 * element_size}Async")
+
+    def prepare_copy(self, dst: int, src: int, size: int, stream: Any) -> tuple[Any, tuple, str]:
+        d = self.driver
+        return (self._memcpy_dtod_async, (d.CUdeviceptr(dst), d.CUdeviceptr(src), size, stream), "cuMemcpyDtoDAsync")
+
+    def prepare_upload(self, dst: int, host: int, size: int, stream: Any) -> tuple[Any, tuple, str]:
+        return (self._memcpy_htod_async, (self.driver.CUdeviceptr(dst), host, size, stream), "cuMemcpyHtoDAsync")
+
+    def fail(self, code: Any, function: str) -> None:
+        """Raise the HalError of a failed prepared call."""
+        raise_for(code, function)
+
     # -- graphs --------------------------------------------------------------------------
     def graph_create(self) -> Any:
         return check(self.driver.cuGraphCreate(0), "cuGraphCreate")

@@ -297,13 +297,16 @@ class GraphCommandBuffer(RecordingCommandBuffer):
     def issue(self, queue, table: Sequence[Binding] | None, submission) -> None:
         resources = self._resources
         if self.uses_slots:
-            if resources.graph is None:
-                self._build(table)
-            else:
-                self._rebind(table)
-            if self._image_mask is not None:
-                self._upload_image(table, queue.stream, submission)
-        if resources.graph_exec is not None:
+            with self.issue_lock:
+                if resources.graph is None:
+                    self._build(table)
+                else:
+                    self._rebind(table)
+                if self._image_mask is not None:
+                    self._upload_image(table, queue.stream, submission)
+                if resources.graph_exec is not None:
+                    self.device.api.graph_launch(resources.graph_exec, queue.stream)
+        elif resources.graph_exec is not None:
             self.device.api.graph_launch(resources.graph_exec, queue.stream)
 
     def _rebind(self, table: Sequence[Binding] | None) -> None:

@@ -12,6 +12,7 @@ graph nodes.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -120,6 +121,8 @@ class RecordingCommandBuffer(CommandBuffer):
         self._roots: dict[int, Buffer] = {}
         self.uses_slots = False
         self.slot_dispatches: list[Dispatch] = []
+        #: Serializes submissions of this buffer issued on different queues (argument patching, rebinding).
+        self.issue_lock = threading.Lock()
 
     # -- references ----------------------------------------------------------------
     def _target(self, ref: BufferRef) -> Target:
@@ -158,21 +161,27 @@ class RecordingCommandBuffer(CommandBuffer):
     def _dispatch(self, executable: Executable, ordinal: int, export: Export,
                   workgroups: tuple[int, int, int], constants: tuple[int, ...],
                   bindings: list[BufferRef]) -> None:
-        pointers = []
+        pending = self.args._pending
+        start = len(pending)  # this dispatch's first argument slot
         slot_args = []
         targets = []
-        start = self.args.next_index  # this dispatch's first slot
+        roots = self._roots
         for i, ref in enumerate(bindings):
-            target = self._target(ref)
+            buffer = ref.buffer
+            if buffer is None:
+                self.uses_slots = True
+                slot_args.append((start + i, ref.slot, ref.offset))
+                target = Target(0, ref.length, ref.slot, ref.offset)
+            else:
+                root = buffer._root
+                roots[id(root)] = root
+                target = Target(buffer._allocation.ptr + buffer.offset + ref.offset, ref.length)
             targets.append(target)
-            if target.slot is not None:
-                slot_args.append((start + i, target.slot, target.offset))
-            pointers.append(target.ptr)
-        self.args.add(pointers, constants)
-        function = executable.functions[ordinal]  # type: ignore[attr-defined]
-        self.levels[-1].append(Dispatch(function, workgroups, export.workgroup_size, start,
-                                        len(pointers) + len(constants), slot_args, executable, ordinal, targets,
-                                        constants))
+            pending.append(target.ptr)
+        pending.extend(constants)
+        self.levels[-1].append(Dispatch(executable.functions[ordinal], workgroups,  # type: ignore[attr-defined]
+                                        export.workgroup_size, start, len(targets) + len(constants), slot_args,
+                                        executable, ordinal, targets, constants))
 
     def _end(self) -> None:
         if not self.levels[-1] and len(self.levels) > 1:

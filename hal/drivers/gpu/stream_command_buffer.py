@@ -1,8 +1,9 @@
 """Stream command buffer: recorded commands issued one by one on a queue's stream.
 
 Recording resolves addresses and ``end()`` packs kernel arguments, so issuing
-is a loop of pre-bound calls: ``launch_kernel(function, grid, block, stream,
-void**)``, ``memset_async``, ``memcpy_dtod_async``, ``memcpy_htod_async``.
+is a loop of prepared calls (the API function and its complete argument tuple,
+built once): ``cuLaunchKernel(function, grid, block, 0, stream, void**, 0)``,
+``cuMemsetD8/16/32Async``, ``cuMemcpyDtoDAsync``, ``cuMemcpyHtoDAsync``.
 The call list is built once per queue and reused by every later submission of
 a reusable buffer; only commands through binding-table slots are resolved at
 submission. Barriers need nothing: a stream runs its work in order.
@@ -27,7 +28,7 @@ class StreamCommandBuffer(RecordingCommandBuffer):
 
     def __init__(self, device, mode, binding_capacity: int) -> None:
         super().__init__(device, mode, binding_capacity)
-        self._calls: dict[int, list[tuple[Any, Any]]] = {}
+        self._calls: dict[int, list[tuple[Any, Any, str]]] = {}
         self._staging: tuple[int, int] | None = None
         self._release_staging: weakref.finalize | None = None
 
@@ -42,42 +43,39 @@ class StreamCommandBuffer(RecordingCommandBuffer):
         # A reusable buffer keeps its block until it is garbage (no submission holds it then).
         self._release_staging = weakref.finalize(self, device.release_later, device.staging.release, host, capacity)
 
-    def _calls_for(self, queue) -> list[tuple[Any, Any]]:
-        """(bound call, argument tuple) per command; (None, command) for commands through slots."""
+    def _calls_for(self, queue) -> list[tuple[Any, Any, str]]:
+        """A prepared call per command (the API function, its argument tuple, its name for errors);
+        ``(None, command, "")`` for commands through binding-table slots."""
         api = self.device.api
         stream = queue.stream
         staging = self._staging[0] if self._staging else 0
-        calls: list[tuple[Any, Any]] = []
+        calls: list[tuple[Any, Any, str]] = []
         for level in self.levels:
             for command in level:
                 kind = type(command)
                 if kind is Dispatch:
-                    gx, gy, gz = command.grid
-                    bx, by, bz = command.block
-                    calls.append((api.launch_kernel, (command.function, gx, gy, gz, bx, by, bz, stream,
-                                                      self.args.params_address(command.arg_start,
-                                                                               command.arg_count))))
+                    calls.append(api.prepare_launch(command.function, command.grid, command.block, stream,
+                                                    self.args.params_address(command.arg_start, command.arg_count)))
                 elif kind is Fill:
                     target = command.target
                     if target.slot is None:
                         size = command.element_size
-                        calls.append((api.memset_async, (target.ptr, command.value, size,
-                                                         target.length // size, stream)))
+                        calls.append(api.prepare_memset(target.ptr, command.value, size, target.length // size, stream))
                     else:
-                        calls.append((None, command))
+                        calls.append((None, command, ""))
                 elif kind is Copy:
                     source, target = command.source, command.target
                     if source.slot is None and target.slot is None:
-                        calls.append((api.memcpy_dtod_async, (target.ptr, source.ptr, target.length, stream)))
+                        calls.append(api.prepare_copy(target.ptr, source.ptr, target.length, stream))
                     else:
-                        calls.append((None, command))
+                        calls.append((None, command, ""))
                 elif kind is Update:
                     target = command.target
                     if target.slot is None:
-                        calls.append((api.memcpy_htod_async, (target.ptr, staging + command.staging_offset,
-                                                              command.length, stream)))
+                        calls.append(api.prepare_upload(target.ptr, staging + command.staging_offset, command.length,
+                                                        stream))
                     else:
-                        calls.append((None, command))
+                        calls.append((None, command, ""))
         return calls
 
     def issue(self, queue, table: Sequence[Binding] | None, submission) -> None:
@@ -85,12 +83,20 @@ class StreamCommandBuffer(RecordingCommandBuffer):
         if calls is None:
             calls = self._calls[queue.index] = self._calls_for(queue)
         if self.slot_dispatches:
-            self.patch_slot_args(table)
-        for call, args in calls:
+            with self.issue_lock:  # cuLaunchKernel copies the patched arguments before returning
+                self.patch_slot_args(table)
+                self._issue_calls(calls, table, queue.stream)
+        else:
+            self._issue_calls(calls, table, queue.stream)
+
+    def _issue_calls(self, calls: list[tuple[Any, Any, str]], table: Sequence[Binding] | None, stream: Any) -> None:
+        for call, args, name in calls:
             if call is None:
-                self._issue_through_slots(args, table, queue.stream)
+                self._issue_through_slots(args, table, stream)
             else:
-                call(*args)
+                status = call(*args)[0]
+                if status:
+                    self.device.api.fail(status, name)
 
     def _issue_through_slots(self, command: Command, table: Sequence[Binding] | None, stream: Any) -> None:
         api = self.device.api
