@@ -153,6 +153,9 @@ class GpuDevice(Device):
         #: Issued submissions not yet retired, in issue order.
         self._inflight: collections.deque[Submission] = collections.deque()
         self._retire_lock = threading.Lock()
+        self._completion_lock = threading.Lock()
+        self._completion_idle = False
+        self._stopping = False
         self._completion = threading.Thread(target=self._completion_loop, name=f"hal-{info.driver}-completion",
                                             daemon=True)
         self._completion.start()
@@ -366,7 +369,11 @@ class GpuDevice(Device):
             self._finish(sub, self.lost or exc)
             return
         self._inflight.append(sub)
-        self._completion_inbox.put(True)
+        if self._completion_idle:  # wake the completion thread only when it sleeps on an empty queue
+            with self._completion_lock:
+                if self._completion_idle:
+                    self._completion_idle = False
+                    self._completion_inbox.put(True)
         if self._idle_waiters:
             with self._idle:
                 self._idle.notify_all()
@@ -416,7 +423,13 @@ class GpuDevice(Device):
         inbox = self._completion_inbox
         inflight = self._inflight
         api = self.api
-        while inbox.get():
+        while True:
+            with self._completion_lock:
+                self._completion_idle = not inflight
+            if self._completion_idle and not inbox.get():
+                return
+            if self.closed_for_good or self._stopping:
+                return
             self.make_current()
             while inflight:
                 time.sleep(RETIRE_DELAY)
@@ -537,6 +550,7 @@ class GpuDevice(Device):
         self._modules.append(module)
 
     def _close(self) -> None:
+        self._stopping = True
         self._completion_inbox.put(False)
         if self._completion is not threading.current_thread():
             self._completion.join(timeout=30)
