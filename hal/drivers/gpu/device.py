@@ -12,9 +12,12 @@ Submission path (``queue_execute``, ``queue_barrier``, ``queue_alloca``, ``queue
    commands, then one event recorded as the timepoint of every signal.
    Issuing can make parked work issuable; a per-thread trampoline turns that
    into a loop rather than a recursion.
-4. The completion thread waits for the timepoint's event, then advances (or,
-   on a device fault, fails) the signalled semaphores, releases what the
-   submission held and runs deferred frees whose submissions all completed.
+4. Issued submissions are retired in issue order once their event completed:
+   the signalled semaphores advance (or, on a device fault, fail), what the
+   submission held is released and deferred frees whose submissions all
+   completed run. A host wait retires its own work right after blocking on
+   (or polling) its event; the completion thread, woken when work is issued
+   to an idle device, retires whatever nobody waits for, every RETIRE_DELAY.
 
 A sticky device fault marks the device lost: every later submission fails its
 semaphores with the same ``DeviceLostError``, so nothing waits forever.
