@@ -100,22 +100,8 @@ def _cuda_ordinal(ctx) -> int | None:
 
 
 def device_pointer(buffer) -> int:
-    """The device address of a HAL buffer on a GPU driver."""
-    for attr in ("device_pointer", "ptr", "address"):
-        v = getattr(buffer, attr, None)
-        if isinstance(v, int):
-            return v
-    alloc = getattr(buffer.root, "_allocation", None)
-    for attr in ("device_pointer", "ptr", "address"):
-        v = getattr(alloc, attr, None)
-        if v is not None:
-            return int(v) + buffer.offset
-    if alloc is not None:
-        try:
-            return int(alloc) + buffer.offset
-        except TypeError:
-            pass
-    raise hal.UnimplementedError("this driver does not expose device addresses of its buffers")
+    """The device address of a HAL buffer (UnimplementedError where the driver has none)."""
+    return buffer.device_address
 
 
 def _ready_storage(a):

@@ -132,6 +132,9 @@ class GpuAllocator(Allocator):
             except Exception:
                 pass
 
+    def _device_address(self, allocation: Allocation) -> int:
+        return allocation.ptr
+
     def _map(self, allocation: Allocation, offset: int, length: int, access: MemoryAccess) -> memoryview:
         if self.device.closed:
             raise FailedPreconditionError("cannot map a buffer of a closed device")
