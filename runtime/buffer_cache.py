@@ -2,8 +2,14 @@
 
 Buffers are handed out in bucket sizes (powers of two split in quarters) so
 that a freed buffer fits the next request of a similar size. A freed buffer
-only becomes reusable once the submission that last touched it has completed:
-it waits in `_pending` with that submission's semaphore value.
+remembers the fence of the last submission that touched it:
+
+- device use (`acquire(..., host=False)`, the buffers a submission binds): any
+  freed buffer is fit at once. Every submission of a device context waits for
+  the previous one on the context's timeline, so work writing the buffer again
+  runs after the work that last read it; the host never waits for that.
+- host use (`host=True`: a synchronous upload writes the buffer from the host):
+  only buffers whose fence the timeline has reached.
 """
 
 from __future__ import annotations
@@ -28,37 +34,50 @@ def bucket_size(nbytes: int) -> int:
 
 
 class BufferCache:
-    __slots__ = ("_device", "_free", "_pending", "free_bytes", "limit_bytes", "allocated_bytes",
-                 "hits", "misses", "_pending_min")
+    __slots__ = ("_device", "_free", "free_bytes", "limit_bytes", "allocated_bytes", "hits", "misses", "completed")
 
     def __init__(self, device: hal.Device, limit_bytes: int | None = None) -> None:
         self._device = device
-        self._free: dict[int, dict] = {}  # bucket -> {id(buffer): buffer}, in release order
-        self._pending: list = []  # (fence value, bucket, buffer)
-        self._pending_min = None
+        # bucket -> {id(buffer): (buffer, fence)}, in release order (dicts keep insertion order)
+        self._free: dict[int, dict] = {}
         self.free_bytes = 0
         self.allocated_bytes = 0
         self.limit_bytes = limit_bytes if limit_bytes is not None else int(
             os.environ.get("RUNTIME_BUFFER_CACHE_BYTES", str(1 << 30)))
         self.hits = 0
         self.misses = 0
+        self.completed = 0  # the timeline value known reached (host use needs fence <= completed)
 
-    def acquire(self, nbytes: int, prefer: hal.Buffer | None = None) -> tuple[hal.Buffer, int]:
-        """A buffer of at least nbytes: `prefer` if it is free, else the most recently freed one.
+    def acquire(self, nbytes: int, prefer: hal.Buffer | None = None, host: bool = True) -> tuple[hal.Buffer, int]:
+        """A buffer of at least nbytes (see the module doc for `host`); returns (buffer, bucket)."""
+        return self.acquire_bucket(bucket_size(nbytes), prefer, host)
+
+    def acquire_bucket(self, bucket: int, prefer: hal.Buffer | None = None,
+                       host: bool = False) -> tuple[hal.Buffer, int]:
+        """A buffer of exactly `bucket` bytes: `prefer` if it is free, else the most recently freed fit one.
 
         Handing a recording the buffers it had last time keeps its binding
-        table unchanged, which GPU drivers replay without patching nodes.
+        table unchanged, which GPU drivers replay without patching anything.
         """
-        bucket = bucket_size(nbytes)
         free = self._free.get(bucket)
         if free:
-            self.hits += 1
-            self.free_bytes -= bucket
             if prefer is not None:
-                buf = free.pop(id(prefer), None)
-                if buf is not None:
+                entry = free.get(id(prefer))
+                if entry is not None and (not host or entry[1] <= self.completed):
+                    del free[id(prefer)]
+                    self.hits += 1
+                    self.free_bytes -= bucket
+                    return entry[0], bucket
+            if not host:
+                self.hits += 1
+                self.free_bytes -= bucket
+                return free.popitem()[1][0], bucket
+            for key, (buf, fence) in free.items():
+                if fence <= self.completed:
+                    del free[key]
+                    self.hits += 1
+                    self.free_bytes -= bucket
                     return buf, bucket
-            return free.popitem()[1], bucket
         self.misses += 1
         try:
             buf = self._device.allocator.allocate(bucket)
@@ -68,44 +87,41 @@ class BufferCache:
         self.allocated_bytes += bucket
         return buf, bucket
 
-    def release(self, buffer: hal.Buffer, bucket: int, fence: int, completed: int) -> None:
-        """Give a buffer back; it is reusable once the queue reached `fence`."""
-        if fence <= completed:
-            self._put_free(buffer, bucket)
-        else:
-            self._pending.append((fence, bucket, buffer))
-            if self._pending_min is None or fence < self._pending_min:
-                self._pending_min = fence
+    def take(self, bucket: int, prefer: hal.Buffer | None) -> hal.Buffer:
+        """A buffer of `bucket` bytes for device use: `prefer` if free, else any free one, else a new one."""
+        free = self._free.get(bucket)
+        if free:
+            self.hits += 1
+            self.free_bytes -= bucket
+            if prefer is not None:
+                entry = free.pop(id(prefer), None)
+                if entry is not None:
+                    return entry[0]
+            return free.popitem()[1][0]
+        return self.acquire_bucket(bucket, None, False)[0]
 
-    def retire(self, completed: int) -> None:
-        """Move buffers whose last submission has completed into the free lists."""
-        if self._pending_min is None or self._pending_min > completed:
-            return
-        still = []
-        low = None
-        for entry in self._pending:
-            if entry[0] <= completed:
-                self._put_free(entry[2], entry[1])
-            else:
-                still.append(entry)
-                if low is None or entry[0] < low:
-                    low = entry[0]
-        self._pending = still
-        self._pending_min = low
-
-    def _put_free(self, buffer: hal.Buffer, bucket: int) -> None:
+    def release(self, buffer: hal.Buffer, bucket: int, fence: int = 0) -> None:
+        """Give a buffer back; `fence` is the last submission that touches it."""
         if self.free_bytes + bucket > self.limit_bytes:
-            self.allocated_bytes -= bucket
-            buffer.release()
-            return
-        self._free.setdefault(bucket, {})[id(buffer)] = buffer
+            self.trim(max(0, self.limit_bytes - bucket))
+            if self.free_bytes + bucket > self.limit_bytes:
+                self.allocated_bytes -= bucket
+                buffer.release()  # drivers free memory only once the work queued before has completed
+                return
+        self._free.setdefault(bucket, {})[id(buffer)] = (buffer, fence)
         self.free_bytes += bucket
 
+    def retire(self, completed: int) -> None:
+        """Record that the timeline reached `completed` (buffers with older fences are host-usable)."""
+        if completed > self.completed:
+            self.completed = completed
+
     def trim(self, keep_bytes: int = 0) -> None:
-        """Release free buffers until at most `keep_bytes` stay cached."""
+        """Release free buffers until at most `keep_bytes` stay cached (largest first)."""
         for bucket in sorted(self._free, reverse=True):
             lst = self._free[bucket]
             while lst and self.free_bytes > keep_bytes:
-                lst.popitem()[1].release()
+                buf, _ = lst.popitem()[1]
+                buf.release()
                 self.free_bytes -= bucket
                 self.allocated_bytes -= bucket

@@ -3,9 +3,12 @@
 The first call for a (shapes, dtypes, device) signature runs `fn` on
 placeholder arrays, which builds the op graph, and records it into one
 reusable command buffer. Later calls skip Python graph building: one
-dictionary look-up, fresh buffers for the outputs bound through the binding
-table next to the arguments' buffers and the recording's own scratch, one
-submission.
+dictionary look-up, a binding table of the arguments' buffers and the
+outputs' buffers (values that never leave the function live in buffers the
+recording owns), one submission. On GPUs a signature keeps up to
+MAX_VARIANTS recordings, each replayed with its own unchanged table: a loop
+`w = step(w)` alternates between two buffers, and each recording sees the
+same two every time, so the driver launches its graph without patching it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import hal
 
 from .array import Array, new_evaluated, new_node
 from .device import Storage
-from .lowering import _PLACEHOLDER, collect, graph_key, record
+from .lowering import _PLACEHOLDER, MAX_VARIANTS, Variants, collect, graph_key, record
 
 
 def _flatten(tree, leaves: list):
@@ -47,69 +50,60 @@ def _unflatten(spec, leaves: list):
 
 
 class _Traced:
-    """One signature's recording and how to bind and rebuild its inputs and outputs."""
+    """One signature's recordings and how to bind its inputs and rebuild its outputs."""
 
-    __slots__ = ("ctx", "rec", "table_plan", "out_spec", "out_nodes", "outputs", "scratch", "captured", "n_nodes")
+    __slots__ = ("ctx", "variants", "order", "externals", "keep", "n_ext", "template", "arg_slots",
+                 "captured", "out_spec", "outputs", "node_meta", "plain")
 
     def __init__(self, fn, args: list, kwargs: dict, ctx) -> None:
         self.ctx = ctx
         leaves: list = []
         spec_in = _flatten((tuple(args), kwargs), leaves)
-        placeholders = []
-        for i, a in enumerate(leaves):
-            placeholders.append(new_node(_PLACEHOLDER, (), i, a.shape, a.dtype, a.ctx))
+        placeholders = [new_node(_PLACEHOLDER, (), i, a.shape, a.dtype, a.ctx) for i, a in enumerate(leaves)]
         t_args, t_kwargs = _unflatten(spec_in, placeholders)
         result = fn(*t_args, **t_kwargs)
         out_leaves: list = []
         self.out_spec = _flatten(result, out_leaves)
         roots = [o.root for o in out_leaves if o.root.storage is None and o.root.op != _PLACEHOLDER]
         order = collect(roots)
-        _, externals = graph_key(order)
+        _, externals, _ = graph_key(order)
         node_index = {id(n): i for i, n in enumerate(order)}
         self.outputs = []
-        out_nodes = set()
+        keep = 0
         for o in out_leaves:
             strides, offset = o.layout()
-            view = (o.shape, None if o.root is o else strides, offset, o.dtype)
+            view = None if o.root is o else (o.shape, strides, offset, o.dtype)
             r = o.root
             if id(r) in node_index:
                 i = node_index[id(r)]
-                out_nodes.add(i)
-                self.outputs.append(("node", i, r.shape, view))
+                keep |= 1 << i
+                self.outputs.append(("node", i, view))
             elif r.op == _PLACEHOLDER:
-                self.outputs.append(("arg", r.params, r.shape, view))
+                self.outputs.append(("arg", r.params, view))
             else:
-                self.outputs.append(("const", o, None, None))
-        self.out_nodes = sorted(out_nodes)
-        # Values that never leave fn live in buffers the recording owns; only the arguments,
-        # captured arrays and outputs go through the binding table.
-        internal = {i for i in range(len(order)) if i not in out_nodes}
-        self.rec = rec = record(ctx, order, externals, internal)
-        self.n_nodes = len(order)
+                self.outputs.append(("const", o, None))
+        self.plain = all(kind == "node" and view is None for kind, _, view in self.outputs)
+        self.order, self.externals, self.keep = order, externals, keep
+        self.node_meta = [(n.shape, n.dtype) for n in order]
+        # The binding table: the externals (arguments and captured arrays), then the outputs.
         self.captured = []
-        ext_sources = []
-        for r in externals:
+        self.arg_slots = []
+        self.template = []
+        for j, r in enumerate(externals):
             if r.op == _PLACEHOLDER:
-                ext_sources.append(r.params)
+                self.arg_slots.append((j, r.params))
+                self.template.append(None)
             else:
-                ext_sources.append(-1 - len(self.captured))
                 self.captured.append(r.storage)
-        # Each binding-table entry: ("arg", leaf index) | ("captured", index) | ("out", node index).
-        E = rec.n_ext
-        self.table_plan = []
-        for slot in rec.table_slots:
-            if slot < E:
-                src = ext_sources[slot]
-                self.table_plan.append(("arg", src) if src >= 0 else ("captured", -1 - src))
-            else:
-                self.table_plan.append(("out", slot - E))
-        self.scratch = rec.scratch or {}
+                self.template.append(r.storage.buffer)
+        self.n_ext = len(externals)
+        self.variants = Variants(record(ctx, order, externals, keep, owned=True)) if order else None
 
     def release(self) -> None:
-        ctx = self.ctx
-        for buf, bucket in self.scratch.values():
-            ctx.buffers.release(buf, bucket, ctx.submitted, ctx.completed)
-        self.scratch = {}
+        if self.variants is not None:
+            for rec in self.variants.recs:
+                rec.release_scratch(self.ctx)
+            self.variants = None
 
     def __del__(self) -> None:
         try:
@@ -119,59 +113,75 @@ class _Traced:
 
     def run(self, leaves: list):
         ctx = self.ctx
-        rec = self.rec
-        storages = [a.root.storage for a in leaves]
+        variants = self.variants
+        if variants is None:  # nothing to compute: the outputs are arguments or constants
+            return _unflatten(self.out_spec, self._outputs(leaves, {}))
+        ext = self.template.copy()
+        for j, a in self.arg_slots:
+            ext[j] = leaves[a].storage.buffer
+        rec = variants.pick(ext, MAX_VARIANTS if ctx.is_gpu else 1)
+        if rec is None:
+            rec = record(ctx, self.order, self.externals, self.keep, owned=True)
+            variants.recs.append(rec)
         ctx.throttle()
-        acquire = ctx.buffers.acquire
+        take = ctx.buffers.take
         last = rec.last_table
-        table = []
-        fresh = {}
-        for t, (kind, idx) in enumerate(self.table_plan):
-            if kind == "arg":
-                table.append(storages[idx].buffer)
-            elif kind == "out":
-                buf, bucket = acquire(rec.node_nbytes[idx], last[t] if last is not None else None)
-                table.append(buf)
-                fresh[idx] = (buf, bucket, rec.node_nbytes[idx])
-            else:
-                table.append(self.captured[idx].buffer)
+        table = ext + [None] * len(rec.fresh)
+        pos = self.n_ext
+        for _, bucket, _ in rec.fresh:
+            table[pos] = take(bucket, last[pos] if last is not None else None)
+            pos += 1
         value = ctx.submitted + 1
         sem = ctx.semaphore
         wait = [(sem, ctx.submitted)] if ctx.submitted > ctx.completed else []
-        ctx.device.queue_execute([rec.cb], wait=wait, signal=[(sem, value)],
-                                 binding_tables=[table if table else None])
+        try:
+            ctx.device.queue_execute([rec.cb], wait=wait, signal=[(sem, value)],
+                                     binding_tables=[table if table else None])
+        except BaseException:
+            for (_, bucket, _), buf in zip(rec.fresh, table[self.n_ext:]):
+                ctx.buffers.release(buf, bucket)
+            raise
         rec.last_table = table
+        rec.last_ext = ext
         ctx.submitted = value
-        for st in storages:
-            st.fence = value
+        for a in leaves:
+            a.storage.fence = value
         for st in self.captured:
             st.fence = value
+        meta = self.node_meta
         roots = {}
-        for i, (buf, bucket, nb) in fresh.items():
-            roots[i] = (Storage(buf, bucket, ctx, value, nb))
+        pos = self.n_ext
+        for i, bucket, nb in rec.fresh:
+            shape, dtype = meta[i]
+            roots[i] = new_evaluated(Storage(table[pos], bucket, ctx, value, nb), shape, dtype, ctx)
+            pos += 1
+        if self.plain:
+            outs = [roots[i] for _, i, _ in self.outputs]
+        else:
+            outs = self._outputs(leaves, roots)
+        return _unflatten(self.out_spec, outs)
+
+    def _outputs(self, leaves: list, roots: dict) -> list:
+        ctx = self.ctx
         outs = []
-        cache: dict = {}
-        for kind, idx, rshape, view in self.outputs:
+        for kind, idx, view in self.outputs:
             if kind == "const":
                 outs.append(idx)
                 continue
-            if kind == "node":
-                root = cache.get(idx)
-                if root is None:
-                    root = new_evaluated(roots[idx], rshape, view[3], ctx)
-                    cache[idx] = root
-            else:
-                root = leaves[idx].root
-            shape, strides, offset, dt = view
-            if strides is None:
+            root = roots[idx] if kind == "node" else leaves[idx]
+            if view is None:
                 outs.append(root)
             else:
+                shape, strides, offset, dt = view
                 v = new_evaluated(None, shape, dt, ctx)
                 v.base = root
                 v.strides = strides
                 v.offset = offset
                 outs.append(v)
-        return _unflatten(self.out_spec, outs)
+        return outs
+
+
+_POSITIONAL: dict = {}  # argument count -> the flattened structure of that many positional arrays
 
 
 def compile(fn):  # noqa: A001 - mirrors mx.compile / jax.jit
@@ -181,10 +191,29 @@ def compile(fn):  # noqa: A001 - mirrors mx.compile / jax.jit
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
+        stats["calls"] += 1
+        if not kwargs:
+            # Fast path: positional dense evaluated arrays on one device.
+            ctx = None
+            sig = []
+            for a in args:
+                if type(a) is not Array or a.base is not None or a.storage is None:
+                    break
+                if ctx is None:
+                    ctx = a.ctx
+                elif a.ctx is not ctx:
+                    break
+                sig.append(a.shape)
+                sig.append(a.dtype)
+            else:
+                if ctx is not None:
+                    entry = traced.get((len(args), id(ctx), *sig))
+                    if entry is not None:
+                        with ctx.lock:
+                            return entry.run(args)
         leaves: list = []
         spec = _flatten((args, kwargs), leaves)
         ctx = None
-        sig = [spec]
         pending = []
         for i, a in enumerate(leaves):
             if ctx is None:
@@ -195,15 +224,18 @@ def compile(fn):  # noqa: A001 - mirrors mx.compile / jax.jit
                 a = leaves[i] = _dense(a)
             if a.storage is None:
                 pending.append(a)
-            sig.append((a.shape, a.dtype))
         if ctx is None:
             raise hal.InvalidArgumentError("rt.compile: the function needs at least one array argument")
         if pending:
             from .lowering import evaluate
             evaluate(pending)
-        key = (tuple(sig), id(ctx))
+        positional = not kwargs and len(leaves) == len(args)
+        if positional:
+            spec = _POSITIONAL.setdefault(len(args), spec)
+            key = (len(args), id(ctx), *[x for a in leaves for x in (a.shape, a.dtype)])
+        else:
+            key = (spec, id(ctx), *[(a.shape, a.dtype) for a in leaves])
         entry = traced.get(key)
-        stats["calls"] += 1
         if entry is None:
             with ctx.lock:
                 t_args, t_kwargs = _unflatten(spec, leaves)

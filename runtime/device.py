@@ -78,7 +78,9 @@ class DeviceContext:
             except hal.AbortedError as exc:
                 self.recover(exc)
                 raise
-            self.completed = max(self.completed, value)
+            if value > self.completed:
+                self.completed = value
+                self.buffers.retire(value)
 
     def wait_storage(self, st: Storage) -> None:
         """Wait until a storage's contents are written; AbortedError if the work writing it failed."""
@@ -130,7 +132,7 @@ class Storage:
         if ctx is None:
             return
         try:
-            ctx.buffers.release(self.buffer, self.bucket, self.fence, ctx.completed)
+            ctx.buffers.release(self.buffer, self.bucket, self.fence)
         except Exception:  # noqa: BLE001 - interpreter shutdown or closed device
             pass
 

@@ -41,6 +41,14 @@ class GraphCache:
             self.bytes -= old.footprint
         self._entries[key] = entry
         self.bytes += entry.footprint
+        self._evict()
+
+    def grow(self, nbytes: int) -> None:
+        """An entry grew (another recording of the same graph)."""
+        self.bytes += nbytes
+        self._evict()
+
+    def _evict(self) -> None:
         while self._entries and (len(self._entries) > self.max_entries or self.bytes > self.max_bytes):
             if len(self._entries) == 1 and len(self._entries) <= self.max_entries:
                 break  # the newest entry always stays, even when alone it exceeds max_bytes

@@ -1,69 +1,75 @@
 """Lowering an op graph to one HAL command buffer per eval, through the graph cache.
 
-Nodes are ordered topologically and grouped in levels (a node's level is one
-more than its deepest producer), so a barrier separates levels only: a node
-never reads what another node of its level writes. Every buffer is bound
-through a `hal.Slot` of a reusable command buffer, so the recording replays
-with any buffers: slots [0, E) are the graph's external inputs, [E, E+N) the
-node outputs, then scratch.
+Nodes are ordered topologically and scheduled in levels (a unit's level is one
+more than the deepest unit it reads from), so a barrier separates levels only:
+a kernel never reads what another kernel of its level writes. On GPUs, chains
+of elementwise nodes of one size become one fused kernel (`fusion.py`); the
+members nothing else reads stay in registers and get no buffer.
+
+Every buffer is bound through a `hal.Slot` of a reusable command buffer, so
+the recording replays with any buffers. The binding table holds the graph's
+external inputs, then the buffers of the nodes the submission materializes,
+then kernel scratch; rt.compile's recordings own their internal buffers and
+scratch instead, so their tables hold inputs and outputs only.
 """
 
 from __future__ import annotations
+
+import os
+from sys import getrefcount
 
 import hal
 
 from . import cpu_program, graph_cache
 from .array import Array
+from .buffer_cache import bucket_size
 from .cpu_program import binding_bucket, program_executable
 from .device import DeviceContext, Storage
-from .kernels import elementwise, matmul, pad, random, reduce
+from .fusion import PLANNERS, schedule  # noqa: F401 - PLANNERS: the op -> planner table
 from .kernels.source import executable
-from .ops import ELEMENTWISE, REDUCTIONS
-from .shapes import contiguous_strides
 
 _PLACEHOLDER = "placeholder"
+#: Recordings kept per graph key on GPUs, each replaying its own binding table unchanged (a step that
+#: alternates between two buffers, as `w = step(w)` does, then never patches a graph).
+MAX_VARIANTS = int(os.environ.get("RUNTIME_GRAPH_VARIANTS", "2"))
 
 
-def _plan_full(node, layouts, ctx) -> list:
-    if node.size == 0:
-        return []
-    dt = node.dtype
-    value = node.params
-    import numpy as np
-    if dt.code == "bf16":
-        from .dtypes import to_bfloat16_bits
-        bits = int(to_bfloat16_bits(np.array([value], np.float32))[0])
-    else:
-        bits = int(np.array([value], dtype=dt.storage).view({1: np.uint8, 2: np.uint16, 4: np.uint32}[dt.itemsize])[0])
-    return [("fill", ("out",), bits, dt.itemsize)]
-
-
-PLANNERS = {"matmul": matmul.plan, "random": random.plan, "pad": pad.plan, "full": _plan_full}
-PLANNERS.update({op: elementwise.plan for op in ELEMENTWISE})
-PLANNERS.update({op: reduce.plan for op in REDUCTIONS})
+def fusion_enabled(ctx: DeviceContext) -> bool:
+    return ctx.is_gpu and os.environ.get("RUNTIME_FUSION", "1") not in ("0", "false", "off", "no")
 
 
 class Recording:
-    """A recorded reusable command buffer and what its slots hold."""
+    """A recorded reusable command buffer and what its binding table holds.
 
-    __slots__ = ("cb", "n_ext", "node_nbytes", "temp_nbytes", "footprint", "scratch", "levels", "dispatches",
-                 "program", "last_table", "table_slots")
+    Table layout: externals [0, n_ext), then one buffer per `fresh` node (acquired per
+    submission and attached to the node), then per-submission scratch (`temps`, buckets).
+    """
 
-    def __init__(self, cb, n_ext: int, node_nbytes: list, temp_nbytes: list, levels: int, dispatches: int) -> None:
+    __slots__ = ("cb", "n_ext", "fresh", "temps", "table_size", "footprint", "scratch", "levels",
+                 "dispatches", "fused", "program", "last_table", "last_ext", "__weakref__")
+
+    def __init__(self, cb, n_ext: int, fresh: list, temps: list, levels: int, dispatches: int) -> None:
         self.cb = cb
         self.n_ext = n_ext
-        self.node_nbytes = node_nbytes
-        self.temp_nbytes = temp_nbytes
+        self.fresh = fresh  # [(node index, bucket, nbytes)] in table order after the externals
+        self.temps = temps  # [bucket] of per-submission scratch, after the fresh buffers
+        self.table_size = n_ext + len(fresh) + len(temps)
         self.levels = levels
         self.dispatches = dispatches
-        self.scratch = None  # slot -> (buffer, bucket) the recording owns (rt.compile's internal values)
+        self.fused = 0  # fused kernels among the dispatches
+        self.scratch = None  # unified index -> (buffer, bucket) the recording owns (rt.compile)
         self.program = None  # (context, id) of the CPU program this recording runs
         self.last_table = None  # the buffers of the latest submission, preferred for the next one
-        self.table_slots = None  # binding-table entry -> slot (all slots unless some are owned)
+        self.last_ext = None  # its external buffers, to pick the recording whose table is unchanged
         self.footprint = 512 + 256 * dispatches
 
     def drop(self) -> None:
         self.cb = None
+
+    def release_scratch(self, ctx: DeviceContext) -> None:
+        scratch, self.scratch = self.scratch, None
+        for buf, bucket in (scratch or {}).values():
+            ctx.buffers.release(buf, bucket, ctx.submitted)
 
     def __del__(self) -> None:
         if self.program is not None:
@@ -74,36 +80,74 @@ class Recording:
                 pass
 
 
+class Variants:
+    """The recordings of one graph key (GPU: up to MAX_VARIANTS, each with its own binding table)."""
+
+    __slots__ = ("recs",)
+
+    def __init__(self, rec: Recording) -> None:
+        self.recs = [rec]
+
+    @property
+    def footprint(self) -> int:
+        return sum(r.footprint for r in self.recs)
+
+    def pick(self, ext: list, limit: int) -> Recording | None:
+        """The recording that last ran with these external buffers (or a fresh one); None: record another."""
+        recs = self.recs
+        for rec in recs:
+            last = rec.last_ext
+            if last is None or last == ext:
+                return rec
+        if len(recs) < limit:
+            return None
+        rec = recs.pop(0)  # least recently rebound
+        recs.append(rec)
+        return rec
+
+    def drop(self) -> None:
+        for rec in self.recs:
+            rec.drop()
+
+
 def collect(targets: list) -> list:
     """Pending root nodes reachable from targets, in dependency order (iterative DFS)."""
     order = []
     done = set()
+    add = done.add
     stack = [(t, False) for t in reversed(targets)]
+    push, pop = stack.append, stack.pop
     while stack:
-        node, expanded = stack.pop()
+        node, expanded = pop()
         nid = id(node)
+        if expanded:
+            if nid not in done:
+                add(nid)
+                order.append(node)
+            continue
         if nid in done:
             continue
-        if expanded:
-            done.add(nid)
-            order.append(node)
-            continue
-        stack.append((node, True))
+        push((node, True))
         for inp in reversed(node.inputs):
             r = inp.base
             if r is None:
                 r = inp
             if r.storage is None and r.op != _PLACEHOLDER and id(r) not in done:
-                stack.append((r, False))
+                push((r, False))
     return order
 
 
-def graph_key(order: list):
-    """(key, externals): the topology key of `order` and the external roots in slot order."""
+def graph_key(order: list, direct: list | None = None):
+    """(key, externals): the topology key of `order` and the external roots in slot order.
+
+    With `direct` (a list of zeros, one per node), counts the references each node's
+    consumers hold to it directly and returns the set of nodes read through views.
+    """
     ext_index: dict = {}
     node_index: dict = {}
     externals: list = []
     parts = []
+    viewed = set()
     for i, node in enumerate(order):
         node_index[id(node)] = i
         ins = []
@@ -122,124 +166,153 @@ def graph_key(order: list):
                 ins.append((-1 - j, r.dtype, inp.shape, inp.strides, inp.offset))
             else:
                 ins.append((j, inp.shape, inp.strides, inp.offset))
+                if direct is not None:
+                    if r is inp:
+                        direct[j] += 1
+                    else:
+                        viewed.add(j)
         parts.append((node.op, node.params, node.shape, node.dtype, tuple(ins)))
-    return tuple(parts), externals
+    return tuple(parts), externals, viewed
 
 
-def record(ctx: DeviceContext, order: list, externals: list, internal: set | None = None) -> Recording:
-    """Plan every node and record one reusable command buffer that binds only through slots.
+def _refcounts(nodes: list) -> list:
+    return [getrefcount(n) for n in nodes]
 
-    `internal` (rt.compile): indices of nodes whose values never leave the recording. Their
-    buffers and the kernels' scratch are allocated here, once, and referenced directly, so
-    the binding table holds only the inputs and the outputs.
+
+# References _refcounts sees to an object held by nothing but the list it is in.
+_BASE_REFS = _refcounts([object()])[0]
+
+
+def live_mask(order: list, direct: list, viewed: set) -> int:
+    """Bit i set: node i may be read after this eval.
+
+    A node referenced by more than `order` and its consumers' input tuples is held by
+    the program, by the list of targets being evaluated, or by nodes outside this eval;
+    one read through a view counts as held too. A node that is not live may stay in the
+    registers of a fused kernel: it keeps its inputs, so were it ever evaluated after
+    all, it would be computed again (a miscount costs time, never a wrong value).
+    """
+    mask = 0
+    base = _BASE_REFS
+    for i, count in enumerate(_refcounts(order)):
+        if count > base + direct[i]:
+            mask |= 1 << i
+    for i in viewed:
+        mask |= 1 << i
+    return mask
+
+
+def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = None,
+           owned: bool = False) -> Recording:
+    """Schedule every node and record one reusable command buffer that binds only through slots.
+
+    keep: bit i set when node i's value must be in a buffer afterwards (None: every node;
+    only fused-away nodes can be skipped). owned (rt.compile): nodes not kept and scratch
+    get buffers the recording owns, bound directly, so the table holds inputs and outputs.
     """
     E = len(externals)
+    fuse = keep is not None and fusion_enabled(ctx)
+    units, buffered = schedule(ctx, order, keep, fuse)
     N = len(order)
-    slot_of = {id(r): j for j, r in enumerate(externals)}
-    for i, node in enumerate(order):
-        slot_of[id(node)] = E + i
-    level = {}
-    plans = []
-    temp_nbytes: list = []
-    temp_base = []
-    for i, node in enumerate(order):
-        lv = 0
-        layouts = []
-        for inp in node.inputs:
-            r = inp.root
-            pl = level.get(id(r))
-            if pl is not None and pl + 1 > lv:
-                lv = pl + 1
-            strides = inp.strides if inp.strides is not None else contiguous_strides(inp.shape)
-            layouts.append((inp.shape, strides, inp.offset))
-        planner = PLANNERS.get(node.op)
-        if planner is None:
-            raise hal.UnimplementedError(f"no kernel for op {node.op!r}")
-        cmds = planner(node, layouts, ctx)
-        temp_base.append(len(temp_nbytes))
-        if cmds and cmds[0][0] == "temps":
-            temp_nbytes.extend(cmds[0][1])
-            cmds = cmds[1:]
-        if any(c[0] == "barrier" for c in cmds):
-            lv_end = lv + 1  # a node with an internal barrier occupies two levels
+    keep_all = keep is None
+    # Unified buffer indices: externals, then buffered nodes, then scratch of the units.
+    index_of_node: dict = {}
+    fresh = []
+    fixed: dict = {}
+    k = E
+    for i in range(N):
+        if not buffered[i]:
+            continue
+        index_of_node[i] = k
+        node = order[i]
+        nb = max(1, node.size * node.dtype.itemsize)
+        if owned and not (keep_all or keep >> i & 1):
+            fixed[k] = ctx.buffers.acquire(nb, host=False)
         else:
-            lv_end = lv
-        level[id(node)] = lv_end
-        plans.append((lv, i, cmds))
-    plans.sort(key=lambda p: (p[0], p[1]))
-    T = len(temp_nbytes)
-    node_nbytes = [max(1, node.size * node.dtype.itemsize) for node in order]
-    fixed: dict = {}  # slot -> (buffer, bucket) owned by the recording
-    if internal is not None:
-        for i in internal:
-            fixed[E + i] = ctx.buffers.acquire(node_nbytes[i])
-        for t, nb in enumerate(temp_nbytes):
-            fixed[E + N + t] = ctx.buffers.acquire(nb)
-    table_slots = [k for k in range(E + N + T) if k not in fixed]
-    table_index = {k: t for t, k in enumerate(table_slots)}
+            fresh.append((i, bucket_size(nb), nb))
+        k += 1
+    temps = []
+    temp_index = {}
+    for unit in units:
+        for t, nb in enumerate(unit.temps):
+            temp_index[(id(unit), t)] = k
+            if owned:
+                fixed[k] = ctx.buffers.acquire(nb, host=False)
+            else:
+                temps.append(bucket_size(nb))
+            k += 1
+    total = k
+    table_slots = [s for s in range(total) if s not in fixed]
+    table_index = {s: t for t, s in enumerate(table_slots)}
     cb = ctx.device.create_command_buffer(mode=hal.CommandBufferMode.REUSABLE,
                                           binding_capacity=len(table_slots))
+    slot_of_root = {id(r): j for j, r in enumerate(externals)}
+    for i, s in index_of_node.items():
+        slot_of_root[id(order[i])] = s
 
-    def ref(k: int, offset: int = 0, length: int | None = None):
-        t = table_index.get(k)
+    def ref(s: int, offset: int = 0, length: int | None = None):
+        t = table_index.get(s)
         if t is not None:
             return hal.Slot(t, offset, length)
-        buf = fixed[k][0]
+        buf = fixed[s][0]
         return buf if offset == 0 and length is None else (buf, offset, length)
 
-    dispatches = 0
-    levels = 0
     program = None
-    if not ctx.is_gpu and cpu_program.enabled() and binding_bucket(E + N + T) is not None:
+    if not ctx.is_gpu and cpu_program.enabled() and binding_bucket(total) is not None:
         program = cpu_program.Program()
-    cb.begin()
+    dispatches = fused = levels = 0
     prev = None
-    for lv, i, cmds in plans:
-        if not cmds:
+    cb.begin()
+    for unit in sorted(units, key=lambda u: (u.level, u.first)):
+        if not unit.cmds:
             continue
-        if prev is not None and lv != prev and program is None:
+        if prev is not None and unit.level != prev and program is None:
             cb.execution_barrier()
-        if prev != lv:
+        if prev != unit.level:
             levels += 1
-        prev = lv
-        node = order[i]
-        for cmd in cmds:
+        prev = unit.level
+        for cmd in unit.cmds:
             kind = cmd[0]
             if kind == "dispatch":
                 _, src, name, wg, consts, roles = cmd
                 slots = []
                 for role in roles:
-                    if role[0] == "out":
-                        slots.append(E + i)
-                    elif role[0] == "in":
-                        slots.append(slot_of[id(node.inputs[role[1]].root)])
+                    what = role[0]
+                    if what == "out":
+                        slots.append(index_of_node[role[1] if len(role) > 1 else unit.first])
+                    elif what == "in":
+                        slots.append(slot_of_root[id(unit.node.inputs[role[1]].root)])
+                    elif what == "root":
+                        slots.append(slot_of_root[id(role[1])])
                     else:
-                        slots.append(E + N + temp_base[i] + role[1])
+                        slots.append(temp_index[(id(unit), role[1])])
                 if program is not None:
                     program.add_dispatch(src.numpy_code()[name], tuple(slots), consts, wg)
                 else:
                     cb.dispatch(executable(ctx, src), name, workgroups=wg, constants=consts,
                                 bindings=[ref(s) for s in slots])
                 dispatches += 1
+                fused += name.startswith("fused_")
             elif kind == "fill":
+                node = unit.node
                 nbytes = node.size * node.dtype.itemsize
+                s = index_of_node[unit.first]
                 if program is not None:
-                    program.add_fill(E + i, nbytes, cmd[2], cmd[3])
+                    program.add_fill(s, nbytes, cmd[2], cmd[3])
                 else:
-                    cb.fill_buffer(ref(E + i, 0, nbytes), pattern=cmd[2], pattern_length=cmd[3])
+                    cb.fill_buffer(ref(s, 0, nbytes), pattern=cmd[2], pattern_length=cmd[3])
                 dispatches += 1
             elif kind == "barrier" and program is None:
                 cb.execution_barrier()
-                prev = lv + 1
+                prev = unit.level + 1
     if program is not None and program.steps:
-        nbind = binding_bucket(E + N + T)
-        S = E + N + T
+        nbind = binding_bucket(total)
         ctx.programs[program.pid] = program
         cb.dispatch(program_executable(ctx), f"program_{nbind}", workgroups=(1, 1, 1),
-                    constants=[program.pid], bindings=[ref(min(k, S - 1)) for k in range(nbind)])
+                    constants=[program.pid], bindings=[ref(min(s, total - 1)) for s in range(nbind)])
     cb.end()
-    rec = Recording(cb, E, node_nbytes, temp_nbytes, levels, dispatches)
-    rec.table_slots = table_slots
+    rec = Recording(cb, E, fresh, temps, levels, dispatches)
+    rec.fused = fused
     if fixed:
         rec.scratch = fixed
         rec.footprint += sum(bucket for _, bucket in fixed.values())
@@ -254,7 +327,9 @@ def evaluate(arrays) -> None:
     for a in arrays:
         if type(a) is not Array:
             continue
-        r = a.root
+        r = a.base
+        if r is None:
+            r = a
         if r.storage is None:
             if r.op == _PLACEHOLDER:
                 raise hal.FailedPreconditionError("cannot evaluate a traced placeholder outside rt.compile")
@@ -269,57 +344,82 @@ def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
     if not order:
         return
     ctx.refresh()
-    key, externals = graph_key(order)
-    use_cache = graph_cache.enabled()
-    rec = ctx.graphs.get(key) if use_cache else None
-    if rec is None:
-        rec = record(ctx, order, externals)
-        if use_cache:
-            ctx.graphs.put(key, rec)
-    submit(ctx, rec, order, externals)
+    if fusion_enabled(ctx):
+        direct = [0] * len(order)
+        parts, externals, viewed = graph_key(order, direct)
+        keep = live_mask(order, direct, viewed)
+        key = (parts, keep)
+    else:
+        key, externals, _ = graph_key(order)
+        keep = None
+    ext = [r.storage.buffer for r in externals]
+    if not graph_cache.enabled():
+        rec = record(ctx, order, externals, keep)
+    else:
+        entry = ctx.graphs.get(key)
+        if entry is None:
+            rec = record(ctx, order, externals, keep)
+            ctx.graphs.put(key, Variants(rec))
+        else:
+            rec = entry.pick(ext, MAX_VARIANTS if ctx.is_gpu else 1)
+            if rec is None:
+                rec = record(ctx, order, externals, keep)
+                entry.recs.append(rec)
+                ctx.graphs.grow(rec.footprint)
+    submit(ctx, rec, order, externals, ext)
 
 
-def submit(ctx: DeviceContext, rec: Recording, order: list, externals: list) -> int:
-    """Bind fresh output buffers and the externals' buffers, execute, attach storage."""
+def submit(ctx: DeviceContext, rec: Recording, order: list, externals: list, ext: list) -> int:
+    """Bind fresh buffers for the materialized nodes and scratch next to the externals, execute,
+    attach storage; nodes fused away keep their inputs (they are garbage unless referenced)."""
     E = rec.n_ext
-    table = [None] * (E + len(rec.node_nbytes) + len(rec.temp_nbytes))
-    for j, r in enumerate(externals):
-        table[j] = r.storage.buffer
+    table = ext + [None] * (rec.table_size - E)
     ctx.throttle()
-    acquire = ctx.buffers.acquire
+    take = ctx.buffers.take
     last = rec.last_table
-    outs = []
-    for i, nb in enumerate(rec.node_nbytes):
-        buf, bucket = acquire(nb, last[E + i] if last is not None else None)
-        table[E + i] = buf
-        outs.append((buf, bucket, nb))
-    temps = []
-    base = E + len(rec.node_nbytes)
-    for t, nb in enumerate(rec.temp_nbytes):
-        buf, bucket = acquire(nb, last[base + t] if last is not None else None)
-        table[base + t] = buf
-        temps.append((buf, bucket))
-    rec.last_table = table
+    pos = E
+    if last is None:
+        for _, bucket, _ in rec.fresh:
+            table[pos] = take(bucket, None)
+            pos += 1
+        for bucket in rec.temps:
+            table[pos] = take(bucket, None)
+            pos += 1
+    else:
+        for _, bucket, _ in rec.fresh:
+            table[pos] = take(bucket, last[pos])
+            pos += 1
+        for bucket in rec.temps:
+            table[pos] = take(bucket, last[pos])
+            pos += 1
     value = ctx.submitted + 1
     sem = ctx.semaphore
     wait = [(sem, ctx.submitted)] if ctx.submitted > ctx.completed else []
     try:
         ctx.device.queue_execute([rec.cb], wait=wait, signal=[(sem, value)], binding_tables=[table])
     except BaseException:
-        for buf, bucket, _ in outs:
-            ctx.buffers.release(buf, bucket, 0, 0)
-        for buf, bucket in temps:
-            ctx.buffers.release(buf, bucket, 0, 0)
+        release = ctx.buffers.release
+        for (_, bucket, _), buf in zip(rec.fresh, table[E:]):
+            release(buf, bucket)
+        for bucket, buf in zip(rec.temps, table[E + len(rec.fresh):]):
+            release(buf, bucket)
         raise
+    rec.last_table = table
+    rec.last_ext = ext
     ctx.submitted = value
-    for node, (buf, bucket, nb) in zip(order, outs):
-        node.storage = Storage(buf, bucket, ctx, value, nb)
+    pos = E
+    for i, bucket, nb in rec.fresh:
+        node = order[i]
+        node.storage = Storage(table[pos], bucket, ctx, value, nb)
         node.op = None
         node.inputs = ()
         node.params = None
+        pos += 1
     for r in externals:
         r.storage.fence = value
-    completed = ctx.completed
-    for buf, bucket in temps:
-        ctx.buffers.release(buf, bucket, value, completed)
+    if rec.temps:
+        release = ctx.buffers.release
+        for bucket in rec.temps:
+            release(table[pos], bucket, value)
+            pos += 1
     return value

@@ -67,7 +67,7 @@ def _variants(k: int) -> list:
     return ["".join(v) for v in itertools.product("cs", repeat=k)] + ["g"]
 
 
-def _export_name(op, in_dts, out_dt, variant) -> str:
+def export_name(op, in_dts, out_dt, variant) -> str:
     return f"{op}_{'_'.join(d.code for d in in_dts)}_{out_dt.code}_{variant}"
 
 
@@ -82,7 +82,7 @@ def _build(op, in_dts, out_dt, cdt, key) -> KernelSource:
     exports = []
     for v in _variants(k):
         nconst = 1 + k if v != "g" else 2 + MAX_DIMS + k * (1 + MAX_DIMS)
-        exports.append(hal.Export(_export_name(op, in_dts, out_dt, v), workgroup_size=(WORKGROUP, 1, 1),
+        exports.append(hal.Export(export_name(op, in_dts, out_dt, v), workgroup_size=(WORKGROUP, 1, 1),
                                   bindings=1 + k, constants=nconst))
     return KernelSource(key, exports, lambda: _cuda(op, in_dts, out_dt, cdt),
                         lambda: _numpy(op, in_dts, out_dt, cdt))
@@ -97,7 +97,7 @@ def _cuda(op, in_dts, out_dt, cdt) -> str:
     res_compute = "bool" if op in ("eq", "ne", "lt", "le", "gt", "ge") else cdt.c_compute
     parts = []
     for v in _variants(k):
-        name = _export_name(op, in_dts, out_dt, v)
+        name = export_name(op, in_dts, out_dt, v)
         params = [f"{out_dt.c_storage}* __restrict__ out"]
         params += [f"const {d.c_storage}* __restrict__ in{i}" for i, d in enumerate(in_dts)]
         params.append("u32 n")
@@ -256,7 +256,7 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
             fn = _fast_contiguous(ufunc, v, cdt, out_dt)
         else:
             fn = contiguous_fn(v)
-        fns[_export_name(op, in_dts, out_dt, v)] = fn
+        fns[export_name(op, in_dts, out_dt, v)] = fn
     return fns
 
 
@@ -293,14 +293,9 @@ def _fast_contiguous(ufunc, variant: str, cdt, out_dt):
 
 # ---- planning ---------------------------------------------------------------------------------
 
-def plan(node, layouts: list, ctx) -> list:
-    """Dispatch for one elementwise node. layouts: per input (shape, strides, offset)."""
-    out_shape = node.shape
-    n = size_of(out_shape)
-    in_dts = tuple(inp.dtype for inp in node.inputs)
-    src = ew_source(node.op, in_dts, node.dtype, node.params)
-    if n == 0:
-        return []
+def input_variants(out_shape: tuple, layouts: list) -> tuple:
+    """Per input, how it is read over the output's elements: "s" (one broadcast element), "c"
+    (contiguous from its offset) or "g" (strided); and the inputs' strides broadcast to out_shape."""
     cstr = contiguous_strides(out_shape)
     bstrides = [broadcast_strides(shp, st, out_shape) for shp, st, _ in layouts]
     variant = []
@@ -311,12 +306,24 @@ def plan(node, layouts: list, ctx) -> list:
             variant.append("c")
         else:
             variant.append("g")
+    return variant, bstrides, cstr
+
+
+def plan(node, layouts: list, ctx) -> list:
+    """Dispatch for one elementwise node. layouts: per input (shape, strides, offset)."""
+    out_shape = node.shape
+    n = size_of(out_shape)
+    in_dts = tuple(inp.dtype for inp in node.inputs)
+    src = ew_source(node.op, in_dts, node.dtype, node.params)
+    if n == 0:
+        return []
+    variant, bstrides, cstr = input_variants(out_shape, layouts)
     bindings = [("out",)] + [("in", i) for i in range(len(layouts))]
     if "g" not in variant:
         v = "".join(variant)
         consts = [n] + [lay[2] for lay in layouts]
         aligned = all((o & 3) == 0 for o, c in zip(consts[1:], v) if c == "c") and (n & 3) == 0
-        name = _export_name(node.op, in_dts, node.dtype, v)
+        name = export_name(node.op, in_dts, node.dtype, v)
         groups = grid_1d(n // 4 if aligned else n)
         return [("dispatch", src, name, (groups, 1, 1), consts, bindings)]
     else:
@@ -327,5 +334,5 @@ def plan(node, layouts: list, ctx) -> list:
         for lay, st in zip(layouts, strides_list):
             consts.append(lay[2])
             consts += [u32(s) for s in st] + [0] * (MAX_DIMS - len(st))
-    name = _export_name(node.op, in_dts, node.dtype, v)
+    name = export_name(node.op, in_dts, node.dtype, v)
     return [("dispatch", src, name, (grid_1d(n), 1, 1), consts, bindings)]

@@ -1,4 +1,5 @@
-"""Buffer cache: size buckets, reuse only after the last submission touching a buffer completed."""
+"""Buffer cache: size buckets; host reuse after the last submission touching a buffer completed,
+device reuse at once (submissions of a context run in order)."""
 
 from __future__ import annotations
 
@@ -21,23 +22,43 @@ def test_bucket_sizes_are_power_of_two_quarters():
         assert n <= b < n * 1.25 + 256
 
 
-def test_reuse_waits_for_the_fence(dev):
+def test_host_reuse_waits_for_the_fence(dev):
+    """A host write (upload) may only reuse a buffer once the submission last touching it completed."""
     ctx = context_for(dev)
     cache = BufferCache(ctx.device)
     a, bucket = cache.acquire(1000)
-    cache.release(a, bucket, fence=5, completed=3)
-    b, _ = cache.acquire(1000)
+    cache.retire(3)
+    cache.release(a, bucket, fence=5)
+    b, _ = cache.acquire(1000, host=True)
     assert b is not a, "still in use by submission 5"
     cache.retire(4)
-    c, _ = cache.acquire(1000)
+    c, _ = cache.acquire(1000, host=True)
     assert c is not a
     cache.retire(5)
-    d, _ = cache.acquire(1000)
+    d, _ = cache.acquire(1000, host=True)
     assert d is a
     for buf in (b, c, d):
-        cache.release(buf, bucket, 0, 0)
+        cache.release(buf, bucket, 0)
     cache.trim(0)
     assert cache.free_bytes == 0
+
+
+def test_device_reuse_is_stream_ordered(dev):
+    """Work of a later submission runs after the work of earlier ones: it may take a buffer at once,
+    and prefers the one it had last time."""
+    ctx = context_for(dev)
+    cache = BufferCache(ctx.device)
+    a, bucket = cache.acquire(1000)
+    b, _ = cache.acquire(1000)
+    cache.release(a, bucket, fence=7)
+    cache.release(b, bucket, fence=8)
+    assert cache.take(bucket, a) is a
+    assert cache.take(bucket, None) is b
+    fresh = cache.take(bucket, a)
+    assert fresh is not a and fresh is not b and cache.misses == 3
+    for buf in (a, b, fresh):
+        cache.release(buf, bucket, 0)
+    cache.trim(0)
 
 
 def test_arrays_recycle_their_buffers(dev):

@@ -1,0 +1,214 @@
+"""Scheduling an op graph into kernels: levels, and on GPUs fused elementwise groups.
+
+Every node becomes a unit at a level one more than the deepest unit it reads
+from. On GPUs an elementwise node joins the fused group of a node it reads
+element for element (same size, contiguous, no offset) when everything else it
+reads is ready before that group runs; the group is then one kernel
+(`kernels/fused.py`) at the group's level. A member gets a buffer only when
+something outside the group reads it or it must survive the eval (`keep`).
+Fewer kernels mean fewer levels to launch and wait for, fewer buffers to bind
+and fewer nodes to submit.
+"""
+
+from __future__ import annotations
+
+import hal
+
+from .kernels import elementwise, matmul, pad, random, reduce
+from .kernels.fused import FUSABLE_DTYPES, FusedSpec
+from .kernels.fused import plan as plan_fused
+from .ops import ELEMENTWISE, REDUCTIONS
+from .shapes import contiguous_strides
+
+
+def _plan_full(node, layouts, ctx) -> list:
+    if node.size == 0:
+        return []
+    import numpy as np
+    dt = node.dtype
+    value = node.params
+    if dt.code == "bf16":
+        from .dtypes import to_bfloat16_bits
+        bits = int(to_bfloat16_bits(np.array([value], np.float32))[0])
+    else:
+        bits = int(np.array([value], dtype=dt.storage).view({1: np.uint8, 2: np.uint16, 4: np.uint32}[dt.itemsize])[0])
+    return [("fill", ("out",), bits, dt.itemsize)]
+
+
+PLANNERS = {"matmul": matmul.plan, "random": random.plan, "pad": pad.plan, "full": _plan_full}
+PLANNERS.update({op: elementwise.plan for op in ELEMENTWISE})
+PLANNERS.update({op: reduce.plan for op in REDUCTIONS})
+
+
+class Unit:
+    """One scheduled piece of work: a node's commands, or a fused group's single dispatch."""
+
+    __slots__ = ("level", "first", "node", "cmds", "temps", "members", "size")
+
+    def __init__(self, level: int, first: int, node, cmds: list, temps: list) -> None:
+        self.level = level
+        self.first = first  # index of its first node (orders units of one level)
+        self.node = node
+        self.cmds = cmds
+        self.temps = temps  # scratch bytes its commands use (roles ("tmp", t))
+        self.members: list | None = None  # fused groups: node indices in evaluation order
+        self.size = 0
+
+
+def _layouts(node) -> list:
+    out = []
+    for inp in node.inputs:
+        strides = inp.strides if inp.strides is not None else contiguous_strides(inp.shape)
+        out.append((inp.shape, strides, inp.offset))
+    return out
+
+
+def _plan(node, layouts, ctx) -> tuple[list, list]:
+    planner = PLANNERS.get(node.op)
+    if planner is None:
+        raise hal.UnimplementedError(f"no kernel for op {node.op!r}")
+    cmds = planner(node, layouts, ctx)
+    if cmds and cmds[0][0] == "temps":
+        return cmds[1:], list(cmds[0][1])
+    return cmds, []
+
+
+def _fusable(node) -> bool:
+    if node.op not in ELEMENTWISE or node.size == 0:
+        return False
+    if node.dtype not in FUSABLE_DTYPES or node.params not in FUSABLE_DTYPES:
+        return False
+    return all(inp.dtype in FUSABLE_DTYPES for inp in node.inputs)
+
+
+def schedule(ctx, order: list, keep: int | None, fuse: bool) -> tuple[list, list]:
+    """(units, buffered): the units in node order, and per node whether it gets a buffer."""
+    N = len(order)
+    index = {id(n): i for i, n in enumerate(order)}
+    ready = [0] * N  # level of the unit computing node i
+    unit_of: list = [None] * N
+    units: list = []
+    groups: dict = {}  # element count -> fused groups of that size
+    for i, node in enumerate(order):
+        layouts = _layouts(node)
+        srcs = [index.get(id(inp.root)) for inp in node.inputs]
+        lv = 0
+        for j in srcs:
+            if j is not None and ready[j] + 1 > lv:
+                lv = ready[j] + 1
+        if fuse and _fusable(node):
+            variants = elementwise.input_variants(node.shape, layouts)[0]
+            if "g" not in variants:
+                n = node.size
+                joined = _pick_group(groups.get(n, ()), node, srcs, variants, order, unit_of, ready, n)
+                if joined is None:
+                    joined = Unit(lv, i, None, [], [])
+                    joined.members = []
+                    joined.size = n
+                    units.append(joined)
+                    groups.setdefault(n, []).append(joined)
+                joined.members.append(i)
+                unit_of[i] = joined
+                ready[i] = joined.level
+                continue
+        cmds, temps = _plan(node, layouts, ctx)
+        unit = Unit(lv, i, node, cmds, temps)
+        units.append(unit)
+        unit_of[i] = unit
+        ready[i] = lv + 1 if any(c[0] == "barrier" for c in cmds) else lv
+    # Which members leave their group: read by another unit, or kept.
+    leaves = [keep is None or bool(keep >> i & 1) for i in range(N)]
+    for i, node in enumerate(order):
+        for inp in node.inputs:
+            j = index.get(id(inp.root))
+            if j is not None and unit_of[j] is not unit_of[i]:
+                leaves[j] = True
+    buffered = [True] * N
+    for k, unit in enumerate(units):
+        if unit.members is None:
+            continue
+        if len(unit.members) == 1:  # nothing to fuse: the op's own kernel
+            i = unit.members[0]
+            node = order[i]
+            cmds, temps = _plan(node, _layouts(node), ctx)
+            single = Unit(unit.level, i, node, cmds, temps)
+            units[k] = single
+            unit_of[i] = single
+            continue
+        for i in unit.members:
+            buffered[i] = leaves[i]
+        unit.cmds = [_fused_dispatch(order, index, unit, leaves)]
+    return units, buffered
+
+
+def _pick_group(candidates, node, srcs: list, variants: list, order: list, unit_of: list, ready: list,
+                n: int) -> Unit | None:
+    """A fused group of n elements `node` can join without running later than the group does.
+
+    Every input that is not a member read element for element must be ready before the
+    group's level. Groups `node` reads element for element come first (their values stay
+    in registers); otherwise the node joins a group it is independent of (one launch less).
+    """
+    best = None
+    for group in candidates:
+        ext = 0
+        connected = False
+        for inp, j, v in zip(node.inputs, srcs, variants):
+            if j is None:
+                continue
+            if unit_of[j] is group and _identity(inp, order[j], v, n):
+                connected = True
+                continue
+            if ready[j] + 1 > ext:
+                ext = ready[j] + 1
+        if ext > group.level:
+            continue
+        if connected:
+            return group
+        if best is None:
+            best = group
+    return best
+
+
+def _identity(inp, producer, variant: str, n: int) -> bool:
+    """Whether `inp` reads `producer`'s element i at element i of an n-element consumer."""
+    if inp.offset != 0 or producer.size != n:
+        return False
+    return variant == "c" or n == 1
+
+
+def _fused_dispatch(order: list, index: dict, unit: Unit, leaves: list) -> tuple:
+    members = unit.members
+    n = unit.size
+    position = {i: m for m, i in enumerate(members)}
+    inputs: list = []  # (dtype, variant)
+    offsets: list = []
+    roots: list = []
+    input_of: dict = {}
+    spec_members = []
+    for i in members:
+        node = order[i]
+        variants = elementwise.input_variants(node.shape, _layouts(node))[0]
+        operands = []
+        for inp, v in zip(node.inputs, variants):
+            root = inp.root
+            j = index.get(id(root))
+            if j is not None and j in position and _identity(inp, order[j], v, n):
+                operands.append(("m", position[j]))
+                continue
+            if n == 1:
+                v = "s"
+            key = (id(root), v, inp.offset)
+            k = input_of.get(key)
+            if k is None:
+                k = input_of[key] = len(inputs)
+                inputs.append((inp.dtype, v))
+                offsets.append(inp.offset)
+                roots.append(root)
+            operands.append(("i", k))
+        spec_members.append((node.op, node.params, node.dtype, tuple(operands)))
+    outs = [m for m, i in enumerate(members) if leaves[i]]
+    spec = FusedSpec(tuple(inputs), tuple(spec_members), tuple(outs))
+    src, name, wg, consts = plan_fused(spec, n, offsets)
+    roles = [("out", members[m]) for m in outs] + [("root", r) for r in roots]
+    return ("dispatch", src, name, wg, consts, roles)
