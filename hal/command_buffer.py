@@ -85,6 +85,8 @@ class CommandBuffer:
         self._slot_uses: list[_SlotUse] = []
         # Identical slot uses are checked once per submission: the check costs O(distinct uses), not O(commands).
         self._slot_use_keys: set[tuple] = set()
+        #: The last binding table that passed the checks: (its entries as given, resolved, buffers to keep live).
+        self._checked_table: tuple | None = None
 
     @property
     def reusable(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import operator
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,24 @@ DEFAULT_LIMITS = {
     "max_workgroup_count": ((1 << 31) - 1, 65535, 65535),
     "max_workgroup_size": 1024,
 }
+
+
+_EXECUTABLE = CommandBufferState.EXECUTABLE
+_REUSABLE = CommandBufferMode.REUSABLE.value
+_released = operator.attrgetter("_released")
+_root_released = operator.attrgetter("_root._released")
+
+
+def _same_live_entries(table: Sequence[object], checked: tuple) -> bool:
+    """Whether ``table`` holds the very objects of a table checked before, all still live.
+
+    The checks of a binding table depend only on its entries (buffers never change size,
+    usage or device) and on buffers being live, so an unchanged table passes again as it
+    did; the resolved entries are shared, so drivers can tell an unchanged table by identity.
+    """
+    sources, _, buffers = checked
+    return len(table) == len(sources) and all(map(operator.is_, table, sources)) \
+        and not any(map(_released, buffers)) and not any(map(_root_released, buffers))
 
 
 class Device(abc.ABC):
@@ -175,38 +194,51 @@ class Device(abc.ABC):
                       signal: Sequence[Fence] = (), binding_tables: Sequence[object] | None = None,
                       *, queue: int = 0) -> None:
         """Run command buffers in order once every ``wait`` is reached, then signal ``signal``."""
-        self._check_open()
-        queue = self._check_queue(queue)
+        if self._closed:
+            self._check_open()
+        if type(queue) is not int or not 0 <= queue < self.queue_count:
+            queue = self._check_queue(queue)
         if isinstance(command_buffers, CommandBuffer):
             command_buffers = [command_buffers]
-        if not isinstance(command_buffers, Sequence):
+        # Checked by type first: the ABC check costs more than the rest of a small submission's checks.
+        if type(command_buffers) is not list and type(command_buffers) is not tuple \
+                and not isinstance(command_buffers, Sequence):
             raise InvalidArgumentError(f"command_buffers must be a sequence, got {command_buffers!r}")
+        one_shot = []
+        uses_tables = False
         for i, cb in enumerate(command_buffers):
             if not isinstance(cb, CommandBuffer):
                 raise InvalidArgumentError(f"command_buffers[{i}] is not a hal.CommandBuffer: {cb!r}")
             if cb.device is not self:
                 raise InvalidArgumentError(f"command_buffers[{i}] belongs to another device")
-            if cb.state is CommandBufferState.SUBMITTED:
+            state = cb.state
+            if state is not _EXECUTABLE:
+                if state is CommandBufferState.SUBMITTED:
+                    raise FailedPreconditionError(
+                        f"command_buffers[{i}] is ONE_SHOT and was already submitted")
                 raise FailedPreconditionError(
-                    f"command_buffers[{i}] is ONE_SHOT and was already submitted")
-            if cb.state is not CommandBufferState.EXECUTABLE:
-                raise FailedPreconditionError(
-                    f"command_buffers[{i}] is {cb.state.value}; end() it before submitting")
-        one_shot = [id(cb) for cb in command_buffers if not cb.reusable]
-        if len(set(one_shot)) != len(one_shot):
+                    f"command_buffers[{i}] is {state.value}; end() it before submitting")
+            if not cb.mode._value_ & _REUSABLE:
+                one_shot.append(cb)
+            if cb.binding_capacity:
+                uses_tables = True
+        if len(one_shot) > 1 and len({id(cb) for cb in one_shot}) != len(one_shot):
             raise FailedPreconditionError("a ONE_SHOT command buffer appears twice in one submission")
         waits, signals = self._check_submission(wait, signal)
-        tables = self._check_binding_tables(command_buffers, binding_tables)
-        for cb in command_buffers:
-            if not cb.reusable:
-                cb.state = CommandBufferState.SUBMITTED
+        if binding_tables is None and not uses_tables:
+            tables: list[list[Binding] | None] = [None] * len(command_buffers)
+        else:
+            tables = self._check_binding_tables(command_buffers, binding_tables)
+        for cb in one_shot:
+            cb.state = CommandBufferState.SUBMITTED
         self._queue_execute(queue, list(command_buffers), tables, waits, signals)
 
     def _check_binding_tables(self, command_buffers: Sequence[CommandBuffer],
                               binding_tables: object) -> list[list[Binding] | None]:
         if binding_tables is None:
             binding_tables = [None] * len(command_buffers)
-        if isinstance(binding_tables, (str, bytes)) or not isinstance(binding_tables, Sequence) \
+        if (type(binding_tables) is not list and type(binding_tables) is not tuple and (
+                isinstance(binding_tables, (str, bytes)) or not isinstance(binding_tables, Sequence))) \
                 or len(binding_tables) != len(command_buffers):
             raise InvalidArgumentError(
                 f"binding_tables must be None or hold one table per command buffer "
@@ -219,16 +251,27 @@ class Device(abc.ABC):
                         f"binding_tables[{i}] given for a command buffer with binding_capacity 0")
                 resolved.append(None)
                 continue
-            if table is None or isinstance(table, (str, bytes)) or not isinstance(table, Sequence):
+            if table is None or (type(table) is not list and type(table) is not tuple and (
+                    isinstance(table, (str, bytes)) or not isinstance(table, Sequence))):
                 raise InvalidArgumentError(
                     f"command_buffers[{i}] has binding_capacity {cb.binding_capacity} and needs a binding table")
             if len(table) < cb.binding_capacity:
                 raise InvalidArgumentError(
                     f"binding_tables[{i}] has {len(table)} entries; the command buffer needs "
                     f"{cb.binding_capacity}")
-            entries = [self._check_binding(entry, f"binding_tables[{i}][{j}]")
-                       for j, entry in enumerate(table)]
+            checked = cb._checked_table
+            if checked is not None and _same_live_entries(table, checked):
+                resolved.append(checked[1])  # the same entries as last time: nothing to check again
+                continue
+            entries = []
+            for j, entry in enumerate(table):
+                if type(entry) is Buffer and entry.device is self and not entry._released \
+                        and not entry._root._released:
+                    entries.append((entry, 0, entry.size))  # fast path: a whole live buffer of this device
+                else:
+                    entries.append(self._check_binding(entry, f"binding_tables[{i}][{j}]"))
             cb.check_binding_table(entries)
+            cb._checked_table = (tuple(table), entries, tuple([entry[0] for entry in entries]))
             resolved.append(entries)
         return resolved
 

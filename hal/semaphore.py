@@ -55,6 +55,8 @@ class Semaphore:
         self._value = initial_value
         self._failure: BaseException | None = None
         self._listeners: list[tuple[int, int, Listener]] = []
+        #: Host threads blocked in _wait (advancing skips the notification when there are none).
+        self._waiters = 0
         self._cancelled: set[int] = set()
         self._tokens = itertools.count()
 
@@ -98,9 +100,9 @@ class Semaphore:
 
     def wait(self, value: int, timeout: float | None = None) -> None:
         """Block until the value is >= ``value``; DeadlineExceededError after ``timeout`` seconds."""
-        value = check_int(value, "semaphore wait value")
-        deadline = deadline_from(timeout)
-        self._wait(value, deadline)
+        if type(value) is not int or value < 0:
+            value = check_int(value, "semaphore wait value")
+        self._wait(value, None if timeout is None else deadline_from(timeout))
 
     # -- shared machinery (drivers call these) ----------------------------------
     def _wait(self, value: int, deadline: float | None) -> None:
@@ -110,7 +112,11 @@ class Semaphore:
                 if left == 0.0:
                     raise DeadlineExceededError(
                         f"timed out waiting for semaphore value {value} (current value {self._value})")
-                self._reached.wait(left)
+                self._waiters += 1
+                try:
+                    self._reached.wait(left)
+                finally:
+                    self._waiters -= 1
             if self._failure is not None:
                 raise aborted_by(self._failure, f"semaphore failed while waiting for value {value}")
 
@@ -128,7 +134,8 @@ class Semaphore:
                     self._cancelled.discard(token)
                 else:
                     ready.append(listener)
-            self._reached.notify_all()
+            if self._waiters:
+                self._reached.notify_all()
         for listener in ready:
             listener(None)
 
@@ -176,9 +183,11 @@ Fence = tuple[Semaphore, int]
 
 def check_fences(fences: object, what: str, device: Device | None = None) -> list[Fence]:
     """Normalise a fence list: a sequence of (Semaphore, int >= 0) pairs."""
-    if fences is None:
+    if fences is None or (type(fences) is tuple and not fences):
         return []
-    if isinstance(fences, (str, bytes)) or not isinstance(fences, Sequence):
+    # Checked by type first: the ABC check would cost more than the rest of a small submission's checks.
+    if type(fences) is not list and type(fences) is not tuple and (
+            isinstance(fences, (str, bytes)) or not isinstance(fences, Sequence)):
         raise InvalidArgumentError(f"{what} must be a sequence of (Semaphore, value) pairs, got {fences!r}")
     result = []
     for i, pair in enumerate(fences):
