@@ -50,6 +50,10 @@ COMMAND_BUFFER_MODES = ("auto", "graph", "stream")
 #: How long the completion thread leaves in-flight work to host waiters before retiring it itself:
 #: waiters retire their own work at once; the thread mostly releases what nobody waits for.
 RETIRE_DELAY = 1e-3
+#: How long the completion thread keeps polling every RETIRE_DELAY after the device ran out of
+#: in-flight work before it sleeps until woken. Waking it costs the submitting thread a system
+#: call and a GIL hand-over; a device submitting again within this time never pays it.
+LINGER = 50e-3
 #: With indirect_bindings="auto", graphs with at least this many slot-bound dispatches use indirect bindings.
 INDIRECT_MIN_DISPATCHES = 16
 #: Bytes the stream-ordered memory pool keeps reserved instead of returning them to the driver.
@@ -142,7 +146,9 @@ class GpuDevice(Device):
         if memory_pools:
             pool = api.memory_pool(handle)
             api.set_pool_release_threshold(pool, POOL_RELEASE_THRESHOLD)
-        self._idle = threading.Condition()
+        #: Guards the submission bookkeeping (_outstanding, _deferred, _parked); _idle is its condition.
+        self._state_lock = threading.RLock()
+        self._idle = threading.Condition(self._state_lock)
         self._idle_waiters = 0
         self._outstanding: collections.OrderedDict[int, Submission] = collections.OrderedDict()
         self._next_seq = 1
@@ -259,7 +265,8 @@ class GpuDevice(Device):
                        binding_tables: list[list[Binding] | None], waits: list[Fence],
                        signals: list[Fence]) -> None:
         for cb in command_buffers:
-            cb.check_submittable()  # type: ignore[attr-defined]
+            if cb._roots:  # type: ignore[attr-defined]
+                cb.check_submittable()  # type: ignore[attr-defined]
         self._submit(Submission(self, queue, command_buffers, binding_tables, waits, signals))
 
     def _queue_alloca(self, queue: int, size: int, memory_type: MemoryType, usage: BufferUsage,
@@ -290,7 +297,7 @@ class GpuDevice(Device):
         self._submit(Submission(self, queue, [], [], waits, signals, release))
 
     def _submit(self, sub: Submission) -> None:
-        with self._idle:
+        with self._state_lock:
             sub.seq = seq = self._next_seq
             self._next_seq += 1
             self._outstanding[seq] = sub
@@ -302,12 +309,12 @@ class GpuDevice(Device):
             return
         waiter = FenceWaiter([(Issuable(sem), value) for sem, value in sub.waits],  # type: ignore[misc]
                              lambda: self._unparked(sub, None), lambda exc: self._unparked(sub, exc))
-        with self._idle:
+        with self._state_lock:
             if not waiter.done:
                 self._parked[seq] = waiter
 
     def _unparked(self, sub: Submission, failure: BaseException | None) -> None:
-        with self._idle:
+        with self._state_lock:
             self._parked.pop(sub.seq, None)
         if failure is None:
             self._ready(sub)
@@ -315,7 +322,7 @@ class GpuDevice(Device):
             self._finish(sub, failure)
 
     def _cancel_parked(self, cause: BaseException) -> None:
-        with self._idle:
+        with self._state_lock:
             parked, self._parked = self._parked, {}
         for waiter in parked.values():
             waiter.cancel(cause)
@@ -327,8 +334,9 @@ class GpuDevice(Device):
         if pending is not None:
             pending.append(sub)
             return
-        pending = _thread.pending = collections.deque((sub,))
+        _thread.pending = pending = collections.deque()
         try:
+            sub.device._issue(sub)
             while pending:
                 item = pending.popleft()
                 item.device._issue(item)
@@ -339,31 +347,35 @@ class GpuDevice(Device):
         if self.lost is not None:
             self._finish(sub, self.lost)
             return
-        for sem, _ in sub.waits:
+        waits = sub.waits
+        for sem, _ in waits:
             if sem._failure is not None:  # failed after the submission became issuable
                 self._finish(sub, sem._failure)
                 return
         q = self._queues[sub.queue]
         api = self.api
         try:
-            self.make_current()
+            if getattr(_thread, "context", None) != self.context_key:
+                self.make_current()
             with q.lock:
                 stream = q.stream
-                for sem, value in sub.waits:
+                for sem, value in waits:
                     timepoint = sem._timepoint_for(value)  # type: ignore[attr-defined]
                     if timepoint is not None:
                         api.stream_wait_event(stream, timepoint.event)
-                for cb, table in zip(sub.command_buffers, sub.tables):
-                    cb.issue(q, table, sub)  # type: ignore[attr-defined]
+                tables = sub.tables
+                for i, cb in enumerate(sub.command_buffers):
+                    cb.issue(q, tables[i], sub)  # type: ignore[attr-defined]
                 if sub.action is not None:
                     sub.action(q)
-                event = self.events.acquire()
+                events = self.events
+                event = events.acquire()
                 try:
                     api.event_record(event, stream)
                 except BaseException:
-                    self.events.release(event)
+                    events.release(event)
                     raise
-                sub.timepoint = timepoint = Timepoint(event, self.events, sub.signals)  # type: ignore[arg-type]
+                sub.timepoint = timepoint = Timepoint(event, events)
                 for sem, value in sub.signals:
                     sem._add_timepoint(value, timepoint)  # type: ignore[attr-defined]
         except BaseException as exc:  # nothing of it runs: its signals carry the failure
@@ -372,13 +384,15 @@ class GpuDevice(Device):
             self._finish(sub, self.lost or exc)
             return
         self._inflight.append(sub)
-        if self._completion_idle:  # wake the completion thread only when it sleeps on an empty queue
+        # Read after the append (the completion thread sets the flag before it looks at _inflight
+        # again), so either this thread sees the thread idle and wakes it, or the thread sees the work.
+        if self._completion_idle:
             with self._completion_lock:
                 if self._completion_idle:
                     self._completion_idle = False
                     self._completion_inbox.put(True)
         if self._idle_waiters:
-            with self._idle:
+            with self._state_lock:
                 self._idle.notify_all()
 
     # -- completion ------------------------------------------------------------------------
@@ -417,37 +431,51 @@ class GpuDevice(Device):
             self._retire_lock.release()
 
     def _completion_loop(self) -> None:
-        """Wait for in-flight work and retire it; sleeps while nothing is in flight.
+        """Wait for in-flight work and retire it; sleeps while the device has none for a while.
 
         Host waiters retire their own work first (``_wait_timepoint``); the thread
         lets them for ``RETIRE_DELAY`` before blocking on the oldest event, so a tight
-        submit-and-wait loop does not hand the GIL back and forth with it.
+        submit-and-wait loop does not hand the GIL back and forth with it. With nothing
+        in flight it keeps looking every ``RETIRE_DELAY`` for ``LINGER`` before it
+        sleeps until a submission wakes it: a device that submits and waits in a loop
+        (nothing in flight between its round trips) never pays for waking it.
         """
         inbox = self._completion_inbox
         inflight = self._inflight
         api = self.api
-        while True:
-            with self._completion_lock:
-                self._completion_idle = not inflight
-            if self._completion_idle and not inbox.get():
-                return
-            if self.closed_for_good or self._stopping:
-                return
-            self.make_current()
-            while inflight:
-                time.sleep(RETIRE_DELAY)
-                self._retire_completed()
+        idle_polls = 0
+        linger_polls = max(1, round(LINGER / RETIRE_DELAY))
+        self.make_current()
+        while not (self.closed_for_good or self._stopping):
+            if not inflight:
+                if idle_polls < linger_polls:
+                    idle_polls += 1
+                    time.sleep(RETIRE_DELAY)
+                    continue
+                self._completion_idle = True
+                if inflight:  # issued after the check above: its submitter may have missed the flag
+                    with self._completion_lock:
+                        self._completion_idle = False
+                    continue
+                if not inbox.get():
+                    return
+                if self.closed_for_good or self._stopping:
+                    return
+                self.make_current()
+            idle_polls = 0
+            time.sleep(RETIRE_DELAY)
+            self._retire_completed()
+            try:
+                sub = inflight[0]
+            except IndexError:
+                continue
+            timepoint = sub.timepoint  # holding it keeps its event from being recycled
+            if timepoint is not None:
                 try:
-                    sub = inflight[0]
-                except IndexError:
-                    break
-                timepoint = sub.timepoint  # holding it keeps its event from being recycled
-                if timepoint is not None:
-                    try:
-                        api.event_synchronize(timepoint.event)
-                    except HalError:
-                        pass  # _retire_completed records the failure
-                self._retire_completed()
+                    api.event_synchronize(timepoint.event)
+                except HalError:
+                    pass  # _retire_completed records the failure
+            self._retire_completed()
 
     def _wait_timepoint(self, timepoint: Timepoint, deadline: float | None) -> None:
         """A host wait on a timepoint: block on (or poll) its event directly, then retire what completed."""
@@ -465,7 +493,7 @@ class GpuDevice(Device):
         self._retire_completed(known_done=timepoint)
 
     def _mark_lost(self, exc: BaseException) -> None:
-        with self._idle:
+        with self._state_lock:
             if self.lost is None:
                 self.lost = DeviceLostError(
                     f"device {self.info.uri} is lost after a GPU fault; create a new process to use it again: {exc}")
@@ -475,31 +503,37 @@ class GpuDevice(Device):
         """Advance or fail the submission's signals, release what it held, retire it."""
         if failure is None:
             if sub.timepoint is not None:
-                sub.timepoint.reached()
+                for sem, value in sub.signals:  # Timepoint.reached, inlined
+                    sem._advance(value)
         else:
             for sem, _ in sub.signals:
                 sem._fail(failure)
         for cb in sub.command_buffers:
             cb.retired()  # type: ignore[attr-defined]
-        for release in sub.resources:
-            self._run_released(release)
+        if sub.resources:
+            for release in sub.resources:
+                self._run_released(release)
         sub.timepoint = None
-        run = []
-        with self._idle:
-            del self._outstanding[sub.seq]
-            oldest = next(iter(self._outstanding), None)
-            deferred = self._deferred
-            while deferred and (oldest is None or deferred[0][0] < oldest):
-                run.append(deferred.popleft()[1])
-            if not self._outstanding and self._idle_waiters:
+        deferred = self._deferred
+        run = None
+        with self._state_lock:
+            outstanding = self._outstanding
+            del outstanding[sub.seq]
+            if deferred:
+                oldest = next(iter(outstanding), None)
+                run = []
+                while deferred and (oldest is None or deferred[0][0] < oldest):
+                    run.append(deferred.popleft()[1])
+            if self._idle_waiters and not outstanding:
                 self._idle.notify_all()
-        for fn in run:
-            self._run_released(fn)
+        if run:
+            for fn in run:
+                self._run_released(fn)
 
     # -- deferred releases ---------------------------------------------------------------------
     def defer(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` once every submission made so far has completed (now if none is outstanding)."""
-        with self._idle:
+        with self._state_lock:
             if self._outstanding and not self.closed_for_good:
                 self._deferred.append((self._next_seq - 1, fn))
                 return
@@ -562,7 +596,7 @@ class GpuDevice(Device):
             self.make_current()
         except HalError:
             pass
-        with self._idle:
+        with self._state_lock:
             deferred, self._deferred = list(self._deferred), collections.deque()
         for _, fn in deferred:
             self._quietly(fn)

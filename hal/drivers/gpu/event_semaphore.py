@@ -23,7 +23,6 @@ from __future__ import annotations
 import bisect
 import heapq
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from hal.errors import aborted_by
@@ -74,19 +73,13 @@ class EventPool:
 
 
 class Timepoint:
-    """The event recorded after one submission, and the (semaphore, value) pairs it reaches."""
+    """The event recorded after one submission; the event goes back to its pool with the last reference."""
 
-    __slots__ = ("event", "pool", "signals")
+    __slots__ = ("event", "pool")
 
-    def __init__(self, event: Any, pool: EventPool, signals: Sequence[tuple[EventSemaphore, int]]) -> None:
+    def __init__(self, event: Any, pool: EventPool) -> None:
         self.event = event
         self.pool = pool
-        self.signals = signals
-
-    def reached(self) -> None:
-        """The event completed without error: advance every semaphore it signals."""
-        for sem, value in self.signals:
-            sem._advance(value)
 
     def __del__(self) -> None:
         self.pool.release(self.event)
@@ -114,6 +107,8 @@ class EventSemaphore(Semaphore):
                 timepoints.append((value, timepoint))
             else:
                 timepoints.insert(bisect.bisect_right(timepoints, value, key=_value_of), (value, timepoint))
+            if not self._issuable:
+                return
             ready = self._pop_issuable(value)
         for listener in ready:
             listener(None)
@@ -136,6 +131,8 @@ class EventSemaphore(Semaphore):
     def _covering(self, value: int) -> Timepoint | None:
         """The timepoint of the smallest value >= ``value`` (call with the lock held)."""
         timepoints = self._timepoints
+        if timepoints and timepoints[-1][0] >= value and (len(timepoints) == 1 or timepoints[-2][0] < value):
+            return timepoints[-1][1]  # the usual case: waiting for the latest signal
         index = bisect.bisect_left(timepoints, value, key=_value_of)
         return timepoints[index][1] if index < len(timepoints) else None
 
@@ -171,7 +168,12 @@ class EventSemaphore(Semaphore):
             current = self._value
             timepoints = self._timepoints
             if timepoints and timepoints[0][0] <= current:
-                del timepoints[:bisect.bisect_right(timepoints, current, key=_value_of)]
+                if timepoints[-1][0] <= current:
+                    timepoints.clear()  # the usual case: the value passed every timepoint
+                else:
+                    del timepoints[:bisect.bisect_right(timepoints, current, key=_value_of)]
+            if not self._issuable:
+                return
             ready = self._pop_issuable(current)
         for listener in ready:
             listener(None)
@@ -197,6 +199,8 @@ class EventSemaphore(Semaphore):
             timepoint = self._peek_timepoint(value)
             if timepoint is not None:
                 self.device._wait_timepoint(timepoint, deadline)
+                if self._value >= value and self._failure is None:
+                    return  # retired by this thread: no need to look again under the lock
         super()._wait(value, deadline)
 
 
