@@ -22,10 +22,11 @@ then reused for every table, two ways:
 - indirect bindings (dispatches of kernels whose source the driver compiles, with
   the ``indirect_bindings`` device option on, the default): the node runs a
   variant of the kernel that reads its binding addresses from a small device
-  table owned by the command buffer. A submission whose table resolves to new
-  addresses copies the new table image (one ``cuMemcpyHtoDAsync`` from pinned
-  staging, stream-ordered before the graph launch); nodes are never touched, so
-  the cost does not grow with the number of dispatches;
+  table owned by the command buffer (dispatches binding the same ranges share
+  one run of entries). A submission whose table resolves to new addresses
+  copies the new table image (one ``cuMemcpyHtoDAsync`` from pinned staging,
+  stream-ordered before the graph launch); nodes are never touched, so the
+  cost does not grow with the number of dispatches;
 - node updates (everything else: fills, copies, updates, precompiled kernels):
   each used slot's (address, size) is compared with what the executable graph
   holds and only the nodes reading a changed slot are updated in place
@@ -35,11 +36,16 @@ then reused for every table, two ways:
 The graph is re-instantiated only when the driver rejects an in-place update of
 a memset/memcpy node (a different kind of allocation, a length change to or
 from zero), counted in ``reinstantiations``.
+
+A submission with the binding table of the previous one (the core hands out the
+same resolved table when the entries are unchanged) skips all of this: it is
+one ``cuGraphLaunch``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -120,16 +126,21 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self.reinstantiations = 0
         self.updated_nodes = 0
         self.image_uploads = 0
+        #: The resolved binding table the graph and the device table were last brought up to date with.
+        self._bound_table: Sequence[Binding] | None = None
         # Indirect bindings: per dispatch using them, (function, first table entry); the table layout.
         self._indirect: dict[int, tuple[Any, int]] = {}
         self._indirect_args = ArgArena()
-        self._image_slots: list[int] = []
-        self._image_mask: np.ndarray | None = None
-        self._image_slot_index: np.ndarray | None = None
+        #: The binding-table slots the device table reads (None when no dispatch uses indirect bindings).
+        self._image_slots: list[int] | None = None
+        #: Per device-table entry: index into the slot bases (the last one is 0, for fixed addresses), offset.
+        self._image_base_index: np.ndarray | None = None
         self._image_offsets: np.ndarray | None = None
-        self._image_fixed: np.ndarray | None = None
-        self._image_entries: tuple | None = None
+        self._image_bases: np.ndarray | None = None
         self._image_values: np.ndarray | None = None
+        self._image_values_address = 0
+        #: The slot addresses of the image last copied to the device table (None: copy it again).
+        self._image_addresses: tuple | None = None
 
     # -- recording -----------------------------------------------------------------
     def _pack_staging(self) -> None:
@@ -180,7 +191,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self.node_count = len(self._nodes)
         self._resources.graph_exec = api.graph_instantiate(graph) if self._nodes else None
         self._applied = {slot: slot_address(table[slot]) for slot in self._slot_nodes}  # type: ignore[index]
-        self._image_entries = self._image_values = None  # a new graph: upload the table image again
+        self._image_addresses = None  # a new graph: upload the table image again
 
     def _add_node(self, graph: Any, command: Command, deps: list[Any], table: Sequence[Binding] | None) -> Any:
         device = self.device
@@ -228,30 +239,35 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         return node.handle
 
     def _plan_indirect(self) -> None:
-        """Lay out the device binding table of the dispatches that can read their bindings from it."""
+        """Lay out the device binding table of the dispatches that can read their bindings from it.
+
+        Each dispatch reads its bindings from a run of consecutive entries; dispatches binding
+        the same ranges (slot and offset, or fixed address) share a run, so the table, and the
+        copy a new binding table costs, grows with the distinct bindings, not the dispatches.
+        """
         device = self.device
         self._indirect = {}
-        self._image_mask = None
+        self._image_slots = None
         if not device.use_indirect_bindings(len(self.slot_dispatches)):
             return
-        slots: list[int] = []
-        offsets: list[int] = []
-        fixed: list[int] = []
+        layout: list[tuple[int | None, int]] = []  # (slot, offset) or (None, fixed address)
+        runs: dict[tuple, int] = {}
         chosen = []
         for command in self.slot_dispatches:
             function = device.indirect_function(command.executable, command.ordinal)
             if function is None:
                 continue
-            chosen.append((command, function, len(slots)))
-            for target in command.bindings:
-                slots.append(-1 if target.slot is None else target.slot)
-                offsets.append(0 if target.slot is None else target.offset)
-                fixed.append(target.ptr if target.slot is None else 0)
+            key = tuple((target.slot, target.offset) if target.slot is not None else (None, target.ptr)
+                        for target in command.bindings)
+            start = runs.get(key)
+            if start is None:
+                start = runs[key] = len(layout)
+                layout.extend(key)
+            chosen.append((command, function, start))
         if not chosen:
-            self._image_mask = None
             return
         resources = self._resources
-        size = 8 * len(slots)
+        size = 8 * len(layout)
         if resources.image is None or resources.image.size != size:
             if resources.image is not None:
                 old, resources.image = resources.image, None
@@ -263,34 +279,40 @@ class GraphCommandBuffer(RecordingCommandBuffer):
             first = self._indirect_args.add([table_ptr + 8 * start], command.constants)
             self._indirect[id(command)] = (function, first)
         self._indirect_args.pack()
-        slot_array = np.array(slots, dtype=np.int64)
-        self._image_mask = slot_array >= 0
-        self._image_slot_index = slot_array[self._image_mask]
-        self._image_offsets = np.array(offsets, dtype=np.uint64)[self._image_mask]
-        self._image_fixed = np.array(fixed, dtype=np.uint64)
-        self._image_slots = sorted(set(self._image_slot_index.tolist()))
-        self._image_entries = None
-        self._image_values = None
+        slots = sorted({slot for slot, _ in layout if slot is not None})
+        position = {slot: i for i, slot in enumerate(slots)}
+        fixed = len(slots)  # the base of fixed entries: 0
+        self._image_base_index = np.array([fixed if slot is None else position[slot] for slot, _ in layout],
+                                          dtype=np.intp)
+        self._image_offsets = np.array([offset for _, offset in layout], dtype=np.uint64)
+        self._image_bases = np.zeros(len(slots) + 1, dtype=np.uint64)
+        self._image_values = np.zeros(len(layout), dtype=np.uint64)
+        self._image_values_address = self._image_values.ctypes.data
+        self._image_slots = slots
+        self._image_addresses = None
 
     def _upload_image(self, table: Sequence[Binding] | None, stream: Any, submission) -> None:
         """Copy the binding table's addresses to the device table when they changed (stream-ordered)."""
-        entries = tuple(table[slot] for slot in self._image_slots)  # type: ignore[index]
-        if entries == self._image_entries:
+        addresses = tuple([buffer._allocation.ptr + buffer.offset + base  # slot_address, inlined: per slot
+                           for buffer, base, _ in [table[slot] for slot in self._image_slots]])  # type: ignore[index, union-attr]
+        if addresses == self._image_addresses:
             return
-        bases = np.zeros(max(self._image_slots) + 1, dtype=np.uint64)
-        for slot, entry in zip(self._image_slots, entries):
-            bases[slot] = slot_address(entry)[0]
-        values = self._image_fixed.copy()  # type: ignore[union-attr]
-        values[self._image_mask] = bases[self._image_slot_index] + self._image_offsets
-        self._image_entries = entries
-        if self._image_values is not None and np.array_equal(values, self._image_values):
-            return
-        self._image_values = values
+        bases = self._image_bases
+        bases[:-1] = addresses  # type: ignore[index]
+        values = self._image_values
+        np.add(bases[self._image_base_index], self._image_offsets, out=values)  # type: ignore[index]
+        size = values.nbytes  # type: ignore[union-attr]
         device = self.device
-        host, capacity = device.staging.acquire(values.nbytes)
-        ctypes.memmove(host, values.ctypes.data, values.nbytes)
-        device.api.memcpy_htod_async(self._resources.image.ptr, host, values.nbytes, stream)
-        submission.resources.append(lambda: device.staging.release(host, capacity))
+        staging = device.staging
+        host, capacity = staging.acquire(size)
+        try:
+            ctypes.memmove(host, self._image_values_address, size)
+            device.api.memcpy_htod_async(self._resources.image.ptr, host, size, stream)
+        except BaseException:
+            staging.release(host, capacity)
+            raise
+        submission.resources.append(functools.partial(staging.release, host, capacity))
+        self._image_addresses = addresses
         self.image_uploads += 1
 
     # -- submission ----------------------------------------------------------------------
@@ -298,12 +320,14 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         resources = self._resources
         if self.uses_slots:
             with self.issue_lock:
-                if resources.graph is None:
-                    self._build(table)
-                else:
-                    self._rebind(table)
-                if self._image_mask is not None:
-                    self._upload_image(table, queue.stream, submission)
+                if table is not self._bound_table:  # the same table as last time: nothing to rebind
+                    if resources.graph is None:
+                        self._build(table)
+                    else:
+                        self._rebind(table)
+                    if self._image_slots is not None:
+                        self._upload_image(table, queue.stream, submission)
+                    self._bound_table = table
                 if resources.graph_exec is not None:
                     self.device.api.graph_launch(resources.graph_exec, queue.stream)
         elif resources.graph_exec is not None:
