@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 MAX_UPDATE_SIZE = 64 * 1024
 UINT32_MAX = (1 << 32) - 1
 _DISPATCH_BIT = BufferUsage.DISPATCH_STORAGE.value
+_RECORDING = CommandBufferState.RECORDING
 _REUSABLE_BIT = CommandBufferMode.REUSABLE.value
 
 
@@ -85,6 +86,8 @@ class CommandBuffer:
         self._slot_uses: list[_SlotUse] = []
         # Identical slot uses are checked once per submission: the check costs O(distinct uses), not O(commands).
         self._slot_use_keys: set[tuple] = set()
+        #: Dispatch bindings of whole buffers, checked once per buffer (drivers never modify refs).
+        self._whole_refs: dict[Buffer, BufferRef] = {}
         #: The last binding table that passed the checks: (its entries as given, resolved, buffers to keep live).
         self._checked_table: tuple | None = None
 
@@ -256,29 +259,56 @@ class CommandBuffer:
                  workgroups: int | Sequence[int] = (1, 1, 1), constants: Sequence[int] = (),
                  bindings: Sequence[object] = ()) -> None:
         """Run export ``entry_point`` over ``workgroups`` with uint32 ``constants`` and buffer ``bindings``."""
-        self._check_recording("dispatch")
+        # Recording thousands of dispatches is a hot loop: the common well-formed cases are checked
+        # inline here, anything else goes through the full checks (and their error messages).
+        if self.state is not _RECORDING:
+            self._check_recording("dispatch")
         if not isinstance(executable, Executable):
             raise InvalidArgumentError(f"dispatch needs a hal.Executable, got {type(executable).__name__}")
-        if executable.device is not self.device:
+        device = self.device
+        if executable.device is not device:
             raise InvalidArgumentError("dispatch executable belongs to another device")
-        ordinal, export = executable.export(entry_point)
-        grid = self._check_workgroups(workgroups)
-        values = self._check_constants(export, constants)
+        exports = executable.exports
+        if type(entry_point) is int and 0 <= entry_point < len(exports):
+            ordinal, export = entry_point, exports[entry_point]
+        else:
+            ordinal, export = executable.export(entry_point)
+        grid = workgroups
+        if type(workgroups) is tuple and len(workgroups) == 3:
+            x, y, z = workgroups
+            limits = device.limits["max_workgroup_count"]
+            if not (type(x) is int and type(y) is int and type(z) is int and 0 <= x <= limits[0]
+                    and 0 <= y <= limits[1] and 0 <= z <= limits[2]):
+                grid = self._check_workgroups(workgroups)
+        else:
+            grid = self._check_workgroups(workgroups)
+        if (type(constants) is tuple or type(constants) is list) and len(constants) == export.constants:
+            for value in constants:
+                if type(value) is not int or not 0 <= value <= UINT32_MAX:
+                    values = self._check_constants(export, constants)
+                    break
+            else:
+                values = tuple(constants)
+        else:
+            values = self._check_constants(export, constants)
         if type(bindings) is not list and type(bindings) is not tuple and (
                 isinstance(bindings, (str, bytes)) or not isinstance(bindings, Sequence)):
             raise InvalidArgumentError(f"dispatch bindings must be a sequence, got {bindings!r}")
         if len(bindings) != export.bindings:
             raise InvalidArgumentError(
                 f"export {export.name!r} takes {export.bindings} bindings, got {len(bindings)}")
-        device = self.device
         refs = []
+        whole_refs = self._whole_refs
         for i, b in enumerate(bindings):
             # Inline fast path (whole live buffer of this device): formatting `what` costs more than the check.
-            if type(b) is Buffer and not b._released and not b._root._released and b.device is device \
-                    and _DISPATCH_BIT & b.usage._value_:
-                refs.append(BufferRef(b, None, 0, b.size))
-            else:
-                refs.append(self._ref(b, f"binding {i} of {export.name!r}", BufferUsage.DISPATCH_STORAGE))
+            if type(b) is Buffer and not b._released and not b._root._released:
+                ref = whole_refs.get(b)  # device and usage never change: checked once per buffer
+                if ref is None and b.device is device and _DISPATCH_BIT & b.usage._value_:
+                    ref = whole_refs[b] = BufferRef(b, None, 0, b.size)
+                if ref is not None:
+                    refs.append(ref)
+                    continue
+            refs.append(self._ref(b, f"binding {i} of {export.name!r}", BufferUsage.DISPATCH_STORAGE))
         if 0 in grid:
             return
         self._dispatch(executable, ordinal, export, grid, values, refs)

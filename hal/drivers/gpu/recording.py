@@ -66,8 +66,9 @@ class Dispatch:
         self.function = function
         self.executable = executable
         self.ordinal = ordinal
-        #: Each binding as a Target (fixed address, or slot + offset).
-        self.bindings = bindings or []
+        #: Each binding as a Target (fixed address, or slot + offset); None when no binding goes
+        #: through a slot (only dispatches with slot bindings need them).
+        self.bindings = bindings
         self.constants = constants
         self.grid = grid
         self.block = block
@@ -163,6 +164,21 @@ class RecordingCommandBuffer(CommandBuffer):
                   bindings: list[BufferRef]) -> None:
         pending = self.args._pending
         start = len(pending)  # this dispatch's first argument slot
+        roots = self._roots
+        for ref in bindings:  # the usual case first: direct bindings only, no Targets needed
+            buffer = ref.buffer
+            if buffer is None:
+                del pending[start:]
+                break
+            root = buffer._root
+            roots[id(root)] = root
+            pending.append(buffer._allocation.ptr + buffer.offset + ref.offset)
+        else:
+            pending.extend(constants)
+            self.levels[-1].append(Dispatch(executable.functions[ordinal], workgroups,  # type: ignore[attr-defined]
+                                            export.workgroup_size, start, len(bindings) + len(constants), (),
+                                            executable, ordinal, None, constants))
+            return
         slot_args = []
         targets = []
         roots = self._roots

@@ -50,12 +50,15 @@ class StreamCommandBuffer(RecordingCommandBuffer):
         stream = queue.stream
         staging = self._staging[0] if self._staging else 0
         calls: list[tuple[Any, Any, str]] = []
+        append = calls.append
+        prepare_launch = api.prepare_launch
+        params_address = self.args.params_address
         for level in self.levels:
             for command in level:
                 kind = type(command)
                 if kind is Dispatch:
-                    calls.append(api.prepare_launch(command.function, command.grid, command.block, stream,
-                                                    self.args.params_address(command.arg_start, command.arg_count)))
+                    append(prepare_launch(command.function, command.grid, command.block, stream,
+                                          params_address(command.arg_start, command.arg_count)))
                 elif kind is Fill:
                     target = command.target
                     if target.slot is None:
