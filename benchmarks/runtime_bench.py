@@ -5,9 +5,17 @@
 - logistic regression, 1000 x 100 (MLX's example shape), full-batch steps:
   lazy eager mode with rt.value_and_grad (one eval per step) and under rt.compile,
   against PyTorch eager with autograd and (on cuda) PyTorch CUDA-graph replay of a
-  hand-written step, and against the same step written in plain numpy;
+  hand-written step, and against the same step written in plain numpy. Every loop is
+  timed twice, both sides alike: `synced` waits for each step's result before the next
+  step (as reading the loss every step does); `pipelined` waits only once, after the
+  last step of the round (the steps queue up, as in a loop that reads the loss rarely).
+  Every timing ends with the device idle;
 - elementwise add and sum over 64M float32 against the device's copy bandwidth
   (HAL copy_buffer on a GPU; numpy copy on a CPU driver) and against plain numpy.
+  Bandwidth counts the bytes an op must move: add reads two arrays and writes one,
+  sum reads one, copy reads one and writes one. `single` times one op from the call
+  to its result on the host (graph building, submission and the wait included);
+  `pipelined` queues 10 of the same op and waits once (the device's throughput).
 """
 
 from __future__ import annotations
@@ -35,14 +43,16 @@ def best_of(fn, repeats: int) -> float:
     return min(times)
 
 
-def rate(fn, steps: int, rounds: int = 3) -> float:
-    """Iterations per second of fn() (median of rounds of `steps` calls)."""
+def rate(fn, steps: int, finish, rounds: int = 3) -> float:
+    """Iterations per second of fn() (median of rounds of `steps` calls, each round ending with finish())."""
     fn()
+    finish()
     rates = []
     for _ in range(rounds):
         t = time.perf_counter()
         for _ in range(steps):
             fn()
+        finish()
         rates.append(steps / (time.perf_counter() - t))
     return statistics.median(rates)
 
@@ -71,11 +81,15 @@ def bench_logistic(device: str | None, steps: int) -> dict:
 
     ctx = rt.device.context_for(device)
 
-    def eager_step():
+    def sync() -> None:
+        rt.synchronize(device)
+
+    def eager_step(wait: bool) -> None:
         loss, g = vg(state["w"], X, y)
         state["w"] = state["w"] - lr * g
         rt.eval(state["w"], loss)
-        ctx.wait_storage(loss.root.storage)  # the step is done (as the baselines synchronize)
+        if wait:
+            ctx.wait_storage(loss.root.storage)  # the step's results are ready
 
     def step(w, X, y):
         loss, g = vg(w, X, y)
@@ -84,17 +98,20 @@ def bench_logistic(device: str | None, steps: int) -> dict:
     compiled = rt.compile(step)
     cstate = {"w": rt.zeros((100,), device=device)}
 
-    def compiled_step():
+    def compiled_step(wait: bool) -> None:
         cstate["w"], loss = compiled(cstate["w"], X, y)
-        ctx.wait_storage(loss.root.storage)
+        if wait:
+            ctx.wait_storage(loss.root.storage)
 
     out = {}
-    eager = rate(eager_step, steps)
-    rt.synchronize(device)
-    comp = rate(compiled_step, steps)
-    rt.synchronize(device)
+    eager = rate(lambda: eager_step(True), steps, sync)
+    comp = rate(lambda: compiled_step(True), steps, sync)
     out["runtime_eager_grad_it_s"] = eager
     out["runtime_compile_it_s"] = comp
+    out["runtime_eager_grad_pipelined_it_s"] = rate(lambda: eager_step(False), steps, sync)
+    out["runtime_compile_pipelined_it_s"] = rate(lambda: compiled_step(False), steps, sync)
+    w_check = cstate["w"].numpy()
+    out["compile_weights_finite"] = bool(np.isfinite(w_check).all())
 
     # plain numpy, hand-written gradient (the CPU reference of the same computation)
     w_np = np.zeros(100, np.float32)
@@ -106,7 +123,7 @@ def bench_logistic(device: str | None, steps: int) -> dict:
         g = X_np.T @ (p - y_np) / len(y_np)
         w_np = w_np - lr * g
 
-    out["numpy_hand_gradient_it_s"] = rate(numpy_step, steps)
+    out["numpy_hand_gradient_it_s"] = rate(numpy_step, steps, lambda: None)
     w_same = np.zeros(100, np.float32)
 
     def numpy_same_ops():
@@ -131,15 +148,19 @@ def bench_logistic(device: str | None, steps: int) -> dict:
         w_same = w_same - lr * gw
         return loss
 
-    out["numpy_same_ops_it_s"] = rate(numpy_same_ops, steps)
+    out["numpy_same_ops_it_s"] = rate(numpy_same_ops, steps, lambda: None)
     out["eager_vs_numpy_same_ops"] = eager / out["numpy_same_ops_it_s"]
     out["compile_vs_numpy_same_ops"] = comp / out["numpy_same_ops_it_s"]
     out["compile_vs_numpy_hand_gradient"] = comp / out["numpy_hand_gradient_it_s"]
     out.update(torch_baselines(X_np, y_np, lr, steps, rt.device.context_for(device).device))
     if "torch_eager_autograd_it_s" in out:
         out["eager_vs_torch_eager"] = eager / out["torch_eager_autograd_it_s"]
+        out["eager_vs_torch_eager_pipelined"] = (out["runtime_eager_grad_pipelined_it_s"]
+                                                 / out["torch_eager_autograd_pipelined_it_s"])
     if "torch_cuda_graph_it_s" in out:
         out["compile_vs_torch_cuda_graph"] = comp / out["torch_cuda_graph_it_s"]
+        out["compile_vs_torch_cuda_graph_pipelined"] = (out["runtime_compile_pipelined_it_s"]
+                                                        / out["torch_cuda_graph_pipelined_it_s"])
     return out
 
 
@@ -154,17 +175,22 @@ def torch_baselines(X_np, y_np, lr, steps, device: hal.Device) -> dict:
     y = torch.from_numpy(y_np).to(tdev)
     w = torch.zeros(100, device=tdev, requires_grad=True)
 
-    def eager():
+    def sync() -> None:
+        if on_cuda:
+            torch.cuda.synchronize()
+
+    def eager(wait: bool) -> None:
         z = X @ w
         loss = torch.nn.functional.softplus(z).sub(y * z).mean()
         loss.backward()
         with torch.no_grad():
             w.sub_(lr * w.grad)
             w.grad = None
-        if on_cuda:
-            torch.cuda.synchronize()
+        if wait:
+            sync()
 
-    out = {"torch_device": tdev, "torch_eager_autograd_it_s": rate(eager, steps)}
+    out = {"torch_device": tdev, "torch_eager_autograd_it_s": rate(lambda: eager(True), steps, sync),
+           "torch_eager_autograd_pipelined_it_s": rate(lambda: eager(False), steps, sync)}
     if on_cuda:
         wg = torch.zeros(100, device=tdev)
 
@@ -183,17 +209,23 @@ def torch_baselines(X_np, y_np, lr, steps, device: hal.Device) -> dict:
         with torch.cuda.graph(graph):
             hand_step()
 
-        def replay():
+        def replay(wait: bool) -> None:
             graph.replay()
-            torch.cuda.synchronize()
+            if wait:
+                torch.cuda.synchronize()
 
-        out["torch_cuda_graph_it_s"] = rate(replay, steps)
+        out["torch_cuda_graph_it_s"] = rate(lambda: replay(True), steps, sync)
+        out["torch_cuda_graph_pipelined_it_s"] = rate(lambda: replay(False), steps, sync)
     return out
 
 
 # ---- bandwidth-bound kernels ------------------------------------------------------------------
 
-def device_copy_seconds(device: hal.Device, nbytes: int, repeats: int) -> float:
+PIPELINE = 10  # ops queued before the one wait of a pipelined timing
+
+
+def device_copy_seconds(device: hal.Device, nbytes: int, repeats: int) -> tuple[float, float]:
+    """(single, pipelined) seconds of one device-to-device copy through the HAL."""
     src = device.allocator.allocate(nbytes)
     dst = device.allocator.allocate(nbytes)
     sem = device.create_semaphore(0)
@@ -202,15 +234,17 @@ def device_copy_seconds(device: hal.Device, nbytes: int, repeats: int) -> float:
         cb.copy_buffer(src, dst)
     value = [0]
 
-    def once():
-        value[0] += 1
-        device.queue_execute([cb], signal=[(sem, value[0])])
+    def once(count: int) -> None:
+        for _ in range(count):
+            value[0] += 1
+            device.queue_execute([cb], wait=[(sem, value[0] - 1)], signal=[(sem, value[0])])
         sem.wait(value[0])
 
-    t = best_of(once, repeats)
+    single = best_of(lambda: once(1), repeats)
+    pipelined = best_of(lambda: once(PIPELINE), repeats) / PIPELINE
     src.release()
     dst.release()
-    return t
+    return single, pipelined
 
 
 def bench_bandwidth(device: str | None, n: int, repeats: int) -> dict:
@@ -221,33 +255,44 @@ def bench_bandwidth(device: str | None, n: int, repeats: int) -> dict:
     a, b = rt.array(a_np, device=device), rt.array(b_np, device=device)
     holder = {}
 
-    def rt_add():
-        c = a + b
-        rt.eval(c)
+    def rt_add(count: int) -> None:
+        for _ in range(count):
+            c = a + b
+            rt.eval(c)
+            holder["c"] = c  # freed on the next call, so the buffer cache recycles it
         ctx.wait(c.root.storage.ready)
-        holder["c"] = c  # freed on the next call, so the buffer cache recycles it
 
-    def rt_sum():
-        s = a.sum()
-        rt.eval(s)
+    def rt_sum(count: int) -> None:
+        for _ in range(count):
+            s = a.sum()
+            rt.eval(s)
         ctx.wait(s.root.storage.ready)
 
-    t_add = best_of(rt_add, repeats)
-    holder.clear()
-    t_sum = best_of(rt_sum, repeats)
     nbytes = n * 4
-    out = {"elements": n, "add_s": t_add, "sum_s": t_sum,
-           "add_GBps": 3 * nbytes / t_add / 1e9, "sum_GBps": nbytes / t_sum / 1e9}
+    out = {"elements": n}
+    t_add = best_of(lambda: rt_add(1), repeats)
+    t_add_p = best_of(lambda: rt_add(PIPELINE), repeats) / PIPELINE
+    holder.clear()
+    t_sum = best_of(lambda: rt_sum(1), repeats)
+    t_sum_p = best_of(lambda: rt_sum(PIPELINE), repeats) / PIPELINE
+    s_check = float(a.sum())
+    out["sum_relative_error"] = abs(s_check - float(a_np.astype(np.float64).sum())) / float(np.abs(a_np).sum())
     if ctx.is_gpu:
-        t_copy = device_copy_seconds(ctx.device, nbytes, repeats)
+        t_copy, t_copy_p = device_copy_seconds(ctx.device, nbytes, repeats)
         out["copy_baseline"] = "hal copy_buffer"
     else:
         dst = np.empty_like(a_np)
-        t_copy = best_of(lambda: np.copyto(dst, a_np), repeats)
+        t_copy = t_copy_p = best_of(lambda: np.copyto(dst, a_np), repeats)
         out["copy_baseline"] = "numpy copyto"
-    out["copy_GBps"] = 2 * nbytes / t_copy / 1e9
-    out["add_vs_copy_bandwidth"] = out["add_GBps"] / out["copy_GBps"]
-    out["sum_vs_copy_bandwidth"] = out["sum_GBps"] / out["copy_GBps"]
+    for mode, ta, ts, tc in (("single", t_add, t_sum, t_copy), ("pipelined", t_add_p, t_sum_p, t_copy_p)):
+        suffix = "" if mode == "single" else "_pipelined"
+        out[f"add_s{suffix}"] = ta
+        out[f"sum_s{suffix}"] = ts
+        out[f"add_GBps{suffix}"] = 3 * nbytes / ta / 1e9
+        out[f"sum_GBps{suffix}"] = nbytes / ts / 1e9
+        out[f"copy_GBps{suffix}"] = 2 * nbytes / tc / 1e9
+        out[f"add_vs_copy_bandwidth{suffix}"] = out[f"add_GBps{suffix}"] / out[f"copy_GBps{suffix}"]
+        out[f"sum_vs_copy_bandwidth{suffix}"] = out[f"sum_GBps{suffix}"] / out[f"copy_GBps{suffix}"]
     # the same computations in plain numpy (allocating results as numpy code does)
     t_np_add = best_of(lambda: a_np + b_np, repeats)
     t_np_sum = best_of(lambda: a_np.sum(), repeats)

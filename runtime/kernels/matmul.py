@@ -1,4 +1,11 @@
-"""Batched matmul with broadcast batch dims: a tiled shared-memory kernel, numpy matmul on CPU."""
+"""Batched matmul with broadcast batch dims: a tiled shared-memory kernel, numpy matmul on CPU.
+
+Matrix-vector products (one output column or row, no batch) take a GEMV kernel on GPUs
+instead: the tiled kernel would idle 15 of every 16 threads and walk K in one block per
+16 outputs. `gemv_rows` gives every output a warp reading its row contiguously;
+`gemv_cols`, for matrices whose rows are strided (a transposed operand), gives 32
+neighbouring outputs one block whose 32 thread rows split K and sum in shared memory.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +17,71 @@ from .. import dtypes as _dt
 from ..shapes import broadcast_strides, collapse, contiguous_strides, size_of
 from .cuda_common import load_expr, store_expr
 from .numpy_util import ERRSTATE, signed, store, strided_view, to_compute
-from .source import KernelSource, source, u32
+from .source import WORKGROUP, KernelSource, source, u32
 
 TILE = 16
 MAX_BATCH = 6
 _NCONST = 4 + MAX_BATCH + 2 * (3 + MAX_BATCH)
+_NCONST_GEMV = 7  # M, K, matrix offset, row stride, column stride, vector offset, vector stride
+GEMV_COLS_BLOCK = (32, 32, 1)
 
 
 def matmul_source(dt) -> KernelSource:
     key = ("matmul", dt.name)
     return source(key, lambda: KernelSource(
-        key, [hal.Export(f"matmul_{dt.code}", (TILE, TILE, 1), 3, _NCONST)],
-        lambda: _cuda(dt), lambda: _numpy(dt)))
+        key, [hal.Export(f"matmul_{dt.code}", (TILE, TILE, 1), 3, _NCONST),
+              hal.Export(f"gemv_rows_{dt.code}", (WORKGROUP, 1, 1), 3, _NCONST_GEMV),
+              hal.Export(f"gemv_cols_{dt.code}", GEMV_COLS_BLOCK, 3, _NCONST_GEMV)],
+        lambda: _cuda(dt) + _cuda_gemv(dt), lambda: _numpy(dt)))
+
+
+def _cuda_gemv(dt) -> str:
+    """out[i] = sum_k mat[moff + i*rs + k*cs] * vec[voff + k*vs] for i < M."""
+    acc = "int" if dt.kind in "ib" else "float"
+    params = (f"{dt.c_storage}* __restrict__ out, const {dt.c_storage}* __restrict__ mat, "
+              f"const {dt.c_storage}* __restrict__ vec, u32 M, u32 K, u32 moff, u32 rs, u32 cs, u32 voff, u32 vs")
+    def term(k: str) -> str:
+        m = load_expr(dt, f"mat[base + (i64){k} * (int)cs]")
+        v = load_expr(dt, f"vec[(i64)voff + (i64){k} * (int)vs]")
+        return f"({acc})({m}) * ({acc})({v})"
+
+    cy = GEMV_COLS_BLOCK[1]
+    return f"""
+extern "C" __global__ void gemv_rows_{dt.code}({params}) {{
+  const u32 lane = threadIdx.x % RT_WARP, warps = blockDim.x / RT_WARP;
+  for (u32 i = blockIdx.x * warps + threadIdx.x / RT_WARP; i < M; i += gridDim.x * warps) {{
+    const i64 base = (i64)moff + (i64)i * (int)rs;
+    {acc} s0 = 0, s1 = 0;
+    u32 k = lane;
+    for (; k + RT_WARP < K; k += 2 * RT_WARP) {{
+      const u32 k1 = k + RT_WARP;
+      s0 += {term("k")};
+      s1 += {term("k1")};
+    }}
+    if (k < K) s0 += {term("k")};
+    {acc} s = s0 + s1;
+    for (int o = RT_WARP / 2; o > 0; o /= 2) s += RT_SHFL_DOWN(s, o);
+    if (lane == 0) out[i] = {store_expr(dt, "s")};
+  }}
+}}
+extern "C" __global__ void gemv_cols_{dt.code}({params}) {{
+  __shared__ {acc} part[{cy}][33];
+  const u32 tx = threadIdx.x, ty = threadIdx.y;
+  const u32 i = blockIdx.x * blockDim.x + tx;
+  {acc} s = 0;
+  if (i < M) {{
+    const i64 base = (i64)moff + (i64)i * (int)rs;
+    for (u32 k = ty; k < K; k += blockDim.y) s += {term("k")};
+  }}
+  part[ty][tx] = s;
+  __syncthreads();
+  for (u32 h = blockDim.y / 2; h > 0; h /= 2) {{
+    if (ty < h) part[ty][tx] += part[ty + h][tx];
+    __syncthreads();
+  }}
+  if (ty == 0 && i < M) out[i] = {store_expr(dt, "part[0][tx]")};
+}}
+"""
 
 
 def _cuda(dt) -> str:
@@ -70,9 +130,25 @@ extern "C" __global__ void matmul_{dt.code}({", ".join(params)}) {{
 
 
 def _numpy(dt) -> dict:
-    if dt is _dt.float32:
-        return {f"matmul_{dt.code}": _run_f32}
-    return {f"matmul_{dt.code}": _general(dt)}
+    fns = {f"matmul_{dt.code}": _run_f32 if dt is _dt.float32 else _general(dt)}
+    fns[f"gemv_rows_{dt.code}"] = fns[f"gemv_cols_{dt.code}"] = _gemv(dt)
+    return fns
+
+
+def _gemv(dt):
+    def run(wg, bindings, c):
+        M, K, moff, rs, cs, voff, vs = c[0], c[1], c[2], signed(c[3]), signed(c[4]), c[5], signed(c[6])
+        mat = to_compute(strided_view(bindings[1], dt, (M, K), (rs, cs), moff), dt)
+        vec = to_compute(strided_view(bindings[2], dt, (K,), (vs,), voff), dt)
+        out = np.frombuffer(bindings[0], dtype=dt.storage, count=M)
+        with np.errstate(**ERRSTATE):
+            if dt is _dt.int32:
+                store(out, mat.astype(np.int64) @ vec.astype(np.int64), dt)  # wraps as int32 sums do
+            elif dt is _dt.bool_:
+                store(out, (mat.astype(np.int32) @ vec.astype(np.int32)) != 0, dt)
+            else:
+                store(out, mat.astype(np.float32) @ vec.astype(np.float32), dt)
+    return run
 
 
 def _run_f32(wg, bindings, c):
@@ -140,8 +216,28 @@ def plan(node, layouts: list, ctx) -> list:
     consts += [aoff, u32(astr[-2]), u32(astr[-1])] + [u32(s) for s in ab] + pad
     consts += [boff, u32(bstr[-2]), u32(bstr[-1])] + [u32(s) for s in bb] + pad
     src = matmul_source(node.dtype)
+    if ctx.is_gpu and not cshape and (N == 1 or M == 1):
+        return [_plan_gemv(node.dtype, src, M, N, K, (aoff, astr[-2], astr[-1]), (boff, bstr[-2], bstr[-1]))]
     wg = ((N + TILE - 1) // TILE, (M + TILE - 1) // TILE, nb)
     return [("dispatch", src, f"matmul_{node.dtype.code}", wg, consts, [("out",), ("in", 0), ("in", 1)])]
+
+
+def _plan_gemv(dt, src, M, N, K, a, b) -> tuple:
+    """One output column (N == 1): rows of A times B's column; one output row: B's columns times A's row."""
+    (aoff, ar, ac), (boff, br, bc) = a, b
+    if N == 1:
+        count, mat, vec = M, (aoff, ar, ac), (boff, br)
+        bindings = [("out",), ("in", 0), ("in", 1)]
+    else:
+        count, mat, vec = N, (boff, bc, br), (aoff, ac)
+        bindings = [("out",), ("in", 1), ("in", 0)]
+    moff, rs, cs = mat
+    consts = [count, K, moff, u32(rs), u32(cs), vec[0], u32(vec[1])]
+    if cs != 1 and rs == 1:
+        wg = ((count + GEMV_COLS_BLOCK[0] - 1) // GEMV_COLS_BLOCK[0], 1, 1)
+        return ("dispatch", src, f"gemv_cols_{dt.code}", wg, consts, bindings)
+    warps = WORKGROUP // 32
+    return ("dispatch", src, f"gemv_rows_{dt.code}", (min((count + warps - 1) // warps, 65535), 1, 1), consts, bindings)
 
 
 _ = contiguous_strides

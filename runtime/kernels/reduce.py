@@ -157,17 +157,34 @@ RT_DEV {A} rt_block_reduce({A} v) {{
         if arg:
             body.append("  u32 iv = 0xffffffffu;")
         if not arg and not strided:
-            # Contiguous rows: four independent accumulators keep four loads in flight.
-            ld = lambda k: load_expr(dt, f"x[base + r + {k}u * blockDim.x]")  # noqa: E731
+            # Contiguous rows: 4-element vector loads from the first aligned element, four
+            # independent vectors in flight per thread; the unaligned head and tail one by one.
+            T = dt.c_storage
+            lv = lambda w: load_expr(dt, f"{w}.v[e]")  # noqa: E731
             body += [f"  {A} v1 = {ident}, v2 = {ident}, v3 = {ident};",
-                     "  const u64 base = (u64)off + (u64)o * R;",
-                     "  u64 r = r0 + threadIdx.x;",
-                     "  for (; r + 3u * blockDim.x < r1; r += 4u * blockDim.x) {",
-                     f"    v = rt_comb(v, ({A})({ld(0)})); v1 = rt_comb(v1, ({A})({ld(1)}));",
-                     f"    v2 = rt_comb(v2, ({A})({ld(2)})); v3 = rt_comb(v3, ({A})({ld(3)}));",
+                     "  const u64 e0 = (u64)off + (u64)o * R + r0, e1 = (u64)off + (u64)o * R + r1;",
+                     "  u64 a0 = (e0 + 3u) & ~(u64)3;",
+                     "  if (a0 > e1) a0 = e1;",
+                     "  const u64 a1 = a0 + ((e1 - a0) & ~(u64)3), qe = a1 >> 2;",
+                     f"  const rt_vec4<{T}>* x4 = reinterpret_cast<const rt_vec4<{T}>*>(x);",
+                     "  u64 q = (a0 >> 2) + threadIdx.x;",
+                     "  for (; q + 3u * blockDim.x < qe; q += 4u * blockDim.x) {",
+                     f"    const rt_vec4<{T}> w0 = x4[q], w1 = x4[q + blockDim.x];",
+                     f"    const rt_vec4<{T}> w2 = x4[q + 2u * blockDim.x], w3 = x4[q + 3u * blockDim.x];",
+                     "    #pragma unroll",
+                     "    for (int e = 0; e < 4; ++e) {",
+                     f"      v = rt_comb(v, ({A})({lv('w0')})); v1 = rt_comb(v1, ({A})({lv('w1')}));",
+                     f"      v2 = rt_comb(v2, ({A})({lv('w2')})); v3 = rt_comb(v3, ({A})({lv('w3')}));",
+                     "    }",
+                     "  }",
+                     "  for (; q < qe; q += blockDim.x) {",
+                     f"    const rt_vec4<{T}> w0 = x4[q];",
+                     "    #pragma unroll",
+                     f"    for (int e = 0; e < 4; ++e) v = rt_comb(v, ({A})({lv('w0')}));",
                      "  }",
                      "  v = rt_comb(rt_comb(v, v1), rt_comb(v2, v3));",
-                     "  for (; r < r1; r += blockDim.x) {"]
+                     f"  for (u64 pos = e0 + threadIdx.x; pos < a0; pos += blockDim.x) v = rt_comb(v, ({A})({load}));",
+                     "  for (u64 pos = a1 + threadIdx.x; pos < e1; pos += blockDim.x) {"]
         else:
             body.append("  for (u64 r = r0 + threadIdx.x; r < r1; r += blockDim.x) {")
         if strided:
@@ -178,7 +195,7 @@ RT_DEV {A} rt_block_reduce({A} v) {{
                      "        u64 q = rem / shp[d]; pos += (i64)(rem - q * shp[d]) * st[d]; rem = q;",
                      "      }",
                      "    }"]
-        else:
+        elif arg:  # (contiguous non-arg rows read the tail at `pos` already)
             body.append("    const u64 pos = (u64)off + (u64)o * R + r;")
         body.append(f"    const {A} e = ({A})({load});")
         if arg:
@@ -312,6 +329,9 @@ def plan(node, layouts: list, ctx) -> list:
     if ctx.is_gpu and R > 4096 and O < 512:
         C = min((R + 2047) // 2048, max(1, 1024 // O), 1024)
     chunk = (R + C - 1) // C if R else 1
+    if C > 1:  # chunks of whole vectors, so that every chunk of an aligned row starts aligned
+        chunk = (chunk + 3) // 4 * 4
+        C = (R + chunk - 1) // chunk
     consts = [O, R, chunk, offset, C]
     if not contiguous:
         consts += [len(cshape)] + list(cshape) + [0] * (MAX_DIMS - len(cshape))

@@ -109,6 +109,23 @@ def test_reductions_single_and_split(gpu_like):
     close(rt.array(b, device=gpu_like).sum(axis=0).numpy(), b.sum(axis=0).astype(np.int32))
 
 
+def test_reductions_vector_loads_at_any_alignment(gpu_like):
+    """Contiguous rows are read as 4-element vectors from their first aligned element."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 9003)).astype(np.float32)
+    X = rt.array(x, device=gpu_like)
+    for lo in (0, 1, 2, 3):
+        close(X[:, lo:].sum(axis=1).numpy(), x[:, lo:].sum(axis=1), rtol=1e-4, atol=1e-3)  # split, unaligned
+        close(X[1, lo:lo + 37].sum().numpy(), x[1, lo:lo + 37].sum(), rtol=1e-5, atol=1e-5)  # one block
+    close(X.reshape(-1)[5:].max().numpy(), x.reshape(-1)[5:].max())
+    close(X.min(axis=1).numpy(), x.min(axis=1))
+    h = x[:, :4099].astype(np.float16)
+    close(rt.array(h, device=gpu_like)[:, 1:].sum(axis=1).numpy(), h[:, 1:].astype(np.float32).sum(axis=1)
+          .astype(np.float16), rtol=1e-2, atol=1e-1)
+    i = rng.integers(-9, 9, (3, 5001)).astype(np.int32)
+    close(rt.array(i, device=gpu_like)[:, 3:].sum(axis=1).numpy(), i[:, 3:].sum(axis=1).astype(np.int32))
+
+
 def test_matmul_tiles_and_batches(gpu_like):
     rng = np.random.default_rng(2)
     a = rng.standard_normal((2, 19, 23)).astype(np.float32)
@@ -119,6 +136,28 @@ def test_matmul_tiles_and_batches(gpu_like):
     h = a.astype(np.float16)
     close((rt.array(h, device=gpu_like) @ rt.array(b.astype(np.float16), device=gpu_like)).numpy(),
           (h.astype(np.float32) @ b.astype(np.float16).astype(np.float32)).astype(np.float16), rtol=1e-2, atol=1e-2)
+
+
+def test_matrix_vector_products(gpu_like):
+    """One output column or row: the GEMV kernels (contiguous rows, or strided rows split over K)."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((70, 45)).astype(np.float32)
+    v = rng.standard_normal(70).astype(np.float32)
+    u = rng.standard_normal(45).astype(np.float32)
+    X, V, U = (rt.array(t, device=gpu_like) for t in (x, v, u))
+    close((X @ U).numpy(), x @ u, rtol=1e-4, atol=1e-4)  # rows contiguous
+    close((X.T @ V).numpy(), x.T @ v, rtol=1e-4, atol=1e-4)  # rows strided: K split in shared memory
+    close((V @ X).numpy(), v @ x, rtol=1e-4, atol=1e-4)  # one output row
+    close((U @ X.T).numpy(), u @ x.T, rtol=1e-4, atol=1e-4)
+    close((X[3:, ::2] @ U[::2]).numpy(), x[3:, ::2] @ u[::2], rtol=1e-4, atol=1e-4)  # offsets, strides
+    close((X @ U.reshape(45, 1)).numpy(), x @ u.reshape(45, 1), rtol=1e-4, atol=1e-4)
+    close((U @ U).numpy(), u @ u, rtol=1e-4, atol=1e-4)  # a dot product
+    i = rng.integers(-3, 4, (9, 40)).astype(np.int32)
+    j = rng.integers(-3, 4, 40).astype(np.int32)
+    close((rt.array(i, device=gpu_like) @ rt.array(j, device=gpu_like)).numpy(), i @ j)
+    h = x.astype(np.float16)
+    close((rt.array(h, device=gpu_like).T @ V.astype(rt.float16)).numpy(),
+          (h.astype(np.float32).T @ v.astype(np.float16).astype(np.float32)).astype(np.float16), rtol=1e-2, atol=1e-2)
 
 
 def test_random_matches_numpy_philox(gpu_like):
