@@ -12,6 +12,7 @@ import ctypes
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,14 @@ def add_one(workgroups, bindings, constants):
     (n,) = constants
     values = np.frombuffer(bindings[0], np.uint32, count=n)
     values += 1
+
+
+def add_pair(workgroups, bindings, constants):
+    (n,) = constants
+    for view in bindings[1:]:
+        values = np.frombuffer(view, np.uint32, count=n)
+        values += 1
+    np.frombuffer(bindings[0], np.uint32, count=n)[:] += 1
 
 
 def boom(workgroups, bindings, constants):
@@ -179,6 +188,88 @@ def test_new_tables_rewrite_the_device_table_not_the_nodes(fake_driver):
         assert api.calls.get("cuGraphExecKernelNodeSetParams", 0) == before.get("cuGraphExecKernelNodeSetParams", 0)
 
 
+def test_the_same_table_again_is_one_graph_launch(fake_driver):
+    with fake_driver.create_device(indirect_bindings=True) as dev:
+        exe = kernels(dev)
+        bufs = [dev.allocator.allocate(64) for _ in range(2)]
+        for buf in bufs:
+            dev.write(buf, bytes(64))
+        cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=2)
+        with cb.record():
+            cb.dispatch(exe, "add_one", 1, [16], [hal.Slot(0)])
+            cb.execution_barrier()
+            cb.fill_buffer(hal.Slot(1, 0, 4), 7, 4)
+        table = [bufs[0], bufs[1]]
+        run(dev, [cb], [table])
+        api = dev.api
+        before = dict(api.calls)
+        for _ in range(3):
+            run(dev, [cb], [table])
+        run(dev, [cb], [list(table)])  # another list holding the same buffers counts as the same table
+        calls = {name: count - before.get(name, 0) for name, count in api.calls.items() if count != before.get(name, 0)}
+        assert calls.get("cuGraphLaunch") == 4
+        assert not {"cuMemcpyHtoDAsync", "cuGraphExecKernelNodeSetParams", "cuGraphExecMemsetNodeSetParams",
+                    "cuGraphInstantiate"} & set(calls)
+        assert words(dev, bufs[0])[0] == 5 and words(dev, bufs[1])[0] == 7
+
+
+def test_an_unchanged_table_is_still_checked_for_released_buffers(fake_driver):
+    with fake_driver.create_device() as dev:
+        exe = kernels(dev)
+        root = dev.allocator.allocate(128)
+        other = dev.allocator.allocate(64)
+        dev.write(root, bytes(128))
+        dev.write(other, bytes(64))
+        cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=1)
+        with cb.record():
+            cb.dispatch(exe, "add_one", 1, [16], [hal.Slot(0)])
+        view = root.subspan(64, 64)
+        table = [view]
+        run(dev, [cb], [table])
+        run(dev, [cb], [table])
+        table[0] = other  # changed in place: checked and bound again
+        run(dev, [cb], [table])
+        assert words(dev, root)[16] == 2 and words(dev, other)[0] == 1
+        table[0] = view
+        run(dev, [cb], [table])
+        view.release()  # the released view itself
+        with pytest.raises(hal.FailedPreconditionError, match="released"):
+            run(dev, [cb], [table])
+        table[0] = view = root.subspan(0, 64)
+        run(dev, [cb], [table])
+        root.release()  # the root of a live view
+        with pytest.raises(hal.FailedPreconditionError, match="released"):
+            run(dev, [cb], [table])
+        assert words(dev, other)[0] == 1
+
+
+def test_device_table_shares_runs_of_equal_bindings(fake_driver):
+    with fake_driver.create_device(indirect_bindings=True) as dev:
+        exe = dev.load_executable(hal.ExecutableSpec(
+            "numpy", {"add_one": add_one, "add_pair": add_pair},
+            [EXPORTS[0], hal.Export("add_pair", (64, 1, 1), bindings=2, constants=1)]))
+        bufs = [dev.allocator.allocate(64) for _ in range(3)]
+        fixed = dev.allocator.allocate(64)
+        for buf in (*bufs, fixed):
+            dev.write(buf, bytes(64))
+        cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=2)
+        with cb.record():
+            for _ in range(3):  # three dispatches, one run of table entries
+                cb.dispatch(exe, "add_pair", 1, [1], [hal.Slot(0), hal.Slot(1, 16)])
+                cb.execution_barrier()
+            cb.dispatch(exe, "add_pair", 1, [1], [hal.Slot(1, 16), fixed])
+            cb.execution_barrier()
+            cb.dispatch(exe, "add_one", 1, [1], [hal.Slot(0, 32)])
+        run(dev, [cb], [[bufs[0], bufs[1]]])
+        assert cb._resources.image.size == 8 * 5, "runs: (slot 0, slot 1+16), (slot 1+16, fixed), (slot 0+32)"
+        run(dev, [cb], [[bufs[2], bufs[1]]])
+        assert words(dev, bufs[0])[0] == 3 and words(dev, bufs[0])[8] == 1
+        assert words(dev, bufs[2])[0] == 3 and words(dev, bufs[2])[8] == 1
+        assert words(dev, bufs[1])[4] == 8, "slot 1 at +16 is bound by four dispatches in both runs"
+        assert words(dev, fixed)[0] == 2
+        assert cb.image_uploads == 2
+
+
 def test_node_updates_touch_only_changed_slots(fake_driver):
     with fake_driver.create_device(indirect_bindings=False) as dev:
         exe = kernels(dev)
@@ -295,6 +386,22 @@ def test_values_follow_issue_order(fake_driver):
         dev.queue_barrier(signal=[(b, 1)])
         b.wait(1)
         assert a.value == 1, "work issued earlier is complete when later work is"
+
+
+def test_completion_thread_sleeps_when_idle_and_wakes_for_new_work(fake_driver, monkeypatch):
+    from hal.drivers.gpu import device as gpu_device
+
+    monkeypatch.setattr(gpu_device, "LINGER", 5e-3)
+    with fake_driver.create_device() as dev:
+        sem = dev.create_semaphore(0)
+        for value in (1, 2, 3):
+            dev.queue_barrier(signal=[(sem, value)])
+            # Nobody waits on the event: only the completion thread retires the work and fires the listener.
+            assert hal.wait_any([(sem, value)], timeout=30) == 0
+            deadline = time.monotonic() + 30
+            while not dev._completion_idle:  # lingers a few polls, then sleeps until woken
+                assert time.monotonic() < deadline, "the completion thread never went to sleep"
+                time.sleep(1e-3)
 
 
 def test_kernel_fault_loses_the_device_and_fails_waiters(fake_driver):
