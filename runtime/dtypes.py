@@ -16,7 +16,9 @@ import hal
 class DType:
     """One element type: how it is stored, named in C and computed with."""
 
-    __slots__ = ("name", "itemsize", "kind", "storage", "code", "c_storage", "c_compute", "_hash")
+    # Hashing and equality are by identity: there is one object per dtype (pickling returns it),
+    # and graph keys full of dtypes hash at C speed.
+    __slots__ = ("name", "itemsize", "kind", "storage", "code", "c_storage", "c_compute", "is_float")
 
     def __init__(self, name: str, itemsize: int, kind: str, storage: np.dtype, code: str,
                  c_storage: str, c_compute: str) -> None:
@@ -27,20 +29,13 @@ class DType:
         self.code = code  # short tag used in kernel names
         self.c_storage = c_storage
         self.c_compute = c_compute
-        self._hash = hash(name)
+        self.is_float = kind == "f"
 
     def __repr__(self) -> str:
         return f"runtime.{self.name}"
 
-    def __hash__(self) -> int:
-        return self._hash
-
     def __reduce__(self):
         return (_by_name, (self.name,))
-
-    @property
-    def is_float(self) -> bool:
-        return self.kind == "f"
 
     @property
     def numpy(self) -> np.dtype:

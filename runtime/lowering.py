@@ -175,6 +175,63 @@ def graph_key(order: list, direct: list | None = None):
     return tuple(parts), externals, viewed
 
 
+def collect_key(targets: list, direct: list | None = None):
+    """collect() and graph_key() in one pass: (order, key parts, externals, nodes read through views).
+
+    With `direct` (an empty list), it receives per node the number of its consumers' direct
+    references to it (see live_mask).
+    """
+    order: list = []
+    parts: list = []
+    externals: list = []
+    node_index: dict = {}
+    ext_index: dict = {}
+    viewed = set()
+    stack = [(t, False) for t in reversed(targets)]
+    push, pop, append = stack.append, stack.pop, order.append
+    count = direct is not None
+    while stack:
+        node, expanded = pop()
+        nid = id(node)
+        if nid in node_index:
+            continue
+        if not expanded:
+            push((node, True))
+            for inp in reversed(node.inputs):
+                r = inp.base
+                if r is None:
+                    r = inp
+                if r.storage is None and r.op != _PLACEHOLDER and id(r) not in node_index:
+                    push((r, False))
+            continue
+        ins = []
+        for inp in node.inputs:
+            r = inp.base
+            if r is None:
+                r = inp
+            rid = id(r)
+            j = node_index.get(rid)
+            if j is None:
+                j = ext_index.get(rid)
+                if j is None:
+                    j = ext_index[rid] = len(externals)
+                    externals.append(r)
+                ins.append((-1 - j, r.dtype, inp.shape, inp.strides, inp.offset))
+            else:
+                ins.append((j, inp.shape, inp.strides, inp.offset))
+                if count:
+                    if r is inp:
+                        direct[j] += 1
+                    else:
+                        viewed.add(j)
+        node_index[nid] = len(order)
+        append(node)
+        parts.append((node.op, node.params, node.shape, node.dtype, tuple(ins)))
+        if count:
+            direct.append(0)
+    return order, tuple(parts), externals, viewed
+
+
 def _refcounts(nodes: list) -> list:
     return [getrefcount(n) for n in nodes]
 
@@ -340,18 +397,19 @@ def evaluate(arrays) -> None:
 
 
 def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
-    order = collect(targets)
-    if not order:
-        return
-    ctx.refresh()
     if fusion_enabled(ctx):
-        direct = [0] * len(order)
-        parts, externals, viewed = graph_key(order, direct)
+        direct: list = []
+        order, parts, externals, viewed = collect_key(targets, direct)
+        if not order:
+            return
         keep = live_mask(order, direct, viewed)
         key = (parts, keep)
     else:
-        key, externals, _ = graph_key(order)
+        order, key, externals, _ = collect_key(targets)
+        if not order:
+            return
         keep = None
+    ctx.refresh()
     ext = [r.storage.buffer for r in externals]
     if not graph_cache.enabled():
         rec = record(ctx, order, externals, keep)
