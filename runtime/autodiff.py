@@ -1,6 +1,18 @@
-"""Reverse-mode autodiff over the op graph: the backward pass is built from the same lazy ops."""
+"""Reverse-mode autodiff over the op graph: the backward pass is built from the same lazy ops.
+
+Building the backward graph op by op (gradient rules, shape and dtype inference,
+broadcast bookkeeping) costs more Python than the forward pass. The graph it
+builds depends only on the structure of the forward graph, so value_and_grad
+keeps a template per forward structure (`_Template`): the arrays the backward
+pass created, each with its op, attributes and inputs as references to forward
+arrays, constants or earlier created arrays. A later call with the same
+structure replays the template, creating the same nodes without running the
+rules.
+"""
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import hal
 
@@ -184,10 +196,148 @@ def _backward(out: Array, wrt: list) -> list:
     return result
 
 
+def _forward_key(out: Array, wrt: list) -> tuple[tuple, list]:
+    """(key, arrays): the structure of the graph the backward pass reads, and its arrays in key order.
+
+    Arrays are visited through their inputs as _backward does (differentiated inputs and
+    evaluated arrays are leaves); every view's base is indexed too, since created views
+    point at it.
+    """
+    targets = {id(w): i for i, w in enumerate(wrt)}
+    index: dict = {}
+    arrays: list = []
+    parts: list = []
+    stack = [(out, False)]
+    push, pop = stack.append, stack.pop
+    while stack:
+        a, expanded = pop()
+        aid = id(a)
+        if aid in index:
+            continue
+        t = targets.get(aid)
+        leaf = t is not None or a.op is None
+        if not expanded and not leaf:
+            push((a, True))
+            for inp in reversed(a.inputs):
+                if id(inp) not in index:
+                    push((inp, False))
+            continue
+        index[aid] = len(arrays)
+        arrays.append(a)
+        if leaf:
+            parts.append((t, a.shape, a.dtype, a.strides, a.offset, a.base is None))
+        else:
+            parts.append((a.op, a.params, a.shape, a.dtype, a.strides, a.offset,
+                          tuple(index[id(inp)] for inp in a.inputs)))
+    for a in list(arrays):  # bases not reached through inputs (those of the differentiated inputs)
+        base = a.base
+        if base is not None and id(base) not in index:
+            index[id(base)] = len(arrays)
+            arrays.append(base)
+            parts.append(("base", base.shape, base.dtype))
+    bases = tuple(-1 if a.base is None else index[id(a.base)] for a in arrays)
+    return (tuple(parts), bases, len(wrt), id(out.ctx)), arrays
+
+
+class _Template:
+    """The arrays a backward pass created, as attributes and references into a pool.
+
+    The pool is the forward arrays (in key order), then the constants the rules used,
+    then the created arrays in creation order; `grads` are pool references.
+    """
+
+    __slots__ = ("constants", "entries", "grads")
+
+    def __init__(self, constants: list, entries: list, grads: list) -> None:
+        self.constants = constants
+        self.entries = entries  # (op, input refs, params, shape, dtype, base ref or -1, strides, offset)
+        self.grads = grads
+
+    @staticmethod
+    def extract(arrays: list, grads: list, ctx) -> _Template | None:
+        """The template of `grads` over the forward `arrays`; None if it refers to anything else."""
+        pool_index = {id(a): i for i, a in enumerate(arrays)}
+        known_constants = {id(c): c for c in ctx.constants.values()}
+        constants: list = []
+        created: list = []  # (array, entry without resolved refs)
+        order: list = []
+        state: dict = {}
+        stack = [(g, False) for g in reversed(grads)]
+        while stack:
+            a, expanded = stack.pop()
+            aid = id(a)
+            if aid in pool_index or state.get(aid) == "done":
+                continue
+            if a.storage is not None or a.op is None:
+                if aid not in known_constants:
+                    return None  # an evaluated array that is neither forward data nor a constant
+                pool_index[aid] = -1 - len(constants)  # constants: numbered after the forward arrays
+                constants.append(a)
+                continue
+            if expanded:
+                state[aid] = "done"
+                order.append(a)
+                continue
+            stack.append((a, True))
+            for dep in ([a.base] if a.base is not None else []) + list(a.inputs):
+                if id(dep) not in pool_index and state.get(id(dep)) != "done":
+                    stack.append((dep, False))
+        n_fwd = len(arrays)
+
+        def ref(x) -> int:
+            i = pool_index[id(x)]
+            return n_fwd - 1 - i if i < 0 else i
+
+        for a in order:
+            entry = (a.op, tuple(ref(x) for x in a.inputs), a.params, a.shape, a.dtype,
+                     -1 if a.base is None else ref(a.base), a.strides, a.offset)
+            pool_index[id(a)] = n_fwd + len(constants) + len(created)
+            created.append(entry)
+        return _Template(constants, created, [ref(g) for g in grads])
+
+    def replay(self, arrays: list, ctx) -> list:
+        pool = arrays + self.constants
+        append = pool.append
+        new = Array.__new__
+        for op, ins, params, shape, dtype, base, strides, offset in self.entries:
+            a = new(Array)
+            a.op = op
+            a.inputs = tuple([pool[i] for i in ins])
+            a.params = params
+            a.shape = shape
+            a.dtype = dtype
+            a.ctx = ctx
+            a.base = None if base < 0 else pool[base]
+            a.strides = strides
+            a.offset = offset
+            a.storage = None
+            append(a)
+        return [pool[i] for i in self.grads]
+
+
+_TEMPLATES_PER_FUNCTION = 32
+_UNCACHEABLE = object()
+
+
+def _backward_cached(out: Array, wrt: list, templates: OrderedDict) -> list:
+    key, arrays = _forward_key(out, wrt)
+    template = templates.get(key)
+    if template is not None and template is not _UNCACHEABLE:
+        templates.move_to_end(key)
+        return template.replay(arrays, out.ctx)
+    grads = _backward(out, wrt)
+    if template is None:
+        templates[key] = _Template.extract(arrays, grads, out.ctx) or _UNCACHEABLE
+        if len(templates) > _TEMPLATES_PER_FUNCTION:
+            templates.popitem(last=False)
+    return grads
+
+
 def value_and_grad(fn, argnums=0):
     """fn(*args) -> (fn's scalar value, gradient(s) with respect to args[argnums])."""
     single = isinstance(argnums, int)
     nums = (argnums,) if single else tuple(argnums)
+    templates: OrderedDict = OrderedDict()  # forward structure -> _Template of its backward pass
 
     def wrapped(*args, **kwargs):
         args = list(args)
@@ -205,7 +355,7 @@ def value_and_grad(fn, argnums=0):
         if out.shape != () and out.size != 1:
             raise hal.InvalidArgumentError(
                 f"grad needs a function with a scalar output, got shape {out.shape}")
-        grads = _backward(out, wrt)
+        grads = _backward_cached(out, wrt, templates)
         return out, (grads[0] if single else tuple(grads))
 
     wrapped.__name__ = f"value_and_grad({getattr(fn, '__name__', 'fn')})"
