@@ -12,6 +12,7 @@ import ctypes
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -388,20 +389,52 @@ def test_values_follow_issue_order(fake_driver):
         assert a.value == 1, "work issued earlier is complete when later work is"
 
 
-def test_completion_thread_sleeps_when_idle_and_wakes_for_new_work(fake_driver, monkeypatch):
-    from hal.drivers.gpu import device as gpu_device
+class CountingInbox:
+    """The completion thread's inbox, counting the wake-ups submitters post."""
 
-    monkeypatch.setattr(gpu_device, "LINGER", 5e-3)
+    def __init__(self, inbox) -> None:
+        self.inbox = inbox
+        self.puts = 0
+
+    def put(self, item) -> None:
+        self.puts += 1
+        self.inbox.put(item)
+
+
+def wait_for(condition, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(1e-3)
+
+
+def test_completion_thread_is_woken_only_when_needed(fake_driver):
+    from hal.drivers.gpu.device import WAKE_INFLIGHT
+
     with fake_driver.create_device() as dev:
+        inbox = dev._completion_inbox = CountingInbox(dev._completion_inbox)
         sem = dev.create_semaphore(0)
-        for value in (1, 2, 3):
+        wait_for(lambda: dev._completion_idle, "the completion thread never went to sleep")
+        for value in range(1, 21):  # submit-and-wait round trips: each waiter retires its own work
             dev.queue_barrier(signal=[(sem, value)])
-            # Nobody waits on the event: only the completion thread retires the work and fires the listener.
-            assert hal.wait_any([(sem, value)], timeout=30) == 0
-            deadline = time.monotonic() + 30
-            while not dev._completion_idle:  # lingers a few polls, then sleeps until woken
-                assert time.monotonic() < deadline, "the completion thread never went to sleep"
-                time.sleep(1e-3)
+            sem.wait(value, timeout=30)
+        gate = dev.create_semaphore(0)
+        waiter = threading.Thread(target=sem.wait, args=(21, 30))
+        waiter.start()  # a host wait before the work is issued wakes when it is
+        dev.queue_barrier(wait=[(gate, 1)], signal=[(sem, 21)])
+        gate.signal(1)
+        waiter.join(30)
+        assert sem.value == 21 and inbox.puts == 0
+        # A listener: nobody waits on the event, so the thread is woken to retire the work.
+        dev.queue_barrier(signal=[(sem, 22)])
+        assert hal.wait_any([(sem, 22)], timeout=30) == 0
+        assert inbox.puts == 1
+        wait_for(lambda: dev._completion_idle, "the completion thread did not go back to sleep")
+        # Work nobody waits for is retired once enough of it is in flight.
+        for value in range(23, 23 + WAKE_INFLIGHT):
+            dev.queue_barrier(signal=[(sem, value)])
+        wait_for(lambda: not dev._inflight, "in-flight work was never retired")
+        assert inbox.puts == 2 and sem._value == 22 + WAKE_INFLIGHT
 
 
 def test_kernel_fault_loses_the_device_and_fails_waiters(fake_driver):

@@ -16,8 +16,14 @@ Submission path (``queue_execute``, ``queue_barrier``, ``queue_alloca``, ``queue
    the signalled semaphores advance (or, on a device fault, fail), what the
    submission held is released and deferred frees whose submissions all
    completed run. A host wait retires its own work right after blocking on
-   (or polling) its event; the completion thread, woken when work is issued
-   to an idle device, retires whatever nobody waits for, every RETIRE_DELAY.
+   (or polling) its event. The completion thread retires whatever nobody
+   waits for, every RETIRE_DELAY while it is awake. It sleeps while nothing
+   needs it and is woken only when something does: a host listener on a
+   semaphore (``hal.wait_any``), a deferred free, or WAKE_INFLIGHT submissions
+   in flight. A thread that submits and waits in a loop therefore never wakes
+   it: measured on an H100 host, waking it each round trip (a system call and
+   a GIL hand-over) cost more than the rest of the round trip's bookkeeping,
+   and even a thread merely polling every millisecond slowed every round trip.
 
 A sticky device fault marks the device lost: every later submission fails its
 semaphores with the same ``DeviceLostError``, so nothing waits forever.
@@ -26,6 +32,7 @@ semaphores with the same ``DeviceLostError``, so nothing waits forever.
 from __future__ import annotations
 
 import collections
+import itertools
 import queue as queue_module
 import threading
 import time
@@ -50,10 +57,9 @@ COMMAND_BUFFER_MODES = ("auto", "graph", "stream")
 #: How long the completion thread leaves in-flight work to host waiters before retiring it itself:
 #: waiters retire their own work at once; the thread mostly releases what nobody waits for.
 RETIRE_DELAY = 1e-3
-#: How long the completion thread keeps polling every RETIRE_DELAY after the device ran out of
-#: in-flight work before it sleeps until woken. Waking it costs the submitting thread a system
-#: call and a GIL hand-over; a device submitting again within this time never pays it.
-LINGER = 50e-3
+#: Submissions in flight that wake the sleeping completion thread even when nothing waits for
+#: them (their events, staging blocks and deferred frees go back to their pools once retired).
+WAKE_INFLIGHT = 32
 #: With indirect_bindings="auto", graphs with at least this many slot-bound dispatches use indirect bindings.
 INDIRECT_MIN_DISPATCHES = 16
 #: Bytes the stream-ordered memory pool keeps reserved instead of returning them to the driver.
@@ -383,19 +389,26 @@ class GpuDevice(Device):
                 self._mark_lost(exc)
             self._finish(sub, self.lost or exc)
             return
-        self._inflight.append(sub)
+        inflight = self._inflight
+        inflight.append(sub)
         # Read after the append (the completion thread sets the flag before it looks at _inflight
-        # again), so either this thread sees the thread idle and wakes it, or the thread sees the work.
-        if self._completion_idle:
-            with self._completion_lock:
-                if self._completion_idle:
-                    self._completion_idle = False
-                    self._completion_inbox.put(True)
+        # again): a sleeping thread is woken when this work needs it, else it sees the work itself.
+        if self._completion_idle and (len(inflight) >= WAKE_INFLIGHT
+                                      or any(sem._listeners for sem, _ in sub.signals)):
+            self.wake_completion()
         if self._idle_waiters:
             with self._state_lock:
                 self._idle.notify_all()
 
     # -- completion ------------------------------------------------------------------------
+    def wake_completion(self) -> None:
+        """Wake the completion thread if it sleeps (something needs in-flight work retired)."""
+        if self._completion_idle:
+            with self._completion_lock:
+                if self._completion_idle:
+                    self._completion_idle = False
+                    self._completion_inbox.put(True)
+
     def _retire_completed(self, wait_for_lock: bool = True, known_done: Timepoint | None = None) -> None:
         """Retire, in issue order, every in-flight submission whose event completed.
 
@@ -404,18 +417,36 @@ class GpuDevice(Device):
         consistent: a submission never appears complete before one issued ahead of it.
         ``wait_for_lock=False`` returns at once when another thread is retiring; ``known_done``
         is a timepoint whose event the caller saw complete (no need to query it again).
+
+        With one queue, a stream runs its work in order: once a submission completed, every
+        one issued before it did too, so those are retired without asking the driver (each
+        query is a call that hands the GIL to whichever thread wants it).
         """
         inflight = self._inflight
         if not inflight or not self._retire_lock.acquire(blocking=wait_for_lock):
             return
         try:
+            done_through = None  # with one queue: a submission known complete, and all before it
+            if self.queue_count == 1:
+                if known_done is not None:
+                    done_through = next((s for s in itertools.islice(inflight, 64) if s.timepoint is known_done), None)
+                elif len(inflight) > 1:
+                    newest = inflight[-1]
+                    try:
+                        if self.api.event_query(newest.timepoint.event):  # type: ignore[union-attr]
+                            done_through = newest
+                    except HalError:
+                        pass  # the queries below find and record the failure
             while inflight:
                 sub = inflight[0]
                 failure = None
                 try:
-                    timepoint = sub.timepoint
-                    if timepoint is not known_done and not self.api.event_query(timepoint.event):  # type: ignore[union-attr]
-                        return
+                    if done_through is None:
+                        timepoint = sub.timepoint
+                        if timepoint is not known_done and not self.api.event_query(timepoint.event):  # type: ignore[union-attr]
+                            return
+                    elif sub is done_through:
+                        done_through = None
                 except HalError as exc:
                     if isinstance(exc, DeviceLostError):
                         self._mark_lost(exc)
@@ -431,27 +462,17 @@ class GpuDevice(Device):
             self._retire_lock.release()
 
     def _completion_loop(self) -> None:
-        """Wait for in-flight work and retire it; sleeps while the device has none for a while.
+        """Retire in-flight work while awake; sleep once nothing is in flight (see the module docstring).
 
         Host waiters retire their own work first (``_wait_timepoint``); the thread
-        lets them for ``RETIRE_DELAY`` before blocking on the oldest event, so a tight
-        submit-and-wait loop does not hand the GIL back and forth with it. With nothing
-        in flight it keeps looking every ``RETIRE_DELAY`` for ``LINGER`` before it
-        sleeps until a submission wakes it: a device that submits and waits in a loop
-        (nothing in flight between its round trips) never pays for waking it.
+        lets them for ``RETIRE_DELAY`` before blocking on the oldest event.
         """
         inbox = self._completion_inbox
         inflight = self._inflight
         api = self.api
-        idle_polls = 0
-        linger_polls = max(1, round(LINGER / RETIRE_DELAY))
         self.make_current()
         while not (self.closed_for_good or self._stopping):
             if not inflight:
-                if idle_polls < linger_polls:
-                    idle_polls += 1
-                    time.sleep(RETIRE_DELAY)
-                    continue
                 self._completion_idle = True
                 if inflight:  # issued after the check above: its submitter may have missed the flag
                     with self._completion_lock:
@@ -462,7 +483,7 @@ class GpuDevice(Device):
                 if self.closed_for_good or self._stopping:
                     return
                 self.make_current()
-            idle_polls = 0
+                continue
             time.sleep(RETIRE_DELAY)
             self._retire_completed()
             try:
@@ -534,9 +555,12 @@ class GpuDevice(Device):
     def defer(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` once every submission made so far has completed (now if none is outstanding)."""
         with self._state_lock:
-            if self._outstanding and not self.closed_for_good:
+            deferred = bool(self._outstanding) and not self.closed_for_good
+            if deferred:
                 self._deferred.append((self._next_seq - 1, fn))
-                return
+        if deferred:
+            self.wake_completion()  # released as soon as the work completes, even if nothing waits for it
+            return
         self._run_released(fn)
 
     def release_later(self, fn: Callable[..., Any], *args: Any) -> None:

@@ -26,7 +26,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from hal.errors import aborted_by
-from hal.semaphore import Listener, Semaphore
+from hal.semaphore import Listener, Semaphore, remaining
 
 if TYPE_CHECKING:
     from hal.drivers.gpu.device import GpuDevice
@@ -107,6 +107,8 @@ class EventSemaphore(Semaphore):
                 timepoints.append((value, timepoint))
             else:
                 timepoints.insert(bisect.bisect_right(timepoints, value, key=_value_of), (value, timepoint))
+            if self._waiters:  # host waiters that found no timepoint: they can wait on its event now
+                self._reached.notify_all()
             if not self._issuable:
                 return
             ready = self._pop_issuable(value)
@@ -160,6 +162,14 @@ class EventSemaphore(Semaphore):
         return ready
 
     # -- the host timeline, extended ------------------------------------------------------
+    def _notify_at(self, value: int, listener: Listener) -> int | None:
+        """A host listener (``hal.wait_any``): nobody may wait on the event itself, so the
+        completion thread must retire the work that reaches the value."""
+        token = super()._notify_at(value, listener)
+        if token is not None:
+            self.device.wake_completion()
+        return token
+
     def _advance(self, value: int) -> None:
         super()._advance(value)
         if not self._timepoints and not self._issuable:
@@ -195,12 +205,27 @@ class EventSemaphore(Semaphore):
         return Semaphore.value.fget(self)  # type: ignore[attr-defined]
 
     def _wait(self, value: int, deadline: float | None) -> None:
-        if self._value < value and self._failure is None:
+        """Wait on the event of the timepoint covering ``value`` and retire the work this thread;
+        before the work is issued (wait-before-signal), sleep until a timepoint or the value
+        arrives. Host waiters never need the completion thread."""
+        while self._value < value and self._failure is None:
             timepoint = self._peek_timepoint(value)
             if timepoint is not None:
                 self.device._wait_timepoint(timepoint, deadline)
                 if self._value >= value and self._failure is None:
                     return  # retired by this thread: no need to look again under the lock
+                break
+            with self._lock:
+                if self._value >= value or self._failure is not None or self._covering(value) is not None:
+                    continue
+                left = remaining(deadline)
+                if left == 0.0:
+                    break
+                self._waiters += 1
+                try:
+                    self._reached.wait(left)  # woken by _advance or _add_timepoint
+                finally:
+                    self._waiters -= 1
         super()._wait(value, deadline)
 
 
