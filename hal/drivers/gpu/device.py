@@ -393,9 +393,14 @@ class GpuDevice(Device):
         inflight.append(sub)
         # Read after the append (the completion thread sets the flag before it looks at _inflight
         # again): a sleeping thread is woken when this work needs it, else it sees the work itself.
-        if self._completion_idle and (len(inflight) >= WAKE_INFLIGHT
-                                      or any(sem._listeners for sem, _ in sub.signals)):
-            self.wake_completion()
+        if self._completion_idle:
+            if len(inflight) >= WAKE_INFLIGHT:
+                self.wake_completion()
+            else:
+                for sem, _ in sub.signals:
+                    if sem._listeners:
+                        self.wake_completion()
+                        break
         if self._idle_waiters:
             with self._state_lock:
                 self._idle.notify_all()
@@ -429,7 +434,11 @@ class GpuDevice(Device):
             done_through = None  # with one queue: a submission known complete, and all before it
             if self.queue_count == 1:
                 if known_done is not None:
-                    done_through = next((s for s in itertools.islice(inflight, 64) if s.timepoint is known_done), None)
+                    if inflight[0].timepoint is known_done:
+                        done_through = inflight[0]
+                    else:
+                        done_through = next((s for s in itertools.islice(inflight, 64) if s.timepoint is known_done),
+                                            None)
                 elif len(inflight) > 1:
                     newest = inflight[-1]
                     try:

@@ -115,6 +115,8 @@ class RecordingCommandBuffer(CommandBuffer):
     def __init__(self, device: GpuDevice, mode, binding_capacity: int) -> None:
         super().__init__(device, mode, binding_capacity)
         self.levels: list[list[Command]] = [[]]
+        #: The level commands are appended to (the last of ``levels``).
+        self._level: list[Command] = self.levels[0]
         self.args = ArgArena()
         self._payloads: list[bytes] = []
         self._staging_size = 0
@@ -143,21 +145,22 @@ class RecordingCommandBuffer(CommandBuffer):
 
     # -- core hooks ------------------------------------------------------------------
     def _fill(self, target: BufferRef, pattern: int, pattern_length: int) -> None:
-        self.levels[-1].append(Fill(self._target(target), pattern, pattern_length))
+        self._level.append(Fill(self._target(target), pattern, pattern_length))
 
     def _update(self, data: bytes, target: BufferRef) -> None:
         offset = self._staging_size
         self._payloads.append(data)
         padded = -(-len(data) // STAGING_ALIGNMENT) * STAGING_ALIGNMENT
         self._staging_size += padded
-        self.levels[-1].append(Update(offset, self._target(target), len(data)))
+        self._level.append(Update(offset, self._target(target), len(data)))
 
     def _copy(self, source: BufferRef, target: BufferRef) -> None:
-        self.levels[-1].append(Copy(self._target(source), self._target(target)))
+        self._level.append(Copy(self._target(source), self._target(target)))
 
     def _barrier(self) -> None:
-        if self.levels[-1]:
-            self.levels.append([])
+        if self._level:
+            self._level = []
+            self.levels.append(self._level)
 
     def _dispatch(self, executable: Executable, ordinal: int, export: Export,
                   workgroups: tuple[int, int, int], constants: tuple[int, ...],
@@ -175,9 +178,9 @@ class RecordingCommandBuffer(CommandBuffer):
             pending.append(buffer._allocation.ptr + buffer.offset + ref.offset)
         else:
             pending.extend(constants)
-            self.levels[-1].append(Dispatch(executable.functions[ordinal], workgroups,  # type: ignore[attr-defined]
-                                            export.workgroup_size, start, len(bindings) + len(constants), (),
-                                            executable, ordinal, None, constants))
+            self._level.append(Dispatch(executable.functions[ordinal], workgroups,  # type: ignore[attr-defined]
+                                        export.workgroup_size, start, len(bindings) + len(constants), (),
+                                        executable, ordinal, None, constants))
             return
         slot_args = []
         targets = []
@@ -195,9 +198,9 @@ class RecordingCommandBuffer(CommandBuffer):
             targets.append(target)
             pending.append(target.ptr)
         pending.extend(constants)
-        self.levels[-1].append(Dispatch(executable.functions[ordinal], workgroups,  # type: ignore[attr-defined]
-                                        export.workgroup_size, start, len(targets) + len(constants), slot_args,
-                                        executable, ordinal, targets, constants))
+        self._level.append(Dispatch(executable.functions[ordinal], workgroups,  # type: ignore[attr-defined]
+                                    export.workgroup_size, start, len(targets) + len(constants), slot_args,
+                                    executable, ordinal, targets, constants))
 
     def _end(self) -> None:
         if not self.levels[-1] and len(self.levels) > 1:
