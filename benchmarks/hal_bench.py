@@ -16,7 +16,9 @@
 - soak: 100k submissions; device memory, host memory and live objects before and after.
 
 Prints one JSON document (also written to --out); ratios are HAL / baseline for times
-and HAL / baseline for bandwidths.
+and HAL / baseline for bandwidths. Baseline and HAL samples are taken interleaved, round by
+round, so both see the same machine: on the lent GPU machines the host's speed drifts by
+tens of percent within a minute, more than the overheads being measured.
 """
 
 from __future__ import annotations
@@ -61,6 +63,15 @@ def ns() -> int:
 
 def median(values) -> float:
     return float(statistics.median(values))
+
+
+def interleaved(measures: dict, rounds: int, per_round: int = 1) -> dict:
+    """Median of each measure, sampled in turn (``per_round`` samples of each per round)."""
+    samples: dict = {name: [] for name in measures}
+    for _ in range(rounds):
+        for name, measure in measures.items():
+            samples[name].extend(measure() for _ in range(per_round))
+    return {name: median(values) for name, values in samples.items()}
 
 
 class Raw:
@@ -158,9 +169,8 @@ def bench_stream_dispatch(device, raw: Raw, exe, rounds: int, count: int = 1000)
 
     for fn in (raw_loop, submit_only, record_and_submit):
         fn()
-    raw_us = median(raw_loop() for _ in range(rounds))
-    submit_us = median(submit_only() for _ in range(rounds))
-    both_us = median(record_and_submit() for _ in range(rounds))
+    medians = interleaved({"raw": raw_loop, "submit": submit_only, "both": record_and_submit}, rounds)
+    raw_us, submit_us, both_us = medians["raw"], medians["submit"], medians["both"]
     buf.release()
     del keep
     return {
@@ -198,55 +208,60 @@ def raw_graph(raw: Raw, func, pointers: list[int], levels: int, width: int, join
     return graph, graph_exec, keep
 
 
-def measure_launches(raw: Raw, stream, launch, rounds: int) -> tuple[float, float]:
-    """(median host µs of launch(), median GPU µs of what it enqueued)."""
-    host, gpu = [], []
-    for _ in range(3):
-        launch()
-    raw.sync(stream)
-    for _ in range(rounds):
+def measure_launches(raw: Raw, launches: dict, rounds: int) -> dict:
+    """Per name: (median host µs of its launch(), median GPU µs of what it enqueued on its stream),
+    the launches taken in turn. ``launches`` maps a name to (stream, launch)."""
+    for stream, launch in launches.values():
+        for _ in range(3):
+            launch()
+        raw.sync(stream)
+
+    def host(stream, launch) -> float:
         t0 = ns()
         launch()
-        host.append((ns() - t0) / 1e3)
+        elapsed = (ns() - t0) / 1e3
         raw.sync(stream)
-    for _ in range(rounds):
-        gpu.append(raw.gpu_ms(stream, launch) * 1e3)
-    return median(host), median(gpu)
+        return elapsed
+
+    hosts = interleaved({name: lambda s=s, f=f: host(s, f) for name, (s, f) in launches.items()}, rounds)
+    gpus = interleaved({name: lambda s=s, f=f: raw.gpu_ms(s, f) * 1e3 for name, (s, f) in launches.items()}, rounds)
+    return {name: (hosts[name], gpus[name]) for name in launches}
 
 
 def bench_graph_resubmit(raw: Raw, exe_for, rounds: int, levels: int = 10, width: int = 10) -> dict:
+    """The raw graphs stay alive and are launched in turn with each HAL device's submissions."""
     d = raw.d
-    results: dict = {"shape": f"{levels} levels x {width} dispatches", "raw": {}, "hal": {}}
+    results: dict = {"shape": f"{levels} levels x {width} dispatches", "hal": {}}
     baseline_device = hal.create_device("cuda")
     exe = exe_for(baseline_device)
     func = exe.functions[0]
     buffers = [baseline_device.allocator.allocate(256) for _ in range(2 * width)]
     pointers = [b._allocation.ptr for b in buffers[:width]]
-    for join in ("empty", "edges"):
-        graph, graph_exec, keep = raw_graph(raw, func, pointers, levels, width, join)
-        host, gpu = measure_launches(raw, raw.stream, lambda ge=graph_exec: d.cuGraphLaunch(ge, raw.stream), rounds)
-        results["raw"][join] = {"host_us": host, "gpu_us": gpu}
-        d.cuGraphExecDestroy(graph_exec)
-        d.cuGraphDestroy(graph)
-        del keep
-    base_host = min(r["host_us"] for r in results["raw"].values())
-    base_gpu = min(r["gpu_us"] for r in results["raw"].values())
-    results["raw_best"] = {"host_us": base_host, "gpu_us": base_gpu}
-    for buffer in buffers:
-        buffer.release()
-    baseline_device.close()
-
-    for lowering in ("auto", "edges", "empty", "kernel"):
-        results["hal"][lowering] = bench_lowering(raw, exe_for, lowering, levels, width, rounds, base_host, base_gpu)
-    # The other rebinding strategy: update each kernel node whose binding changed.
-    results["hal"]["auto_node_updates"] = bench_lowering(raw, exe_for, "auto", levels, width, rounds, base_host,
-                                                         base_gpu, indirect_bindings=False)
+    graphs = {join: raw_graph(raw, func, pointers, levels, width, join) for join in ("empty", "edges")}
+    baselines = {f"raw_{join}": (raw.stream, lambda ge=graph_exec: d.cuGraphLaunch(ge, raw.stream))
+                 for join, (_, graph_exec, _) in graphs.items()}
+    try:
+        for lowering in ("auto", "edges", "empty", "kernel"):
+            results["hal"][lowering] = bench_lowering(raw, exe_for, lowering, levels, width, rounds, baselines)
+        # The other rebinding strategy: update each kernel node whose binding changed.
+        results["hal"]["auto_node_updates"] = bench_lowering(raw, exe_for, "auto", levels, width, rounds, baselines,
+                                                             indirect_bindings=False)
+    finally:
+        for graph, graph_exec, _ in graphs.values():
+            d.cuGraphExecDestroy(graph_exec)
+            d.cuGraphDestroy(graph)
+        for buffer in buffers:
+            buffer.release()
+        baseline_device.close()
+    results["raw"] = results["hal"]["auto"]["same_table"]["raw"]
+    results["raw_best"] = results["hal"]["auto"]["same_table"]["raw_best"]
     return results
 
 
-def bench_lowering(raw: Raw, exe_for, lowering: str, levels: int, width: int, rounds: int,
-                   base_host: float, base_gpu: float, indirect_bindings: bool | str = "auto") -> dict:
-    """Re-submission of the reusable command buffer on a device with this barrier lowering."""
+def bench_lowering(raw: Raw, exe_for, lowering: str, levels: int, width: int, rounds: int, baselines: dict,
+                   indirect_bindings: bool | str = "auto") -> dict:
+    """Re-submission of the reusable command buffer on a device with this barrier lowering, against
+    the raw graphs (empty-node and direct-edge joins) launched in turn with it."""
     device = hal.create_device("cuda", barrier_lowering=lowering, indirect_bindings=indirect_bindings)
     try:
         exe = exe_for(device)
@@ -271,10 +286,16 @@ def bench_lowering(raw: Raw, exe_for, lowering: str, levels: int, width: int, ro
         entry: dict = {}
         for name, new_table in (("same_table", False), ("new_table", True)):
             updated = cb.updated_nodes
-            host, gpu = measure_launches(raw, stream, lambda nt=new_table: submit(nt), rounds)
+            measured = measure_launches(raw, {**baselines, "hal": (stream, lambda nt=new_table: submit(nt))}, rounds)
+            host, gpu = measured.pop("hal")
+            base_host = min(h for h, _ in measured.values())
+            base_gpu = min(g for _, g in measured.values())
             entry[name] = {"host_us": host, "gpu_us": gpu, "ratio_host": host / base_host,
                            "ratio_gpu": gpu / base_gpu,
-                           "nodes_updated_per_submit": (cb.updated_nodes - updated) / (3 + 2 * rounds)}
+                           "nodes_updated_per_submit": (cb.updated_nodes - updated) / (3 + 2 * rounds),
+                           "raw": {join.removeprefix("raw_"): {"host_us": h, "gpu_us": g}
+                                   for join, (h, g) in measured.items()},
+                           "raw_best": {"host_us": base_host, "gpu_us": base_gpu}}
         sem.wait(state["value"])
         entry["joins"] = sorted(set(cb.joins))
         entry["reinstantiations"] = cb.reinstantiations
@@ -328,12 +349,12 @@ def bench_round_trip(raw: Raw, rounds: int) -> dict:
             sem.wait(value[0], timeout=10)
             return (ns() - t0) / 1e3
 
-        samples = {}
-        for name, fn in (("raw_us", raw_trip), ("hal_us", hal_trip), ("hal_barrier_us", hal_barrier_trip),
-                         ("hal_wait_with_timeout_us", hal_timeout_trip)):
+        trips = {"raw_us": raw_trip, "hal_us": hal_trip, "hal_barrier_us": hal_barrier_trip,
+                 "hal_wait_with_timeout_us": hal_timeout_trip}
+        for fn in trips.values():
             for _ in range(20):
                 fn()
-            samples[name] = median(fn() for _ in range(rounds * 20))
+        samples = interleaved(trips, rounds, per_round=20)
         samples["ratio"] = samples["hal_us"] / samples["raw_us"]
         return samples
     finally:
