@@ -88,8 +88,8 @@ class CommandBuffer:
         self._slot_use_keys: set[tuple] = set()
         #: Dispatch bindings of whole buffers, checked once per buffer (drivers never modify refs).
         self._whole_refs: dict[Buffer, BufferRef] = {}
-        #: The last binding table that passed the checks: (its entries as given, resolved, buffers to keep live).
-        self._checked_table: tuple | None = None
+        #: The last binding table that passed the checks: [its entries as given, resolved, buffers to watch].
+        self._checked_table: list | None = None
 
     @property
     def reusable(self) -> bool:

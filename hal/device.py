@@ -32,19 +32,26 @@ DEFAULT_LIMITS = {
 _EXECUTABLE = CommandBufferState.EXECUTABLE
 _REUSABLE = CommandBufferMode.REUSABLE.value
 _released = operator.attrgetter("_released")
-_root_released = operator.attrgetter("_root._released")
 
 
-def _same_live_entries(table: Sequence[object], checked: tuple) -> bool:
-    """Whether ``table`` holds the very objects of a table checked before, all still live.
+def _same_live_entries(table: Sequence[object], checked: list) -> bool:
+    """Whether ``table`` holds the entries of a table checked before, their buffers still live.
 
-    The checks of a binding table depend only on its entries (buffers never change size,
-    usage or device) and on buffers being live, so an unchanged table passes again as it
+    The checks of a binding table depend only on its entries' values (buffers never change
+    size, usage or device) and on buffers being live, so an equal table passes again as it
     did; the resolved entries are shared, so drivers can tell an unchanged table by identity.
     """
-    sources, _, buffers = checked
-    return len(table) == len(sources) and all(map(operator.is_, table, sources)) \
-        and not any(map(_released, buffers)) and not any(map(_root_released, buffers))
+    sources, entries, watched = checked
+    try:
+        same = (table if type(table) is list else list(table)) == sources
+    except Exception:  # an entry whose comparison fails is no checked entry
+        return False
+    if not same:
+        return False
+    if watched is None:  # made on the first reuse: a table used once never pays for it
+        views = [entry[0] for entry in entries]
+        watched = checked[2] = tuple(views + [view._root for view in views if view._root is not view])
+    return not any(map(_released, watched))
 
 
 class Device(abc.ABC):
@@ -271,7 +278,7 @@ class Device(abc.ABC):
                 else:
                     entries.append(self._check_binding(entry, f"binding_tables[{i}][{j}]"))
             cb.check_binding_table(entries)
-            cb._checked_table = (tuple(table), entries, tuple([entry[0] for entry in entries]))
+            cb._checked_table = [list(table), entries, None]  # the entries given, resolved, buffers to watch
             resolved.append(entries)
         return resolved
 
