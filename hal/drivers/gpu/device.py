@@ -394,7 +394,7 @@ class GpuDevice(Device):
         # Read after the append (the completion thread sets the flag before it looks at _inflight
         # again): a sleeping thread is woken when this work needs it, else it sees the work itself.
         if self._completion_idle:
-            if len(inflight) >= WAKE_INFLIGHT:
+            if len(inflight) >= WAKE_INFLIGHT or self._deferred:
                 self.wake_completion()
             else:
                 for sem, _ in sub.signals:
