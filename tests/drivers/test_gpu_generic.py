@@ -437,6 +437,30 @@ def test_completion_thread_is_woken_only_when_needed(fake_driver):
         assert inbox.puts == 2 and sem._value == 22 + WAKE_INFLIGHT
 
 
+def test_a_waiter_finds_its_work_retired_by_another_thread(fake_driver):
+    with fake_driver.create_device() as dev:
+        sem = dev.create_semaphore(0)
+        dev.queue_barrier(signal=[(sem, 1)])
+        timepoint = dev._inflight[0].timepoint
+        dev.api.event_synchronize(timepoint.event)
+        errors = []
+
+        def retire():
+            try:
+                dev._retire_completed(known_done=timepoint)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        with dev._retire_lock:  # another thread is retiring: this waiter blocks on the lock ...
+            waiter = threading.Thread(target=retire)
+            waiter.start()
+            time.sleep(0.05)
+            while dev._inflight:  # ... while everything in flight is retired
+                dev._finish(dev._inflight.popleft(), None)
+        waiter.join(30)
+        assert not errors and sem.value == 1
+
+
 def test_kernel_fault_loses_the_device_and_fails_waiters(fake_driver):
     with fake_driver.create_device() as dev:
         exe = kernels(dev)

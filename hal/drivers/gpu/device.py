@@ -32,7 +32,6 @@ semaphores with the same ``DeviceLostError``, so nothing waits forever.
 from __future__ import annotations
 
 import collections
-import itertools
 import queue as queue_module
 import threading
 import time
@@ -432,13 +431,15 @@ class GpuDevice(Device):
             return
         try:
             done_through = None  # with one queue: a submission known complete, and all before it
+            if not inflight:  # another thread retired everything while this one waited for the lock
+                return
             if self.queue_count == 1:
                 if known_done is not None:
-                    if inflight[0].timepoint is known_done:
-                        done_through = inflight[0]
-                    else:
-                        done_through = next((s for s in itertools.islice(inflight, 64) if s.timepoint is known_done),
-                                            None)
+                    # By index: other threads append while this one looks (only the lock holder pops).
+                    for i in range(min(len(inflight), 64)):
+                        if inflight[i].timepoint is known_done:
+                            done_through = inflight[i]
+                            break
                 elif len(inflight) > 1:
                     newest = inflight[-1]
                     try:
