@@ -1,25 +1,31 @@
 """Reverse-mode autodiff over the op graph: the backward pass is built from the same lazy ops.
 
-Building the backward graph op by op (gradient rules, shape and dtype inference,
-broadcast bookkeeping) costs more Python than the forward pass. The graph it
-builds depends only on the structure of the forward graph, so value_and_grad
-keeps a template per forward structure (`_Template`): the arrays the backward
-pass created, each with its op, attributes and inputs as references to forward
-arrays, constants or earlier created arrays. A later call with the same
-structure replays the template, creating the same nodes without running the
-rules.
+value_and_grad returns each gradient as one lazy "grad" node (inputs: the value
+and the differentiated inputs) instead of building the backward graph at once.
+The backward graph depends only on the forward graph, which the eval's graph
+key already describes, so it is built by the gradient rules only when an eval
+records a new graph (`expand`, called by the lowering); an eval that hits the
+graph cache replays the recorded backward kernels without creating a single
+backward node in Python. Whatever needs the gradient as ordinary nodes (a
+second derivative) turns the grad node into a view of its expansion first
+(`materialize`).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import weakref
 
 import hal
 
 from . import ops
-from .array import Array, constant
+from .array import Array, constant, new_node
 from .ops import COMPARE
 
+GRAD = "grad"
+# Grad nodes handed out and maybe still pending: an eval that would clear part of their forward
+# graph (evaluating the loss alone, say) builds their backward graphs first (`protect`).
+# (id -> weak reference: arrays compare elementwise, so they cannot sit in a WeakSet)
+_handed_out: dict = {}
 _NO_GRAD = frozenset(COMPARE) | {"argmax", "argmin", "random", "full", "placeholder"}
 
 
@@ -135,6 +141,18 @@ def _vjp(node: Array, k: int, g: Array) -> Array | None:
 
 def _backward(out: Array, wrt: list) -> list:
     targets = {id(w) for w in wrt}
+    # A pending grad node met on the way (a second derivative) stands for its backward graph:
+    # differentiated as that graph's result, without changing the node itself.
+    through: dict = {}
+
+    def inputs_of(node) -> tuple:
+        if node.op != GRAD or node.storage is not None:
+            return node.inputs
+        result = through.get(id(node))
+        if result is None:
+            result = through[id(node)] = expand([node])[id(node)]
+        return (result,)
+
     # Post-order DFS marking the nodes that lead to a differentiated input.
     order = []
     relevant: dict = {}
@@ -153,7 +171,7 @@ def _backward(out: Array, wrt: list) -> list:
                 hit = False
             else:
                 hit = False
-                for inp in node.inputs:
+                for inp in inputs_of(node):
                     if get(id(inp)):
                         hit = True
                         break
@@ -163,7 +181,7 @@ def _backward(out: Array, wrt: list) -> list:
         push((node, True))
         if nid in targets or node.op is None:
             continue
-        for inp in node.inputs:
+        for inp in inputs_of(node):
             if id(inp) not in relevant:
                 push((inp, False))
     cot: dict = {id(out): constant(1.0, out.dtype, out.ctx) if out.dtype.is_float
@@ -173,12 +191,12 @@ def _backward(out: Array, wrt: list) -> list:
         g = cot.get(nid)
         if g is None or nid in targets or not relevant.get(nid):
             continue
-        for k, inp in enumerate(node.inputs):
+        for k, inp in enumerate(inputs_of(node)):
             if not relevant.get(id(inp)):
                 continue
             if not inp.dtype.is_float:
                 continue
-            contrib = _vjp(node, k, g)
+            contrib = g if node.op == GRAD else _vjp(node, k, g)
             if contrib is None:
                 continue
             if contrib.dtype is not inp.dtype:
@@ -196,148 +214,63 @@ def _backward(out: Array, wrt: list) -> list:
     return result
 
 
-def _forward_key(out: Array, wrt: list) -> tuple[tuple, list]:
-    """(key, arrays): the structure of the graph the backward pass reads, and its arrays in key order.
+def expand(grad_nodes: list) -> dict:
+    """The backward graph of grad nodes: {id(grad node): the gradient as ordinary lazy arrays}.
 
-    Arrays are visited through their inputs as _backward does (differentiated inputs and
-    evaluated arrays are leaves); every view's base is indexed too, since created views
-    point at it.
+    Grad nodes of one value_and_grad call (same value, same differentiated inputs) share
+    one backward pass.
     """
-    targets = {id(w): i for i, w in enumerate(wrt)}
-    index: dict = {}
-    arrays: list = []
-    parts: list = []
-    stack = [(out, False)]
-    push, pop = stack.append, stack.pop
-    while stack:
-        a, expanded = pop()
-        aid = id(a)
-        if aid in index:
-            continue
-        t = targets.get(aid)
-        leaf = t is not None or a.op is None
-        if not expanded and not leaf:
-            push((a, True))
-            for inp in reversed(a.inputs):
-                if id(inp) not in index:
-                    push((inp, False))
-            continue
-        index[aid] = len(arrays)
-        arrays.append(a)
-        if leaf:
-            parts.append((t, a.shape, a.dtype, a.strides, a.offset, a.base is None))
-        else:
-            parts.append((a.op, a.params, a.shape, a.dtype, a.strides, a.offset,
-                          tuple(index[id(inp)] for inp in a.inputs)))
-    for a in list(arrays):  # bases not reached through inputs (those of the differentiated inputs)
-        base = a.base
-        if base is not None and id(base) not in index:
-            index[id(base)] = len(arrays)
-            arrays.append(base)
-            parts.append(("base", base.shape, base.dtype))
-    bases = tuple(-1 if a.base is None else index[id(a.base)] for a in arrays)
-    return (tuple(parts), bases, len(wrt), id(out.ctx)), arrays
+    groups: dict = {}
+    for g in grad_nodes:
+        groups.setdefault(tuple(id(x) for x in g.inputs), []).append(g)
+    out = {}
+    for members in groups.values():
+        first = members[0]
+        grads = _backward(first.inputs[0], list(first.inputs[1:]))
+        for g in members:
+            out[id(g)] = grads[g.params[0]]
+    return out
 
 
-class _Template:
-    """The arrays a backward pass created, as attributes and references into a pool.
-
-    The pool is the forward arrays (in key order), then the constants the rules used,
-    then the created arrays in creation order; `grads` are pool references.
-    """
-
-    __slots__ = ("constants", "entries", "grads")
-
-    def __init__(self, constants: list, entries: list, grads: list) -> None:
-        self.constants = constants
-        self.entries = entries  # (op, input refs, params, shape, dtype, base ref or -1, strides, offset)
-        self.grads = grads
-
-    @staticmethod
-    def extract(arrays: list, grads: list, ctx) -> _Template | None:
-        """The template of `grads` over the forward `arrays`; None if it refers to anything else."""
-        pool_index = {id(a): i for i, a in enumerate(arrays)}
-        known_constants = {id(c): c for c in ctx.constants.values()}
-        constants: list = []
-        created: list = []  # (array, entry without resolved refs)
-        order: list = []
-        state: dict = {}
-        stack = [(g, False) for g in reversed(grads)]
-        while stack:
-            a, expanded = stack.pop()
-            aid = id(a)
-            if aid in pool_index or state.get(aid) == "done":
-                continue
-            if a.storage is not None or a.op is None:
-                if aid not in known_constants:
-                    return None  # an evaluated array that is neither forward data nor a constant
-                pool_index[aid] = -1 - len(constants)  # constants: numbered after the forward arrays
-                constants.append(a)
-                continue
-            if expanded:
-                state[aid] = "done"
-                order.append(a)
-                continue
-            stack.append((a, True))
-            for dep in ([a.base] if a.base is not None else []) + list(a.inputs):
-                if id(dep) not in pool_index and state.get(id(dep)) != "done":
-                    stack.append((dep, False))
-        n_fwd = len(arrays)
-
-        def ref(x) -> int:
-            i = pool_index[id(x)]
-            return n_fwd - 1 - i if i < 0 else i
-
-        for a in order:
-            entry = (a.op, tuple(ref(x) for x in a.inputs), a.params, a.shape, a.dtype,
-                     -1 if a.base is None else ref(a.base), a.strides, a.offset)
-            pool_index[id(a)] = n_fwd + len(constants) + len(created)
-            created.append(entry)
-        return _Template(constants, created, [ref(g) for g in grads])
-
-    def replay(self, arrays: list, ctx) -> list:
-        pool = arrays + self.constants
-        append = pool.append
-        new = Array.__new__
-        for op, ins, params, shape, dtype, base, strides, offset in self.entries:
-            a = new(Array)
-            a.op = op
-            a.inputs = tuple([pool[i] for i in ins])
-            a.params = params
-            a.shape = shape
-            a.dtype = dtype
-            a.ctx = ctx
-            a.base = None if base < 0 else pool[base]
-            a.strides = strides
-            a.offset = offset
-            a.storage = None
-            append(a)
-        return [pool[i] for i in self.grads]
+def materialize(nodes: list) -> None:
+    """Turn pending grad nodes into alias views of their backward graphs (same values, ordinary ops)."""
+    results = expand(nodes)
+    for node in nodes:
+        result = results[id(node)]
+        strides, offset = result.layout()
+        node.op = "alias"
+        node.inputs = (result,)
+        node.params = None
+        node.base = result.root
+        node.strides = strides
+        node.offset = offset
 
 
-_TEMPLATES_PER_FUNCTION = 32
-_UNCACHEABLE = object()
+def protect(order: list) -> None:
+    """Before an eval of `order` clears its nodes' inputs: grad nodes it does not evaluate get
+    their backward graphs now, while the forward graphs they differentiate are intact."""
+    if not _handed_out:
+        return
+    alive = [ref() for ref in _handed_out.values()]
+    _handed_out.clear()
+    pending = [g for g in alive if g is not None and g.op == GRAD and g.storage is None]
+    if pending:
+        in_eval = {id(n) for n in order}
+        outside = [g for g in pending if id(g) not in in_eval]
+        if outside:
+            materialize(outside)
 
 
-def _backward_cached(out: Array, wrt: list, templates: OrderedDict) -> list:
-    key, arrays = _forward_key(out, wrt)
-    template = templates.get(key)
-    if template is not None and template is not _UNCACHEABLE:
-        templates.move_to_end(key)
-        return template.replay(arrays, out.ctx)
-    grads = _backward(out, wrt)
-    if template is None:
-        templates[key] = _Template.extract(arrays, grads, out.ctx) or _UNCACHEABLE
-        if len(templates) > _TEMPLATES_PER_FUNCTION:
-            templates.popitem(last=False)
-    return grads
+def resolved(grads: list) -> None:
+    """These grad nodes are expanded by a recording (rt.compile's traces keep them as they are)."""
+    for g in grads:
+        _handed_out.pop(id(g), None)
 
 
 def value_and_grad(fn, argnums=0):
     """fn(*args) -> (fn's scalar value, gradient(s) with respect to args[argnums])."""
     single = isinstance(argnums, int)
     nums = (argnums,) if single else tuple(argnums)
-    templates: OrderedDict = OrderedDict()  # forward structure -> _Template of its backward pass
 
     def wrapped(*args, **kwargs):
         args = list(args)
@@ -355,7 +288,10 @@ def value_and_grad(fn, argnums=0):
         if out.shape != () and out.size != 1:
             raise hal.InvalidArgumentError(
                 f"grad needs a function with a scalar output, got shape {out.shape}")
-        grads = _backward_cached(out, wrt, templates)
+        inputs = (out, *wrt)
+        grads = [new_node(GRAD, inputs, (k, len(wrt)), w.shape, w.dtype, out.ctx) for k, w in enumerate(wrt)]
+        for g in grads:
+            _handed_out[id(g)] = weakref.ref(g)
         return out, (grads[0] if single else tuple(grads))
 
     wrapped.__name__ = f"value_and_grad({getattr(fn, '__name__', 'fn')})"

@@ -148,6 +148,8 @@ class _Traced:
             a.storage.fence = value
         for st in self.captured:
             st.fence = value
+        for st in rec.captured:
+            st.fence = value
         meta = self.node_meta
         roots = {}
         pos = self.n_ext

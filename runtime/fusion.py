@@ -81,10 +81,16 @@ def _fusable(node) -> bool:
     return all(inp.dtype in FUSABLE_DTYPES for inp in node.inputs)
 
 
-def schedule(ctx, order: list, keep: int | None, fuse: bool) -> tuple[list, list]:
-    """(units, buffered): the units in node order, and per node whether it gets a buffer."""
+def schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None = None) -> tuple[list, list]:
+    """(units, buffered): the units in node order, and per node whether it gets a buffer.
+
+    alias: id(array) -> the node of `order` holding its value (expanded grad nodes).
+    """
     N = len(order)
     index = {id(n): i for i, n in enumerate(order)}
+    if alias:
+        for aid, root in alias.items():
+            index[aid] = index[id(root)]
     ready = [0] * N  # level of the unit computing node i
     unit_of: list = [None] * N
     units: list = []

@@ -21,12 +21,14 @@ from sys import getrefcount
 import hal
 
 from . import cpu_program, graph_cache
-from .array import Array
+from .array import Array, new_node
+from .autodiff import GRAD, expand, protect, resolved
 from .buffer_cache import bucket_size
 from .cpu_program import binding_bucket, program_executable
 from .device import DeviceContext, Storage
 from .fusion import PLANNERS, schedule  # noqa: F401 - PLANNERS: the op -> planner table
 from .kernels.source import executable
+from .shapes import contiguous_strides
 
 _PLACEHOLDER = "placeholder"
 #: Recordings kept per graph key on GPUs, each replaying its own binding table unchanged (a step that
@@ -46,7 +48,7 @@ class Recording:
     """
 
     __slots__ = ("cb", "n_ext", "fresh", "temps", "table_size", "footprint", "scratch", "levels",
-                 "dispatches", "fused", "program", "last_table", "last_ext", "__weakref__")
+                 "dispatches", "fused", "program", "last_table", "last_ext", "captured", "__weakref__")
 
     def __init__(self, cb, n_ext: int, fresh: list, temps: list, levels: int, dispatches: int) -> None:
         self.cb = cb
@@ -57,6 +59,7 @@ class Recording:
         self.levels = levels
         self.dispatches = dispatches
         self.fused = 0  # fused kernels among the dispatches
+        self.captured: list = []  # storages of constants bound directly (their fences follow the submissions)
         self.scratch = None  # unified index -> (buffer, bucket) the recording owns (rt.compile)
         self.program = None  # (context, id) of the CPU program this recording runs
         self.last_table = None  # the buffers of the latest submission, preferred for the next one
@@ -176,20 +179,49 @@ def graph_key(order: list, direct: list | None = None):
 
 
 def collect_key(targets: list, direct: list | None = None):
-    """collect() and graph_key() in one pass: (order, key parts, externals, nodes read through views).
+    """collect() and the graph key in one pass: (order, key, externals, nodes read through views).
 
-    With `direct` (an empty list), it receives per node the number of its consumers' direct
-    references to it (see live_mask).
+    The key describes every pending node (op, params, shape, dtype, inputs) and every view
+    an input is read through, view by view (op, params, layout, source), so that it also
+    determines the backward graph of any grad node (which reads of a differentiated input
+    go through its alias is part of the structure). With `direct` (an empty list), it
+    receives per node the number of its consumers' direct references to it (see live_mask).
     """
     order: list = []
     parts: list = []
+    views: list = []
     externals: list = []
     node_index: dict = {}
     ext_index: dict = {}
+    view_index: dict = {}
     viewed = set()
     stack = [(t, False) for t in reversed(targets)]
     push, pop, append = stack.append, stack.pop, order.append
     count = direct is not None
+
+    def root_ref(r):
+        j = node_index.get(id(r))
+        if j is not None:
+            viewed.add(j)
+            return j
+        j = ext_index.get(id(r))
+        if j is None:
+            j = ext_index[id(r)] = len(externals)
+            externals.append(r)
+        return (-1 - j, r.dtype, r.shape)
+
+    def view_ref(v):
+        chain = []
+        while v.base is not None and id(v) not in view_index:
+            chain.append(v)
+            v = v.inputs[0] if v.inputs else v.base
+        src = ("v", view_index[id(v)]) if v.base is not None else root_ref(v)
+        for w in reversed(chain):
+            view_index[id(w)] = len(views)
+            views.append((w.op, w.params, w.shape, w.strides, w.offset, src))
+            src = ("v", len(views) - 1)
+        return src
+
     while stack:
         node, expanded = pop()
         nid = id(node)
@@ -206,30 +238,27 @@ def collect_key(targets: list, direct: list | None = None):
             continue
         ins = []
         for inp in node.inputs:
-            r = inp.base
-            if r is None:
-                r = inp
-            rid = id(r)
+            if inp.base is not None:
+                ins.append(view_ref(inp))
+                continue
+            rid = id(inp)
             j = node_index.get(rid)
             if j is None:
                 j = ext_index.get(rid)
                 if j is None:
                     j = ext_index[rid] = len(externals)
-                    externals.append(r)
-                ins.append((-1 - j, r.dtype, inp.shape, inp.strides, inp.offset))
+                    externals.append(inp)
+                ins.append((-1 - j, inp.dtype, inp.shape))
             else:
-                ins.append((j, inp.shape, inp.strides, inp.offset))
+                ins.append(j)
                 if count:
-                    if r is inp:
-                        direct[j] += 1
-                    else:
-                        viewed.add(j)
+                    direct[j] += 1
         node_index[nid] = len(order)
         append(node)
         parts.append((node.op, node.params, node.shape, node.dtype, tuple(ins)))
         if count:
             direct.append(0)
-    return order, tuple(parts), externals, viewed
+    return order, (tuple(parts), tuple(views)), externals, viewed
 
 
 def _refcounts(nodes: list) -> list:
@@ -263,55 +292,80 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
            owned: bool = False) -> Recording:
     """Schedule every node and record one reusable command buffer that binds only through slots.
 
-    keep: bit i set when node i's value must be in a buffer afterwards (None: every node;
-    only fused-away nodes can be skipped). owned (rt.compile): nodes not kept and scratch
-    get buffers the recording owns, bound directly, so the table holds inputs and outputs.
+    keep: bit i set when node i's value must be in a buffer afterwards (None: every node).
+    Other nodes are fused away or get scratch buffers, per submission or, with owned
+    (rt.compile), owned by the recording and bound directly, so that the table holds
+    inputs and outputs only. A node that is not kept stays a pending node.
     """
     E = len(externals)
     fuse = keep is not None and fusion_enabled(ctx)
-    units, buffered = schedule(ctx, order, keep, fuse)
+    attach = alias = None
+    if any(n.op == GRAD for n in order):
+        order, keep, attach, alias = _expand_grads(order, keep)
+    units, buffered = schedule(ctx, order, keep, fuse, alias)
     N = len(order)
     keep_all = keep is None
-    # Unified buffer indices: externals, then buffered nodes, then scratch of the units.
+    # Unified buffer indices: externals, the buffers of nodes attached to arrays of the eval,
+    # then scratch (nodes of expanded backward graphs, kernels' temporaries), then constants
+    # the backward graphs read (bound directly; they stay alive with the recording).
     index_of_node: dict = {}
     fresh = []
+    scratch_nodes = []
     fixed: dict = {}
     k = E
     for i in range(N):
         if not buffered[i]:
             continue
-        index_of_node[i] = k
         node = order[i]
         nb = max(1, node.size * node.dtype.itemsize)
-        if owned and not (keep_all or keep >> i & 1):
-            fixed[k] = ctx.buffers.acquire(nb, host=False)
-        else:
-            fresh.append((i, bucket_size(nb), nb))
+        att = i if attach is None else attach[i]
+        if att is None or not (keep_all or keep >> i & 1):  # read by nothing after the eval
+            scratch_nodes.append((i, nb))
+            continue
+        index_of_node[i] = k
+        fresh.append((att, bucket_size(nb), nb))
         k += 1
     temps = []
     temp_index = {}
-    for unit in units:
-        for t, nb in enumerate(unit.temps):
-            temp_index[(id(unit), t)] = k
-            if owned:
-                fixed[k] = ctx.buffers.acquire(nb, host=False)
-            else:
-                temps.append(bucket_size(nb))
-            k += 1
-    total = k
-    table_slots = [s for s in range(total) if s not in fixed]
-    table_index = {s: t for t, s in enumerate(table_slots)}
-    cb = ctx.device.create_command_buffer(mode=hal.CommandBufferMode.REUSABLE,
-                                          binding_capacity=len(table_slots))
+    scratch = [(("node", i), nb) for i, nb in scratch_nodes]
+    scratch += [(("tmp", id(unit), t), nb) for unit in units for t, nb in enumerate(unit.temps)]
+    for what, nb in scratch:
+        if what[0] == "node":
+            index_of_node[what[1]] = k
+        else:
+            temp_index[what[1:]] = k
+        if owned:
+            fixed[k] = ctx.buffers.acquire(nb, host=False)
+        else:
+            temps.append(bucket_size(nb))
+        k += 1
     slot_of_root = {id(r): j for j, r in enumerate(externals)}
     for i, s in index_of_node.items():
         slot_of_root[id(order[i])] = s
+    bound: dict = {}  # unified index -> buffer bound directly, not owned (constants)
+    captured = []
+    for node in order:
+        for inp in node.inputs:
+            r = inp.root
+            if r.storage is not None and id(r) not in slot_of_root:
+                slot_of_root[id(r)] = k
+                bound[k] = r.storage.buffer
+                captured.append(r.storage)
+                k += 1
+    if alias:
+        for gid, root in alias.items():
+            slot_of_root[gid] = slot_of_root[id(root)]
+    total = k
+    table_slots = [s for s in range(total) if s not in fixed and s not in bound]
+    table_index = {s: t for t, s in enumerate(table_slots)}
+    cb = ctx.device.create_command_buffer(mode=hal.CommandBufferMode.REUSABLE,
+                                          binding_capacity=len(table_slots))
 
     def ref(s: int, offset: int = 0, length: int | None = None):
         t = table_index.get(s)
         if t is not None:
             return hal.Slot(t, offset, length)
-        buf = fixed[s][0]
+        buf = fixed[s][0] if s in fixed else bound[s]
         return buf if offset == 0 and length is None else (buf, offset, length)
 
     program = None
@@ -338,7 +392,7 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
                     if what == "out":
                         slots.append(index_of_node[role[1] if len(role) > 1 else unit.first])
                     elif what == "in":
-                        slots.append(slot_of_root[id(unit.node.inputs[role[1]].root)])
+                        slots.append(slot_of_root[id(unit.node.inputs[role[1]].root)])  # (grad nodes: aliased)
                     elif what == "root":
                         slots.append(slot_of_root[id(role[1])])
                     else:
@@ -370,12 +424,63 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
     cb.end()
     rec = Recording(cb, E, fresh, temps, levels, dispatches)
     rec.fused = fused
+    rec.captured = captured
     if fixed:
         rec.scratch = fixed
         rec.footprint += sum(bucket for _, bucket in fixed.values())
     if program is not None:
         rec.program = (ctx, program.pid)
     return rec
+
+
+def _expand_grads(order: list, keep: int | None) -> tuple:
+    """Replace grad nodes by their backward graphs: (order, keep, attach, alias).
+
+    Each grad node's value is computed into a contiguous root of the backward graph (a copy
+    when the gradient is a strided view or a node of the forward graph); `alias` maps the
+    grad node to that root for its consumers, `attach[i]` is the index in the original order
+    whose array receives node i's buffer (None: scratch of the recording).
+    """
+    grads = [n for n in order if n.op == GRAD]
+    results = expand(grads)
+    resolved(grads)
+    in_order = {id(n) for n in order}
+    alias: dict = {}
+    roots: dict = {}  # id(grad node) -> root
+    claimed: set = set()
+    for g in grads:
+        r = results[id(g)]
+        base = r.base if r.base is not None else r
+        usable = (base.storage is None and id(base) not in in_order and id(base) not in claimed
+                  and base.size == g.size and r.offset == 0
+                  and (r.strides is None or r.strides == contiguous_strides(r.shape)))
+        if not usable:
+            base = new_node("copy", (r,), g.dtype, g.shape, g.dtype, g.ctx)
+        claimed.add(id(base))
+        roots[id(g)] = base
+        alias[id(g)] = base
+    # The backward nodes go where the first grad node was: everything they read comes before it
+    # (the forward graph feeds the grad nodes) and nothing before it reads them.
+    extra = [x for x in collect(list(roots.values())) if id(x) not in in_order]
+    grad_index = {id(n): i for i, n in enumerate(order) if n.op == GRAD}
+    root_owner = {id(root): grad_index[gid] for gid, root in roots.items()}
+    first = min(grad_index.values())
+    new_order: list = []
+    attach: list = []
+    for i, n in enumerate(order):
+        if i == first:
+            new_order += extra
+            attach += [root_owner.get(id(x)) for x in extra]
+        if n.op != GRAD:
+            new_order.append(n)
+            attach.append(i)
+    new_keep = None
+    if keep is not None:  # what was kept stays kept (a grad node's root: if the grad node was)
+        new_keep = 0
+        for j, att in enumerate(attach):
+            if att is not None and keep >> att & 1:
+                new_keep |= 1 << j
+    return new_order, new_keep, attach, alias
 
 
 def evaluate(arrays) -> None:
@@ -410,6 +515,7 @@ def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
             return
         keep = None
     ctx.refresh()
+    protect(order)
     ext = [r.storage.buffer for r in externals]
     if not graph_cache.enabled():
         rec = record(ctx, order, externals, keep)
@@ -475,6 +581,8 @@ def submit(ctx: DeviceContext, rec: Recording, order: list, externals: list, ext
         pos += 1
     for r in externals:
         r.storage.fence = value
+    for st in rec.captured:
+        st.fence = value
     if rec.temps:
         release = ctx.buffers.release
         for bucket in rec.temps:
