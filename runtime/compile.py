@@ -18,6 +18,7 @@ import functools
 import hal
 
 from .array import Array, new_evaluated, new_node
+from .autodiff import GRAD, materialize, resolved
 from .device import Storage
 from .lowering import _PLACEHOLDER, MAX_VARIANTS, Variants, collect, graph_key, record
 
@@ -66,6 +67,12 @@ class _Traced:
         self.out_spec = _flatten(result, out_leaves)
         roots = [o.root for o in out_leaves if o.root.storage is None and o.root.op != _PLACEHOLDER]
         order = collect(roots)
+        grads = [n for n in order if n.op == GRAD]
+        if grads:  # the trace is recorded once per binding-table variant: build backward graphs once
+            materialize(grads)
+            resolved(grads)
+            roots = [o.root for o in out_leaves if o.root.storage is None and o.root.op != _PLACEHOLDER]
+            order = collect(roots)
         _, externals, _ = graph_key(order)
         node_index = {id(n): i for i, n in enumerate(order)}
         self.outputs = []

@@ -459,21 +459,21 @@ def _expand_grads(order: list, keep: int | None) -> tuple:
         claimed.add(id(base))
         roots[id(g)] = base
         alias[id(g)] = base
-    # The backward nodes go where the first grad node was: everything they read comes before it
-    # (the forward graph feeds the grad nodes) and nothing before it reads them.
-    extra = [x for x in collect(list(roots.values())) if id(x) not in in_order]
+    # Each grad node's backward nodes go where it was: everything they read (its forward graph,
+    # the differentiated inputs) comes before it, and whatever reads the gradient comes after.
     grad_index = {id(n): i for i, n in enumerate(order) if n.op == GRAD}
     root_owner = {id(root): grad_index[gid] for gid, root in roots.items()}
-    first = min(grad_index.values())
+    placed = set(in_order)
     new_order: list = []
     attach: list = []
     for i, n in enumerate(order):
-        if i == first:
-            new_order += extra
-            attach += [root_owner.get(id(x)) for x in extra]
         if n.op != GRAD:
             new_order.append(n)
             attach.append(i)
+            continue
+        for x in _pending_after(roots[id(n)], placed):
+            new_order.append(x)
+            attach.append(root_owner.get(id(x)))
     new_keep = None
     if keep is not None:  # what was kept stays kept (a grad node's root: if the grad node was)
         new_keep = 0
@@ -481,6 +481,27 @@ def _expand_grads(order: list, keep: int | None) -> tuple:
             if att is not None and keep >> att & 1:
                 new_keep |= 1 << j
     return new_order, new_keep, attach, alias
+
+
+def _pending_after(root: Array, placed: set) -> list:
+    """Pending nodes `root` depends on (itself included) not in `placed`, in dependency order;
+    adds them to `placed`."""
+    out = []
+    stack = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if id(node) in placed:
+            continue
+        if expanded:
+            placed.add(id(node))
+            out.append(node)
+            continue
+        stack.append((node, True))
+        for inp in reversed(node.inputs):
+            r = inp.root
+            if r.storage is None and r.op != _PLACEHOLDER and id(r) not in placed:
+                stack.append((r, False))
+    return out
 
 
 def evaluate(arrays) -> None:

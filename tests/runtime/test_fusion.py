@@ -145,6 +145,33 @@ def test_training_step_fuses_to_few_dispatches(gpu_like, recordings):
     assert rec.dispatches <= 6 and rec.fused == 2 and rec.levels <= 4
 
 
+def test_compiled_step_variants_replay_without_graph_building(gpu_like, monkeypatch):
+    """On GPUs `w = step(w)` gets a recording per buffer of w; the second is recorded from the
+    trace without running any op or gradient rule in Python."""
+    from runtime import ops
+    rng = np.random.default_rng(2)
+    X_np = rng.standard_normal((16, 4)).astype(np.float32)
+    X = rt.array(X_np, device=gpu_like)
+
+    @rt.compile
+    def step(w):
+        loss, g = rt.value_and_grad(lambda v: (rt.tanh(X @ v) ** 2).mean())(w)
+        return w - 0.5 * g, loss
+
+    w = rt.array(np.full(4, 0.1, np.float32), device=gpu_like)
+    w_np = np.full(4, 0.1)
+    for i in range(4):
+        w, _ = step(w)
+        t = np.tanh(X_np @ w_np)
+        w_np = w_np - 0.5 * X_np.T @ (2 * t * (1 - t * t)) / len(t)
+        np.testing.assert_allclose(w.numpy(), w_np, rtol=1e-4, atol=1e-6)
+        if i == 0:
+            def no_graph(*args, **kwargs):
+                raise AssertionError("graph building after the first call")
+            monkeypatch.setattr(ops, "_binary", no_graph)
+    assert step.stats["traces"] == 1
+
+
 def test_fused_spec_names_are_stable_and_distinct():
     f32 = rt.float32
     a = FusedSpec(((f32, "c"), (f32, "s")), (("add", f32, f32, (("i", 0), ("i", 1))),

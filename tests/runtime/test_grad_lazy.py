@@ -23,8 +23,8 @@ def rules(monkeypatch):
 def test_repeated_steps_replay_without_running_the_rules(dev, case, rules):
     fn, _, shape, positive = CASES[case]
     rng = np.random.default_rng(len(case))
-    first = None
-    for step in range(3):
+    counts = []
+    for _ in range(4):
         x_np = rng.standard_normal(shape)
         if positive:
             x_np = np.abs(x_np) + 0.5
@@ -33,10 +33,47 @@ def test_repeated_steps_replay_without_running_the_rules(dev, case, rules):
         want = rt.grad(fn)(x)
         autodiff.materialize([want])  # the same gradient as ordinary nodes the rules build now
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-6, atol=1e-7)
-        if step == 0:
-            first = len(rules)
-    # later steps: the materialized references ran the rules, the lazy gradients hit the graph cache
-    assert len(rules) == first + 2
+        counts.append(len(rules))
+    # The first steps record (on GPUs one recording per binding-table variant); then the lazy
+    # gradients hit the graph cache and only the materialized reference runs the rules.
+    assert counts[-1] - counts[-2] == 1
+
+
+def test_steps_chained_without_evaluation(dev):
+    """Several unevaluated steps: each gradient's backward graph reads the previous step's update."""
+    X_np = np.random.default_rng(0).standard_normal((8, 3)).astype(np.float32)
+    X = rt.array(X_np, device=dev)
+    vg = rt.value_and_grad(lambda w: rt.tanh(X @ w).sum())
+    w = rt.array(np.ones(3, np.float32), device=dev)
+    w_np = np.ones(3)
+    for _ in range(3):
+        _, g = vg(w)
+        w = w - 0.1 * g
+        t = np.tanh(X_np @ w_np)
+        w_np = w_np - 0.1 * X_np.T @ (1 - t * t)
+    np.testing.assert_allclose(w.numpy(), w_np, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_unrolled_steps(dev):
+    X_np = np.random.default_rng(1).standard_normal((8, 3)).astype(np.float32)
+    X = rt.array(X_np, device=dev)
+    vg = rt.value_and_grad(lambda w: rt.tanh(X @ w).sum())
+
+    @rt.compile
+    def three_steps(w):
+        for _ in range(3):
+            _, g = vg(w)
+            w = w - 0.1 * g
+        return w
+
+    w = rt.array(np.ones(3, np.float32), device=dev)
+    w_np = np.ones(3)
+    for _ in range(2):
+        w = three_steps(w)
+        for _ in range(3):
+            t = np.tanh(X_np @ w_np)
+            w_np = w_np - 0.1 * X_np.T @ (1 - t * t)
+        np.testing.assert_allclose(w.numpy(), w_np, rtol=1e-5, atol=1e-6)
 
 
 def test_loss_evaluated_before_the_gradient(dev):
