@@ -12,6 +12,7 @@ its GPU kernels on a CPU driver.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -154,3 +155,26 @@ def emulated_code(src) -> dict:
             launch(ptrs, consts, grid, block)
         fns[export.name] = run
     return fns
+
+
+_emulated: dict = {}
+
+
+@contextlib.contextmanager
+def emulated_kernels():
+    """Within the block, the runtime's numpy-format kernels are its CUDA C kernels built with g++."""
+    from runtime.kernels.source import KernelSource
+
+    original = KernelSource.numpy_code
+
+    def emulated(self):
+        code = _emulated.get(self.key)
+        if code is None:
+            code = _emulated[self.key] = emulated_code(self)
+        return code
+
+    KernelSource.numpy_code = emulated
+    try:
+        yield
+    finally:
+        KernelSource.numpy_code = original

@@ -24,9 +24,6 @@ fake_gpu = pytest.importorskip("drivers.fake_gpu")
 import hal  # noqa: E402
 import runtime as rt  # noqa: E402
 from runtime.device import context_for  # noqa: E402
-from runtime.kernels.source import KernelSource  # noqa: E402
-
-_built: dict = {}
 
 
 @pytest.fixture(scope="module", params=["graph", "stream"])
@@ -34,19 +31,10 @@ def gpu(request):
     device = fake_gpu.FakeGpuDriver().create_device(command_buffer=request.param)
     ctx = context_for(device)
     ctx.is_gpu = True  # lower as for a GPU: per-kernel dispatches, barriers, split reductions
-    original = KernelSource.numpy_code
-
-    def emulated(self):
-        code = _built.get(self.key)
-        if code is None:
-            code = _built[self.key] = cuda_emu.emulated_code(self)
-        return code
-
-    KernelSource.numpy_code = emulated
     try:
-        yield device
+        with cuda_emu.emulated_kernels():
+            yield device
     finally:
-        KernelSource.numpy_code = original
         device.close()
 
 

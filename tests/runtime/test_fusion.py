@@ -7,6 +7,7 @@ numpy implementation of the same fused kernel.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 
 import numpy as np
@@ -17,10 +18,8 @@ import runtime as rt
 from runtime import lowering
 from runtime.device import context_for
 from runtime.kernels.fused import FusedSpec, fused_source
-from runtime.kernels.source import KernelSource
 
 cuda_emu = pytest.importorskip("cuda_emu")
-_built: dict = {}
 
 
 @pytest.fixture(scope="module", params=["numpy", "cuda-emulated"])
@@ -30,18 +29,8 @@ def gpu_like(request):
     device = hal.create_device("local-sync")
     ctx = context_for(device)
     ctx.is_gpu = True
-    original = KernelSource.numpy_code
-    if request.param == "cuda-emulated":
-        def emulated(self):
-            code = _built.get(self.key)
-            if code is None:
-                code = _built[self.key] = cuda_emu.emulated_code(self)
-            return code
-        KernelSource.numpy_code = emulated
-    try:
+    with cuda_emu.emulated_kernels() if request.param == "cuda-emulated" else contextlib.nullcontext():
         yield device
-    finally:
-        KernelSource.numpy_code = original
 
 
 @pytest.fixture

@@ -17,9 +17,6 @@ if cuda_emu.GXX is None:
 import hal  # noqa: E402
 import runtime as rt  # noqa: E402
 from runtime.device import context_for  # noqa: E402
-from runtime.kernels.source import KernelSource  # noqa: E402
-
-_built: dict = {}
 
 
 @pytest.fixture(scope="module")
@@ -27,19 +24,8 @@ def gpu_like():
     device = hal.create_device("local-sync")
     ctx = context_for(device)
     ctx.is_gpu = True
-    original = KernelSource.numpy_code
-
-    def emulated(self):
-        code = _built.get(self.key)
-        if code is None:
-            code = _built[self.key] = cuda_emu.emulated_code(self)
-        return code
-
-    KernelSource.numpy_code = emulated
-    try:
+    with cuda_emu.emulated_kernels():
         yield device
-    finally:
-        KernelSource.numpy_code = original
 
 
 def close(got, want, rtol=1e-5, atol=1e-5):
