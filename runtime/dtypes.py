@@ -156,6 +156,17 @@ def float_result(d: DType) -> DType:
     return float16 if d is bool_ else float32
 
 
+def reduction_result(op: str, d: DType) -> DType:
+    """The dtype a reduction ``op`` over ``d`` produces (sum of ints/bools is int32, mean is float)."""
+    if op == "sum":
+        return int32 if d.kind in "ib" else d
+    if op == "mean":
+        return d if d.is_float else float32
+    if op in ("argmax", "argmin"):
+        return int32
+    return d
+
+
 def to_bfloat16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bit patterns (uint16), round to nearest even, NaN kept quiet."""
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)

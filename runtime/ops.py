@@ -233,15 +233,7 @@ def _reduce(op: str, x, axis, keepdims: bool) -> Array:
     reduced = size_of(tuple(x.shape[i] for i in axes))
     if reduced == 0 and op not in ("sum", "mean") and size_of(kept) != 0:
         raise hal.InvalidArgumentError(f"zero-size array to reduction operation {op} which has no identity")
-    dt = x.dtype
-    if op == "sum":
-        out = _dt.int32 if dt.kind in "ib" else dt
-    elif op == "mean":
-        out = dt if dt.is_float else _dt.float32
-    elif op in ("argmax", "argmin"):
-        out = _dt.int32
-    else:
-        out = dt
+    out = _dt.reduction_result(op, x.dtype)
     return new_node(op, (x,), (axes, bool(keepdims)), shape, out, x.ctx)
 
 

@@ -46,15 +46,7 @@ def all_sources() -> list:
         out.append(elementwise.ew_source(op, ins, out_dt, cdt))
     for op in ("sum", "mean", "max", "min", "argmax", "argmin"):
         for d in _dt.ALL:
-            if op == "sum":
-                o = _dt.int32 if d.kind in "ib" else d
-            elif op == "mean":
-                o = d if d.is_float else _dt.float32
-            elif op in ("argmax", "argmin"):
-                o = _dt.int32
-            else:
-                o = d
-            out.append(reduce.reduce_source(op, d, o))
+            out.append(reduce.reduce_source(op, d, _dt.reduction_result(op, d)))
     for d in _dt.ALL:
         out.append(matmul.matmul_source(d))
         out.append(pad.pad_source(d))
