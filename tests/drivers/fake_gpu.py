@@ -1,7 +1,7 @@
 """A simulated GPU API for testing the GPU-generic driver logic on a machine without a GPU.
 
-``FakeGpuApi`` implements the shim interface of ``hal/drivers/cuda/api.py`` with
-host memory and one worker thread per stream, keeping the CUDA semantics the
+``FakeGpuApi`` implements the declared GPU API (``hal.drivers.gpu.api.GpuApi``)
+with host memory and one worker thread per stream, keeping the CUDA semantics the
 generic code relies on: stream order, events that capture the work recorded
 before them, ``cuStreamWaitEvent`` capturing the event's state at call time,
 kernel parameters copied at launch / node creation / exec update time, graph
@@ -29,8 +29,9 @@ import numpy as np
 from hal.driver import DeviceInfo, Driver
 from hal.drivers.cuda.status import CUDA
 from hal.drivers.gpu.device import GpuDevice
-from hal.drivers.gpu.executable_cache import GpuExecutable
+from hal.drivers.gpu.executable_cache import ExecutableCache, GpuExecutable
 from hal.drivers.local.executable import NumpyExecutable
+from hal.errors import UnimplementedError
 from hal.registry import DriverFactory, hookimpl
 
 
@@ -111,10 +112,11 @@ class _Stream:
 
 class FakeGpuApi:
     name = "fake"
-    pointer_size = 8
 
     def __init__(self) -> None:
         self.fault: BaseException | None = None
+        #: When set, exec_set_memset_params / exec_set_memcpy_params refuse every change in place.
+        self.reject_updates = False
         self._memory: dict[int, np.ndarray] = {}
         self._bases: list[int] = []
         self._lock = threading.Lock()
@@ -186,10 +188,7 @@ class FakeGpuApi:
     def host_device_pointer(self, ptr: int) -> int:
         return ptr
 
-    def memory_pool(self, dev: Any) -> Any:
-        return "pool"
-
-    def set_pool_release_threshold(self, pool: Any, size: int) -> None:
+    def configure_memory_pool(self, device: Any, release_threshold: int) -> None:
         pass
 
     @staticmethod
@@ -218,7 +217,7 @@ class FakeGpuApi:
         ctypes.memmove(host, src, size)
 
     # -- contexts, streams, events ------------------------------------------------------------
-    def set_current(self, ctx: Any) -> None:
+    def activate(self, context: Any) -> None:
         pass
 
     def stream_create(self) -> _Stream:
@@ -285,32 +284,32 @@ class FakeGpuApi:
         function.fn(tuple(grid), views, constants)
 
     def launch_kernel(self, func: FakeFunction, gx, gy, gz, bx, by, bz, stream: _Stream, params: int) -> None:
+        """cuLaunchKernel (the raw baseline of the benchmarks; the driver launches through prepare_launch)."""
         self._check("cuLaunchKernel")
         pointers, constants = func.read_args(params)  # copied now, as cuLaunchKernel does
         stream.inbox.put(lambda: self._run_kernel(func, (gx, gy, gz), pointers, constants))
 
-    @staticmethod
-    def _prepared(function):
-        def call(*args):
-            function(*args)
-            return (0,)
-
-        return call
-
     def prepare_launch(self, func, grid, block, stream, params):
-        return (self._prepared(self.launch_kernel), (func, *grid, *block, stream, params), "cuLaunchKernel")
+        return (self.launch_kernel, (func, *grid, *block, stream, params))
 
     def prepare_memset(self, ptr, value, element_size, count, stream):
-        return (self._prepared(self.memset_async), (ptr, value, element_size, count, stream), "cuMemsetAsync")
+        return (self.memset_async, (ptr, value, element_size, count, stream))
 
     def prepare_copy(self, dst, src, size, stream):
-        return (self._prepared(self.memcpy_dtod_async), (dst, src, size, stream), "cuMemcpyDtoDAsync")
+        return (self.memcpy_dtod_async, (dst, src, size, stream))
 
     def prepare_upload(self, dst, host, size, stream):
-        return (self._prepared(self.memcpy_htod_async), (dst, host, size, stream), "cuMemcpyHtoDAsync")
+        return (self.memcpy_htod_async, (dst, host, size, stream))
 
-    def fail(self, code, function: str) -> None:
-        _raise(FakeResult(code), function)
+    def run_prepared(self, calls) -> None:
+        for call, args in calls:
+            call(*args)
+
+    def module_load(self, image: bytes) -> Any:
+        raise UnimplementedError("the simulated GPU runs numpy executables only (no code objects)")
+
+    def module_function(self, module: Any, name: str) -> Any:
+        raise UnimplementedError("the simulated GPU runs numpy executables only (no code objects)")
 
     def function_max_threads(self, func: Any) -> int:
         return 1024
@@ -366,11 +365,11 @@ class FakeGpuApi:
         self._check("cuGraphAddKernelNode")
         return self._add(graph, deps, "kernel", params)
 
-    def graph_add_memset_node(self, graph, deps, params, ctx):
+    def graph_add_memset_node(self, graph, deps, params):
         self._check("cuGraphAddMemsetNode")
         return self._add(graph, deps, "memset", params)
 
-    def graph_add_memcpy_node(self, graph, deps, params, ctx):
+    def graph_add_memcpy_node(self, graph, deps, params):
         self._check("cuGraphAddMemcpyNode")
         return self._add(graph, deps, "memcpy", params)
 
@@ -378,20 +377,16 @@ class FakeGpuApi:
         self._check("cuGraphAddEmptyNode")
         return self._add(graph, deps, "empty", None)
 
-    def graph_add_edges(self, graph, sources, targets) -> None:
-        for source, target in zip(sources, targets):
-            target["deps"].append(source)
-
     def graph_instantiate(self, graph: list) -> dict:
         self._check("cuGraphInstantiate")
-        return {"works": {node["id"]: node["work"] for node in graph}, "enabled": {}, "graph": graph}
+        return {"works": {node["id"]: node["work"] for node in graph}, "graph": graph}
 
     def graph_exec_destroy(self, graph_exec: dict) -> None:
         pass
 
     def graph_launch(self, graph_exec: dict, stream: _Stream) -> None:
         self._check("cuGraphLaunch")
-        works = [w for i, w in sorted(graph_exec["works"].items()) if graph_exec["enabled"].get(i, True)]
+        works = [w for _, w in sorted(graph_exec["works"].items())]
 
         def run() -> None:
             for work in works:  # creation order is a topological order
@@ -403,31 +398,36 @@ class FakeGpuApi:
         self._check("cuGraphExecKernelNodeSetParams")
         graph_exec["works"][node["id"]] = self._node_work("kernel", params)
 
-    def exec_set_memset_params(self, graph_exec, node, params, ctx) -> None:
+    def exec_set_memset_params(self, graph_exec, node, params) -> bool:
         self._check("cuGraphExecMemsetNodeSetParams")
+        if self.reject_updates:
+            return False
         graph_exec["works"][node["id"]] = self._node_work("memset", params)
+        return True
 
-    def exec_set_memcpy_params(self, graph_exec, node, params, ctx) -> None:
+    def exec_set_memcpy_params(self, graph_exec, node, params) -> bool:
         self._check("cuGraphExecMemcpyNodeSetParams")
+        if self.reject_updates:
+            return False
         graph_exec["works"][node["id"]] = self._node_work("memcpy", params)
-
-    def exec_set_node_enabled(self, graph_exec, node, enabled: bool) -> None:
-        graph_exec["enabled"][node["id"]] = enabled
+        return True
 
 
-class FakeGpuDevice(GpuDevice):
-    executable_formats = ("numpy",)
+class FakeExecutableCache(ExecutableCache):
+    """``numpy`` executables whose functions the simulated GPU runs (no module to load)."""
 
-    def _prepare_executable(self, spec) -> GpuExecutable:
-        numpy_exe = NumpyExecutable(self, spec)
+    formats = ("numpy",)
+
+    def prepare(self, device, spec) -> GpuExecutable:
+        numpy_exe = NumpyExecutable(device, spec)
         functions = [FakeFunction(fn, e.bindings, e.constants) for fn, e in zip(numpy_exe.functions, spec.exports)]
-        return GpuExecutable(self, spec, None, functions)
+        return GpuExecutable(device, spec, None, functions)
 
-    def _load_indirect(self, executable) -> tuple:
+    def indirect_functions(self, device, executable) -> tuple:
         return tuple(FakeIndirectFunction(f.fn, f.bindings, f.constants) if f.bindings else None
                      for f in executable.functions)
 
-    def _load_join_function(self) -> FakeFunction:
+    def join_function(self, device) -> FakeFunction:
         return FakeFunction(lambda grid, views, constants: None, 0, 0)
 
 
@@ -446,10 +446,10 @@ class FakeGpuDriver(Driver):
         props = {"memory_total": 1 << 34, "memory_pools_supported": True}
         return [DeviceInfo(self.name, 0, "FAKE-0", "simulated GPU", "fake-gpu://0", props)]
 
-    def _create_device(self, info: DeviceInfo, **options: Any) -> FakeGpuDevice:
+    def _create_device(self, info: DeviceInfo, **options: Any) -> GpuDevice:
         limits = {"max_workgroup_count": ((1 << 31) - 1, 65535, 65535), "max_workgroup_size": 1024}
-        return FakeGpuDevice(self, info, api=self.api, handle=0, context=1, options=options, limits=limits,
-                             memory_bytes=1 << 34, memory_pools=True)
+        return GpuDevice(self, info, api=self.api, handle=0, context=1, options=options, limits=limits,
+                         memory_bytes=1 << 34, memory_pools=True, executables=FakeExecutableCache())
 
 
 @hookimpl

@@ -11,6 +11,7 @@ from cts.kernels import EXPORT_NAMES, cuda_source  # noqa: E402
 import hal  # noqa: E402
 from hal.drivers.cuda import executable_cache as cache  # noqa: E402
 from hal.drivers.cuda.status import CompileError  # noqa: E402
+from hal.drivers.gpu.executable_cache import JOIN_KERNEL_SOURCE  # noqa: E402
 
 try:
     cache.nvrtc_version()
@@ -30,7 +31,7 @@ def test_cts_kernels_compile_to_an_sm90_cubin():
 
 
 def test_driver_join_kernel_compiles():
-    image = cache.compile_cuda_c(cache.JOIN_KERNEL_SOURCE, "sm_90")
+    image = cache.compile_cuda_c(JOIN_KERNEL_SOURCE, "sm_90")
     assert is_cubin(image) and b"hal_join" in image
 
 

@@ -1,9 +1,10 @@
-"""The thin CUDA shim the GPU-generic driver logic calls.
+"""The CUDA shim: ``hal.drivers.gpu.api.GpuApi`` over ``cuda.bindings.driver``.
 
 The generic modules in ``hal/drivers/gpu`` speak of streams, events, graphs,
-memory and modules through an object with the methods below; this one maps them
-onto ``cuda.bindings.driver``, checking every CUresult (``status.py``). A HIP
-shim offers the same methods over ``hip`` calls.
+memory and modules through the protocol ``GpuApi`` (its docstring states the
+contract); this class maps each call onto the driver API, checking every
+CUresult in one place (``status.py``). The CUDA driver's own probing and device
+enumeration (``driver.py``) use the calls under "driver and devices".
 
 Handles are the bindings' own objects (CUstream, CUevent, CUgraphNode, ...);
 device pointers are plain ints so the generic code can do address arithmetic.
@@ -48,8 +49,6 @@ class CudaApi:
     """The shim over ``cuda.bindings.driver`` (one per process: see ``get_api``)."""
 
     name = "cuda"
-    #: Largest size of one kernel parameter slot in the packed argument arrays.
-    pointer_size = 8
 
     def __init__(self) -> None:
         from cuda.bindings import driver
@@ -67,8 +66,11 @@ class CudaApi:
         self._stream_wait = d.cuStreamWaitEvent
         self._exec_kernel = d.cuGraphExecKernelNodeSetParams
         self._ctx_set_current = d.cuCtxSetCurrent
+        #: Per thread: the context made current last (``activate``), also the context of graph memory nodes.
+        self._current = threading.local()
         self.NOT_READY = d.CUresult.CUDA_ERROR_NOT_READY
-        self.SUCCESS = d.CUresult.CUDA_SUCCESS
+        #: Codes with which cuGraphExec{Memset,Memcpy}NodeSetParams refuse a change in place.
+        self._update_rejected = (d.CUresult.CUDA_ERROR_INVALID_VALUE, d.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE)
         self._stream_flags = d.CUstream_flags.CU_STREAM_NON_BLOCKING
         self._event_flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
         self._host_flags = d.CU_MEMHOSTALLOC_PORTABLE | d.CU_MEMHOSTALLOC_DEVICEMAP
@@ -122,13 +124,14 @@ class CudaApi:
     def primary_context_retain(self, dev: Any) -> Any:
         return check(self.driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
 
-    def primary_context_release(self, dev: Any) -> None:
-        check(self.driver.cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
-
-    def set_current(self, ctx: Any) -> None:
-        err = self._ctx_set_current(ctx)[0]
-        if err:
-            raise_for(err, "cuCtxSetCurrent")
+    def activate(self, context: Any) -> None:
+        """cuCtxSetCurrent, skipped when ``context`` is already this thread's current one."""
+        current = self._current
+        if getattr(current, "context", None) is not context:
+            err = self._ctx_set_current(context)[0]
+            if err:
+                raise_for(err, "cuCtxSetCurrent")
+            current.context = context
 
     def memory_info(self) -> tuple[int, int]:
         """(free, total) bytes of the current context's device."""
@@ -197,13 +200,11 @@ class CudaApi:
     def host_device_pointer(self, ptr: int) -> int:
         return int(check(self.driver.cuMemHostGetDevicePointer(ptr, 0), "cuMemHostGetDevicePointer"))  # type: ignore[call-overload]
 
-    def memory_pool(self, dev: Any) -> Any:
-        return check(self.driver.cuDeviceGetDefaultMemPool(dev), "cuDeviceGetDefaultMemPool")
-
-    def set_pool_release_threshold(self, pool: Any, size: int) -> None:
+    def configure_memory_pool(self, device: Any, release_threshold: int) -> None:
         d = self.driver
+        pool = check(d.cuDeviceGetDefaultMemPool(device), "cuDeviceGetDefaultMemPool")
         check(d.cuMemPoolSetAttribute(pool, d.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                                      d.cuuint64_t(size)), "cuMemPoolSetAttribute")
+                                      d.cuuint64_t(release_threshold)), "cuMemPoolSetAttribute")
 
     def memset_async(self, ptr: int, value: int, element_size: int, count: int, stream: Any) -> None:
         err = self._memset[element_size](ptr, value, count, stream)[0]
@@ -240,14 +241,7 @@ class CudaApi:
         attr = self.driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
         return int(check(self.driver.cuFuncGetAttribute(attr, func), "cuFuncGetAttribute"))  # type: ignore[call-overload]
 
-    def launch_kernel(self, func: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
-                      stream: Any, params: int) -> None:
-        """Launch with a pre-packed ``void**`` address (0 for a kernel without parameters)."""
-        err = self._launch(func, gx, gy, gz, bx, by, bz, 0, stream, params, 0)[0]
-        if err:
-            raise_for(err, "cuLaunchKernel")
-
-    # -- prepared calls: (function, arguments, name) issued in a loop; the function returns a status tuple ------
+    # -- prepared calls: (bindings function, its arguments, its name for errors) -----------------------
     def prepare_launch(self, func: Any, grid: tuple[int, int, int], block: tuple[int, int, int], stream: Any,
                        params: int) -> tuple[Any, tuple, str]:
         return (self._launch, (func, *grid, *block, 0, stream, params, 0), "cuLaunchKernel")
@@ -264,9 +258,11 @@ class CudaApi:
     def prepare_upload(self, dst: int, host: int, size: int, stream: Any) -> tuple[Any, tuple, str]:
         return (self._memcpy_htod_async, (self.driver.CUdeviceptr(dst), host, size, stream), "cuMemcpyHtoDAsync")
 
-    def fail(self, code: Any, function: str) -> None:
-        """Raise the HalError of a failed prepared call."""
-        raise_for(code, function)
+    def run_prepared(self, calls) -> None:
+        for call, args, name in calls:
+            err = call(*args)[0]
+            if err:
+                raise_for(err, name)
 
     # -- graphs --------------------------------------------------------------------------
     def graph_create(self) -> Any:
@@ -318,19 +314,16 @@ class CudaApi:
     def graph_add_kernel_node(self, graph: Any, deps: list, params: Any) -> Any:
         return check(self.driver.cuGraphAddKernelNode(graph, deps, len(deps), params), "cuGraphAddKernelNode")
 
-    def graph_add_memset_node(self, graph: Any, deps: list, params: Any, ctx: Any) -> Any:
-        return check(self.driver.cuGraphAddMemsetNode(graph, deps, len(deps), params, ctx), "cuGraphAddMemsetNode")
+    def graph_add_memset_node(self, graph: Any, deps: list, params: Any) -> Any:
+        return check(self.driver.cuGraphAddMemsetNode(graph, deps, len(deps), params, self._current.context),
+                     "cuGraphAddMemsetNode")
 
-    def graph_add_memcpy_node(self, graph: Any, deps: list, params: Any, ctx: Any) -> Any:
-        return check(self.driver.cuGraphAddMemcpyNode(graph, deps, len(deps), params, ctx), "cuGraphAddMemcpyNode")
+    def graph_add_memcpy_node(self, graph: Any, deps: list, params: Any) -> Any:
+        return check(self.driver.cuGraphAddMemcpyNode(graph, deps, len(deps), params, self._current.context),
+                     "cuGraphAddMemcpyNode")
 
     def graph_add_empty_node(self, graph: Any, deps: list) -> Any:
         return check(self.driver.cuGraphAddEmptyNode(graph, deps, len(deps)), "cuGraphAddEmptyNode")
-
-    def graph_add_edges(self, graph: Any, sources: list, targets: list) -> None:
-        if sources:
-            check(self.driver.cuGraphAddDependencies(graph, sources, targets, None, len(sources)),
-                  "cuGraphAddDependencies")
 
     def graph_instantiate(self, graph: Any) -> Any:
         return check(self.driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
@@ -348,16 +341,21 @@ class CudaApi:
         if err:
             raise_for(err, "cuGraphExecKernelNodeSetParams")
 
-    def exec_set_memset_params(self, graph_exec: Any, node: Any, params: Any, ctx: Any) -> None:
-        check(self.driver.cuGraphExecMemsetNodeSetParams(graph_exec, node, params, ctx),
-              "cuGraphExecMemsetNodeSetParams")
+    def exec_set_memset_params(self, graph_exec: Any, node: Any, params: Any) -> bool:
+        err = self.driver.cuGraphExecMemsetNodeSetParams(graph_exec, node, params, self._current.context)[0]
+        return self._updated(err, "cuGraphExecMemsetNodeSetParams")
 
-    def exec_set_memcpy_params(self, graph_exec: Any, node: Any, params: Any, ctx: Any) -> None:
-        check(self.driver.cuGraphExecMemcpyNodeSetParams(graph_exec, node, params, ctx),
-              "cuGraphExecMemcpyNodeSetParams")
+    def exec_set_memcpy_params(self, graph_exec: Any, node: Any, params: Any) -> bool:
+        err = self.driver.cuGraphExecMemcpyNodeSetParams(graph_exec, node, params, self._current.context)[0]
+        return self._updated(err, "cuGraphExecMemcpyNodeSetParams")
 
-    def exec_set_node_enabled(self, graph_exec: Any, node: Any, enabled: bool) -> None:
-        check(self.driver.cuGraphNodeSetEnabled(graph_exec, node, int(enabled)), "cuGraphNodeSetEnabled")
+    def _updated(self, err: Any, function: str) -> bool:
+        """True for success, False for a change refused in place; raises for other failures."""
+        if not err:
+            return True
+        if err in self._update_rejected:
+            return False
+        raise_for(err, function)
 
 
 _api: CudaApi | None = None

@@ -117,22 +117,19 @@ class CudaDriver(Driver):
         return props
 
     def _query_devices(self) -> list[DeviceInfo]:
-        from hal.drivers.gpu.device import _thread
-
         api = self.api
         infos = []
         for ordinal in range(api.device_count()):
             handle, context = self.context(ordinal)
             props = dict(self._static_properties(ordinal, handle))
-            api.set_current(context)
-            _thread.context = int(context)
+            api.activate(context)
             props["memory_free"], _ = api.memory_info()
             uuid = props["uuid"]
             infos.append(DeviceInfo(self.name, ordinal, uuid, props["name"], f"cuda://{uuid}", props))
         return infos
 
     def _create_device(self, info: DeviceInfo, **options: Any):
-        from hal.drivers.cuda.device import CudaDevice
+        from hal.drivers.cuda.device import create_device
 
         handle, context = self.context(info.ordinal)
-        return CudaDevice(self, info, api=self.api, handle=handle, context=context, options=options)
+        return create_device(self, info, api=self.api, handle=handle, context=context, options=options)

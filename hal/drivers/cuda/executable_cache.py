@@ -126,10 +126,19 @@ def cached_compile(source: str | bytes, target: str, options: Mapping[str, Any] 
 
 
 class CudaExecutableCache(ExecutableCache):
-    def __init__(self, device, compute_capability: tuple[int, int]) -> None:
-        super().__init__(device)
+    """``cuda-c`` (when NVRTC loads), ``cubin`` and ``ptx`` for a device of ``compute_capability``."""
+
+    source_format = "cuda-c"
+
+    def __init__(self, compute_capability: tuple[int, int]) -> None:
         self.compute_capability = compute_capability
         self._target: str | None = None
+        try:
+            nvrtc_version()
+            self.formats = FORMATS
+        except UnavailableError:  # no NVRTC library: precompiled formats only
+            self.formats = tuple(f for f in FORMATS if f != "cuda-c")
+            self.source_format = None
 
     @property
     def target(self) -> str:
@@ -162,6 +171,3 @@ class CudaExecutableCache(ExecutableCache):
         code = spec.code.decode() if isinstance(spec.code, bytes) else spec.code
         return cached_compile(indirect_source(code, spec.exports), self.target, spec.options)
 
-
-#: The no-op kernel that joins graph levels when a barrier is lowered to a kernel node.
-JOIN_KERNEL_SOURCE = 'extern "C" __global__ void hal_join() {}\n'

@@ -4,7 +4,7 @@ A buffer's driver allocation is an ``Allocation`` record holding the device
 address commands use. Frees never race queued work: a released buffer's memory
 is handed to the device, which frees it once every submission made before the
 release has completed (``GpuDevice.defer``); ``queue_dealloca`` frees
-stream-ordered instead (``cuMemFreeAsync`` after the work on its stream).
+stream-ordered instead (``mem_free_async`` after the work on its stream).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ class Allocation:
 
     __slots__ = ("ptr", "size", "kind", "host", "queue", "freed", "free_stream")
 
-    DEVICE = "device"  #: cuMemAlloc
-    POOL = "pool"  #: cuMemAllocAsync from the device's memory pool, on queue ``queue``
-    HOST = "host"  #: cuMemHostAlloc
+    DEVICE = "device"  #: mem_alloc
+    POOL = "pool"  #: mem_alloc_async from the device's memory pool, on queue ``queue``
+    HOST = "host"  #: host_alloc (pinned)
 
     def __init__(self, ptr: int, size: int, kind: str, host: int = 0, queue: int = 0) -> None:
         self.ptr = ptr

@@ -8,7 +8,7 @@ Submission path (``queue_execute``, ``queue_barrier``, ``queue_alloca``, ``queue
    the host or a device timepoint covers it. Until then the submission is
    parked (wait-before-signal) and ``queue_execute`` returns at once.
 3. Once issuable, the submission is issued on its queue's stream, in the
-   order submissions became ready: device waits (``cuStreamWaitEvent``), the
+   order submissions became ready: device waits (``stream_wait_event``), the
    commands, then one event recorded as the timepoint of every signal.
    Issuing can make parked work issuable; a per-thread trampoline turns that
    into a loop rather than a recursion.
@@ -43,12 +43,15 @@ from hal.buffer import Buffer
 from hal.command_buffer import Binding, CommandBuffer
 from hal.device import Device
 from hal.drivers.gpu.allocator import DEVICE_MEMORY, Allocation, GpuAllocator, wants_host_memory
+from hal.drivers.gpu.api import GpuApi
 from hal.drivers.gpu.event_semaphore import EventPool, EventSemaphore, Issuable, Timepoint, poll_event
+from hal.drivers.gpu.executable_cache import ExecutableCache
 from hal.drivers.gpu.graph_command_buffer import JOIN_KINDS, GraphCommandBuffer
 from hal.drivers.gpu.staging import StagingPool
 from hal.drivers.gpu.status import DeviceLostError
 from hal.drivers.gpu.stream_command_buffer import StreamCommandBuffer
 from hal.errors import DeadlineExceededError, HalError, InvalidArgumentError
+from hal.executable import Executable, ExecutableSpec
 from hal.semaphore import Fence, FenceWaiter, Semaphore, remaining
 from hal.types import BufferUsage, CommandBufferMode, MemoryType
 
@@ -64,7 +67,7 @@ INDIRECT_MIN_DISPATCHES = 16
 #: Bytes the stream-ordered memory pool keeps reserved instead of returning them to the driver.
 POOL_RELEASE_THRESHOLD = 1 << 30
 
-#: Per thread: the context made current last (an int handle) and the issue trampoline.
+#: Per thread: the issue trampoline (submissions made issuable while this thread issues one).
 _thread = threading.local()
 
 
@@ -126,16 +129,18 @@ def parse_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 class GpuDevice(Device):
-    """A device on one GPU context; subclasses add the API's executable formats and properties."""
+    """A device on one GPU context: the vendor API (``api``), the context, the launch limits and
+    the executable cache are handed in by the driver (``hal/drivers/cuda/device.py``)."""
 
-    def __init__(self, driver, info, *, api: Any, handle: Any, context: Any, options: dict[str, Any],
-                 limits: dict[str, Any], memory_bytes: int, memory_pools: bool) -> None:
+    def __init__(self, driver, info, *, api: GpuApi, handle: Any, context: Any, options: dict[str, Any],
+                 limits: dict[str, Any], memory_bytes: int, memory_pools: bool, executables: ExecutableCache) -> None:
         options = parse_options(options)
         super().__init__(driver, info, queue_count=options["queue_count"], limits=limits)
         self.api = api
         self.handle = handle
         self.context = context
-        self.context_key = int(context)
+        self.executables = executables
+        self.executable_formats = executables.formats
         self.command_buffer_mode: str = options["command_buffer"]
         self.barrier_lowering: str = options["barrier_lowering"]
         # One device table per command buffer: with several queues a buffer could run on two at once.
@@ -149,8 +154,7 @@ class GpuDevice(Device):
         self.allocator = GpuAllocator(self, memory_bytes)
         self.memory_pools = memory_pools
         if memory_pools:
-            pool = api.memory_pool(handle)
-            api.set_pool_release_threshold(pool, POOL_RELEASE_THRESHOLD)
+            api.configure_memory_pool(handle, POOL_RELEASE_THRESHOLD)
         #: Guards the submission bookkeeping (_outstanding, _deferred, _parked); _idle is its condition.
         self._state_lock = threading.RLock()
         self._idle = threading.Condition(self._state_lock)
@@ -177,9 +181,7 @@ class GpuDevice(Device):
     # -- context -----------------------------------------------------------------------
     def make_current(self) -> None:
         """Make this device's context current on the calling thread (a cheap check when it is)."""
-        if getattr(_thread, "context", None) != self.context_key:
-            self.api.set_current(self.context)
-            _thread.context = self.context_key
+        self.api.activate(self.context)
 
     def check_usable(self) -> None:
         if self.lost is not None:
@@ -209,11 +211,8 @@ class GpuDevice(Device):
     def join_kernel_params(self) -> Any:
         """Kernel-node parameters of the no-op kernel joining graph levels."""
         if self._join_function is None:
-            self._join_function = self._load_join_function()
+            self._join_function = self.executables.join_function(self)
         return self.api.kernel_node_params(self._join_function, (1, 1, 1), (1, 1, 1), 0)
-
-    def _load_join_function(self) -> Any:
-        raise NotImplementedError
 
     def use_indirect_bindings(self, slot_dispatches: int) -> bool:
         """Whether a graph with this many dispatches through binding-table slots reads its bindings
@@ -230,11 +229,11 @@ class GpuDevice(Device):
             return None
         functions = executable.indirect
         if functions is None:
-            functions = executable.indirect = self._load_indirect(executable)
+            functions = executable.indirect = self.executables.indirect_functions(self, executable)
         return functions[ordinal] if functions else None
 
-    def _load_indirect(self, executable: Any) -> tuple[Any, ...]:
-        return self.executables.indirect_functions(executable)  # type: ignore[attr-defined]
+    def _prepare_executable(self, spec: ExecutableSpec) -> Executable:
+        return self.executables.prepare(self, spec)
 
     # -- host transfers ----------------------------------------------------------------------
     def _write(self, buffer: Buffer, offset: int, data: memoryview) -> None:
@@ -360,8 +359,7 @@ class GpuDevice(Device):
         q = self._queues[sub.queue]
         api = self.api
         try:
-            if getattr(_thread, "context", None) != self.context_key:
-                self.make_current()
+            api.activate(self.context)
             with q.lock:
                 stream = q.stream
                 for sem, value in waits:

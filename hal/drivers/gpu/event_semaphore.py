@@ -7,11 +7,11 @@ semaphore is issued to a stream. The timepoint's event completes when that
 submission's work does, so:
 
 - a later submission waiting for a value a timepoint covers is issued at once
-  with a device-side wait on the event (``cuStreamWaitEvent``), without a host
+  with a device-side wait on the event (``stream_wait_event``), without a host
   round trip;
 - a wait that no timepoint covers yet (wait-before-signal) stays parked in the
   device's pending queue until a timepoint or a host ``signal()`` reaches it;
-- a host ``wait()`` can block on the event itself (``cuEventSynchronize``)
+- a host ``wait()`` can block on the event itself (``event_synchronize``)
   instead of waiting for the completion thread to notice.
 
 Events come from a per-device pool; a timepoint hands its event back when the
@@ -31,7 +31,7 @@ from hal.semaphore import Listener, Semaphore, remaining
 if TYPE_CHECKING:
     from hal.drivers.gpu.device import GpuDevice
 
-#: A host wait with a timeout polls its event (cuEventQuery, ~1 µs): spinning this long first,
+#: A host wait with a timeout polls its event (event_query, ~1 µs): spinning this long first,
 #: then sleeping between polls, from MIN_POLL_SLEEP doubling up to MAX_POLL_SLEEP.
 SPIN_SECONDS = 100e-6
 MIN_POLL_SLEEP = 20e-6

@@ -1,8 +1,10 @@
 """Executables on a GPU: a loaded module and one function per export.
 
-The driver turns a spec into a loadable image (``image_for``: compile CUDA C
-with NVRTC, or take PTX/cubin as given, cached on disk); loading the image and
-looking up each export's function is the same for every GPU API.
+A driver hands its ``GpuDevice`` an ``ExecutableCache`` that turns a spec into a
+loadable image (``image_for``: compile CUDA C with NVRTC or HIP C with hiprtc,
+or take a precompiled format as given, cached on disk) and lists the formats it
+prepares; loading the image and looking up each export's function is the same
+for every GPU API, written here once against ``GpuApi``.
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from hal.errors import InvalidArgumentError, NotFoundError
-from hal.executable import Executable, ExecutableSpec
+from hal.errors import InvalidArgumentError, NotFoundError, UnimplementedError
+from hal.executable import Executable, ExecutableSpec, Export
 
 if TYPE_CHECKING:
     from hal.drivers.gpu.device import GpuDevice
@@ -29,11 +31,19 @@ class GpuExecutable(Executable):
         self.indirect: Any = None
 
 
-class ExecutableCache:
-    """Prepares executables for one device; subclasses implement ``image_for``."""
+#: The no-op kernel that joins graph levels when a barrier is lowered to a kernel node (CUDA and HIP C).
+JOIN_KERNEL_SOURCE = 'extern "C" __global__ void hal_join() {}\n'
 
-    def __init__(self, device: GpuDevice) -> None:
-        self.device = device
+
+class ExecutableCache:
+    """Prepares executables for one device; subclasses implement ``image_for``.
+
+    ``formats`` lists the executable formats the device accepts (``Device.executable_formats``);
+    ``source_format`` is the one compiled from source text (the join kernel's), None if none.
+    """
+
+    formats: tuple[str, ...] = ()
+    source_format: str | None = None
 
     def image_for(self, spec: ExecutableSpec) -> bytes:
         """The module image (cubin, NUL-terminated PTX, hsaco, ...) for ``spec``."""
@@ -43,7 +53,7 @@ class ExecutableCache:
         """The image of the indirect-binding variants of ``spec``'s exports, or None if the format has none."""
         return None
 
-    def indirect_functions(self, executable: GpuExecutable) -> tuple[Any, ...]:
+    def indirect_functions(self, device: GpuDevice, executable: GpuExecutable) -> tuple[Any, ...]:
         """Per export: the variant reading its binding addresses from a device table (see
         graph_command_buffer), or None for exports without bindings; () when unavailable."""
         try:
@@ -52,7 +62,6 @@ class ExecutableCache:
             return ()
         if image is None:
             return ()
-        device = self.device
         api = device.api
         device.make_current()
         module = api.module_load(image)
@@ -60,22 +69,28 @@ class ExecutableCache:
         return tuple(api.module_function(module, indirect_name(export.name)) if export.bindings else None
                      for export in executable.spec.exports)
 
-    def prepare(self, spec: ExecutableSpec) -> GpuExecutable:
+    def prepare(self, device: GpuDevice, spec: ExecutableSpec) -> GpuExecutable:
         image = self.image_for(spec)
-        device = self.device
         api = device.api
         device.make_current()
         module = api.module_load(image)
         try:
-            functions = [self._function(module, export) for export in spec.exports]
+            functions = [self._function(api, module, export) for export in spec.exports]
         except BaseException:
             api.module_unload(module)
             raise
         device.register_module(module)
         return GpuExecutable(device, spec, module, functions)
 
-    def _function(self, module: Any, export) -> Any:
-        api = self.device.api
+    def join_function(self, device: GpuDevice) -> Any:
+        """The function of the no-op kernel joining graph levels (loaded through the device's cache)."""
+        if self.source_format is None:
+            raise UnimplementedError("this device compiles no kernel source: barriers cannot join with a kernel")
+        spec = ExecutableSpec(self.source_format, JOIN_KERNEL_SOURCE, [Export("hal_join")])
+        return device.load_executable(spec).functions[0]  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _function(api: Any, module: Any, export) -> Any:
         try:
             function = api.module_function(module, export.name)
         except NotFoundError:

@@ -3,7 +3,7 @@
 The model is IREE's: commands recorded between two barriers have no edges among
 them (they may run concurrently) and a barrier is a join that every command of
 the previous level precedes and every command of the next level follows
-(``RecordingCommandBuffer.levels``). How a join becomes CUDA graph structure is
+(``RecordingCommandBuffer.levels``). How a join becomes graph structure is
 a measured choice (DESIGN.md, "Graph launch host cost"):
 
 - ``empty``: one empty node depending on the whole previous level (the model's
@@ -24,13 +24,13 @@ then reused for every table, two ways:
   variant of the kernel that reads its binding addresses from a small device
   table owned by the command buffer (dispatches binding the same ranges share
   one run of entries). A submission whose table resolves to new addresses
-  copies the new table image (one ``cuMemcpyHtoDAsync`` from pinned staging,
+  copies the new table image (one ``memcpy_htod_async`` from pinned staging,
   stream-ordered before the graph launch); nodes are never touched, so the
   cost does not grow with the number of dispatches;
 - node updates (everything else: fills, copies, updates, precompiled kernels):
   each used slot's (address, size) is compared with what the executable graph
   holds and only the nodes reading a changed slot are updated in place
-  (``cuGraphExec{Kernel,Memset,Memcpy}NodeSetParams``): O(changed bindings),
+  (``exec_set_{kernel,memset,memcpy}_params``): O(changed bindings),
   O(slots) for the same table.
 
 The graph is re-instantiated only when the driver rejects an in-place update of
@@ -39,7 +39,7 @@ from zero), counted in ``reinstantiations``.
 
 A submission with the binding table of the previous one (the core hands out the
 same resolved table when the entries are unchanged) skips all of this: it is
-one ``cuGraphLaunch``.
+one ``graph_launch``.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ import numpy as np
 from hal.command_buffer import Binding
 from hal.drivers.gpu.kernel_args import ArgArena
 from hal.drivers.gpu.recording import Command, Copy, Dispatch, Fill, RecordingCommandBuffer, slot_address
-from hal.errors import HalError
 
 JOIN_KINDS = ("empty", "edges", "kernel")
 #: A join of a*b <= EDGE_LIMIT node pairs becomes direct edges (10x10 levels: 13 µs launch
@@ -214,7 +213,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
             size = command.element_size
             if length:
                 params = api.memset_node_params(ptr, command.value, size, length // size)
-                node = _Node(command, api.graph_add_memset_node(graph, deps, params, device.context), params, "memset")
+                node = _Node(command, api.graph_add_memset_node(graph, deps, params), params, "memset")
             else:  # nothing to fill with this table: a placeholder (a new table rebuilds)
                 node = _Node(command, api.graph_add_empty_node(graph, deps), None, "memset", enabled=False)
             slots = {command.target.slot} - {None}
@@ -230,7 +229,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
                 slots = {command.target.slot} - {None}
             if length:
                 params = api.memcpy_node_params(dst, src, length)
-                node = _Node(command, api.graph_add_memcpy_node(graph, deps, params, device.context), params, "memcpy")
+                node = _Node(command, api.graph_add_memcpy_node(graph, deps, params), params, "memcpy")
             else:
                 node = _Node(command, api.graph_add_empty_node(graph, deps), None, "memcpy", enabled=False)
         self._nodes.append(node)
@@ -353,8 +352,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         applied.update(changed)
 
     def _update_node(self, node: _Node, table: Sequence[Binding] | None) -> None:
-        device = self.device
-        api = device.api
+        api = self.device.api
         graph_exec = self._resources.graph_exec
         command = node.command
         self.updated_nodes += 1
@@ -381,12 +379,8 @@ class GraphCommandBuffer(RecordingCommandBuffer):
                 raise _RebuildNeeded
             api.set_memcpy_node_target(node.params, dst, src, length)
             setter = api.exec_set_memcpy_params
-        try:
-            setter(graph_exec, node.handle, node.params, device.context)
-        except HalError as exc:
-            if getattr(exc, "api_code", "").endswith("INVALID_VALUE"):
-                raise _RebuildNeeded from exc  # the driver refused this change in place
-            raise
+        if not setter(graph_exec, node.handle, node.params):
+            raise _RebuildNeeded  # the driver refused this change in place
 
     def _reinstantiate(self, table: Sequence[Binding] | None) -> None:
         """Rebuild the graph for ``table``; the old executable graph may still be running: free it later."""

@@ -10,7 +10,7 @@ and one uint64 array of the slots' addresses. A launch then passes one int.
 
 Slots stay writable: a binding that goes through a binding-table Slot is
 patched in place before each submission (the driver copies the values at launch
-or at ``cuGraphExecKernelNodeSetParams`` time, so patching never races the GPU).
+or at ``exec_set_kernel_params`` time, so patching never races the GPU).
 """
 
 from __future__ import annotations

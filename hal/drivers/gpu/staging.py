@@ -1,6 +1,6 @@
 """Pinned host staging blocks for ``update_buffer`` payloads, reused across command buffers.
 
-``cuMemHostAlloc`` costs tens of microseconds, so blocks are kept in power-of-two
+Pinned host allocation costs tens of microseconds, so blocks are kept in power-of-two
 size classes and handed back when the command buffer that used them retires.
 """
 

@@ -1,9 +1,9 @@
 """Stream command buffer: recorded commands issued one by one on a queue's stream.
 
 Recording resolves addresses and ``end()`` packs kernel arguments, so issuing
-is a loop of prepared calls (the API function and its complete argument tuple,
-built once): ``cuLaunchKernel(function, grid, block, 0, stream, void**, 0)``,
-``cuMemsetD8/16/32Async``, ``cuMemcpyDtoDAsync``, ``cuMemcpyHtoDAsync``.
+is a loop of prepared calls (``GpuApi.prepare_launch`` with the packed ``void**``,
+``prepare_memset``, ``prepare_copy``, ``prepare_upload``; each the API function
+and its complete arguments, built once) run by the shim's ``run_prepared``.
 The call list is built once per queue and reused by every later submission of
 a reusable buffer; only commands through binding-table slots are resolved at
 submission. Barriers need nothing: a stream runs its work in order.
@@ -28,7 +28,8 @@ class StreamCommandBuffer(RecordingCommandBuffer):
 
     def __init__(self, device, mode, binding_capacity: int) -> None:
         super().__init__(device, mode, binding_capacity)
-        self._calls: dict[int, list[tuple[Any, Any, str]]] = {}
+        #: Per queue index: the prepared calls (see _segments_for).
+        self._segments: dict[int, list[tuple[list[Any], Command | None]]] = {}
         self._staging: tuple[int, int] | None = None
         self._release_staging: weakref.finalize | None = None
 
@@ -43,13 +44,15 @@ class StreamCommandBuffer(RecordingCommandBuffer):
         # A reusable buffer keeps its block until it is garbage (no submission holds it then).
         self._release_staging = weakref.finalize(self, device.release_later, device.staging.release, host, capacity)
 
-    def _calls_for(self, queue) -> list[tuple[Any, Any, str]]:
-        """A prepared call per command (the API function, its argument tuple, its name for errors);
-        ``(None, command, "")`` for commands through binding-table slots."""
+    def _segments_for(self, queue) -> list[tuple[list[Any], Command | None]]:
+        """The commands as runs of prepared calls (``GpuApi.prepare_*``), each run followed by the
+        command through binding-table slots that ends it (None for the last run): slot commands
+        are resolved at each submission, everything else was resolved once."""
         api = self.device.api
         stream = queue.stream
         staging = self._staging[0] if self._staging else 0
-        calls: list[tuple[Any, Any, str]] = []
+        segments: list[tuple[list[Any], Command | None]] = []
+        calls: list[Any] = []
         append = calls.append
         prepare_launch = api.prepare_launch
         params_address = self.args.params_address
@@ -59,47 +62,43 @@ class StreamCommandBuffer(RecordingCommandBuffer):
                 if kind is Dispatch:
                     append(prepare_launch(command.function, command.grid, command.block, stream,
                                           params_address(command.arg_start, command.arg_count)))
-                elif kind is Fill:
-                    target = command.target
-                    if target.slot is None:
-                        size = command.element_size
-                        calls.append(api.prepare_memset(target.ptr, command.value, size, target.length // size, stream))
-                    else:
-                        calls.append((None, command, ""))
-                elif kind is Copy:
-                    source, target = command.source, command.target
-                    if source.slot is None and target.slot is None:
-                        calls.append(api.prepare_copy(target.ptr, source.ptr, target.length, stream))
-                    else:
-                        calls.append((None, command, ""))
-                elif kind is Update:
-                    target = command.target
-                    if target.slot is None:
-                        calls.append(api.prepare_upload(target.ptr, staging + command.staging_offset, command.length,
-                                                        stream))
-                    else:
-                        calls.append((None, command, ""))
-        return calls
+                    continue
+                target = command.target
+                if kind is Fill and target.slot is None:
+                    size = command.element_size
+                    append(api.prepare_memset(target.ptr, command.value, size, target.length // size, stream))
+                elif kind is Copy and command.source.slot is None and target.slot is None:
+                    append(api.prepare_copy(target.ptr, command.source.ptr, target.length, stream))
+                elif kind is Update and target.slot is None:
+                    append(api.prepare_upload(target.ptr, staging + command.staging_offset, command.length, stream))
+                else:
+                    segments.append((calls, command))
+                    calls = []
+                    append = calls.append
+        segments.append((calls, None))
+        return segments
 
     def issue(self, queue, table: Sequence[Binding] | None, submission) -> None:
-        calls = self._calls.get(queue.index)
-        if calls is None:
-            calls = self._calls[queue.index] = self._calls_for(queue)
+        segments = self._segments.get(queue.index)
+        if segments is None:
+            segments = self._segments[queue.index] = self._segments_for(queue)
         if self.slot_dispatches:
-            with self.issue_lock:  # cuLaunchKernel copies the patched arguments before returning
+            with self.issue_lock:  # a launch copies the patched arguments before returning
                 self.patch_slot_args(table)
-                self._issue_calls(calls, table, queue.stream)
+                self._issue_segments(segments, table, queue.stream)
+        elif len(segments) == 1:
+            self.device.api.run_prepared(segments[0][0])
         else:
-            self._issue_calls(calls, table, queue.stream)
+            self._issue_segments(segments, table, queue.stream)
 
-    def _issue_calls(self, calls: list[tuple[Any, Any, str]], table: Sequence[Binding] | None, stream: Any) -> None:
-        for call, args, name in calls:
-            if call is None:
-                self._issue_through_slots(args, table, stream)
-            else:
-                status = call(*args)[0]
-                if status:
-                    self.device.api.fail(status, name)
+    def _issue_segments(self, segments: list[tuple[list[Any], Command | None]], table: Sequence[Binding] | None,
+                        stream: Any) -> None:
+        run_prepared = self.device.api.run_prepared
+        for calls, command in segments:
+            if calls:
+                run_prepared(calls)
+            if command is not None:
+                self._issue_through_slots(command, table, stream)
 
     def _issue_through_slots(self, command: Command, table: Sequence[Binding] | None, stream: Any) -> None:
         api = self.device.api
