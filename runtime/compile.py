@@ -3,24 +3,32 @@
 The first call for a (shapes, dtypes, device) signature runs `fn` on
 placeholder arrays, which builds the op graph, and records it into one
 reusable command buffer. Later calls skip Python graph building: one
-dictionary look-up, a binding table of the arguments' buffers and the
-outputs' buffers (values that never leave the function live in buffers the
-recording owns), one submission. On GPUs a signature keeps up to
-MAX_VARIANTS recordings, each replayed with its own unchanged table: a loop
-`w = step(w)` alternates between two buffers, and each recording sees the
-same two every time, so the driver launches its graph without patching it.
+dictionary look-up, a binding table of the arguments' buffers (in argument
+order, then captured arrays) and the outputs' buffers (values that never
+leave the function live in buffers the recording owns), one submission
+(`lowering.submit`, shared with evals), and one Storage and Array per output.
+A signature keeps up to MAX_VARIANTS recordings, each replayed with its own
+unchanged table: a loop `w = step(w)` alternates between two buffers, and
+each recording sees the same two every time, so the driver launches its graph
+without patching it.
+
+A call whose arguments are being differentiated (value_and_grad's inputs, or
+arrays computed from them) or traced (a compiled function called inside
+another's trace) runs `fn` itself on them: its ops join the caller's graph, so
+gradients flow through it, as jax.jit's functions are traced through by grad.
 """
 
 from __future__ import annotations
 
 import functools
+from operator import attrgetter
 
 import hal
 
 from .array import Array, new_evaluated, new_node
 from .autodiff import GRAD, materialize, resolved
 from .device import Storage
-from .lowering import _PLACEHOLDER, MAX_VARIANTS, Variants, collect, graph_key, record
+from .lowering import _PLACEHOLDER, MAX_VARIANTS, Variants, collect, graph_key, record, submit
 
 
 def _flatten(tree, leaves: list):
@@ -51,10 +59,10 @@ def _unflatten(spec, leaves: list):
 
 
 class _Traced:
-    """One signature's recordings and how to bind its inputs and rebuild its outputs."""
+    """One signature's recordings and how to bind its inputs and make its outputs."""
 
-    __slots__ = ("ctx", "variants", "order", "externals", "keep", "n_ext", "template", "arg_slots",
-                 "captured", "out_spec", "outputs", "node_meta", "plain")
+    __slots__ = ("ctx", "variants", "order", "externals", "keep", "arg_index", "all_args", "captured",
+                 "captured_buffers", "out_spec", "outputs", "made", "plain", "shape")
 
     def __init__(self, fn, args: list, kwargs: dict, ctx) -> None:
         self.ctx = ctx
@@ -73,7 +81,15 @@ class _Traced:
             resolved(grads)
             roots = [o.root for o in out_leaves if o.root.storage is None and o.root.op != _PLACEHOLDER]
             order = collect(roots)
-        _, externals, _ = graph_key(order)
+        _, found, _ = graph_key(order)
+        # Table order: the arguments the graph reads, in argument order, then captured arrays.
+        args_read = sorted((r for r in found if r.op == _PLACEHOLDER), key=lambda r: r.params)
+        captured = [r for r in found if r.op != _PLACEHOLDER]
+        externals = args_read + captured
+        self.arg_index = [r.params for r in args_read]
+        self.all_args = self.arg_index == list(range(len(leaves)))
+        self.captured = [r.storage for r in captured]  # (kept alive with the trace)
+        self.captured_buffers = [st.buffer for st in self.captured]
         node_index = {id(n): i for i, n in enumerate(order)}
         self.outputs = []
         keep = 0
@@ -89,22 +105,22 @@ class _Traced:
                 self.outputs.append(("arg", r.params, view))
             else:
                 self.outputs.append(("const", o, None))
-        self.plain = all(kind == "node" and view is None for kind, _, view in self.outputs)
         self.order, self.externals, self.keep = order, externals, keep
-        self.node_meta = [(n.shape, n.dtype) for n in order]
-        # The binding table: the externals (arguments and captured arrays), then the outputs.
-        self.captured = []
-        self.arg_slots = []
-        self.template = []
-        for j, r in enumerate(externals):
-            if r.op == _PLACEHOLDER:
-                self.arg_slots.append((j, r.params))
-                self.template.append(None)
-            else:
-                self.captured.append(r.storage)
-                self.template.append(r.storage.buffer)
-        self.n_ext = len(externals)
         self.variants = Variants(record(ctx, order, externals, keep, owned=True)) if order else None
+        # Outputs that are each a distinct node's whole buffer (the usual case) are made straight
+        # from the table: per output (table position, bucket, bytes, shape, dtype).
+        nodes = [i for kind, i, _ in self.outputs if kind == "node"]
+        self.plain = (self.variants is not None and len(nodes) == len(self.outputs) == len(set(nodes))
+                      and all(view is None for _, _, view in self.outputs))
+        self.made = []
+        if self.variants is not None:
+            rec = self.variants.recs[0]
+            pos_of = {i: (pos, bucket, nb) for pos, (i, bucket, nb) in enumerate(rec.fresh, rec.n_ext)}
+            self.made = [(*pos_of[i], order[i].shape, order[i].dtype) for i in nodes] if self.plain else []
+        spec = self.out_spec
+        self.shape = ("leaf" if spec == 0 else
+                      "tuple" if isinstance(spec, tuple) and spec[0] == "t"
+                      and spec[1] == tuple(range(len(out_leaves))) else "tree")
 
     def release(self) -> None:
         if self.variants is not None:
@@ -118,59 +134,43 @@ class _Traced:
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
-    def run(self, leaves: list):
+    def run(self, leaves):
+        """Bind `leaves` (evaluated dense arrays) and replay; AttributeError if one is pending."""
         ctx = self.ctx
+        if self.all_args:
+            ext = [a.storage.buffer for a in leaves]
+        else:
+            ext = [leaves[i].storage.buffer for i in self.arg_index]
+        if self.captured_buffers:
+            ext += self.captured_buffers
         variants = self.variants
         if variants is None:  # nothing to compute: the outputs are arguments or constants
-            return _unflatten(self.out_spec, self._outputs(leaves, {}))
-        ext = self.template.copy()
-        for j, a in self.arg_slots:
-            ext[j] = leaves[a].storage.buffer
-        rec = variants.pick(ext, MAX_VARIANTS if ctx.is_gpu else 1)
+            return self._structure(self._outputs(leaves, {}, 0))
+        rec = variants.pick(ext, MAX_VARIANTS)
         if rec is None:
             rec = record(ctx, self.order, self.externals, self.keep, owned=True)
             variants.recs.append(rec)
-        ctx.throttle()
-        take = ctx.buffers.take
-        last = rec.last_table
-        table = ext + [None] * len(rec.fresh)
-        pos = self.n_ext
-        for _, bucket, _ in rec.fresh:
-            table[pos] = take(bucket, last[pos] if last is not None else None)
-            pos += 1
-        value = ctx.submitted + 1
-        sem = ctx.semaphore
-        wait = [(sem, ctx.submitted)] if ctx.submitted > ctx.completed else []
-        try:
-            ctx.device.queue_execute([rec.cb], wait=wait, signal=[(sem, value)],
-                                     binding_tables=[table if table else None])
-        except BaseException:
-            for (_, bucket, _), buf in zip(rec.fresh, table[self.n_ext:]):
-                ctx.buffers.release(buf, bucket)
-            raise
-        rec.last_table = table
-        rec.last_ext = ext
-        ctx.submitted = value
-        for a in leaves:
-            a.storage.fence = value
-        for st in self.captured:
-            st.fence = value
-        for st in rec.captured:
-            st.fence = value
-        meta = self.node_meta
-        roots = {}
-        pos = self.n_ext
-        for i, bucket, nb in rec.fresh:
-            shape, dtype = meta[i]
-            roots[i] = new_evaluated(Storage(table[pos], bucket, ctx, value, nb), shape, dtype, ctx)
-            pos += 1
+        table, value = submit(ctx, rec, ext)
         if self.plain:
-            outs = [roots[i] for _, i, _ in self.outputs]
+            outs = [new_evaluated(Storage(table[pos], bucket, ctx, value, nb), shape, dtype, ctx)
+                    for pos, bucket, nb, shape, dtype in self.made]
         else:
-            outs = self._outputs(leaves, roots)
+            roots = {}
+            for pos, (i, bucket, nb) in enumerate(rec.fresh, rec.n_ext):
+                node = self.order[i]
+                roots[i] = new_evaluated(Storage(table[pos], bucket, ctx, value, nb), node.shape, node.dtype, ctx)
+            outs = self._outputs(leaves, roots, value)
+        return self._structure(outs)
+
+    def _structure(self, outs: list):
+        shape = self.shape
+        if shape == "tuple":
+            return tuple(outs)
+        if shape == "leaf":
+            return outs[0]
         return _unflatten(self.out_spec, outs)
 
-    def _outputs(self, leaves: list, roots: dict) -> list:
+    def _outputs(self, leaves: list, roots: dict, value: int) -> list:
         ctx = self.ctx
         outs = []
         for kind, idx, view in self.outputs:
@@ -190,7 +190,7 @@ class _Traced:
         return outs
 
 
-_POSITIONAL: dict = {}  # argument count -> the flattened structure of that many positional arrays
+_signature = attrgetter("shape", "dtype", "ctx", "base")  # base: None for the dense roots the fast path takes
 
 
 def compile(fn):  # noqa: A001 - mirrors mx.compile / jax.jit
@@ -202,48 +202,42 @@ def compile(fn):  # noqa: A001 - mirrors mx.compile / jax.jit
     def wrapped(*args, **kwargs):
         stats["calls"] += 1
         if not kwargs:
-            # Fast path: positional dense evaluated arrays on one device.
-            ctx = None
-            sig = []
-            for a in args:
-                if type(a) is not Array or a.base is not None or a.storage is None:
-                    break
-                if ctx is None:
-                    ctx = a.ctx
-                elif a.ctx is not ctx:
-                    break
-                sig.append(a.shape)
-                sig.append(a.dtype)
-            else:
-                if ctx is not None:
-                    entry = traced.get((len(args), id(ctx), *sig))
-                    if entry is not None:
-                        with ctx.lock:
-                            return entry.run(args)
+            # Fast path: positional evaluated dense arrays whose signature was traced before.
+            try:
+                entry = traced.get(tuple(map(_signature, args)))
+            except (AttributeError, TypeError):  # not all arrays, or a view (unhashable key)
+                entry = None
+            if entry is not None:
+                with entry.ctx.lock:
+                    try:
+                        return entry.run(args)
+                    except AttributeError:  # an argument is still pending: the general path evaluates it
+                        pass
         leaves: list = []
         spec = _flatten((args, kwargs), leaves)
         ctx = None
-        pending = []
-        for i, a in enumerate(leaves):
+        for a in leaves:
             if ctx is None:
                 ctx = a.ctx
             elif a.ctx is not ctx:
                 raise hal.InvalidArgumentError("rt.compile: all array arguments must be on one device")
+        if ctx is None:
+            raise hal.InvalidArgumentError("rt.compile: the function needs at least one array argument")
+        if _traced_through(leaves):
+            return fn(*args, **kwargs)
+        pending = []
+        for i, a in enumerate(leaves):
             if a.root is not a:
                 a = leaves[i] = _dense(a)
             if a.storage is None:
                 pending.append(a)
-        if ctx is None:
-            raise hal.InvalidArgumentError("rt.compile: the function needs at least one array argument")
         if pending:
             from .lowering import evaluate
             evaluate(pending)
-        positional = not kwargs and len(leaves) == len(args)
-        if positional:
-            spec = _POSITIONAL.setdefault(len(args), spec)
-            key = (len(args), id(ctx), *[x for a in leaves for x in (a.shape, a.dtype)])
+        if not kwargs and len(leaves) == len(args):
+            key = tuple(map(_signature, leaves))
         else:
-            key = (spec, id(ctx), *[(a.shape, a.dtype) for a in leaves])
+            key = (spec, *[(a.shape, a.dtype, a.ctx) for a in leaves])
         entry = traced.get(key)
         if entry is None:
             with ctx.lock:
@@ -257,6 +251,22 @@ def compile(fn):  # noqa: A001 - mirrors mx.compile / jax.jit
     wrapped.stats = stats
     wrapped.cache_clear = traced.clear
     return wrapped
+
+
+def _traced_through(leaves: list) -> bool:
+    """Whether an argument reads a differentiated input (an alias from value_and_grad, or a grad
+    node) or a placeholder of an enclosing trace: then the call must stay part of that graph."""
+    stack = [a for a in leaves if a.storage is None or a.base is not None]
+    seen = set()
+    while stack:
+        a = stack.pop()
+        if id(a) in seen:
+            continue
+        seen.add(id(a))
+        if a.op in ("alias", GRAD, _PLACEHOLDER):
+            return True
+        stack.extend(x for x in a.inputs if x.storage is None or x.base is not None)
+    return False
 
 
 def _dense(a: Array) -> Array:

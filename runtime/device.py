@@ -114,17 +114,23 @@ class DeviceContext:
 
 
 class Storage:
-    """A device buffer owned by one evaluated array (and the views and host arrays sharing it)."""
+    """A device buffer owned by one evaluated array (and the views and host arrays sharing it).
 
-    __slots__ = ("buffer", "bucket", "ctx", "sem", "fence", "ready", "nbytes", "__weakref__")
+    No per-submission fence is kept: a storage that dies hands its buffer back with the
+    context's latest submission as its fence, which is at or after the last submission
+    that touched it. Device reuse never waits anyway (submissions of a context run in
+    order); host reuse waits for that submission, which costs nothing in practice and
+    saves updating every input's fence on every submission.
+    """
 
-    def __init__(self, buffer: hal.Buffer, bucket: int, ctx: DeviceContext, fence: int, nbytes: int) -> None:
+    __slots__ = ("buffer", "bucket", "ctx", "sem", "ready", "nbytes", "__weakref__")
+
+    def __init__(self, buffer: hal.Buffer, bucket: int, ctx: DeviceContext, ready: int, nbytes: int) -> None:
         self.buffer = buffer
         self.bucket = bucket
         self.ctx = ctx
-        self.sem = ctx.semaphore  # the timeline `ready` and `fence` count on
-        self.ready = fence  # semaphore value at which the contents are written
-        self.fence = fence  # semaphore value after which nothing queued touches the buffer
+        self.sem = ctx.semaphore  # the timeline `ready` counts on
+        self.ready = ready  # semaphore value at which the contents are written
         self.nbytes = nbytes
 
     def __del__(self) -> None:
@@ -132,7 +138,7 @@ class Storage:
         if ctx is None:
             return
         try:
-            ctx.buffers.release(self.buffer, self.bucket, self.fence)
+            ctx.buffers.release(self.buffer, self.bucket, ctx.submitted)
         except Exception:  # noqa: BLE001 - interpreter shutdown or closed device
             pass
 

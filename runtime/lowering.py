@@ -48,7 +48,8 @@ class Recording:
     """
 
     __slots__ = ("cb", "n_ext", "fresh", "temps", "table_size", "footprint", "scratch", "levels",
-                 "dispatches", "fused", "program", "last_table", "last_ext", "captured", "__weakref__")
+                 "dispatches", "fused", "program", "last_table", "last_ext", "captured", "buckets",
+                 "no_prefer", "__weakref__")
 
     def __init__(self, cb, n_ext: int, fresh: list, temps: list, levels: int, dispatches: int) -> None:
         self.cb = cb
@@ -56,6 +57,8 @@ class Recording:
         self.fresh = fresh  # [(node index, bucket, nbytes)] in table order after the externals
         self.temps = temps  # [bucket] of per-submission scratch, after the fresh buffers
         self.table_size = n_ext + len(fresh) + len(temps)
+        self.buckets = [bucket for _, bucket, _ in fresh] + temps  # of the table after the externals
+        self.no_prefer = [None] * len(self.buckets)
         self.levels = levels
         self.dispatches = dispatches
         self.fused = 0  # fused kernels among the dispatches
@@ -551,62 +554,47 @@ def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
                 rec = record(ctx, order, externals, keep)
                 entry.recs.append(rec)
                 ctx.graphs.grow(rec.footprint)
-    submit(ctx, rec, order, externals, ext)
+    table, value = submit(ctx, rec, ext)
+    attach(ctx, rec, order, table, value)
 
 
-def submit(ctx: DeviceContext, rec: Recording, order: list, externals: list, ext: list) -> int:
-    """Bind fresh buffers for the materialized nodes and scratch next to the externals, execute,
-    attach storage; nodes fused away keep their inputs (they are garbage unless referenced)."""
-    E = rec.n_ext
-    table = ext + [None] * (rec.table_size - E)
+def submit(ctx: DeviceContext, rec: Recording, ext: list) -> tuple[list, int]:
+    """Execute a recording with `ext` bound to its externals: (binding table, timeline value).
+
+    The one submission path of evals and rt.compile. Buffers for the nodes the recording
+    materializes and its per-submission scratch are taken from the buffer cache next to the
+    externals, preferring the ones of its last submission (an unchanged table is replayed
+    without patching anything); scratch goes back at once (later submissions run after it).
+    """
     ctx.throttle()
-    take = ctx.buffers.take
     last = rec.last_table
-    pos = E
-    if last is None:
-        for _, bucket, _ in rec.fresh:
-            table[pos] = take(bucket, None)
-            pos += 1
-        for bucket in rec.temps:
-            table[pos] = take(bucket, None)
-            pos += 1
-    else:
-        for _, bucket, _ in rec.fresh:
-            table[pos] = take(bucket, last[pos])
-            pos += 1
-        for bucket in rec.temps:
-            table[pos] = take(bucket, last[pos])
-            pos += 1
+    table = ext + list(map(ctx.buffers.take, rec.buckets, rec.no_prefer if last is None else last[rec.n_ext:]))
     value = ctx.submitted + 1
     sem = ctx.semaphore
-    wait = [(sem, ctx.submitted)] if ctx.submitted > ctx.completed else []
     try:
-        ctx.device.queue_execute([rec.cb], wait=wait, signal=[(sem, value)], binding_tables=[table])
+        ctx.device.queue_execute([rec.cb], wait=[(sem, ctx.submitted)] if ctx.submitted > ctx.completed else [],
+                                 signal=[(sem, value)], binding_tables=[table])
     except BaseException:
         release = ctx.buffers.release
-        for (_, bucket, _), buf in zip(rec.fresh, table[E:]):
-            release(buf, bucket)
-        for bucket, buf in zip(rec.temps, table[E + len(rec.fresh):]):
+        for bucket, buf in zip(rec.buckets, table[rec.n_ext:]):
             release(buf, bucket)
         raise
     rec.last_table = table
     rec.last_ext = ext
     ctx.submitted = value
-    pos = E
-    for i, bucket, nb in rec.fresh:
+    if rec.temps:
+        release = ctx.buffers.release
+        for pos, bucket in enumerate(rec.temps, rec.n_ext + len(rec.fresh)):
+            release(table[pos], bucket, value)
+    return table, value
+
+
+def attach(ctx: DeviceContext, rec: Recording, order: list, table: list, value: int) -> None:
+    """Hand the materialized nodes of an eval their buffers; nodes fused away keep their inputs
+    (they are garbage unless referenced)."""
+    for pos, (i, bucket, nb) in enumerate(rec.fresh, rec.n_ext):
         node = order[i]
         node.storage = Storage(table[pos], bucket, ctx, value, nb)
         node.op = None
         node.inputs = ()
         node.params = None
-        pos += 1
-    for r in externals:
-        r.storage.fence = value
-    for st in rec.captured:
-        st.fence = value
-    if rec.temps:
-        release = ctx.buffers.release
-        for bucket in rec.temps:
-            release(table[pos], bucket, value)
-            pos += 1
-    return value

@@ -103,7 +103,9 @@ def test_unevaluated_member_recomputes_when_read_later(gpu_like):
     direct = [0] * len(order)
     parts, externals, viewed = lowering.graph_key(order, direct)
     rec = lowering.record(context_for(gpu_like), order, externals, keep=1 << (len(order) - 1))
-    lowering.submit(context_for(gpu_like), rec, order, externals, [r.storage.buffer for r in externals])
+    ctx = context_for(gpu_like)
+    table, value = lowering.submit(ctx, rec, [r.storage.buffer for r in externals])
+    lowering.attach(ctx, rec, order, table, value)
     assert t.storage is None and t.op == "mul"
     np.testing.assert_allclose(z.numpy(), x_np * 2 + 1)
     np.testing.assert_allclose(t.numpy(), x_np * 2)
