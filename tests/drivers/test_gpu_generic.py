@@ -356,13 +356,13 @@ def test_close_frees_everything(fake_driver):
     run(dev, [cb])
     dev.close()
     assert api.live_allocations < before + 4
-    assert dev.staging._closed and dev.events._closed
+    assert dev.staging._closed and dev.events.closed
 
 
 # -- semaphores ---------------------------------------------------------------------------------------------
 
 def test_device_waits_use_timepoints_without_host_round_trips(fake_driver):
-    with fake_driver.create_device() as dev:
+    with fake_driver.create_device(queue_count=2) as dev:
         exe = kernels(dev)
         buf = dev.allocator.allocate(64)
         dev.write(buf, bytes(64))
@@ -372,12 +372,18 @@ def test_device_waits_use_timepoints_without_host_round_trips(fake_driver):
             cb.dispatch(exe, "add_one", 1, [16], [buf])
         dev.queue_execute([cb], wait=[(gate, 1)], signal=[(sem, 1)])
         for i in range(1, 5):  # parked behind the first until it is issued, then issued with device waits
-            dev.queue_execute([cb], wait=[(sem, i)], signal=[(sem, i + 1)])
+            dev.queue_execute([cb], wait=[(sem, i)], signal=[(sem, i + 1)], queue=i % 2)
         waits = dev.api.calls.get("cuStreamWaitEvent", 0)
         gate.signal(1)
         sem.wait(5, timeout=30)
         assert words(dev, buf)[0] == 5
-        assert dev.api.calls.get("cuStreamWaitEvent", 0) > waits
+        assert dev.api.calls.get("cuStreamWaitEvent", 0) == waits + 4, "one device wait per change of queue"
+        # On one stream, stream order is the wait: no call at all.
+        dev.queue_execute([cb], wait=[(sem, 5)], signal=[(sem, 6)], queue=0)
+        dev.queue_execute([cb], wait=[(sem, 6)], signal=[(sem, 7)], queue=0)
+        sem.wait(7, timeout=30)
+        assert words(dev, buf)[0] == 7
+        assert dev.api.calls.get("cuStreamWaitEvent", 0) == waits + 4
 
 
 def test_values_follow_issue_order(fake_driver):
@@ -409,12 +415,13 @@ def wait_for(condition, what: str) -> None:
 
 
 def test_completion_thread_is_woken_only_when_needed(fake_driver):
-    from hal.drivers.gpu.device import WAKE_INFLIGHT
+    from hal.drivers.gpu.queue import WAKE_INFLIGHT
 
     with fake_driver.create_device() as dev:
-        inbox = dev._completion_inbox = CountingInbox(dev._completion_inbox)
+        completion = dev.completion
+        inbox = completion._inbox = CountingInbox(completion._inbox)
         sem = dev.create_semaphore(0)
-        wait_for(lambda: dev._completion_idle, "the completion thread never went to sleep")
+        wait_for(lambda: completion.idle, "the completion thread never went to sleep")
         for value in range(1, 21):  # submit-and-wait round trips: each waiter retires its own work
             dev.queue_barrier(signal=[(sem, value)])
             sem.wait(value, timeout=30)
@@ -429,11 +436,11 @@ def test_completion_thread_is_woken_only_when_needed(fake_driver):
         dev.queue_barrier(signal=[(sem, 22)])
         assert hal.wait_any([(sem, 22)], timeout=30) == 0
         assert inbox.puts == 1
-        wait_for(lambda: dev._completion_idle, "the completion thread did not go back to sleep")
+        wait_for(lambda: completion.idle, "the completion thread did not go back to sleep")
         # Work nobody waits for is retired once enough of it is in flight.
         for value in range(23, 23 + WAKE_INFLIGHT):
             dev.queue_barrier(signal=[(sem, value)])
-        wait_for(lambda: not dev._inflight, "in-flight work was never retired")
+        wait_for(lambda: not dev.queues[0].inflight, "in-flight work was never retired")
         assert inbox.puts == 2 and sem._value == 22 + WAKE_INFLIGHT
 
 
@@ -441,22 +448,23 @@ def test_a_waiter_finds_its_work_retired_by_another_thread(fake_driver):
     with fake_driver.create_device() as dev:
         sem = dev.create_semaphore(0)
         dev.queue_barrier(signal=[(sem, 1)])
-        timepoint = dev._inflight[0].timepoint
-        dev.api.event_synchronize(timepoint.event)
+        queue = dev.queues[0]
+        sub = queue.inflight[0]
+        dev.api.event_synchronize(sub.event)
         errors = []
 
         def retire():
             try:
-                dev._retire_completed(known_done=timepoint)
+                queue.retire_through(sub)
             except Exception as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
 
-        with dev._retire_lock:  # another thread is retiring: this waiter blocks on the lock ...
+        with queue.retire_lock:  # another thread is retiring: this waiter blocks on the lock ...
             waiter = threading.Thread(target=retire)
             waiter.start()
             time.sleep(0.05)
-            while dev._inflight:  # ... while everything in flight is retired
-                dev._finish(dev._inflight.popleft(), None)
+            while queue.inflight:  # ... while everything in flight is retired
+                dev.completion.finish(queue.inflight.popleft(), None)
         waiter.join(30)
         assert not errors and sem.value == 1
 

@@ -2,87 +2,32 @@
 
 The host-side timeline (value, failure, host waiters, listeners) is the core's
 ``hal.Semaphore``. On top of it an ``EventSemaphore`` keeps device *timepoints*:
-``(value, Timepoint)`` pairs recorded when a submission that signals the
-semaphore is issued to a stream. The timepoint's event completes when that
-submission's work does, so:
+``(value, Submission)`` pairs added when a submission that signals the semaphore
+is issued to a stream. The submission's event completes when its work does, so:
 
 - a later submission waiting for a value a timepoint covers is issued at once
-  with a device-side wait on the event (``stream_wait_event``), without a host
-  round trip;
+  with a device-side wait on the event (``stream_wait_event``; none at all on
+  the same stream), without a host round trip;
 - a wait that no timepoint covers yet (wait-before-signal) stays parked in the
   device's pending queue until a timepoint or a host ``signal()`` reaches it;
-- a host ``wait()`` can block on the event itself (``event_synchronize``)
-  instead of waiting for the completion thread to notice.
+- a host ``wait()`` blocks on the event itself (``event_synchronize``) and
+  retires the work on its own thread, instead of waiting for the completion thread.
 
-Events come from a per-device pool; a timepoint hands its event back when the
-last reference to it goes (the semaphores prune timepoints their value passed).
+The semaphore drops the timepoints its value passed.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
-import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hal.errors import aborted_by
 from hal.semaphore import Listener, Semaphore, remaining
 
 if TYPE_CHECKING:
     from hal.drivers.gpu.device import GpuDevice
-
-#: A host wait with a timeout polls its event (event_query, ~1 µs): spinning this long first,
-#: then sleeping between polls, from MIN_POLL_SLEEP doubling up to MAX_POLL_SLEEP.
-SPIN_SECONDS = 100e-6
-MIN_POLL_SLEEP = 20e-6
-MAX_POLL_SLEEP = 1e-3
-
-
-class EventPool:
-    """Reusable events of one device (creating an event costs more than recording one)."""
-
-    def __init__(self, api: Any) -> None:
-        self.api = api
-        self._free: list[Any] = []
-        self._closed = False
-        self.created = 0
-
-    def acquire(self) -> Any:
-        try:
-            return self._free.pop()
-        except IndexError:
-            self.created += 1
-            return self.api.event_create()
-
-    def release(self, event: Any) -> None:
-        if not self._closed:
-            self._free.append(event)
-
-    def close(self) -> None:
-        self._closed = True
-        events, self._free = self._free, []
-        for event in events:
-            try:
-                self.api.event_destroy(event)
-            except Exception:  # a lost context destroys its events itself
-                pass
-
-    @property
-    def available(self) -> int:
-        return len(self._free)
-
-
-class Timepoint:
-    """The event recorded after one submission; the event goes back to its pool with the last reference."""
-
-    __slots__ = ("event", "pool")
-
-    def __init__(self, event: Any, pool: EventPool) -> None:
-        self.event = event
-        self.pool = pool
-
-    def __del__(self) -> None:
-        self.pool.release(self.event)
+    from hal.drivers.gpu.submission import Submission
 
 
 class EventSemaphore(Semaphore):
@@ -93,11 +38,11 @@ class EventSemaphore(Semaphore):
     def __init__(self, device: GpuDevice, initial_value: int = 0) -> None:
         super().__init__(device, initial_value)
         #: Sorted by value (submissions usually signal increasing values: appending keeps the order).
-        self._timepoints: list[tuple[int, Timepoint]] = []
+        self._timepoints: list[tuple[int, Submission]] = []
         self._issuable: list[tuple[int, int, Listener]] = []
 
     # -- device timepoints -----------------------------------------------------------
-    def _add_timepoint(self, value: int, timepoint: Timepoint) -> None:
+    def _add_timepoint(self, value: int, timepoint: Submission) -> None:
         """A submission signalling ``value`` was issued; wake work that may now be issued behind it."""
         with self._lock:
             if self._failure is not None or value <= self._value:
@@ -115,11 +60,11 @@ class EventSemaphore(Semaphore):
         for listener in ready:
             listener(None)
 
-    def _timepoint_for(self, value: int) -> Timepoint | None:
-        """None if ``value`` is reached on the host, else the timepoint to wait on.
-
-        Raises AbortedError if the semaphore failed.
-        """
+    def device_wait(self, value: int) -> Submission | None:
+        """None if ``value`` is reached on the host, else the submission whose event a device
+        wait for ``value`` waits on (called at issue: one covers it). AbortedError if failed."""
+        if self._value >= value and self._failure is None:
+            return None
         with self._lock:
             if self._failure is not None:
                 raise aborted_by(self._failure, f"semaphore failed before value {value} was reached")
@@ -130,7 +75,19 @@ class EventSemaphore(Semaphore):
             raise AssertionError(f"no timepoint covers value {value}")  # the pending queue prevents this
         return timepoint
 
-    def _covering(self, value: int) -> Timepoint | None:
+    def issuable(self, value: int) -> bool:
+        """Whether work waiting for ``value`` can be issued now: the value is reached, a
+        timepoint covers it, or the semaphore failed (then issuing fails the work)."""
+        if self._value >= value or self._failure is not None:
+            return True
+        timepoints = self._timepoints
+        return bool(timepoints) and timepoints[-1][0] >= value
+
+    def has_listeners(self) -> bool:
+        """Whether host listeners (``hal.wait_any``) wait for a value: only retiring the work wakes them."""
+        return bool(self._listeners)
+
+    def _covering(self, value: int) -> Submission | None:
         """The timepoint of the smallest value >= ``value`` (call with the lock held)."""
         timepoints = self._timepoints
         if timepoints and timepoints[-1][0] >= value and (len(timepoints) == 1 or timepoints[-2][0] < value):
@@ -138,7 +95,7 @@ class EventSemaphore(Semaphore):
         index = bisect.bisect_left(timepoints, value, key=_value_of)
         return timepoints[index][1] if index < len(timepoints) else None
 
-    def _peek_timepoint(self, value: int) -> Timepoint | None:
+    def _peek_timepoint(self, value: int) -> Submission | None:
         with self._lock:
             if self._failure is not None or self._value >= value:
                 return None
@@ -201,7 +158,7 @@ class EventSemaphore(Semaphore):
     def value(self) -> int:
         """The current value, counting device work that completed since the last retirement."""
         if self._timepoints:
-            self.device._retire_completed(wait_for_lock=False)
+            self.device.retire_completed(blocking=False)
         return Semaphore.value.fget(self)  # type: ignore[attr-defined]
 
     def _wait(self, value: int, deadline: float | None) -> None:
@@ -211,7 +168,9 @@ class EventSemaphore(Semaphore):
         while self._value < value and self._failure is None:
             timepoint = self._peek_timepoint(value)
             if timepoint is not None:
-                self.device._wait_timepoint(timepoint, deadline)
+                if self.device.closed_for_good:
+                    break
+                timepoint.queue.wait(timepoint, deadline)
                 if self._value >= value and self._failure is None:
                     return  # retired by this thread: no need to look again under the lock
                 break
@@ -229,7 +188,7 @@ class EventSemaphore(Semaphore):
         super()._wait(value, deadline)
 
 
-def _value_of(entry: tuple[int, Timepoint]) -> int:
+def _value_of(entry: tuple[int, Submission]) -> int:
     return entry[0]
 
 
@@ -247,25 +206,3 @@ class Issuable:
 
     def _notify_at(self, value: int, listener: Listener) -> None:
         self.sem._notify_issuable(value, listener)
-
-
-def poll_event(api: Any, event: Any, deadline: float | None) -> bool:
-    """Wait for an event by polling until ``deadline``: True once it completed, False at the deadline.
-
-    Spins for ``SPIN_SECONDS`` (short work completes within a few microseconds), then
-    sleeps between polls with a doubling back-off up to ``MAX_POLL_SLEEP``, so a long
-    wait costs little CPU and a host wait with a timeout needs no other thread.
-    """
-    now = time.monotonic()
-    spin_until = now + SPIN_SECONDS
-    pause = MIN_POLL_SLEEP
-    while True:
-        if api.event_query(event):
-            return True
-        now = time.monotonic()
-        if deadline is not None and now >= deadline:
-            return False
-        if now >= spin_until:
-            sleep = pause if deadline is None else min(pause, max(deadline - now, 0.0))
-            time.sleep(sleep)
-            pause = min(pause * 2, MAX_POLL_SLEEP)

@@ -310,7 +310,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         except BaseException:
             staging.release(host, capacity)
             raise
-        submission.resources.append(functools.partial(staging.release, host, capacity))
+        submission.hold(functools.partial(staging.release, host, capacity))
         self._image_addresses = addresses
         self.image_uploads += 1
 

@@ -1,0 +1,58 @@
+"""Reusable GPU events of one device (IREE's event pool).
+
+Creating an event costs more than recording one, so each submission takes an
+event from the pool when it is issued and the event goes back when nothing
+refers to the submission any more (``Submission.__del__``): a host waiter
+still blocked on the event keeps it out of the pool, so an event is never
+re-recorded, nor destroyed at close, while someone waits on it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from hal.drivers.gpu.api import GpuApi
+
+
+class EventPool:
+    def __init__(self, api: GpuApi) -> None:
+        self.api = api
+        self._free: list[Any] = []
+        self._lock = threading.Lock()
+        self.closed = False
+        self.created = 0
+
+    def acquire(self) -> Any:
+        """A free event (a new one when none is free). Call only while the device is open."""
+        try:
+            return self._free.pop()
+        except IndexError:
+            self.created += 1
+            return self.api.event_create()
+
+    def release(self, event: Any) -> None:
+        with self._lock:
+            if not self.closed:
+                self._free.append(event)
+                return
+        # After close nothing will record it again; a lost context destroys its events itself.
+        try:
+            self.api.event_destroy(event)
+        except Exception:
+            pass
+
+    def close(self) -> None:
+        """Destroy the free events; events still referenced are destroyed when released."""
+        with self._lock:
+            self.closed = True
+            events, self._free = self._free, []
+        for event in events:
+            try:
+                self.api.event_destroy(event)
+            except Exception:  # a lost context destroys its events itself
+                pass
+
+    @property
+    def available(self) -> int:
+        return len(self._free)

@@ -1,0 +1,226 @@
+"""One device queue: a stream, the submissions issued on it, and their retirement.
+
+Issue (``issue``), once a submission's waits are issuable: under the queue's lock,
+the device-side waits (``stream_wait_event`` on the covering submission's event;
+none for work issued earlier on this same stream, which the stream already
+orders), the commands, the action, and one pooled event recorded after them;
+the submission then becomes the timepoint of each semaphore it signals.
+
+Retirement: a stream runs its work in order, so once a submission's event
+completed every submission issued before it on this queue did too.
+``retire_through`` retires up to a submission whose event the caller saw
+complete (a host waiter) without asking the driver anything; ``retire_completed``
+finds the completed prefix by querying events (the completion thread). Each
+retired submission costs O(1): ``Completion.finish`` advances its semaphores and
+frees what it held.
+
+After ``close`` the stream is gone: a submission issued later (released by a
+host ``signal()`` racing the close, say) fails its semaphores instead of
+touching the destroyed stream.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import TYPE_CHECKING, Any
+
+from hal.drivers.gpu.status import DeviceLostError
+from hal.errors import AbortedError, FailedPreconditionError, HalError
+
+if TYPE_CHECKING:
+    from hal.drivers.gpu.completion import Completion
+    from hal.drivers.gpu.device import GpuDevice
+    from hal.drivers.gpu.submission import Submission
+
+#: Submissions in flight on one queue that wake the sleeping completion thread even when nothing
+#: waits for them (their events, staging blocks and deferred frees go back once retired).
+WAKE_INFLIGHT = 32
+
+
+class GpuQueue:
+    def __init__(self, device: GpuDevice, index: int) -> None:
+        self.device = device
+        self.index = index
+        self.api = device.api
+        self.events = device.events
+        self.stream: Any = device.api.stream_create()
+        #: Serialises the calls on the stream (issue order is stream order).
+        self.lock = threading.Lock()
+        #: Issued submissions not yet retired, in issue order.
+        self.inflight: collections.deque[Submission] = collections.deque()
+        self.retire_lock = threading.Lock()
+        self.completion: Completion = device.completion
+
+    # -- issue ------------------------------------------------------------------------------
+    def issue(self, sub: Submission) -> None:
+        """Issue ``sub`` on the stream now (its waits are issuable); a failure fails its signals."""
+        device = self.device
+        if device.lost is not None:
+            self.completion.finish(sub, device.lost)
+            return
+        api = self.api
+        try:
+            api.activate(device.context)
+            with self.lock:
+                stream = self.stream
+                if stream is None:
+                    raise FailedPreconditionError(f"device {device.info.uri} was closed before the work was issued")
+                for sem, value in sub.waits:
+                    timepoint = sem.device_wait(value)  # type: ignore[attr-defined]
+                    if timepoint is not None and timepoint.queue is not self:
+                        api.stream_wait_event(stream, timepoint.event)
+                tables = sub.tables
+                for i, cb in enumerate(sub.command_buffers):
+                    cb.issue(self, tables[i], sub)  # type: ignore[attr-defined]
+                if sub.action is not None:
+                    sub.action(self)
+                event = self.events.acquire()
+                try:
+                    api.event_record(event, stream)
+                except BaseException:
+                    self.events.release(event)
+                    raise
+                sub.event = event
+                inflight = self.inflight
+                inflight.append(sub)
+        except BaseException as exc:  # nothing of it runs: its signals carry the failure
+            if isinstance(exc, AbortedError) and exc.__cause__ is not None:
+                exc = exc.__cause__  # a failed wait: the original failure travels on
+            self.completion.finish(sub, device.fault(exc))
+            return
+        for sem, value in sub.signals:
+            sem._add_timepoint(value, sub)  # type: ignore[attr-defined]
+        completion = self.completion
+        if completion.idle:  # read after the append: a sleeping thread is woken if this work needs it
+            completion.wake_for(sub, len(inflight))
+        if completion.idle_waiters:
+            completion.notify_idle()
+
+    # -- retirement ----------------------------------------------------------------------------
+    def retire_through(self, sub: Submission) -> None:
+        """Retire every submission up to and including ``sub``, whose event completed."""
+        with self.retire_lock:
+            if sub.retired:  # another thread retired it while this one waited for the lock
+                return
+            inflight = self.inflight
+            finish = self.completion.finish
+            while inflight:
+                head = inflight.popleft()
+                finish(head, None)
+                if head is sub:
+                    return
+
+    def retire_completed(self, blocking: bool = True) -> bool:
+        """Retire the completed prefix of the in-flight submissions, querying their events; a
+        failing query fails that submission's signals. True when nothing is left in flight.
+        ``blocking=False`` returns at once when another thread is retiring."""
+        inflight = self.inflight
+        if not inflight:
+            return True
+        if not self.retire_lock.acquire(blocking):
+            return False
+        try:
+            api = self.api
+            finish = self.completion.finish
+            done_through = None  # a submission known complete, and everything before it
+            if len(inflight) > 1:
+                newest = inflight[-1]
+                try:
+                    if api.event_query(newest.event):
+                        done_through = newest
+                except HalError:
+                    pass  # the queries below find and record the failure
+            while inflight:
+                sub = inflight[0]
+                failure = None
+                if done_through is None:
+                    try:
+                        if not api.event_query(sub.event):
+                            return False
+                    except HalError as exc:
+                        failure = self.device.fault(exc)
+                elif sub is done_through:
+                    done_through = None
+                inflight.popleft()
+                try:
+                    finish(sub, failure)
+                except BaseException:  # keep retiring: one bad release must not stall every waiter
+                    import traceback
+
+                    traceback.print_exc()
+            return True
+        finally:
+            self.retire_lock.release()
+
+    def wait(self, sub: Submission, deadline: float | None) -> None:
+        """A host wait for ``sub``: block on (or poll) its event, then retire through it. Returns at
+        the deadline without retiring (the caller reports the timeout)."""
+        if sub.retired:
+            return
+        device = self.device
+        api = self.api
+        try:
+            api.activate(device.context)
+            if deadline is None:
+                api.event_synchronize(sub.event)
+            elif not poll_event(api, sub.event, deadline):
+                return
+        except HalError:
+            self.retire_completed()  # records the device's error on the semaphores
+            return
+        self.retire_through(sub)
+
+    # -- close ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Wait for the stream, retire everything issued on it, destroy it (later issues fail)."""
+        api = self.api
+        with self.lock:
+            stream, self.stream = self.stream, None
+        if stream is None:
+            return
+        try:
+            api.stream_synchronize(stream)
+        except Exception:  # a lost context: the queries below fail the work
+            pass
+        self.retire_completed()
+        # Anything the queries could not retire (a lost context) fails rather than waits forever.
+        with self.retire_lock:
+            while self.inflight:
+                self.completion.finish(self.inflight.popleft(), self.device.lost or DeviceLostError(
+                    f"device {self.device.info.uri} was closed before the work completed"))
+        try:
+            api.stream_destroy(stream)
+        except Exception:  # close releases what it can; a lost context frees the rest itself
+            pass
+
+
+#: A host wait with a timeout polls its event (event_query, ~1 µs): spinning this long first,
+#: then sleeping between polls, from MIN_POLL_SLEEP doubling up to MAX_POLL_SLEEP.
+SPIN_SECONDS = 100e-6
+MIN_POLL_SLEEP = 20e-6
+MAX_POLL_SLEEP = 1e-3
+
+
+def poll_event(api, event: Any, deadline: float | None) -> bool:
+    """Wait for an event by polling until ``deadline``: True once it completed, False at the deadline.
+
+    Spins for ``SPIN_SECONDS`` (short work completes within a few microseconds), then
+    sleeps between polls with a doubling back-off up to ``MAX_POLL_SLEEP``, so a long
+    wait costs little CPU and a host wait with a timeout needs no other thread.
+    """
+    import time
+
+    now = time.monotonic()
+    spin_until = now + SPIN_SECONDS
+    pause = MIN_POLL_SLEEP
+    while True:
+        if api.event_query(event):
+            return True
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            return False
+        if now >= spin_until:
+            sleep = pause if deadline is None else min(pause, max(deadline - now, 0.0))
+            time.sleep(sleep)
+            pause = min(pause * 2, MAX_POLL_SLEEP)
