@@ -43,20 +43,6 @@ def best_of(fn, repeats: int) -> float:
     return min(times)
 
 
-def rate(fn, steps: int, finish, rounds: int = 3) -> float:
-    """Iterations per second of fn() (median of rounds of `steps` calls, each round ending with finish())."""
-    fn()
-    finish()
-    rates = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(steps):
-            fn()
-        finish()
-        rates.append(steps / (time.perf_counter() - t))
-    return statistics.median(rates)
-
-
 # ---- logistic regression ----------------------------------------------------------------------
 
 def logistic_data(n: int = 1000, d: int = 100, seed: int = 0):
@@ -72,13 +58,43 @@ def loss_fn(w, X, y):
     return (rt.maximum(z, 0.0) + rt.log(1.0 + rt.exp(-abs(z))) - y * z).mean()
 
 
-def bench_logistic(device: str | None, steps: int) -> dict:
+def interleaved(contenders: dict, steps: int, rounds: int) -> tuple[dict, dict]:
+    """Iterations per second of each contender, rounds taken in turn (one round of every contender,
+    then the next round), so that drift of the host's speed hits all alike.
+
+    contenders: name -> (step function, finish function run at the end of a round).
+    Returns (wall, cpu): name -> per-round rates by wall-clock time and by this process's CPU
+    time (all its threads; on a shared host the CPU clock does not count other processes' turns,
+    but it misses time a device works while the host waits: it fits CPU drivers only).
+    """
+    for fn, finish in contenders.values():
+        fn()
+        finish()
+    wall: dict = {name: [] for name in contenders}
+    cpu: dict = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, (fn, finish) in contenders.items():
+            t, c = time.perf_counter(), time.process_time()
+            for _ in range(steps):
+                fn()
+            finish()
+            wall[name].append(steps / (time.perf_counter() - t))
+            cpu[name].append(steps / max(time.process_time() - c, 1e-9))
+    return wall, cpu
+
+
+def ratio_stats(num: list, den: list) -> dict:
+    """Median and spread of per-round ratios num[i] / den[i]."""
+    ratios = sorted(a / b for a, b in zip(num, den))
+    return {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
+
+
+def bench_logistic(device: str | None, steps: int, rounds: int = 7) -> dict:
     X_np, y_np = logistic_data()
     lr = 0.1
     X, y = rt.array(X_np, device=device), rt.array(y_np, device=device)
     vg = rt.value_and_grad(loss_fn)
     state = {"w": rt.zeros((100,), device=device)}
-
     ctx = rt.device.context_for(device)
 
     def sync() -> None:
@@ -103,32 +119,21 @@ def bench_logistic(device: str | None, steps: int) -> dict:
         if wait:
             ctx.wait_storage(loss.root.storage)
 
-    out = {}
-    eager = rate(lambda: eager_step(True), steps, sync)
-    comp = rate(lambda: compiled_step(True), steps, sync)
-    out["runtime_eager_grad_it_s"] = eager
-    out["runtime_compile_it_s"] = comp
-    out["runtime_eager_grad_pipelined_it_s"] = rate(lambda: eager_step(False), steps, sync)
-    out["runtime_compile_pipelined_it_s"] = rate(lambda: compiled_step(False), steps, sync)
-    w_check = cstate["w"].numpy()
-    out["compile_weights_finite"] = bool(np.isfinite(w_check).all())
-
     # plain numpy, hand-written gradient (the CPU reference of the same computation)
-    w_np = np.zeros(100, np.float32)
+    np_state = {"w": np.zeros(100, np.float32)}
 
     def numpy_step():
-        nonlocal w_np
+        w_np = np_state["w"]
         z = X_np @ w_np
         p = 1 / (1 + np.exp(-z))
         g = X_np.T @ (p - y_np) / len(y_np)
-        w_np = w_np - lr * g
+        np_state["w"] = w_np - lr * g
 
-    out["numpy_hand_gradient_it_s"] = rate(numpy_step, steps, lambda: None)
-    w_same = np.zeros(100, np.float32)
+    same = {"w": np.zeros(100, np.float32)}
 
     def numpy_same_ops():
         # the forward and backward ops the runtime's graph evaluates, one numpy call each
-        nonlocal w_same
+        w_same = same["w"]
         n = np.float32(len(y_np))
         z = X_np @ w_same
         az = np.abs(z)
@@ -145,30 +150,47 @@ def bench_logistic(device: str | None, steps: int) -> dict:
         daz = de
         dz = dz + np.where(z >= 0, daz, -daz)
         gw = X_np.T @ dz
-        w_same = w_same - lr * gw
+        same["w"] = w_same - lr * gw
         return loss
 
-    out["numpy_same_ops_it_s"] = rate(numpy_same_ops, steps, lambda: None)
-    out["eager_vs_numpy_same_ops"] = eager / out["numpy_same_ops_it_s"]
-    out["compile_vs_numpy_same_ops"] = comp / out["numpy_same_ops_it_s"]
-    out["compile_vs_numpy_hand_gradient"] = comp / out["numpy_hand_gradient_it_s"]
-    out.update(torch_baselines(X_np, y_np, lr, steps, rt.device.context_for(device).device))
-    if "torch_eager_autograd_it_s" in out:
-        out["eager_vs_torch_eager"] = eager / out["torch_eager_autograd_it_s"]
-        out["eager_vs_torch_eager_pipelined"] = (out["runtime_eager_grad_pipelined_it_s"]
-                                                 / out["torch_eager_autograd_pipelined_it_s"])
-    if "torch_cuda_graph_it_s" in out:
-        out["compile_vs_torch_cuda_graph"] = comp / out["torch_cuda_graph_it_s"]
-        out["compile_vs_torch_cuda_graph_pipelined"] = (out["runtime_compile_pipelined_it_s"]
-                                                        / out["torch_cuda_graph_pipelined_it_s"])
+    def nothing() -> None:
+        pass
+
+    torch_info, torch_steps = torch_contenders(X_np, y_np, lr, ctx.device)
+    rates = interleaved({
+        "runtime_eager_grad": (lambda: eager_step(True), sync),
+        "runtime_compile": (lambda: compiled_step(True), sync),
+        "runtime_eager_grad_pipelined": (lambda: eager_step(False), sync),
+        "runtime_compile_pipelined": (lambda: compiled_step(False), sync),
+        "numpy_hand_gradient": (numpy_step, nothing),
+        "numpy_same_ops": (numpy_same_ops, nothing),
+        **torch_steps,
+    }, steps, rounds)
+    rates, cpu_rates = rates
+    out = {f"{name}_it_s": statistics.median(r) for name, r in rates.items()}
+    out.update(torch_info)
+    out["rounds"] = rounds
+    w_check = cstate["w"].numpy()
+    out["compile_weights_finite"] = bool(np.isfinite(w_check).all())
+    out["compile_matches_numpy"] = bool(np.allclose(w_check, state["w"].numpy(), rtol=1e-3, atol=1e-5))
+    for mode, name in (("eager", "runtime_eager_grad"), ("compile", "runtime_compile")):
+        for base in ("numpy_hand_gradient", "numpy_same_ops"):
+            out[f"{mode}_vs_{base}"] = ratio_stats(rates[name], rates[base])
+            out[f"{mode}_vs_{base}_cpu_time"] = ratio_stats(cpu_rates[name], cpu_rates[base])
+    for ours, theirs, name in (("runtime_eager_grad", "torch_eager_autograd", "eager_vs_torch_eager"),
+                               ("runtime_compile", "torch_cuda_graph", "compile_vs_torch_cuda_graph")):
+        if theirs in rates:
+            out[name] = ratio_stats(rates[ours], rates[theirs])
+            out[name + "_pipelined"] = ratio_stats(rates[ours + "_pipelined"], rates[theirs + "_pipelined"])
     return out
 
 
-def torch_baselines(X_np, y_np, lr, steps, device: hal.Device) -> dict:
+def torch_contenders(X_np, y_np, lr, device: hal.Device) -> tuple[dict, dict]:
+    """(info, name -> (step, finish)) of the PyTorch baselines (none without torch)."""
     try:
         import torch
     except ImportError:
-        return {"torch": "absent"}
+        return {"torch": "absent"}, {}
     on_cuda = device.info.driver == "cuda" and torch.cuda.is_available()
     tdev = "cuda" if on_cuda else "cpu"
     X = torch.from_numpy(X_np).to(tdev)
@@ -189,8 +211,8 @@ def torch_baselines(X_np, y_np, lr, steps, device: hal.Device) -> dict:
         if wait:
             sync()
 
-    out = {"torch_device": tdev, "torch_eager_autograd_it_s": rate(lambda: eager(True), steps, sync),
-           "torch_eager_autograd_pipelined_it_s": rate(lambda: eager(False), steps, sync)}
+    contenders = {"torch_eager_autograd": (lambda: eager(True), sync),
+                  "torch_eager_autograd_pipelined": (lambda: eager(False), sync)}
     if on_cuda:
         wg = torch.zeros(100, device=tdev)
 
@@ -214,9 +236,9 @@ def torch_baselines(X_np, y_np, lr, steps, device: hal.Device) -> dict:
             if wait:
                 torch.cuda.synchronize()
 
-        out["torch_cuda_graph_it_s"] = rate(lambda: replay(True), steps, sync)
-        out["torch_cuda_graph_pipelined_it_s"] = rate(lambda: replay(False), steps, sync)
-    return out
+        contenders["torch_cuda_graph"] = (lambda: replay(True), sync)
+        contenders["torch_cuda_graph_pipelined"] = (lambda: replay(False), sync)
+    return {"torch_device": tdev}, contenders
 
 
 # ---- bandwidth-bound kernels ------------------------------------------------------------------
@@ -309,13 +331,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--elements", type=int, default=64 * 1024 * 1024)
     parser.add_argument("--steps", type=int, default=200, help="training steps per timing round")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the logistic regression")
+    parser.add_argument("--only", choices=["logistic", "bandwidth"], help="run one part only")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
     dev = rt.set_default_device(args.device) if args.device else rt.default_device()
     info = dev.info
-    report = {"device": {"name": info.name, "uri": info.uri, "driver": info.driver},
-              "logistic_regression_1000x100": bench_logistic(args.device, args.steps),
-              "bandwidth": bench_bandwidth(args.device, args.elements, args.repeats)}
+    report: dict = {"device": {"name": info.name, "uri": info.uri, "driver": info.driver}}
+    if args.only in (None, "logistic"):
+        report["logistic_regression_1000x100"] = bench_logistic(args.device, args.steps, args.rounds)
+    if args.only in (None, "bandwidth"):
+        report["bandwidth"] = bench_bandwidth(args.device, args.elements, args.repeats)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -18,7 +18,7 @@ class DeviceContext:
 
     __slots__ = ("device", "semaphore", "submitted", "completed", "buffers", "graphs", "failed", "programs",
                  "retired_programs",
-                 "executables", "constants", "is_gpu", "gpu_format", "lock", "name", "__weakref__")
+                 "executables", "fusion_wanted", "constants", "is_gpu", "gpu_format", "lock", "name", "__weakref__")
 
     def __init__(self, device: hal.Device) -> None:
         self.device = device
@@ -28,6 +28,7 @@ class DeviceContext:
         self.buffers = BufferCache(device)
         self.graphs = GraphCache()
         self.executables: dict = {}
+        self.fusion_wanted: dict = {}  # fused kernel key -> recordings or evaluations that wanted it
         self.constants: dict = {}
         self.programs: dict = {}  # program id -> cpu_program.Program of live recordings
         self.retired_programs: list = []  # (submission value, program id) of dropped recordings

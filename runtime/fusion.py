@@ -8,9 +8,20 @@ reads is ready before that group runs; the group is then one kernel
 something outside the group reads it or it must survive the eval (`keep`).
 Fewer kernels mean fewer levels to launch and wait for, fewer buffers to bind
 and fewer nodes to submit.
+
+A fused kernel not yet loaded on the device costs a compile (NVRTC: about
+100 ms), more than a novel graph gains from it. So fusion pays only for what
+repeats: a recording fuses a group whose kernel is loaded already, or one
+wanted by FUSE_AFTER recordings or evaluations (`want`); until then the graph
+runs on the library kernels, compiled once per op and dtypes, and the
+recording lists the fused kernels it deferred (the lowering counts the
+graph's later evaluations towards them and records it again, fused, once they
+are due). rt.compile's traces fuse at once: they are recorded to repeat.
 """
 
 from __future__ import annotations
+
+import os
 
 import hal
 
@@ -81,11 +92,44 @@ def _fusable(node) -> bool:
     return all(inp.dtype in FUSABLE_DTYPES for inp in node.inputs)
 
 
-def schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None = None) -> tuple[list, list]:
-    """(units, buffered): the units in node order, and per node whether it gets a buffer.
+def fuse_after() -> int:
+    """Recordings or evaluations that must want a fused kernel before it is compiled (RUNTIME_FUSE_AFTER)."""
+    return int(os.environ.get("RUNTIME_FUSE_AFTER", "2"))
+
+
+def want(ctx, keys) -> bool:
+    """Count one more want of each fused kernel; whether all of them are now due for a compile."""
+    wanted = ctx.fusion_wanted
+    threshold = fuse_after()
+    due = True
+    for key in keys:
+        n = wanted.get(key, 0) + 1
+        wanted[key] = n
+        if n < threshold:
+            due = False
+    return due
+
+
+def schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None = None,
+             fuse_now: bool = False) -> tuple[list, list, list]:
+    """(units, buffered, deferred): the units in node order, per node whether it gets a buffer,
+    and the keys of the fused kernels this schedule would need but runs without (see the module doc).
 
     alias: id(array) -> the node of `order` holding its value (expanded grad nodes).
+    fuse_now: compile whatever fused kernels it needs (rt.compile).
     """
+    units, buffered = _schedule(ctx, order, keep, fuse, alias)
+    if not fuse or fuse_now:
+        return units, buffered, []
+    loaded = ctx.executables
+    new = [u.cmds[0][1].key for u in units if u.members is not None and u.cmds[0][1].key not in loaded]
+    if not new or want(ctx, new):
+        return units, buffered, []
+    units, buffered = _schedule(ctx, order, keep, False, alias)
+    return units, buffered, new
+
+
+def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None) -> tuple[list, list]:
     N = len(order)
     index = {id(n): i for i, n in enumerate(order)}
     if alias:

@@ -26,7 +26,7 @@ from .autodiff import GRAD, expand, protect, resolved
 from .buffer_cache import bucket_size
 from .cpu_program import binding_bucket, program_executable
 from .device import DeviceContext, Storage
-from .fusion import PLANNERS, schedule  # noqa: F401 - PLANNERS: the op -> planner table
+from .fusion import PLANNERS, schedule, want  # noqa: F401 - PLANNERS: the op -> planner table
 from .kernels.source import executable
 from .shapes import contiguous_strides
 
@@ -49,7 +49,7 @@ class Recording:
 
     __slots__ = ("cb", "n_ext", "fresh", "temps", "table_size", "footprint", "scratch", "levels",
                  "dispatches", "fused", "program", "last_table", "last_ext", "captured", "buckets",
-                 "no_prefer", "__weakref__")
+                 "no_prefer", "deferred", "__weakref__")
 
     def __init__(self, cb, n_ext: int, fresh: list, temps: list, levels: int, dispatches: int) -> None:
         self.cb = cb
@@ -62,6 +62,7 @@ class Recording:
         self.levels = levels
         self.dispatches = dispatches
         self.fused = 0  # fused kernels among the dispatches
+        self.deferred: list = []  # keys of the fused kernels it runs without until they are due (fusion.py)
         self.captured: list = []  # storages of constants bound directly (their fences follow the submissions)
         self.scratch = None  # unified index -> (buffer, bucket) the recording owns (rt.compile)
         self.program = None  # (context, id) of the CPU program this recording runs
@@ -305,7 +306,7 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
     attach = alias = None
     if any(n.op == GRAD for n in order):
         order, keep, attach, alias = _expand_grads(order, keep)
-    units, buffered = schedule(ctx, order, keep, fuse, alias)
+    units, buffered, deferred = schedule(ctx, order, keep, fuse, alias, fuse_now=owned)
     N = len(order)
     keep_all = keep is None
     # Unified buffer indices: externals, the buffers of nodes attached to arrays of the eval,
@@ -427,6 +428,7 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
     cb.end()
     rec = Recording(cb, E, fresh, temps, levels, dispatches)
     rec.fused = fused
+    rec.deferred = deferred
     rec.captured = captured
     if fixed:
         rec.scratch = fixed
@@ -554,6 +556,12 @@ def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
                 rec = record(ctx, order, externals, keep)
                 entry.recs.append(rec)
                 ctx.graphs.grow(rec.footprint)
+            elif rec.deferred and want(ctx, rec.deferred):  # the graph repeats: record it fused
+                fused = record(ctx, order, externals, keep)
+                entry.recs[entry.recs.index(rec)] = fused
+                ctx.graphs.grow(fused.footprint - rec.footprint)
+                rec.drop()
+                rec = fused
     table, value = submit(ctx, rec, ext)
     attach(ctx, rec, order, table, value)
 

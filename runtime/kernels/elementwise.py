@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -222,7 +223,7 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
                 store(out, fn(*vals), out_dt)
 
     def contiguous_fn(variant):
-        def run(workgroups, bindings, c):
+        def views(bindings, c):
             n = c[0]
             out = np.frombuffer(bindings[0], dtype=out_dt.storage, count=n)
             ins = []
@@ -230,7 +231,13 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
                 base = np.frombuffer(bindings[1 + i], dtype=in_dts[i].storage)
                 o = c[1 + i]
                 ins.append(base[o:o + n] if variant[i] == "c" else base[o:o + 1].reshape(()))
-            apply(out, ins)
+            return out, ins
+
+        def run(workgroups, bindings, c):
+            apply(*views(bindings, c))
+
+        # The views made once (the caller runs it under errstate(all="ignore")): see cpu_program.
+        run.prepare = lambda workgroups, bindings, c: functools.partial(_apply, *views(bindings, c))
         return run
 
     def strided_fn(workgroups, bindings, c):
@@ -288,6 +295,16 @@ def _fast_contiguous(ufunc, variant: str, cdt, out_dt):
             n = c[0]
             ins = [frombuffer(b[1 + i], dt, n if v == "c" else 1, c[1 + i] * item) for i, v in enumerate(variant)]
             ufunc(*ins, out=frombuffer(b[0], odt, n))
+
+    def prepare(workgroups, b, c):
+        """The same ufunc call bound once to views of the bytes (broadcast inputs as 0-d views, read
+        at each call): a C-level callable, for callers that run it again on the same bindings."""
+        n = c[0]
+        ins = [frombuffer(b[1 + i], dt, n, c[1 + i] * item) if v == "c"
+               else frombuffer(b[1 + i], dt, 1, c[1 + i] * item).reshape(()) for i, v in enumerate(variant)]
+        return functools.partial(ufunc, *ins, out=frombuffer(b[0], odt, n))
+
+    run.prepare = prepare
     return run
 
 

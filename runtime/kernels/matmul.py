@@ -9,6 +9,8 @@ neighbouring outputs one block whose 32 thread rows split K and sum in shared me
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 import hal
@@ -151,22 +153,37 @@ def _gemv(dt):
     return run
 
 
+def _f32_operands(bindings, c) -> tuple:
+    """(a, b, out) views of an unbatched float32 product."""
+    M, N, K = c[0], c[1], c[2]
+    b0 = 4 + MAX_BATCH
+    b1 = b0 + 3 + MAX_BATCH
+    a = np.ndarray((M, K), np.float32, bindings[1], c[b0] * 4, (signed(c[b0 + 1]) * 4, signed(c[b0 + 2]) * 4))
+    if N == 1:
+        b = np.ndarray((K,), np.float32, bindings[2], c[b1] * 4, (signed(c[b1 + 1]) * 4,))
+        return a, b, np.frombuffer(bindings[0], np.float32, M)
+    b = np.ndarray((K, N), np.float32, bindings[2], c[b1] * 4, (signed(c[b1 + 1]) * 4, signed(c[b1 + 2]) * 4))
+    return a, b, np.frombuffer(bindings[0], np.float32, M * N).reshape(M, N)
+
+
 def _run_f32(wg, bindings, c):
     """float32: BLAS through np.matmul on strided views (no conversions, no warnings to silence)."""
-    M, N, K, nbd = c[0], c[1], c[2], c[3]
-    if nbd == 0:
-        b0 = 4 + MAX_BATCH
-        b1 = b0 + 3 + MAX_BATCH
-        a = np.ndarray((M, K), np.float32, bindings[1], c[b0] * 4, (signed(c[b0 + 1]) * 4, signed(c[b0 + 2]) * 4))
-        if N == 1:
-            b = np.ndarray((K,), np.float32, bindings[2], c[b1] * 4, (signed(c[b1 + 1]) * 4,))
-            np.matmul(a, b, out=np.frombuffer(bindings[0], np.float32, M))
-        else:
-            b = np.ndarray((K, N), np.float32, bindings[2], c[b1] * 4,
-                           (signed(c[b1 + 1]) * 4, signed(c[b1 + 2]) * 4))
-            np.matmul(a, b, out=np.frombuffer(bindings[0], np.float32, M * N).reshape(M, N))
+    if c[3] == 0:
+        a, b, out = _f32_operands(bindings, c)
+        np.matmul(a, b, out=out)
         return
     _general(_dt.float32)(wg, bindings, c)
+
+
+def _prepare_f32(wg, bindings, c):
+    """The product bound once to its views (see cpu_program); None for batched products."""
+    if c[3] != 0:
+        return None
+    a, b, out = _f32_operands(bindings, c)
+    return functools.partial(np.matmul, a, b, out=out)
+
+
+_run_f32.prepare = _prepare_f32
 
 
 def _general(dt):

@@ -33,6 +33,12 @@ def gpu_like(request):
         yield device
 
 
+@pytest.fixture(autouse=True)
+def fuse_at_once(monkeypatch):
+    """Fuse on a graph's first evaluation (by default fusion waits until a graph repeats)."""
+    monkeypatch.setenv("RUNTIME_FUSE_AFTER", "1")
+
+
 @pytest.fixture
 def recordings(monkeypatch):
     """The recordings made while the test runs."""
@@ -181,3 +187,36 @@ def test_fusion_switch(gpu_like, recordings, monkeypatch):
     y = (x + 1) * 2 - 3
     np.testing.assert_allclose(y.numpy(), np.full(5, 1.0))
     assert recordings[-1].dispatches == 3 and recordings[-1].fused == 0
+
+
+def _fused_loaded(ctx) -> int:
+    return sum(1 for key in ctx.executables if isinstance(key, tuple) and key and key[0] == "fused")
+
+
+def test_novel_graphs_run_on_library_kernels_and_repeated_ones_fuse(gpu_like, recordings, monkeypatch):
+    """A graph seen once compiles no fused kernel; one evaluated again is recorded fused (once)."""
+    monkeypatch.delenv("RUNTIME_FUSE_AFTER", raising=False)
+    ctx = context_for(gpu_like)
+    rng = np.random.default_rng(7)
+    a_np = rng.standard_normal(257).astype(np.float32)
+    a = rt.array(a_np, device=gpu_like)
+    ops = [(lambda x, c: x * c, np.multiply), (lambda x, c: x + c, np.add), (lambda x, c: x - c, np.subtract),
+           (lambda x, c: rt.maximum(x, c), np.maximum), (lambda x, c: x / (c + 3.0), lambda x, c: x / (c + 3))]
+    before = _fused_loaded(ctx)
+    for g in range(40):  # 40 distinct 12-op elementwise graphs
+        pick = [(g + 1) // len(ops) ** k % len(ops) for k in range(12)]  # the digits of g + 1: all distinct
+        y, want = a, a_np
+        for k, p in enumerate(pick):
+            c = float(k % 3 + 1)
+            y, want = ops[p][0](y, c), ops[p][1](want, np.float32(c))
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)
+    assert _fused_loaded(ctx) == before, "novel graphs must not compile fused kernels"
+    assert all(r.fused == 0 for r in recordings)
+    # The same graph again: the second evaluation records it fused, later ones replay that recording.
+    recordings.clear()
+    for _ in range(4):
+        y = rt.exp(a * 0.5) * 2.0 - a + rt.maximum(a, 0.25)
+        np.testing.assert_allclose(y.numpy(), np.exp(a_np * 0.5) * 2 - a_np + np.maximum(a_np, 0.25), rtol=1e-5)
+    assert [r.fused for r in recordings] == [0, 1]
+    assert recordings[0].deferred and not recordings[1].deferred
+    assert _fused_loaded(ctx) == before + 1
