@@ -55,8 +55,13 @@ def run(device: hal.Device, n: int, a: float = 2.5) -> float:
         done = device.create_semaphore(0)
         cb = device.create_command_buffer()
         with cb.record():
-            cb.dispatch(executable, "saxpy", workgroups=(-(-n // WORKGROUP), 1, 1),
-                        constants=[n, int(np.float32(a).view(np.uint32))], bindings=[x, y])
+            cb.dispatch(
+                executable,
+                "saxpy",
+                workgroups=(-(-n // WORKGROUP), 1, 1),
+                constants=[n, int(np.float32(a).view(np.uint32))],
+                bindings=[x, y],
+            )
             cb.execution_barrier()
             cb.fill_buffer((x, 0, 4), pattern=0x3F800000, pattern_length=4)  # x[0] = 1.0
         device.queue_execute([cb], signal=[(done, 1)])
@@ -71,10 +76,21 @@ def run(device: hal.Device, n: int, a: float = 2.5) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default=None, help="device URI (default: best available)")
-    parser.add_argument("--n", type=int, default=1 << 20)
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="HAL device URI such as local-task or cuda://0 (default: $HAL_DEVICE, else the best available)",
+    )
+    parser.add_argument("--n", type=int, default=1 << 20, help="vector length (at least 1, default: %(default)s)")
     args = parser.parse_args(argv)
-    with hal.create_device(args.device) as device:
+    if args.n < 1:
+        parser.error(f"--n must be at least 1, got {args.n}")
+    try:
+        device = hal.create_device(args.device)
+    except hal.HalError as exc:  # a bad --device or HAL_DEVICE: one line, not a traceback
+        where = f"--device {args.device!r}: " if args.device else ""
+        parser.exit(2, f"{parser.prog}: {where}{exc}\n")
+    with device:
         print(f"device: {device.info.uri} ({device.info.name})")
         error = run(device, args.n)
         ok = error <= 1e-5

@@ -13,10 +13,14 @@ and resubmitted.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
+import hal
 import runtime as rt
+
+DEVICE_HELP = "HAL device URI such as local-task or cuda://0 (default: $HAL_DEVICE, else the best available)"
 
 
 def make_data(samples: int, features: int, device):
@@ -38,16 +42,26 @@ def loss_fn(w, X, y):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=8192)
-    parser.add_argument("--features", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--lr", type=float, default=2.0)
-    parser.add_argument("--device", default=None, help="HAL device URI (default: the best available)")
-    parser.add_argument("--compile", action="store_true", help="trace the step once with rt.compile")
-    parser.add_argument("--print-every", type=int, default=200)
+    add = parser.add_argument
+    add("--samples", type=int, default=8192, help="training examples (at least 1, default: %(default)s)")
+    add("--features", type=int, default=512, help="features per example (at least 1, default: %(default)s)")
+    add("--steps", type=int, default=2000, help="gradient steps after the warm-up step (default: %(default)s)")
+    add("--lr", type=float, default=2.0, help="learning rate (positive, default: %(default)s)")
+    add("--device", default=None, help=DEVICE_HELP)
+    add("--compile", action="store_true", help="trace the step once with rt.compile (default: off)")
+    add("--print-every", type=int, default=200, help="print the loss every N steps (default: %(default)s)")
     args = parser.parse_args(argv)
+    for flag in ("samples", "features", "steps", "print_every"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    if not math.isfinite(args.lr) or args.lr <= 0:
+        parser.error(f"--lr must be a positive number, got {args.lr}")
 
-    device = rt.set_default_device(args.device) if args.device else rt.default_device()
+    try:
+        device = rt.set_default_device(args.device) if args.device else rt.default_device()
+    except hal.HalError as exc:  # a bad --device or HAL_DEVICE: one line, not a traceback
+        where = f"--device {args.device!r}: " if args.device else ""
+        parser.exit(2, f"{parser.prog}: {where}{exc}\n")
     info = device.info
     print(f"device: {info.name} ({info.uri}, driver {info.driver})")
     print(f"data: {args.samples} samples x {args.features} features, {args.steps} full-batch steps, lr {args.lr}")
@@ -70,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if sys.stdout.isatty():
         try:
             from tqdm import tqdm
+
             bar = tqdm(total=args.steps, unit="step", leave=False)
         except ImportError:
             bar = None

@@ -132,6 +132,8 @@ class MinimalDriver(hal.Driver):
                                {"recoverable_kernel_faults": True})]
 
     def _create_device(self, info, **options):
+        if options:  # an ignored option would leave the device configured otherwise than asked
+            raise hal.InvalidArgumentError(f"minimal takes no device options, got {sorted(options)}")
         return MinimalDevice(self, info)
 
 

@@ -3,6 +3,15 @@
 Importing ``hal`` imports no GPU library; drivers load theirs when first used.
 """
 
+import importlib.metadata
+
+from hal import log  # noqa: F401 - silent loggers before any driver logs
+
+try:
+    __version__ = importlib.metadata.version("pyhal")
+except importlib.metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
+
 from hal.allocator import Allocator, AllocatorStatistics
 from hal.buffer import Buffer
 from hal.command_buffer import BufferRef, CommandBuffer, Slot
@@ -30,25 +39,66 @@ from hal.errors import (
 from hal.executable import Executable, ExecutableSpec, Export
 from hal.registry import (
     DriverFactory,
+    PluginProblem,
     create_device,
     get_driver,
     hookimpl,
     list_drivers,
     parse_uri,
     plugin_manager,
+    plugin_problems,
     register_driver,
 )
 from hal.semaphore import Semaphore, wait_all, wait_any
 from hal.types import BufferUsage, CommandBufferMode, CommandBufferState, MemoryAccess, MemoryType
 
 __all__ = [
-    "AbortedError", "AlreadyExistsError", "Allocator", "AllocatorStatistics", "Buffer", "BufferRef",
-    "BufferUsage", "CancelledError", "CommandBuffer", "CommandBufferMode", "CommandBufferState",
-    "DataLossError", "DeadlineExceededError", "Device", "DeviceInfo", "Driver", "DriverFactory",
-    "DriverInfo", "Executable", "ExecutableSpec", "Export", "FailedPreconditionError", "HalError",
-    "IncompatibleError", "InternalError", "InvalidArgumentError", "MemoryAccess", "MemoryType",
-    "NotFoundError", "OutOfRangeError", "PermissionDeniedError", "ResourceExhaustedError",
-    "Semaphore", "Slot", "StatusCode", "UnavailableError", "UnimplementedError", "create_device",
-    "get_driver", "hookimpl", "list_drivers", "parse_uri", "plugin_manager", "register_driver",
-    "wait_all", "wait_any",
+    "AbortedError",
+    "AlreadyExistsError",
+    "Allocator",
+    "AllocatorStatistics",
+    "Buffer",
+    "BufferRef",
+    "BufferUsage",
+    "CancelledError",
+    "CommandBuffer",
+    "CommandBufferMode",
+    "CommandBufferState",
+    "DataLossError",
+    "DeadlineExceededError",
+    "Device",
+    "DeviceInfo",
+    "Driver",
+    "DriverFactory",
+    "DriverInfo",
+    "Executable",
+    "ExecutableSpec",
+    "Export",
+    "FailedPreconditionError",
+    "HalError",
+    "IncompatibleError",
+    "InternalError",
+    "InvalidArgumentError",
+    "MemoryAccess",
+    "MemoryType",
+    "NotFoundError",
+    "OutOfRangeError",
+    "PermissionDeniedError",
+    "PluginProblem",
+    "ResourceExhaustedError",
+    "Semaphore",
+    "Slot",
+    "StatusCode",
+    "UnavailableError",
+    "UnimplementedError",
+    "create_device",
+    "get_driver",
+    "hookimpl",
+    "list_drivers",
+    "parse_uri",
+    "plugin_manager",
+    "plugin_problems",
+    "register_driver",
+    "wait_all",
+    "wait_any",
 ]

@@ -1,17 +1,26 @@
-"""``hal --list-drivers`` and ``hal --dump-devices [--driver NAME] [--json]``."""
+"""``hal --list-drivers``, ``hal --dump-devices``, ``hal --version``; ``--driver NAME`` and ``--json`` on both."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from hal.errors import HalError
-from hal.registry import get_driver, list_drivers
+from hal import __version__
+from hal.driver import DriverInfo
+from hal.errors import HalError, NotFoundError, StatusCode
+from hal.registry import get_driver, list_drivers, plugin_problems
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+
+EXIT_CODES = f"""exit codes:
+  {EXIT_OK}  success (also when the reader of the output closes it early, as `| head` does)
+  {EXIT_ERROR}  error: an unknown driver, a failing driver or device
+  {EXIT_USAGE}  usage error: unknown or conflicting options
+  {EXIT_UNAVAILABLE}  the driver asked for with --driver is unavailable on this machine"""
 
 
 def _human_bytes(value: Any) -> str:
@@ -24,31 +33,45 @@ def _human_bytes(value: Any) -> str:
     return str(value)
 
 
-def _print_drivers(as_json: bool) -> int:
+def _drivers(driver_name: str | None) -> list[DriverInfo]:
     infos = list_drivers()
+    if driver_name is None:
+        return infos
+    chosen = [i for i in infos if i.name == driver_name]
+    if not chosen:
+        raise NotFoundError(f"no driver named {driver_name!r}; known drivers: {', '.join(i.name for i in infos)}")
+    return chosen
+
+
+def _print_drivers(driver_name: str | None, as_json: bool) -> int:
+    infos = _drivers(driver_name)
     if as_json:
-        print(json.dumps([{"name": i.name, "summary": i.summary, "available": i.available,
-                           "reason": i.reason} for i in infos], indent=2))
-        return EXIT_OK
-    width = max(len(i.name) for i in infos)
-    for info in infos:
-        state = "available" if info.available else f"unavailable: {info.reason}"
-        print(f"{info.name:<{width}}  {info.summary}  [{state}]")
+        print(
+            json.dumps(
+                [{"name": i.name, "summary": i.summary, "available": i.available, "reason": i.reason} for i in infos],
+                indent=2,
+            )
+        )
+    else:
+        width = max(len(i.name) for i in infos)
+        for info in infos:
+            state = "available" if info.available else f"unavailable: {info.reason}"
+            print(f"{info.name:<{width}}  {info.summary}  [{state}]")
+    for problem in plugin_problems():
+        print(f"hal: plugin {problem}", file=sys.stderr)
     return EXIT_OK
 
 
 def _collect_devices(driver_name: str | None) -> tuple[list[dict], list[dict]]:
     devices, skipped = [], []
-    names = [driver_name] if driver_name else [i.name for i in list_drivers()]
-    for name in names:
+    for info in _drivers(driver_name):
         try:
-            driver = get_driver(name)
-            for info in driver.query_devices():
-                devices.append(info.as_dict())
+            for device in get_driver(info.name).query_devices():
+                devices.append(device.as_dict())
         except HalError as exc:
             if driver_name:  # asked for explicitly: that is an error the caller must see
                 raise
-            skipped.append({"driver": name, "reason": exc.message})
+            skipped.append({"driver": info.name, "reason": exc.message})
     return devices, skipped
 
 
@@ -70,21 +93,49 @@ def _print_devices(driver_name: str | None, as_json: bool) -> int:
     return EXIT_OK
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hal", description="Inspect HAL drivers and devices.")
-    action = parser.add_mutually_exclusive_group(required=True)
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hal",
+        description="Inspect HAL drivers and devices.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    action = parser.add_mutually_exclusive_group()
     action.add_argument("--list-drivers", action="store_true", help="list every driver and whether it is available")
     action.add_argument("--dump-devices", action="store_true", help="describe the devices of available drivers")
-    parser.add_argument("--driver", metavar="NAME", help="only this driver's devices (with --dump-devices)")
+    parser.add_argument("--driver", metavar="NAME", help="only this driver (with --list-drivers or --dump-devices)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    args = parser.parse_args(argv)
+    parser.add_argument("--version", action="version", version=f"hal (pyhal) {__version__}")
+    return parser
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader went away (``hal ... | head``): send what Python still flushes at exit nowhere."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    # Unknown flags first: argparse would otherwise report "--list-drivers is required" for `hal --bogus`.
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if not (args.list_drivers or args.dump_devices):
+        parser.error("one of the arguments --list-drivers --dump-devices is required")
     try:
         if args.list_drivers:
-            return _print_drivers(args.json)
-        return _print_devices(args.driver, args.json)
+            code = _print_drivers(args.driver, args.json)
+        else:
+            code = _print_devices(args.driver, args.json)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
     except HalError as exc:
         print(f"hal: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE if exc.code.name == "UNAVAILABLE" else EXIT_ERROR
+        return EXIT_UNAVAILABLE if exc.code is StatusCode.UNAVAILABLE else EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from hal.errors import (
     InvalidArgumentError,
 )
 from hal.executable import Executable, ExecutableSpec
+from hal.log import driver_logger
 from hal.semaphore import Fence, Semaphore, check_fences, deadline_from
 from hal.types import BufferUsage, CommandBufferMode, CommandBufferState, MemoryType
 
@@ -145,8 +146,11 @@ class Device(abc.ABC):
         key = spec.cache_key()
         with self._executables_lock:
             cached = self._executables.get(key)
+            log = driver_logger(self.info.driver)
             if cached is not None:
+                log.debug("executable cache hit: %s %s", spec.format, [e.name for e in spec.exports])
                 return cached[1]
+            log.debug("preparing %s executable %s", spec.format, [e.name for e in spec.exports])
             executable = self._prepare_executable(spec)
             # Keep the spec alive: callables are keyed by identity.
             self._executables[key] = (spec, executable)

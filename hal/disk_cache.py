@@ -8,18 +8,23 @@ disables it.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 from pathlib import Path
 
+from hal import env
+
+_log = logging.getLogger(__name__)
+
 
 def cache_root() -> Path | None:
-    configured = os.environ.get("HAL_CACHE_DIR")
-    if configured and configured.lower() in ("0", "off", "none"):
+    configured = env.text("HAL_CACHE_DIR")
+    if configured is not None and env.is_off(configured):
         return None
-    if configured:
+    if configured is not None:
         return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = env.text("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "hal"
 
 
@@ -35,10 +40,15 @@ class DiskCache:
 
     def get(self, key: str) -> bytes | None:
         path = self._path(key)
-        try:
-            return path.read_bytes() if path is not None else None
-        except OSError:
+        if path is None:
             return None
+        try:
+            data = path.read_bytes()
+        except OSError:
+            _log.debug("disk cache miss: %s", path)
+            return None
+        _log.debug("disk cache hit: %s (%d bytes)", path, len(data))
+        return data
 
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)

@@ -8,6 +8,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from hal.errors import NotFoundError, UnavailableError
+from hal.log import driver_logger
 
 if TYPE_CHECKING:
     from hal.device import Device
@@ -52,6 +53,7 @@ class Driver(abc.ABC):
                     self._probed = self._probe()
                 except Exception as exc:  # a probe must report, never raise
                     self._probed = (False, f"{type(exc).__name__}: {exc}")
+                driver_logger(self.name).debug("probe: %s", "available" if self._probed[0] else self._probed[1])
             return self._probed
 
     def info(self) -> DriverInfo:
@@ -82,6 +84,7 @@ class Driver(abc.ABC):
                 known = ", ".join(f"{d.ordinal} ({d.id})" for d in devices)
                 raise NotFoundError(f"driver {self.name!r} has no device {key!r}; devices: {known}")
             info = matches[0]
+        driver_logger(self.name).debug("creating device %s (%s) options=%r", info.uri, info.name, options)
         return self._create_device(info, **options)
 
     # -- hooks ---------------------------------------------------------------------

@@ -11,22 +11,24 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import os
+import importlib.metadata
+import logging
 import threading
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import pluggy
 
+from hal import env
 from hal.device import Device
 from hal.driver import Driver, DriverInfo
-from hal.errors import InvalidArgumentError, NotFoundError, UnavailableError
+from hal.errors import HalError, InvalidArgumentError, NotFoundError, UnavailableError
 
 PROJECT = "hal"
 ENTRY_POINT_GROUP = "hal.drivers"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
+_log = logging.getLogger(__name__)
 
 #: Built-in driver plugins, registered without any install step.
 BUILTIN_PLUGINS = (
@@ -54,14 +56,43 @@ class DriverSpecs:
         """Return the drivers this plugin provides."""
 
 
+@dataclasses.dataclass(frozen=True)
+class PluginProblem:
+    """A plugin that could not be loaded, or that registers no driver."""
+
+    source: str  # "distribution pyhal-foo 1.0, entry point foo = foo.plugin" or "HAL_PLUGINS module foo"
+    problem: str
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.problem}"
+
+
 class _Registry:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._factories: dict[str, DriverFactory] | None = None
         self._drivers: dict[str, Driver] = {}
         self._extra: list[DriverFactory] = []
+        self._sources: dict[int, str] = {}  # id(plugin) -> where it came from, for third-party plugins
+        self.problems: list[PluginProblem] = []
         self.manager = pluggy.PluginManager(PROJECT)
         self.manager.add_hookspecs(DriverSpecs)
+
+    def _report(self, source: str, problem: str) -> None:
+        self.problems.append(PluginProblem(source, problem))
+        _log.warning("plugin %s: %s", source, problem)
+
+    def _register(self, plugin: object, source: str | None) -> None:
+        if self.manager.is_registered(plugin):
+            return
+        try:
+            self.manager.register(plugin)
+        except Exception as exc:  # pluggy rejects malformed hook implementations
+            self._report(source or repr(plugin), f"cannot register: {type(exc).__name__}: {exc}")
+            return
+        if source is not None:
+            self._sources[id(plugin)] = source
+        _log.debug("registered plugin %s", source or getattr(plugin, "__name__", plugin))
 
     def _load_plugins(self) -> None:
         for module_name in BUILTIN_PLUGINS:
@@ -69,29 +100,54 @@ class _Registry:
                 module = importlib.import_module(module_name)
             except ImportError:
                 continue  # a built-in driver not shipped in this build
-            if not self.manager.is_registered(module):
-                self.manager.register(module)
-        for module_name in filter(None, os.environ.get("HAL_PLUGINS", "").split(",")):
+            self._register(module, None)
+        for module_name in filter(None, (m.strip() for m in (env.text("HAL_PLUGINS") or "").split(","))):
+            source = f"HAL_PLUGINS module {module_name!r}"
             try:  # plugins named in the environment, for drivers that are not installed packages
-                module = importlib.import_module(module_name.strip())
-            except ImportError as exc:
-                warnings.warn(f"hal: cannot import plugin {module_name!r} from HAL_PLUGINS: {exc}", stacklevel=3)
+                self._register(importlib.import_module(module_name), source)
+            except Exception as exc:
+                self._report(source, f"cannot import: {type(exc).__name__}: {exc}")
+        if not env.switch("HAL_PLUGINS_AUTOLOAD", True):
+            _log.debug("HAL_PLUGINS_AUTOLOAD is off: %s entry points not loaded", ENTRY_POINT_GROUP)
+            return
+        for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            source = _describe(entry_point)
+            try:  # each on its own: one broken package must not stop the others
+                plugin = entry_point.load()
+            except Exception as exc:
+                self._report(source, f"cannot load: {type(exc).__name__}: {exc}")
                 continue
-            if not self.manager.is_registered(module):
-                self.manager.register(module)
-        try:
-            self.manager.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-        except Exception as exc:  # a broken third-party plugin must not break the built-ins
-            warnings.warn(f"hal: loading {ENTRY_POINT_GROUP} entry points failed: {exc}", stacklevel=3)
+            self._register(plugin, source)
+
+    def _collect(self) -> dict[str, DriverFactory]:
+        """Every plugin's factories, each plugin's hook called on its own so one that raises loses only itself."""
+        found: dict[str, DriverFactory] = {}
+        for impl in self.manager.hook.hal_register_drivers.get_hookimpls():
+            source = self._sources.get(id(impl.plugin))
+            try:
+                batch = list(impl.function() or ())
+            except Exception as exc:
+                self._report(source or impl.plugin_name, f"hal_register_drivers raised {type(exc).__name__}: {exc}")
+                continue
+            bad = [f for f in batch if not isinstance(f, DriverFactory)]
+            if bad:
+                self._report(source or impl.plugin_name, f"hal_register_drivers returned non-DriverFactory {bad!r}")
+                batch = [f for f in batch if isinstance(f, DriverFactory)]
+            if not batch and source is not None:
+                self._report(source, "registers no driver (its hal_register_drivers returned none)")
+            for factory in batch:
+                found.setdefault(factory.name, factory)
+        hooked = {id(impl.plugin) for impl in self.manager.hook.hal_register_drivers.get_hookimpls()}
+        for plugin_id, source in self._sources.items():
+            if plugin_id not in hooked:
+                self._report(source, "registers no driver (no hal_register_drivers hook implementation)")
+        return found
 
     def factories(self) -> dict[str, DriverFactory]:
         with self._lock:
             if self._factories is None:
                 self._load_plugins()
-                found: dict[str, DriverFactory] = {}
-                for batch in self.manager.hook.hal_register_drivers():
-                    for factory in batch or ():
-                        found.setdefault(factory.name, factory)
+                found = self._collect()
                 for factory in self._extra:
                     found[factory.name] = factory
                 self._factories = found
@@ -112,13 +168,27 @@ class _Registry:
             factories = self.factories()
             factory = factories.get(name)
             if factory is None:
-                raise NotFoundError(f"no driver named {name!r}; known drivers: {', '.join(sorted(factories))}")
+                known = ", ".join(sorted(factories))
+                problems = "".join(f"; plugin {p}" for p in self.problems)
+                raise NotFoundError(f"no driver named {name!r}; known drivers: {known}{problems}")
             driver = factory.load()
             self._drivers[name] = driver
             return driver
 
 
+def _describe(entry_point: importlib.metadata.EntryPoint) -> str:
+    dist = entry_point.dist
+    owner = f"distribution {dist.name} {dist.version}" if dist is not None else "an unnamed distribution"
+    return f"{owner}, entry point {entry_point.name} = {entry_point.value}"
+
+
 _registry = _Registry()
+
+
+def plugin_problems() -> list[PluginProblem]:
+    """Plugins that failed to load or register no driver (also logged as warnings on the ``hal`` logger)."""
+    _registry.factories()
+    return list(_registry.problems)
 
 
 def register_driver(driver: DriverFactory | type[Driver], *, priority: int = 0) -> None:
@@ -171,13 +241,24 @@ def parse_uri(uri: str) -> tuple[str, str | None]:
 
 
 def create_device(uri: str | None = None, **options: Any) -> Device:
-    """Create a device from a URI; None: ``HAL_DEVICE`` or else the best available driver."""
+    """Create a device from a URI; None: ``HAL_DEVICE`` or else the best available driver.
+
+    A bad ``HAL_DEVICE`` raises the same typed error as a bad ``uri``, its message naming the variable.
+    """
     if uri is None:
-        uri = os.environ.get("HAL_DEVICE") or None
-    if uri is None:
+        from_env = env.text("HAL_DEVICE")
+        if from_env is not None:
+            try:
+                return _create_from_uri(from_env, options)
+            except HalError as exc:
+                raise HalError(exc.code, f"HAL_DEVICE={from_env!r}: {exc.message}") from None
         for info in list_drivers():
             if info.available:
                 return _registry.driver(info.name).create_device(None, **options)
         raise UnavailableError("no HAL driver is available")
+    return _create_from_uri(uri, options)
+
+
+def _create_from_uri(uri: str, options: dict[str, Any]) -> Device:
     name, key = parse_uri(uri)
     return get_driver(name).create_device(key, **options)

@@ -14,9 +14,8 @@ remembers the fence of the last submission that touched it:
 
 from __future__ import annotations
 
-import os
-
 import hal
+from hal import env
 
 _MIN_BUCKET = 256
 
@@ -42,8 +41,8 @@ class BufferCache:
         self._free: dict[int, dict] = {}
         self.free_bytes = 0
         self.allocated_bytes = 0
-        self.limit_bytes = limit_bytes if limit_bytes is not None else int(
-            os.environ.get("RUNTIME_BUFFER_CACHE_BYTES", str(1 << 30)))
+        self.limit_bytes = limit_bytes if limit_bytes is not None else env.integer(
+            "RUNTIME_BUFFER_CACHE_BYTES", 1 << 30)
         self.hits = 0
         self.misses = 0
         self.completed = 0  # the timeline value known reached (host use needs fence <= completed)

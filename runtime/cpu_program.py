@@ -22,18 +22,18 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 
 import numpy as np
 
 import hal
+from hal import env
 
 _ids = itertools.count(1)
 _BUCKETS = tuple(range(8, 129, 8)) + (256, 512, 1024, 2048, 4096)  # bindings per program dispatch
 
 
 def enabled() -> bool:
-    return os.environ.get("RUNTIME_CPU_PROGRAM", "1") not in ("0", "false", "off", "no")
+    return env.switch("RUNTIME_CPU_PROGRAM", True)
 
 
 def binding_bucket(n: int) -> int | None:

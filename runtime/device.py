@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import threading
 
 import hal
+from hal import env
 
 from .buffer_cache import BufferCache
 from .graph_cache import GraphCache
 
-MAX_IN_FLIGHT = int(os.environ.get("RUNTIME_MAX_IN_FLIGHT", "4"))  # queued submissions before the host waits
+MAX_IN_FLIGHT = env.integer("RUNTIME_MAX_IN_FLIGHT", 4, minimum=1)  # queued submissions before the host waits
 
 
 class DeviceContext:

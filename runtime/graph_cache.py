@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import os
+import logging
 from collections import OrderedDict
+
+from hal import env
+
+_log = logging.getLogger(__name__)
 
 
 def enabled() -> bool:
-    return os.environ.get("RUNTIME_GRAPH_CACHE", "1") not in ("0", "false", "off", "no")
+    return env.switch("RUNTIME_GRAPH_CACHE", True)
 
 
 class GraphCache:
@@ -17,10 +21,10 @@ class GraphCache:
 
     def __init__(self, max_entries: int | None = None, max_bytes: int | None = None) -> None:
         self._entries: OrderedDict = OrderedDict()
-        self.max_entries = max_entries if max_entries is not None else int(
-            os.environ.get("RUNTIME_GRAPH_CACHE_ENTRIES", "256"))
-        self.max_bytes = max_bytes if max_bytes is not None else int(
-            os.environ.get("RUNTIME_GRAPH_CACHE_BYTES", str(256 << 20)))
+        self.max_entries = max_entries if max_entries is not None else env.integer(
+            "RUNTIME_GRAPH_CACHE_ENTRIES", 256)
+        self.max_bytes = max_bytes if max_bytes is not None else env.integer(
+            "RUNTIME_GRAPH_CACHE_BYTES", 256 << 20)
         self.bytes = 0
         self.hits = 0
         self.misses = 0
@@ -55,6 +59,8 @@ class GraphCache:
             _, victim = self._entries.popitem(last=False)
             self.bytes -= victim.footprint
             self.evictions += 1
+            _log.debug("graph cache evicts an entry of %d bytes (%d entries, %d bytes left)",
+                       victim.footprint, len(self._entries), self.bytes)
             victim.drop()
 
     def clear(self) -> None:

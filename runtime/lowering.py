@@ -15,10 +15,10 @@ scratch instead, so their tables hold inputs and outputs only.
 
 from __future__ import annotations
 
-import os
 from sys import getrefcount
 
 import hal
+from hal import env
 
 from . import cpu_program, graph_cache
 from .array import Array, new_node
@@ -33,11 +33,11 @@ from .shapes import contiguous_strides
 _PLACEHOLDER = "placeholder"
 #: Recordings kept per graph key on GPUs, each replaying its own binding table unchanged (a step that
 #: alternates between two buffers, as `w = step(w)` does, then never patches a graph).
-MAX_VARIANTS = int(os.environ.get("RUNTIME_GRAPH_VARIANTS", "2"))
+MAX_VARIANTS = env.integer("RUNTIME_GRAPH_VARIANTS", 2, minimum=1)
 
 
 def fusion_enabled(ctx: DeviceContext) -> bool:
-    return ctx.is_gpu and os.environ.get("RUNTIME_FUSION", "1") not in ("0", "false", "off", "no")
+    return ctx.is_gpu and env.switch("RUNTIME_FUSION", True)
 
 
 class Recording:

@@ -87,3 +87,78 @@ def test_python_dash_m_hal_runs_the_same_cli():
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert any(d["driver"] == "local-task" for d in json.loads(proc.stdout)["devices"])
+
+
+def run_hal(*argv: str, **env: str) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if k not in ("HAL_DEVICE", "HAL_PLUGINS")}
+    full_env.update(env, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "hal", *argv], capture_output=True, text=True,
+                          env=full_env, cwd=ROOT, timeout=120)
+
+
+def test_version_is_the_package_version(capsys):
+    import importlib.metadata
+
+    import hal
+
+    assert hal.__version__ == importlib.metadata.version("pyhal")
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"hal (pyhal) {hal.__version__}"
+
+
+@pytest.mark.parametrize("argv", [["--bogus"], ["--list-drivers", "--bogus"], ["--list-drivers", "extra"]])
+def test_unknown_arguments_are_reported_as_unrecognized(capsys, argv):
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == cli.EXIT_USAGE
+    assert f"unrecognized arguments: {argv[-1]}" in capsys.readouterr().err
+
+
+def test_conflicting_actions_are_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--list-drivers", "--dump-devices"])
+    assert info.value.code == cli.EXIT_USAGE
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_help_documents_exit_codes(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "exit codes:" in out
+    for code in (cli.EXIT_OK, cli.EXIT_ERROR, cli.EXIT_USAGE, cli.EXIT_UNAVAILABLE):
+        assert f"\n  {code}  " in out
+
+
+def test_list_drivers_with_driver_filters(capsys):
+    code, out, _ = run_cli(capsys, "--list-drivers", "--driver", "local-sync", "--json")
+    assert code == 0
+    assert [d["name"] for d in json.loads(out)] == ["local-sync"]
+    code, out, _ = run_cli(capsys, "--list-drivers", "--driver", "local-sync")
+    assert code == 0 and out.startswith("local-sync") and "local-task" not in out
+
+
+def test_list_drivers_with_unknown_driver_is_an_error(capsys):
+    code, out, err = run_cli(capsys, "--list-drivers", "--driver", "no-such-driver")
+    assert code == cli.EXIT_ERROR and out == ""
+    assert err.strip() == ("hal: NOT_FOUND: no driver named 'no-such-driver'; known drivers: "
+                           + ", ".join(d.name for d in __import__("hal").list_drivers()))
+
+
+@pytest.mark.parametrize("reader", ["head -c 1", "true"])  # `true` closes the pipe before hal writes
+def test_json_piped_into_a_reader_that_stops_ends_quietly(reader):
+    proc = subprocess.run(
+        f"{sys.executable} -m hal --dump-devices --json | {reader}; echo \" exit=${{PIPESTATUS[0]}}\"",
+        shell=True, capture_output=True, text=True, executable="/bin/bash",
+        env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT, timeout=120)
+    assert proc.stdout == ("{" if reader.startswith("head") else "") + " exit=0\n"
+    assert proc.stderr == ""
+
+
+def test_plugin_problems_are_shown_by_list_drivers():
+    proc = run_hal("--list-drivers", HAL_PLUGINS="no_such_plugin_module")
+    assert proc.returncode == 0
+    assert "local-task" in proc.stdout
+    assert proc.stderr.strip().startswith("hal: plugin HAL_PLUGINS module 'no_such_plugin_module': cannot import")

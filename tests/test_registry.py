@@ -177,14 +177,155 @@ def test_entry_point_group_registers_a_third_party_driver(tmp_path):
 
 def test_plugin_module_that_fails_to_import_is_reported_not_fatal():
     proc = python("""
-        import warnings, hal
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            names = [d.name for d in hal.list_drivers()]
+        import hal
+        names = [d.name for d in hal.list_drivers()]
         assert "local-task" in names
-        assert any("no_such_plugin_module" in str(w.message) for w in caught)
+        problems = [str(p) for p in hal.plugin_problems()]
+        assert any("HAL_PLUGINS module 'no_such_plugin_module': cannot import" in p for p in problems), problems
     """, HAL_PLUGINS="no_such_plugin_module")
     assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "", "nothing is printed unless logging is configured"
+
+
+def fake_distribution(site: Path, dist: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
+    """An installed distribution as importlib.metadata finds it: a dist-info folder next to its modules."""
+    info = site / f"{dist.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    lines = "".join(f"{name} = {target}\n" for name, target in entry_points.items())
+    (info / "entry_points.txt").write_text("[hal.drivers]\n" + lines)
+    for module, code in modules.items():
+        (site / f"{module}.py").write_text(textwrap.dedent(code))
+
+
+GOOD_PLUGIN = """
+    import hal
+    from examples.minimal_driver import MinimalDriver
+
+    class GoodDriver(MinimalDriver):
+        name = "good-third-party"
+
+    @hal.hookimpl
+    def hal_register_drivers():
+        return [hal.DriverFactory(GoodDriver.name, "works", GoodDriver)]
+"""
+
+
+@pytest.fixture
+def plugin_site(tmp_path):
+    """A good third-party driver beside four broken packages, each broken its own way."""
+    fake_distribution(tmp_path, "aaa-broken-import", {"broken": "aaa_broken"},
+                      {"aaa_broken": "raise RuntimeError('vendor library missing')\n"})
+    fake_distribution(tmp_path, "good-driver", {"good": "good_plugin"}, {"good_plugin": GOOD_PLUGIN})
+    fake_distribution(tmp_path, "hookless-driver", {"hookless": "hookless_plugin"},
+                      {"hookless_plugin": "VALUE = 1\n"})
+    fake_distribution(tmp_path, "empty-driver", {"empty": "empty_plugin"}, {"empty_plugin": """
+        import hal
+
+        @hal.hookimpl
+        def hal_register_drivers():
+            return []
+    """})
+    fake_distribution(tmp_path, "raising-driver", {"raising": "raising_plugin"}, {"raising_plugin": """
+        import hal
+
+        @hal.hookimpl
+        def hal_register_drivers():
+            raise KeyError("config")
+    """})
+    return tmp_path
+
+
+def test_one_broken_plugin_package_does_not_stop_the_others(plugin_site):
+    proc = python("""
+        import logging, hal
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+        with hal.create_device("good-third-party") as dev:
+            print("device", dev.info.driver)
+        for problem in hal.plugin_problems():
+            print("problem", problem)
+    """, PYTHONPATH=str(plugin_site))
+    assert proc.returncode == 0, proc.stderr
+    assert "device good-third-party" in proc.stdout
+    problems = [line for line in proc.stdout.splitlines() if line.startswith("problem")]
+    expected = {
+        "aaa-broken-import": "broken = aaa_broken: cannot load: RuntimeError: vendor library missing",
+        "hookless-driver": "hookless = hookless_plugin: registers no driver (no hal_register_drivers",
+        "empty-driver": "empty = empty_plugin: registers no driver (its hal_register_drivers returned none)",
+        "raising-driver": "raising = raising_plugin: hal_register_drivers raised KeyError",
+    }
+    for dist, text in expected.items():
+        assert any(f"distribution {dist} 1.0, entry point {text}" in line for line in problems), (dist, problems)
+    assert len(problems) == len(expected), problems
+    # The same problems go to the hal logger as warnings, each naming the distribution.
+    for dist in expected:
+        assert f"WARNING hal.registry plugin distribution {dist} 1.0" in proc.stderr, proc.stderr
+
+
+def test_unknown_driver_error_names_plugins_that_failed(plugin_site):
+    proc = python("""
+        import hal
+        try:
+            hal.create_device("aaa")
+        except hal.NotFoundError as exc:
+            print(exc)
+    """, PYTHONPATH=str(plugin_site))
+    assert "no driver named 'aaa'" in proc.stdout and "aaa-broken-import" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("word", ["0", "false", "no", "off", "OFF"])
+def test_plugins_autoload_off_skips_entry_points(plugin_site, word):
+    proc = python("""
+        import hal
+        names = [d.name for d in hal.list_drivers()]
+        assert "good-third-party" not in names and "local-task" in names, names
+        assert hal.plugin_problems() == [], hal.plugin_problems()
+    """, PYTHONPATH=str(plugin_site), HAL_PLUGINS_AUTOLOAD=word)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_plugins_autoload_rejects_a_word_it_does_not_know(plugin_site):
+    proc = python("""
+        import hal
+        try:
+            hal.list_drivers()
+        except hal.InvalidArgumentError as exc:
+            print(exc)
+    """, PYTHONPATH=str(plugin_site), HAL_PLUGINS_AUTOLOAD="fasle")
+    assert "HAL_PLUGINS_AUTOLOAD='fasle' is not a switch; use one of 1/0, true/false, yes/no, on/off" in proc.stdout
+
+
+def test_hal_device_error_names_the_variable(monkeypatch):
+    monkeypatch.setenv("HAL_DEVICE", "no-such-driver://0")
+    with pytest.raises(hal.NotFoundError, match=r"^NOT_FOUND: HAL_DEVICE='no-such-driver://0': no driver named"):
+        hal.create_device()
+    monkeypatch.setenv("HAL_DEVICE", "local-task://9")
+    with pytest.raises(hal.NotFoundError, match=r"^NOT_FOUND: HAL_DEVICE='local-task://9': driver 'local-task' has no"):
+        hal.create_device()
+
+
+def test_logging_is_silent_by_default_and_tells_what_happens_when_configured():
+    quiet = python("""
+        import hal
+        hal.list_drivers()
+        hal.create_device("local-task").close()
+    """)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    loud = python("""
+        import logging, hal
+        logging.basicConfig(level=logging.DEBUG, format="%(name)s %(message)s")
+        hal.list_drivers()
+        with hal.create_device("local-task") as dev:
+            spec = hal.ExecutableSpec(format="numpy", code=lambda w, b, c: None, exports=[hal.Export("k")])
+            dev.load_executable(spec)
+            dev.load_executable(spec)
+    """)
+    assert loud.returncode == 0, loud.stderr
+    for line in ("hal.drivers.cuda probe: ", "hal.drivers.local_task probe: available",
+                 "hal.drivers.local_task creating device local-task://0",
+                 "hal.drivers.local_task preparing numpy executable ['k']",
+                 "hal.drivers.local_task executable cache hit: numpy ['k']"):
+        assert line in loud.stderr, loud.stderr
 
 
 def test_driver_probe_that_raises_is_unavailable_with_reason():
