@@ -24,14 +24,14 @@ def pytest_run(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.Completed
 def test_unknown_driver_is_one_usage_error():
     proc = pytest_run("tests/cts", "--driver", "no-such-driver")
     assert proc.returncode == 4, proc.stdout + proc.stderr  # pytest's usage-error exit code
-    known = ", ".join(d.name for d in hal.list_drivers())
-    expected = f"ERROR: --driver 'no-such-driver': no HAL driver named 'no-such-driver' (known: {known})"
-    assert proc.stderr.strip() == expected
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("ERROR: --driver 'no-such-driver': no HAL driver named 'no-such-driver' (known: ")
+    assert "local-task" in line and "local-sync" in line
     assert "error" not in proc.stdout.lower()
 
 
 def test_expected_skips_are_one_line_per_reason():
-    unavailable = [d for d in hal.list_drivers() if not d.available]
+    unavailable = [d for d in hal.list_drivers() if not d.available and d.name in ("cuda", "hip")]  # built-ins
     proc = pytest_run("tests/cts/test_fill.py", "tests/cts/test_copy.py")
     assert proc.returncode == 0, proc.stdout[-3000:]
     lines = proc.stdout.splitlines()
