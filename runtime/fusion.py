@@ -21,9 +21,8 @@ are due). rt.compile's traces fuse at once: they are recorded to repeat.
 
 from __future__ import annotations
 
-import os
-
 import hal
+from hal import env
 
 from .kernels import elementwise, matmul, pad, random, reduce
 from .kernels.fused import FUSABLE_DTYPES, FusedSpec
@@ -94,7 +93,7 @@ def _fusable(node) -> bool:
 
 def fuse_after() -> int:
     """Recordings or evaluations that must want a fused kernel before it is compiled (RUNTIME_FUSE_AFTER)."""
-    return int(os.environ.get("RUNTIME_FUSE_AFTER", "2"))
+    return env.integer("RUNTIME_FUSE_AFTER", 2)
 
 
 def want(ctx, keys) -> bool:
