@@ -32,7 +32,7 @@ def view(ref: hal.BufferRef, table) -> memoryview:
     """The bytes a (validated) buffer reference names, direct or through the binding table."""
     buffer, offset, length = ref.resolve(table)
     start = buffer.offset + offset
-    return memoryview(buffer._allocation)[start:start + length]
+    return memoryview(buffer.allocation)[start:start + length]
 
 
 class MinimalCommandBuffer(hal.CommandBuffer):
@@ -89,10 +89,10 @@ class MinimalDevice(hal.Device):
         return MinimalExecutable(self, spec)
 
     def _write(self, buffer, offset, data):
-        memoryview(buffer._allocation)[buffer.offset + offset:][:len(data)] = data
+        memoryview(buffer.allocation)[buffer.offset + offset:][:len(data)] = data
 
     def _read(self, buffer, offset, length):
-        return bytes(memoryview(buffer._allocation)[buffer.offset + offset:][:length])
+        return bytes(memoryview(buffer.allocation)[buffer.offset + offset:][:length])
 
     def _queue_execute(self, queue, command_buffers, binding_tables, waits, signals):
         def work():

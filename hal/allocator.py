@@ -7,9 +7,10 @@ import dataclasses
 import threading
 from typing import TYPE_CHECKING, Any
 
-from hal.buffer import Buffer, check_int
+from hal.buffer import Buffer
 from hal.errors import InvalidArgumentError, ResourceExhaustedError, UnimplementedError
 from hal.types import BufferUsage, MemoryAccess, MemoryType
+from hal.validation import check_int
 
 if TYPE_CHECKING:
     from hal.device import Device
@@ -37,15 +38,17 @@ class Allocator(abc.ABC):
 
     def allocate(self, size: int, memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
                  usage: BufferUsage = BufferUsage.DEFAULT) -> Buffer:
-        """A new root buffer of ``size`` bytes."""
+        """A new root buffer of ``size`` bytes (0 gives a valid empty buffer)."""
         self.device._check_open()
         size, memory_type, usage = self.check_request(size, memory_type, usage)
-        allocation, actual_type = self._allocate(size, memory_type, usage)
+        # An empty buffer still gets a (1-byte) allocation: drivers never see size 0, and an empty
+        # buffer has an address like any other.
+        allocation, actual_type = self._allocate(size or 1, memory_type, usage)
         return self.wrap(allocation, size, actual_type, usage)
 
     def check_request(self, size: object, memory_type: object,
                       usage: object) -> tuple[int, MemoryType, BufferUsage]:
-        size = check_int(size, "allocation size", minimum=1)
+        size = check_int(size, "allocation size")
         if not isinstance(memory_type, MemoryType) or not memory_type:
             raise InvalidArgumentError(f"memory_type must be a non-empty hal.MemoryType, got {memory_type!r}")
         if not isinstance(usage, BufferUsage) or not usage:
@@ -66,14 +69,19 @@ class Allocator(abc.ABC):
         return Buffer(self, allocation, size, memory_type, usage)
 
     def statistics(self) -> AllocatorStatistics:
+        """Bytes and buffers live now, and the peak; nothing is live once the device is closed."""
         with self._stats_lock:
+            if self.device.closed:
+                return AllocatorStatistics(0, self._bytes_peak, 0)
             return AllocatorStatistics(self._bytes_allocated, self._bytes_peak, self._live_buffers)
 
     def _release_buffer(self, buffer: Buffer) -> None:
+        if self.device.closed:
+            return  # closing the device released every allocation; the driver's objects are gone
         with self._stats_lock:
             self._bytes_allocated -= buffer.size
             self._live_buffers -= 1
-        self._free(buffer._allocation)
+        self._free(buffer.allocation)
 
     # -- driver hooks --------------------------------------------------------
     @abc.abstractmethod

@@ -8,11 +8,11 @@ drivers implement the protected hooks (``_fill``, ``_update``, ``_copy``,
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from hal.buffer import Buffer, check_int
-from hal.errors import FailedPreconditionError, InvalidArgumentError, OutOfRangeError
+from hal.buffer import Buffer
+from hal.errors import FailedPreconditionError, InvalidArgumentError
 from hal.executable import Executable, Export
 from hal.types import BufferUsage, CommandBufferMode, CommandBufferState
 
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 #: Largest inline payload of update_buffer (IREE's limit too).
 MAX_UPDATE_SIZE = 64 * 1024
 UINT32_MAX = (1 << 32) - 1
-_DISPATCH_BIT = BufferUsage.DISPATCH_STORAGE.value
 _RECORDING = CommandBufferState.RECORDING
 _REUSABLE_BIT = CommandBufferMode.REUSABLE.value
 
@@ -76,7 +75,13 @@ class _SlotUse(NamedTuple):
 
 
 class CommandBuffer:
-    """A recorded sequence of commands for one device."""
+    """A recorded sequence of commands for one device.
+
+    Driver-facing read-only views of a recording (``hal.validation`` uses them at submission):
+    ``direct_buffers`` (buffers commands reference directly, checked live at each submission),
+    ``slot_uses`` (each distinct use of a binding-table slot) and ``slot_copies`` (copies whose
+    operands both come from the table, so their lengths are checked against each other).
+    """
 
     def __init__(self, device: Device, mode: CommandBufferMode, binding_capacity: int) -> None:
         self.device = device
@@ -86,14 +91,30 @@ class CommandBuffer:
         self._slot_uses: list[_SlotUse] = []
         # Identical slot uses are checked once per submission: the check costs O(distinct uses), not O(commands).
         self._slot_use_keys: set[tuple] = set()
+        self._slot_copies: list[tuple[BufferRef, BufferRef]] = []
+        #: Buffers referenced directly, by identity (views and roots alike).
+        self._direct: dict[int, Buffer] = {}
         #: Dispatch bindings of whole buffers, checked once per buffer (drivers never modify refs).
         self._whole_refs: dict[Buffer, BufferRef] = {}
-        #: The last binding table that passed the checks: [its entries as given, resolved, buffers to watch].
-        self._checked_table: list | None = None
+        self._whole_refs_at = device._release_count
+        #: Set by Device.queue_execute: what the last submission of this buffer validated.
+        self.validated: object = None
 
     @property
     def reusable(self) -> bool:
         return bool(self.mode._value_ & _REUSABLE_BIT)
+
+    @property
+    def direct_buffers(self) -> Iterable[Buffer]:
+        return self._direct.values()
+
+    @property
+    def slot_uses(self) -> Sequence[_SlotUse]:
+        return self._slot_uses
+
+    @property
+    def slot_copies(self) -> Sequence[tuple[BufferRef, BufferRef]]:
+        return self._slot_copies
 
     # -- recording state -------------------------------------------------------
     def begin(self) -> None:
@@ -120,101 +141,41 @@ class CommandBuffer:
         if self.state is not CommandBufferState.RECORDING:
             raise FailedPreconditionError(
                 f"{what} needs a command buffer in the recording state, it is {self.state.value}")
+        self.device._check_open()
 
     # -- references -------------------------------------------------------------
     def _ref(self, ref: object, what: str, usage: BufferUsage, alignment: int = 1) -> BufferRef:
-        if type(ref) is Buffer:
-            # Fast path for the common case (a whole live buffer of this device): dispatch is hot.
-            if not ref._released and not ref._root._released and ref.device is self.device \
-                    and usage in ref.usage and (alignment == 1 or ref.offset % alignment == 0 == ref.size % alignment):
-                return BufferRef(ref, None, 0, ref.size)
-            buffer, offset, length = ref, 0, None
-        elif isinstance(ref, Slot):
-            return self._slot_ref(ref, what, usage, alignment)
-        elif isinstance(ref, tuple) and len(ref) in (2, 3) and isinstance(ref[0], Buffer):
-            buffer, offset = ref[0], ref[1]
-            length = ref[2] if len(ref) == 3 else None
-        elif isinstance(ref, Buffer):
-            buffer, offset, length = ref, 0, None
+        result = check_buffer_ref(self, ref, what, usage, alignment)
+        buffer = result.buffer
+        if buffer is None:
+            self._note_slot_use(result, what, usage, alignment)
         else:
-            raise InvalidArgumentError(
-                f"{what} must be a Buffer, a (Buffer, offset, length) tuple or a hal.Slot, got {ref!r}")
-        buffer.check_live(what)
-        if buffer.device is not self.device:
-            raise InvalidArgumentError(f"{what} belongs to another device ({buffer.device!r})")
-        if usage not in buffer.usage:
-            raise FailedPreconditionError(f"{what} usage {buffer.usage} lacks {usage}")
-        offset, length = buffer.check_range(offset, length, what)
-        if alignment > 1 and ((buffer.offset + offset) % alignment or length % alignment):
-            raise InvalidArgumentError(
-                f"{what} offset {offset} and length {length} must be multiples of the "
-                f"{alignment}-byte pattern length")
-        return BufferRef(buffer, None, offset, length)
+            self._direct[id(buffer)] = buffer
+        return result
 
-    def _slot_ref(self, slot: Slot, what: str, usage: BufferUsage, alignment: int) -> BufferRef:
-        if self.binding_capacity == 0:
-            raise InvalidArgumentError(f"{what} uses {slot!r} but the command buffer has binding_capacity 0")
-        index = check_int(slot.index, f"{what} slot index")
-        if index >= self.binding_capacity:
-            raise InvalidArgumentError(
-                f"{what} slot index {index} is not below the binding capacity {self.binding_capacity}")
-        offset = check_int(slot.offset, f"{what} slot offset")
-        length = None if slot.length is None else check_int(slot.length, f"{what} slot length")
-        if alignment > 1 and (offset % alignment or (length is not None and length % alignment)):
-            raise InvalidArgumentError(
-                f"{what} slot offset {offset} and length {length} must be multiples of the "
-                f"{alignment}-byte pattern length")
-        ref = BufferRef(None, index, offset, length)
-        key = (index, offset, length, usage, alignment)
+    def _note_slot_use(self, ref: BufferRef, what: str, usage: BufferUsage, alignment: int) -> None:
+        key = (ref.slot, ref.offset, ref.length, usage, alignment)
         if key not in self._slot_use_keys:
             self._slot_use_keys.add(key)
             self._slot_uses.append(_SlotUse(ref, what, usage, alignment))
-        return ref
 
     def check_binding_table(self, table: Sequence[Binding]) -> None:
         """Validate every slot use against a resolved table (at submission, before any work)."""
-        for use in self._slot_uses:
-            ref = use.ref
-            buffer, base, size = table[ref.slot]  # type: ignore[index]
-            if use.usage._value_ & ~buffer.usage._value_:
-                raise FailedPreconditionError(
-                    f"binding table entry {ref.slot} (used as {use.what}) lacks usage {use.usage}")
-            length = size - ref.offset if ref.length is None else ref.length
-            if ref.offset + length > size or length < 0:
-                raise OutOfRangeError(
-                    f"{use.what} [{ref.offset}, {ref.offset + length}) exceeds binding table entry "
-                    f"{ref.slot} of {size} bytes")
-            if use.alignment > 1 and ((buffer.offset + base + ref.offset) % use.alignment
-                                      or length % use.alignment):
-                raise InvalidArgumentError(
-                    f"{use.what} through slot {ref.slot} is not aligned to the "
-                    f"{use.alignment}-byte pattern length")
+        check_slot_uses(self, table)
 
     # -- commands ---------------------------------------------------------------
     def fill_buffer(self, target: object, pattern: int, pattern_length: int) -> None:
-        """Fill ``target`` with a little-endian 1, 2 or 4-byte ``pattern``."""
+        """Fill ``target`` with a little-endian 1, 2 or 4-byte ``pattern`` (a zero-length range: no-op)."""
         self._check_recording("fill_buffer")
-        if pattern_length not in (1, 2, 4) or isinstance(pattern_length, bool):
-            raise InvalidArgumentError(f"pattern_length must be 1, 2 or 4, got {pattern_length!r}")
-        pattern = check_int(pattern, "fill pattern")
-        if pattern >> (8 * pattern_length):
-            raise InvalidArgumentError(
-                f"fill pattern {pattern:#x} does not fit in pattern_length {pattern_length} bytes")
+        pattern, pattern_length = check_pattern(pattern, pattern_length)
         ref = self._ref(target, "fill target", BufferUsage.TRANSFER, pattern_length)
         if ref.length != 0:
             self._fill(ref, pattern, pattern_length)
 
     def update_buffer(self, data: object, target: object) -> None:
-        """Copy ``data`` (<= 64 KiB, captured now) into ``target``."""
+        """Copy ``data`` (<= 64 KiB, captured now) into ``target`` (empty data: no-op)."""
         self._check_recording("update_buffer")
-        try:
-            payload = memoryview(data).cast("B").tobytes()  # type: ignore[arg-type]
-        except TypeError:
-            raise InvalidArgumentError(
-                f"update data must be bytes-like or a contiguous array, got {type(data).__name__}") from None
-        if len(payload) > MAX_UPDATE_SIZE:
-            raise InvalidArgumentError(
-                f"update data is {len(payload)} bytes; update_buffer takes at most {MAX_UPDATE_SIZE}")
+        payload = check_update_data(data, MAX_UPDATE_SIZE)
         if isinstance(target, Buffer):
             target = (target, 0, len(payload))
         elif isinstance(target, Slot) and target.length is None:
@@ -229,7 +190,7 @@ class CommandBuffer:
             self._update(payload, ref)
 
     def copy_buffer(self, source: object, target: object) -> None:
-        """Copy between two ranges of equal length (which must not overlap)."""
+        """Copy between two ranges of equal length (which must not overlap; zero-length: no-op)."""
         self._check_recording("copy_buffer")
         src = self._ref(source, "copy source", BufferUsage.TRANSFER)
         dst = self._ref(target, "copy target", BufferUsage.TRANSFER)
@@ -237,16 +198,13 @@ class CommandBuffer:
             src.length = dst.length
         elif dst.length is None and src.length is not None:
             dst.length = src.length
-        if src.length != dst.length:
+        if src.length is None:  # both lengths come from the binding table: checked at submission
+            self._slot_copies.append((src, dst))
+        elif src.length != dst.length:
             raise InvalidArgumentError(
                 f"copy source length {src.length} differs from target length {dst.length}")
-        if src.buffer is not None and dst.buffer is not None and src.buffer.root is dst.buffer.root:
-            a = src.buffer.offset + src.offset
-            b = dst.buffer.offset + dst.offset
-            if a < b + dst.length and b < a + src.length:  # type: ignore[operator]
-                raise InvalidArgumentError(
-                    f"copy source [{a}, {a + src.length}) and target [{b}, {b + dst.length}) "  # type: ignore[operator]
-                    "overlap in the same allocation")
+        else:
+            check_no_overlap(src, dst)
         if src.length != 0:
             self._copy(src, dst)
 
@@ -259,9 +217,7 @@ class CommandBuffer:
                  workgroups: int | Sequence[int] = (1, 1, 1), constants: Sequence[int] = (),
                  bindings: Sequence[object] = ()) -> None:
         """Run export ``entry_point`` over ``workgroups`` with uint32 ``constants`` and buffer ``bindings``."""
-        # Recording thousands of dispatches is a hot loop: the common well-formed cases are checked
-        # inline here, anything else goes through the full checks (and their error messages).
-        if self.state is not _RECORDING:
+        if self.state is not _RECORDING or self.device._closed:
             self._check_recording("dispatch")
         if not isinstance(executable, Executable):
             raise InvalidArgumentError(f"dispatch needs a hal.Executable, got {type(executable).__name__}")
@@ -273,85 +229,33 @@ class CommandBuffer:
             ordinal, export = entry_point, exports[entry_point]
         else:
             ordinal, export = executable.export(entry_point)
-        grid = workgroups
-        if type(workgroups) is tuple and len(workgroups) == 3:
-            x, y, z = workgroups
-            limits = device.limits["max_workgroup_count"]
-            if not (type(x) is int and type(y) is int and type(z) is int and 0 <= x <= limits[0]
-                    and 0 <= y <= limits[1] and 0 <= z <= limits[2]):
-                grid = self._check_workgroups(workgroups)
-        else:
-            grid = self._check_workgroups(workgroups)
-        if (type(constants) is tuple or type(constants) is list) and len(constants) == export.constants:
-            for value in constants:
-                if type(value) is not int or not 0 <= value <= UINT32_MAX:
-                    values = self._check_constants(export, constants)
-                    break
-            else:
-                values = tuple(constants)
-        else:
-            values = self._check_constants(export, constants)
-        if type(bindings) is not list and type(bindings) is not tuple and (
-                isinstance(bindings, (str, bytes)) or not isinstance(bindings, Sequence)):
-            raise InvalidArgumentError(f"dispatch bindings must be a sequence, got {bindings!r}")
+        grid = check_workgroups(workgroups, device.limits["max_workgroup_count"])
+        values = check_constants(export, constants)
+        if type(bindings) is not list and type(bindings) is not tuple:
+            bindings = check_sequence(bindings, "dispatch bindings", "buffers")
         if len(bindings) != export.bindings:
             raise InvalidArgumentError(
                 f"export {export.name!r} takes {export.bindings} bindings, got {len(bindings)}")
         refs = []
         whole_refs = self._whole_refs
-        for i, b in enumerate(bindings):
-            # Inline fast path (whole live buffer of this device): formatting `what` costs more than the check.
-            if type(b) is Buffer and not b._released and not b._root._released:
-                ref = whole_refs.get(b)  # device and usage never change: checked once per buffer
-                if ref is None and b.device is device and _DISPATCH_BIT & b.usage._value_:
-                    ref = whole_refs[b] = BufferRef(b, None, 0, b.size)
-                if ref is not None:
-                    refs.append(ref)
-                    continue
-            refs.append(self._ref(b, f"binding {i} of {export.name!r}", BufferUsage.DISPATCH_STORAGE))
+        if self._whole_refs_at != device._release_count:  # a release since: look at every buffer again
+            whole_refs.clear()
+            self._whole_refs_at = device._release_count
+        for b in bindings:
+            # A whole buffer's ref is made once (device and usage never change, liveness as above).
+            ref = whole_refs.get(b) if type(b) is Buffer else None
+            if ref is None:
+                ref = self._binding_ref(b, len(refs), export)
+            refs.append(ref)
         if 0 in grid:
             return
         self._dispatch(executable, ordinal, export, grid, values, refs)
 
-    def _check_workgroups(self, workgroups: object) -> tuple[int, int, int]:
-        limits = self.device.limits["max_workgroup_count"]
-        if type(workgroups) is tuple and len(workgroups) == 3:
-            x, y, z = workgroups
-            if type(x) is int and type(y) is int and type(z) is int and 0 <= x <= limits[0] \
-                    and 0 <= y <= limits[1] and 0 <= z <= limits[2]:
-                return workgroups  # type: ignore[return-value]
-        if isinstance(workgroups, (int,)) and not isinstance(workgroups, bool):
-            grid: tuple = (workgroups, 1, 1)
-        elif isinstance(workgroups, Sequence) and 1 <= len(workgroups) <= 3:
-            grid = tuple(workgroups) + (1,) * (3 - len(workgroups))
-        else:
-            raise InvalidArgumentError(f"workgroups must be an int or 1-3 ints, got {workgroups!r}")
-        for axis, (count, limit) in enumerate(zip(grid, limits)):
-            count = check_int(count, f"workgroups[{axis}]")
-            if count > limit:
-                raise InvalidArgumentError(f"workgroups[{axis}] = {count} exceeds the device limit {limit}")
-        return grid  # type: ignore[return-value]
-
-    @staticmethod
-    def _check_constants(export: Export, constants: object) -> tuple[int, ...]:
-        if (type(constants) is tuple or type(constants) is list) and len(constants) == export.constants \
-                and all(type(v) is int and 0 <= v <= UINT32_MAX for v in constants):
-            return tuple(constants)
-        if isinstance(constants, (str, bytes)) or not isinstance(constants, Sequence):
-            raise InvalidArgumentError(f"dispatch constants must be a sequence of ints, got {constants!r}")
-        if len(constants) != export.constants:
-            raise InvalidArgumentError(
-                f"export {export.name!r} takes {export.constants} constants, got {len(constants)}")
-        values = []
-        for i, value in enumerate(constants):
-            if isinstance(value, bool) or not hasattr(value, "__index__"):
-                raise InvalidArgumentError(
-                    f"constant {i} must be an int (pass floats as their uint32 bits), got {value!r}")
-            value = value.__index__()
-            if not -(1 << 31) <= value <= UINT32_MAX:
-                raise InvalidArgumentError(f"constant {i} = {value} does not fit in 32 bits")
-            values.append(value & UINT32_MAX)
-        return tuple(values)
+    def _binding_ref(self, binding: object, index: int, export: Export) -> BufferRef:
+        ref = self._ref(binding, f"dispatch binding {index} of {export.name!r}", BufferUsage.DISPATCH_STORAGE)
+        if type(binding) is Buffer:
+            self._whole_refs[binding] = ref
+        return ref
 
     # -- driver hooks -------------------------------------------------------------
     def _begin(self) -> None:
@@ -379,3 +283,15 @@ class CommandBuffer:
 
     def __repr__(self) -> str:
         return f"<hal.CommandBuffer {self.mode} {self.state.value} capacity={self.binding_capacity}>"
+
+
+from hal.validation import (  # noqa: E402  (the checks refer to this module's classes)
+    check_buffer_ref,
+    check_constants,
+    check_no_overlap,
+    check_pattern,
+    check_sequence,
+    check_slot_uses,
+    check_update_data,
+    check_workgroups,
+)

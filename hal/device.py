@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import abc
-import operator
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from hal.allocator import Allocator
-from hal.buffer import Buffer, check_int
+from hal.buffer import Buffer
 from hal.command_buffer import Binding, CommandBuffer
 from hal.errors import (
     FailedPreconditionError,
@@ -18,8 +17,22 @@ from hal.errors import (
 )
 from hal.executable import Executable, ExecutableSpec
 from hal.log import driver_logger
-from hal.semaphore import Fence, Semaphore, check_fences, deadline_from
+from hal.semaphore import Fence, Semaphore
 from hal.types import BufferUsage, CommandBufferMode, CommandBufferState, MemoryType
+from hal.validation import (
+    MAX_U64,
+    check_binding,
+    check_binding_tables,
+    check_buffer,
+    check_command_buffers,
+    check_direct_buffers,
+    check_fences,
+    check_int,
+    check_queue,
+    check_range,
+    check_signals,
+    deadline_from,
+)
 
 if TYPE_CHECKING:
     from hal.driver import DeviceInfo, Driver
@@ -31,28 +44,15 @@ DEFAULT_LIMITS = {
 
 
 _EXECUTABLE = CommandBufferState.EXECUTABLE
-_REUSABLE = CommandBufferMode.REUSABLE.value
-_released = operator.attrgetter("_released")
+_SUBMITTED = CommandBufferState.SUBMITTED
 
 
-def _same_live_entries(table: Sequence[object], checked: list) -> bool:
-    """Whether ``table`` holds the entries of a table checked before, their buffers still live.
-
-    The checks of a binding table depend only on its entries' values (buffers never change
-    size, usage or device) and on buffers being live, so an equal table passes again as it
-    did; the resolved entries are shared, so drivers can tell an unchanged table by identity.
-    """
-    sources, entries, watched = checked
+def _same(remembered: object, binding_tables: object) -> bool:
+    """Whether binding tables equal the ones remembered (entries compare by identity and value)."""
     try:
-        same = (table if type(table) is list else list(table)) == sources
-    except Exception:  # an entry whose comparison fails is no checked entry
+        return bool(remembered == binding_tables)
+    except Exception:  # an entry whose comparison fails is no remembered entry
         return False
-    if not same:
-        return False
-    if watched is None:  # made on the first reuse: a table used once never pays for it
-        views = [entry[0] for entry in entries]
-        watched = checked[2] = tuple(views + [view._root for view in views if view._root is not view])
-    return not any(map(_released, watched))
 
 
 class Device(abc.ABC):
@@ -69,6 +69,11 @@ class Device(abc.ABC):
         self.limits = dict(DEFAULT_LIMITS, **(limits or {}))
         self.allocator: Allocator
         self._closed = False
+        #: Held while a submission enters the driver and while close() begins: a submission
+        #: either enters before close() (and completes or fails) or is rejected after it.
+        self._gate = threading.RLock()
+        #: Bumped by every buffer release: a validation made at the same count still holds.
+        self._release_count = 0
         self._executables: dict[tuple, tuple[ExecutableSpec, Executable]] = {}
         self._executables_lock = threading.Lock()
 
@@ -85,10 +90,17 @@ class Device(abc.ABC):
     def closed(self) -> bool:
         return self._closed
 
+    def note_release(self) -> None:
+        """A buffer of this device was released (called by ``Buffer.release``)."""
+        self._release_count += 1
+
     def close(self) -> None:
-        """Wait for queued work, then release everything the device holds. Idempotent."""
-        if self._closed:
-            return
+        """Reject new work, fail work parked on unreached waits, wait for the rest, then release
+        everything the device holds. Idempotent and safe to race with submissions."""
+        with self._gate:
+            if self._closed:
+                return
+            self._closed = True  # from here on every submission is rejected
         # Work parked on waits that nothing will ever reach would keep the device busy forever.
         self._cancel_parked(FailedPreconditionError(
             f"device {self.info.uri} was closed before the work's waits were reached"))
@@ -96,7 +108,6 @@ class Device(abc.ABC):
             self._wait_idle(None)
         except Exception:  # failed work must not prevent releasing the device
             pass
-        self._closed = True
         self._executables.clear()
         self._close()
 
@@ -109,7 +120,7 @@ class Device(abc.ABC):
     # -- objects ------------------------------------------------------------------
     def create_semaphore(self, initial: int = 0) -> Semaphore:
         self._check_open()
-        return self._create_semaphore(check_int(initial, "semaphore initial value"))
+        return self._create_semaphore(check_int(initial, "semaphore initial value", maximum=MAX_U64))
 
     def create_command_buffer(self, mode: CommandBufferMode = CommandBufferMode.ONE_SHOT,
                               binding_capacity: int = 0) -> CommandBuffer:
@@ -166,7 +177,7 @@ class Device(abc.ABC):
         except TypeError:
             raise InvalidArgumentError(
                 f"write data must be bytes-like or a contiguous array, got {type(data).__name__}") from None
-        offset, length = buffer.check_range(offset, len(payload), "write")
+        offset, length = check_range(buffer, offset, len(payload), "write")
         if length:
             self._write(buffer, offset, payload)
 
@@ -174,131 +185,76 @@ class Device(abc.ABC):
         """Synchronously copy ``buffer[offset:offset+length]`` to the host."""
         self._check_open()
         self._check_own_buffer(buffer, "read source")
-        offset, length = buffer.check_range(offset, length, "read")
+        offset, length = check_range(buffer, offset, length, "read")
         return self._read(buffer, offset, length) if length else b""
 
     def _check_own_buffer(self, buffer: object, what: str) -> Buffer:
-        if not isinstance(buffer, Buffer):
-            raise InvalidArgumentError(f"{what} must be a hal.Buffer, got {type(buffer).__name__}")
-        buffer.check_live(what)
-        if buffer.device is not self:
-            raise InvalidArgumentError(f"{what} belongs to another device ({buffer.device!r})")
-        return buffer
+        return check_buffer(buffer, self, what)
 
     # -- queue operations -------------------------------------------------------------
-    def _check_queue(self, queue: int) -> int:
-        queue = check_int(queue, "queue")
-        if queue >= self.queue_count:
-            raise InvalidArgumentError(f"queue {queue} does not exist; the device has {self.queue_count}")
-        return queue
+    def _check_queue(self, queue: object) -> int:
+        return check_queue(self, queue)
 
     def _check_submission(self, wait: object, signal: object) -> tuple[list[Fence], list[Fence]]:
         waits = check_fences(wait, "wait", self)
         signals = check_fences(signal, "signal", self)
-        for i, (sem, value) in enumerate(signals):
-            if sem._failure is None and value <= sem._value:
-                raise InvalidArgumentError(
-                    f"signal[{i}] value {value} is not above the semaphore's current value {sem._value}")
+        check_signals(signals)
         return waits, signals
 
     def queue_execute(self, command_buffers: Sequence[CommandBuffer], wait: Sequence[Fence] = (),
                       signal: Sequence[Fence] = (), binding_tables: Sequence[object] | None = None,
                       *, queue: int = 0) -> None:
-        """Run command buffers in order once every ``wait`` is reached, then signal ``signal``."""
+        """Run command buffers in order once every ``wait`` is reached, then signal ``signal``.
+
+        A submission that repeats one validated before (the same reusable command buffers, equal
+        binding tables, no buffer of the device released since) is recognised by identity and
+        equality checks and not validated again; the fences are checked every time.
+        """
         if self._closed:
             self._check_open()
         if type(queue) is not int or not 0 <= queue < self.queue_count:
-            queue = self._check_queue(queue)
-        if isinstance(command_buffers, CommandBuffer):
-            command_buffers = [command_buffers]
-        # Checked by type first: the ABC check costs more than the rest of a small submission's checks.
-        if type(command_buffers) is not list and type(command_buffers) is not tuple \
-                and not isinstance(command_buffers, Sequence):
-            raise InvalidArgumentError(f"command_buffers must be a sequence, got {command_buffers!r}")
-        one_shot = []
-        uses_tables = False
+            queue = check_queue(self, queue)
+        validated = None
+        if type(command_buffers) is list and len(command_buffers) == 1:
+            cb = command_buffers[0]
+            if isinstance(cb, CommandBuffer) and cb.device is self:
+                validated = cb.validated
+        if validated is not None and validated[0] == self._release_count and _same(validated[1], binding_tables):
+            tables, one_shot = validated[2], ()  # the same submission as last time: still valid
+        else:
+            command_buffers, tables, one_shot = self._validate_execution(command_buffers, binding_tables)
+        waits = check_fences(wait, "wait", self)
+        signals = check_fences(signal, "signal", self)
+        check_signals(signals)
+        with self._gate:
+            if self._closed:
+                self._check_open()
+            for cb in one_shot:  # a ONE_SHOT buffer runs at most once, also when threads race
+                if cb.state is not _EXECUTABLE:
+                    raise FailedPreconditionError("a ONE_SHOT command buffer was already submitted")
+                cb.state = _SUBMITTED
+            self._queue_execute(queue, command_buffers, tables, waits, signals)
+
+    def _validate_execution(self, command_buffers: object, binding_tables: object
+                            ) -> tuple[list[CommandBuffer], list[list[Binding] | None], list[CommandBuffer]]:
+        """Full validation of the command buffers and tables of a submission; a reusable command
+        buffer submitted alone remembers it, so an identical resubmission skips it."""
+        count = self._release_count  # read before the checks: a release during them invalidates
+        command_buffers, one_shot, uses_tables = check_command_buffers(self, command_buffers)
         for i, cb in enumerate(command_buffers):
-            if not isinstance(cb, CommandBuffer):
-                raise InvalidArgumentError(f"command_buffers[{i}] is not a hal.CommandBuffer: {cb!r}")
-            if cb.device is not self:
-                raise InvalidArgumentError(f"command_buffers[{i}] belongs to another device")
-            state = cb.state
-            if state is not _EXECUTABLE:
-                if state is CommandBufferState.SUBMITTED:
-                    raise FailedPreconditionError(
-                        f"command_buffers[{i}] is ONE_SHOT and was already submitted")
-                raise FailedPreconditionError(
-                    f"command_buffers[{i}] is {state.value}; end() it before submitting")
-            if not cb.mode._value_ & _REUSABLE:
-                one_shot.append(cb)
-            if cb.binding_capacity:
-                uses_tables = True
-        if len(one_shot) > 1 and len({id(cb) for cb in one_shot}) != len(one_shot):
-            raise FailedPreconditionError("a ONE_SHOT command buffer appears twice in one submission")
-        waits, signals = self._check_submission(wait, signal)
+            check_direct_buffers(cb, i)
         if binding_tables is None and not uses_tables:
             tables: list[list[Binding] | None] = [None] * len(command_buffers)
         else:
-            tables = self._check_binding_tables(command_buffers, binding_tables)
-        for cb in one_shot:
-            cb.state = CommandBufferState.SUBMITTED
-        self._queue_execute(queue, list(command_buffers), tables, waits, signals)
-
-    def _check_binding_tables(self, command_buffers: Sequence[CommandBuffer],
-                              binding_tables: object) -> list[list[Binding] | None]:
-        if binding_tables is None:
-            binding_tables = [None] * len(command_buffers)
-        if (type(binding_tables) is not list and type(binding_tables) is not tuple and (
-                isinstance(binding_tables, (str, bytes)) or not isinstance(binding_tables, Sequence))) \
-                or len(binding_tables) != len(command_buffers):
-            raise InvalidArgumentError(
-                f"binding_tables must be None or hold one table per command buffer "
-                f"({len(command_buffers)}), got {binding_tables!r}")
-        resolved: list[list[Binding] | None] = []
-        for i, (cb, table) in enumerate(zip(command_buffers, binding_tables)):
-            if cb.binding_capacity == 0:
-                if table:
-                    raise InvalidArgumentError(
-                        f"binding_tables[{i}] given for a command buffer with binding_capacity 0")
-                resolved.append(None)
-                continue
-            if table is None or (type(table) is not list and type(table) is not tuple and (
-                    isinstance(table, (str, bytes)) or not isinstance(table, Sequence))):
-                raise InvalidArgumentError(
-                    f"command_buffers[{i}] has binding_capacity {cb.binding_capacity} and needs a binding table")
-            if len(table) < cb.binding_capacity:
-                raise InvalidArgumentError(
-                    f"binding_tables[{i}] has {len(table)} entries; the command buffer needs "
-                    f"{cb.binding_capacity}")
-            checked = cb._checked_table
-            if checked is not None and _same_live_entries(table, checked):
-                resolved.append(checked[1])  # the same entries as last time: nothing to check again
-                continue
-            entries = []
-            for j, entry in enumerate(table):
-                if type(entry) is Buffer and entry.device is self and not entry._released \
-                        and not entry._root._released:
-                    entries.append((entry, 0, entry.size))  # fast path: a whole live buffer of this device
-                else:
-                    entries.append(self._check_binding(entry, f"binding_tables[{i}][{j}]"))
-            cb.check_binding_table(entries)
-            cb._checked_table = [list(table), entries, None]  # the entries given, resolved, buffers to watch
-            resolved.append(entries)
-        return resolved
+            tables = check_binding_tables(self, command_buffers, binding_tables)
+        if len(command_buffers) == 1 and not one_shot:
+            remembered = None if binding_tables is None else [
+                None if table is None else list(table) for table in binding_tables]  # type: ignore[union-attr]
+            command_buffers[0].validated = (count, remembered, tables)
+        return command_buffers, tables, one_shot
 
     def _check_binding(self, entry: object, what: str) -> Binding:
-        if type(entry) is Buffer and entry.device is self and not entry._released and not entry._root._released:
-            return entry, 0, entry.size  # fast path: a whole live buffer of this device
-        if isinstance(entry, Buffer):
-            buffer, offset, length = entry, 0, None
-        elif isinstance(entry, tuple) and len(entry) in (2, 3) and isinstance(entry[0], Buffer):
-            buffer, offset = entry[0], entry[1]
-            length = entry[2] if len(entry) == 3 else None
-        else:
-            raise InvalidArgumentError(f"{what} must be a Buffer or (Buffer, offset, length), got {entry!r}")
-        self._check_own_buffer(buffer, what)
-        offset, length = buffer.check_range(offset, length, what)
-        return buffer, offset, length
+        return check_binding(entry, self, what)
 
     def queue_barrier(self, wait: Sequence[Fence] = (), signal: Sequence[Fence] = (),
                       *, queue: int = 0) -> None:
@@ -306,7 +262,9 @@ class Device(abc.ABC):
         self._check_open()
         queue = self._check_queue(queue)
         waits, signals = self._check_submission(wait, signal)
-        self._queue_execute(queue, [], [], waits, signals)
+        with self._gate:
+            self._check_open()
+            self._queue_execute(queue, [], [], waits, signals)
 
     def queue_alloca(self, size: int, wait: Sequence[Fence] = (), signal: Sequence[Fence] = (),
                      memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
@@ -316,7 +274,13 @@ class Device(abc.ABC):
         queue = self._check_queue(queue)
         size, memory_type, usage = self.allocator.check_request(size, memory_type, usage)
         waits, signals = self._check_submission(wait, signal)
-        return self._queue_alloca(queue, size, memory_type, usage, waits, signals)
+        with self._gate:
+            self._check_open()
+            if size == 0:  # an empty buffer needs no stream ordering: a plain one, signalled in order
+                buffer = self.allocator.allocate(0, memory_type, usage)
+                self._queue_execute(queue, [], [], waits, signals)
+                return buffer
+            return self._queue_alloca(queue, size, memory_type, usage, waits, signals)
 
     def queue_dealloca(self, buffer: Buffer, wait: Sequence[Fence] = (),
                        signal: Sequence[Fence] = (), *, queue: int = 0) -> None:
@@ -327,7 +291,9 @@ class Device(abc.ABC):
         if buffer.root is not buffer:
             raise InvalidArgumentError("queue_dealloca takes a root buffer, not a subspan")
         waits, signals = self._check_submission(wait, signal)
-        self._queue_dealloca(queue, buffer, waits, signals)
+        with self._gate:
+            self._check_open()
+            self._queue_dealloca(queue, buffer, waits, signals)
 
     def wait_idle(self, timeout: float | None = None) -> None:
         """Block until all submitted work completed; DeadlineExceededError after ``timeout``."""

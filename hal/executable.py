@@ -8,7 +8,6 @@ import pickle
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from hal.buffer import check_int
 from hal.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -107,3 +106,6 @@ class Executable:
 
     def __repr__(self) -> str:
         return f"<hal.Executable {self.format} exports={[e.name for e in self.exports]}>"
+
+
+from hal.validation import check_int  # noqa: E402  (hal.validation imports this module's classes)

@@ -5,6 +5,20 @@ increasing value, an optional failure, host waiters, and listeners that fire
 when a value is reached (or the semaphore fails). Queues use the listeners to
 defer work until its waits are reached (wait-before-signal) without blocking
 the submitting thread. GPU drivers add device timepoints on top.
+
+Driver-facing surface (what a driver may use besides the public API):
+
+- ``current_value``: the value without raising for a failure (``value`` raises);
+- ``failure``: the exception the semaphore failed with, or None;
+- ``advance(value)``: completion of device work raised the value (fires listeners);
+- ``fail(cause)``: fail the semaphore with an exception;
+- ``notify_at(value, listener) -> token`` / ``cancel_notify(token)``: run
+  ``listener(None)`` once ``value`` is reached, or ``listener(failure)``;
+- ``has_listeners``: whether some host listener waits (a completion thread must run).
+
+A subclass (a driver's semaphore) may override the hooks ``_advance``, ``_fail``,
+``_notify_at`` and ``_wait`` (calling the base), and read ``_value``/``_failure``
+and use ``_reached``/``_waiters`` while holding ``_lock``.
 """
 
 from __future__ import annotations
@@ -16,9 +30,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from hal.buffer import check_int
 from hal.errors import (
     DeadlineExceededError,
+    FailedPreconditionError,
     HalError,
     InvalidArgumentError,
     aborted_by,
@@ -31,14 +45,6 @@ if TYPE_CHECKING:
 Listener = Callable[[BaseException | None], None]
 
 MAX_VALUE = (1 << 64) - 1
-
-
-def deadline_from(timeout: float | None) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
-        raise InvalidArgumentError(f"timeout must be None or a number >= 0 seconds, got {timeout!r}")
-    return time.monotonic() + timeout
 
 
 def remaining(deadline: float | None) -> float | None:
@@ -54,10 +60,11 @@ class Semaphore:
         self._reached = threading.Condition(self._lock)
         self._value = initial_value
         self._failure: BaseException | None = None
+        #: Heap of (value, token, listener); entries whose token left ``_parked`` were cancelled.
         self._listeners: list[tuple[int, int, Listener]] = []
+        self._parked: set[int] = set()
         #: Host threads blocked in _wait (advancing skips the notification when there are none).
         self._waiters = 0
-        self._cancelled: set[int] = set()
         self._tokens = itertools.count()
 
     # -- queries -------------------------------------------------------------
@@ -74,15 +81,28 @@ class Semaphore:
         """The exception the semaphore failed with, or None."""
         return self._failure
 
+    @property
+    def current_value(self) -> int:
+        """The value reached so far, also after a failure (driver-facing; ``value`` raises then)."""
+        return self._value
+
+    @property
+    def has_listeners(self) -> bool:
+        """Whether a listener (a host ``wait_any``/``wait_all``, parked work) waits for a value."""
+        return bool(self._parked)
+
     def _query(self) -> int:
         return self._value
+
+    def _check_device_open(self) -> None:
+        if self.device._closed:
+            raise FailedPreconditionError(f"the semaphore's device {self.device.info.uri} is closed")
 
     # -- host operations -------------------------------------------------------
     def signal(self, value: int) -> None:
         """Set the value from the host; it must be above the current one."""
-        value = check_int(value, "semaphore signal value")
-        if value > MAX_VALUE:
-            raise InvalidArgumentError(f"semaphore value {value} exceeds 2**64-1")
+        value = check_u64(value, "semaphore signal value")
+        self._check_device_open()
         if self._failure is not None:
             raise aborted_by(self._failure, "cannot signal a failed semaphore")
         if value <= self._value:
@@ -96,15 +116,46 @@ class Semaphore:
             cause = HalError(10, cause)
         if not isinstance(cause, BaseException):
             raise InvalidArgumentError(f"fail() takes an exception or a message, got {cause!r}")
+        self._check_device_open()
         self._fail(cause)
 
     def wait(self, value: int, timeout: float | None = None) -> None:
-        """Block until the value is >= ``value``; DeadlineExceededError after ``timeout`` seconds."""
-        if type(value) is not int or value < 0:
-            value = check_int(value, "semaphore wait value")
-        self._wait(value, None if timeout is None else deadline_from(timeout))
+        """Block until the value is >= ``value``; DeadlineExceededError after ``timeout`` seconds
+        (None, math.inf or a huge timeout: no limit)."""
+        if type(value) is not int or not 0 <= value <= MAX_VALUE:
+            value = check_u64(value, "semaphore wait value")
+        deadline = None if timeout is None else deadline_from(timeout)
+        if self.device._closed:  # nothing can signal it any more: report what it reached, never block
+            if self._failure is not None:
+                raise aborted_by(self._failure, f"semaphore failed before value {value} was reached")
+            if self._value < value:
+                self._check_device_open()
+            return
+        self._wait(value, deadline)
 
-    # -- shared machinery (drivers call these) ----------------------------------
+    # -- driver-facing ---------------------------------------------------------------
+    def advance(self, value: int) -> None:
+        """Raise the value to ``value`` (completed device work); no-op if already there or failed."""
+        self._advance(value)
+
+    def notify_at(self, value: int, listener: Listener) -> int | None:
+        """Call ``listener`` once ``value`` is reached or the semaphore fails; a token for
+        ``cancel_notify`` when it had to be parked (None when it ran at once)."""
+        return self._notify_at(value, listener)
+
+    def cancel_notify(self, token: int | None) -> None:
+        """Forget a parked listener (nothing stays registered once the caller is done waiting)."""
+        if token is not None:
+            with self._lock:
+                self._parked.discard(token)
+                listeners = self._listeners
+                # Cancelled entries are dropped lazily; compact when they are most of the heap.
+                if len(listeners) > 2 * len(self._parked) + 8:
+                    parked = self._parked
+                    self._listeners = [entry for entry in listeners if entry[1] in parked]
+                    heapq.heapify(self._listeners)
+
+    # -- shared machinery (hooks a driver's semaphore may extend) ------------------------
     def _wait(self, value: int, deadline: float | None) -> None:
         with self._lock:
             while self._value < value and self._failure is None:
@@ -128,12 +179,13 @@ class Semaphore:
                 return
             self._value = value
             listeners = self._listeners
-            while listeners and listeners[0][0] <= value:
-                _, token, listener = heapq.heappop(listeners)
-                if token in self._cancelled:
-                    self._cancelled.discard(token)
-                else:
-                    ready.append(listener)
+            if listeners and listeners[0][0] <= value:
+                parked = self._parked
+                while listeners and listeners[0][0] <= value:
+                    _, token, listener = heapq.heappop(listeners)
+                    if token in parked:
+                        parked.discard(token)
+                        ready.append(listener)
             if self._waiters:
                 self._reached.notify_all()
         for listener in ready:
@@ -144,100 +196,122 @@ class Semaphore:
             if self._failure is not None:
                 return
             self._failure = cause
-            pending = [entry for entry in self._listeners if entry[1] not in self._cancelled]
+            parked = self._parked
+            pending = [entry for entry in self._listeners if entry[1] in parked]
             self._listeners = []
-            self._cancelled.clear()
+            self._parked = set()
             self._reached.notify_all()
-        for _, _, listener in sorted(pending):
+        for _, _, listener in sorted(pending, key=_listener_order):
             listener(cause)
 
     def _notify_at(self, value: int, listener: Listener) -> int | None:
-        """Call ``listener`` once ``value`` is reached or the semaphore fails.
-
-        Runs it at once (on this thread) when that has already happened, else later
-        on the thread that advances or fails the semaphore. Returns a token for
-        ``_cancel_notify`` when it was parked.
-        """
+        """See ``notify_at``; runs the listener at once (on this thread) when the value was
+        already reached or the semaphore failed, else later on the thread that advances or fails it."""
         with self._lock:
             failure = self._failure
             if failure is None and self._value < value:
                 token = next(self._tokens)
                 heapq.heappush(self._listeners, (value, token, listener))
+                self._parked.add(token)
                 return token
         listener(failure)
         return None
 
     def _cancel_notify(self, token: int | None) -> None:
-        if token is not None:
-            with self._lock:
-                if any(entry[1] == token for entry in self._listeners):
-                    self._cancelled.add(token)
+        self.cancel_notify(token)
 
     def __repr__(self) -> str:
         state = f" failed: {self._failure}" if self._failure is not None else ""
         return f"<hal.Semaphore value={self._value}{state}>"
 
 
+def _listener_order(entry: tuple[int, int, Listener]) -> tuple[int, int]:
+    return entry[0], entry[1]
+
+
 Fence = tuple[Semaphore, int]
 
 
-def check_fences(fences: object, what: str, device: Device | None = None) -> list[Fence]:
-    """Normalise a fence list: a sequence of (Semaphore, int >= 0) pairs."""
-    if fences is None or (type(fences) is tuple and not fences):
-        return []
-    # Checked by type first: the ABC check would cost more than the rest of a small submission's checks.
-    if type(fences) is not list and type(fences) is not tuple and (
-            isinstance(fences, (str, bytes)) or not isinstance(fences, Sequence)):
-        raise InvalidArgumentError(f"{what} must be a sequence of (Semaphore, value) pairs, got {fences!r}")
-    result = []
-    for i, pair in enumerate(fences):
-        if type(pair) is tuple and len(pair) == 2 and type(pair[1]) is int and 0 <= pair[1] <= MAX_VALUE \
-                and isinstance(pair[0], Semaphore) and (device is None or pair[0].device is device):
-            result.append(pair)  # fast path: a well-formed (Semaphore, int) pair of this device
-            continue
-        if not isinstance(pair, Sequence) or len(pair) != 2 or not isinstance(pair[0], Semaphore):
-            raise InvalidArgumentError(f"{what}[{i}] must be a (Semaphore, value) pair, got {pair!r}")
-        value = check_int(pair[1], f"{what}[{i}] value")
-        if value > MAX_VALUE:
-            raise InvalidArgumentError(f"{what}[{i}] value {value} exceeds 2**64-1")
-        if device is not None and pair[0].device is not device:
-            raise InvalidArgumentError(f"{what}[{i}] semaphore belongs to another device ({pair[0].device!r})")
-        result.append((pair[0], value))
-    return result
-
-
 def wait_all(fences: Sequence[Fence], timeout: float | None = None) -> None:
-    """Wait until every (semaphore, value) is reached."""
+    """Wait until every (semaphore, value) is reached; AbortedError at once when any fails
+    (before or during the wait), without waiting for the others."""
     fences = check_fences(fences, "fences")
     deadline = deadline_from(timeout)
-    for sem, value in fences:
+    for index, (sem, _) in enumerate(fences):
+        if sem._failure is not None:
+            raise aborted_by(sem._failure, f"fence {index} failed")
+    pending = [(index, sem, value) for index, (sem, value) in enumerate(fences) if sem._value < value]
+    if not pending:
+        return
+    if len(pending) == 1:  # one semaphore: its own wait already fails fast
+        _, sem, value = pending[0]
         sem._wait(value, deadline)
+        return
+    _wait_fences(len(fences), pending, deadline, every=True)
 
 
 def wait_any(fences: Sequence[Fence], timeout: float | None = None) -> int:
-    """Wait until one (semaphore, value) is reached; returns its index."""
+    """Wait until one (semaphore, value) is reached; returns its index (AbortedError if one failed)."""
     fences = check_fences(fences, "fences")
     if not fences:
         raise InvalidArgumentError("wait_any needs at least one fence")
     deadline = deadline_from(timeout)
-    woken = threading.Event()
-    tokens = []
-    try:
-        for sem, value in fences:
-            tokens.append(sem._notify_at(value, lambda _failure: woken.set()))
-            if woken.is_set():
-                break
-        if not woken.wait(remaining(deadline)):
-            raise DeadlineExceededError(f"timed out waiting for any of {len(fences)} fences")
-    finally:
-        for (sem, _), token in zip(fences, tokens):
-            sem._cancel_notify(token)
+    index = _first_settled(fences)
+    if index is None:
+        _wait_fences(len(fences), [(i, sem, value) for i, (sem, value) in enumerate(fences)], deadline, every=False)
+        index = _first_settled(fences)
+    return index  # type: ignore[return-value]
+
+
+def _first_settled(fences: Sequence[Fence]) -> int | None:
+    """The index of the first fence reached (None if none is); AbortedError for a failed one."""
     for index, (sem, value) in enumerate(fences):
         if sem._failure is not None:
             raise aborted_by(sem._failure, f"fence {index} failed")
         if sem._value >= value:
             return index
-    raise DeadlineExceededError("no fence was reached")  # unreachable: woken implies one
+    return None
+
+
+def _wait_fences(count: int, pending: list[tuple[int, Semaphore, int]], deadline: float | None,
+                 *, every: bool) -> None:
+    """Block until every (``every``) or any of ``pending`` is reached, or any fence fails.
+
+    One listener per fence wakes this thread; every listener is cancelled before returning,
+    so nothing stays registered on the semaphores however the wait ends.
+    """
+    woken = threading.Event()
+    left = [len(pending)]
+    failed: list[tuple[int, BaseException]] = []
+    lock = threading.Lock()
+
+    def listener_for(index: int) -> Listener:
+        def reached(failure: BaseException | None) -> None:
+            with lock:
+                if failure is not None:
+                    failed.append((index, failure))
+                else:
+                    left[0] -= 1
+                    if every and left[0]:
+                        return
+            woken.set()
+        return reached
+
+    registered = []
+    try:
+        for index, sem, value in pending:
+            registered.append((sem, sem._notify_at(value, listener_for(index))))
+            if woken.is_set() and (failed or not every):
+                break
+        if not woken.wait(remaining(deadline)):
+            raise DeadlineExceededError(
+                f"timed out waiting for {'all' if every else 'any'} of {count} fences")
+    finally:
+        for sem, token in registered:
+            sem.cancel_notify(token)
+    if failed:
+        index, failure = failed[0]
+        raise aborted_by(failure, f"fence {index} failed")
 
 
 class FenceWaiter:
@@ -248,7 +322,7 @@ class FenceWaiter:
     completion thread), so a submission never blocks its caller.
     """
 
-    __slots__ = ("_pending", "_lock", "_done", "_on_ready", "_on_failed")
+    __slots__ = ("_pending", "_lock", "_done", "_on_ready", "_on_failed", "_registered")
 
     def __init__(self, waits: Sequence[Fence], on_ready: Callable[[], None],
                  on_failed: Callable[[BaseException], None]) -> None:
@@ -257,8 +331,12 @@ class FenceWaiter:
         self._done = False
         self._on_ready = on_ready
         self._on_failed = on_failed
+        registered = []
         for sem, value in waits:
-            sem._notify_at(value, self._reached)
+            token = sem._notify_at(value, self._reached)
+            if token is not None:
+                registered.append((sem, token))
+        self._registered = registered
         self._reached(None)
 
     @property
@@ -266,8 +344,11 @@ class FenceWaiter:
         return self._done
 
     def cancel(self, cause: BaseException) -> None:
-        """Fail the parked work now (device shutdown) unless it already ran or failed."""
+        """Fail the parked work now (device shutdown) unless it already ran or failed; its
+        listeners leave the semaphores, so a later ``signal()`` finds nothing of it."""
         self._reached(cause)
+        for sem, token in self._registered:
+            sem.cancel_notify(token)
 
     def _reached(self, failure: BaseException | None) -> None:
         with self._lock:
@@ -282,3 +363,6 @@ class FenceWaiter:
             self._on_ready()
         else:
             self._on_failed(failure)
+
+
+from hal.validation import check_fences, check_u64, deadline_from  # noqa: E402,F401  (check_fences: re-exported)

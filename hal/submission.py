@@ -8,6 +8,7 @@ how a failure reaches every semaphore the work would have signalled.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable
 
@@ -19,7 +20,9 @@ class HostSubmissions:
     def __init__(self) -> None:
         self._idle = threading.Condition()
         self._outstanding = 0
-        self._parked: set[FenceWaiter] = set()
+        #: Submissions parked on unreached waits, by submission number (each leaves when released).
+        self._parked: dict[int, FenceWaiter] = {}
+        self._numbers = itertools.count()
 
     def submit(self, waits: list[Fence], signals: list[Fence], work: Callable[[], None] | None,
                schedule: Callable[[Callable[[], None]], None]) -> None:
@@ -50,16 +53,29 @@ class HostSubmissions:
             else:
                 finish(None)
 
-        waiter = FenceWaiter(waits, lambda: schedule(run), finish)
-        if not waiter.done:
+        if not waits:
+            schedule(run)
+            return
+        number = next(self._numbers)
+
+        def ready() -> None:
             with self._idle:
-                # Drop waiters that completed meanwhile so the set stays small.
-                self._parked = {w for w in self._parked if not w.done}
-                self._parked.add(waiter)
+                self._parked.pop(number, None)
+            schedule(run)
+
+        def failed(failure: BaseException) -> None:
+            with self._idle:
+                self._parked.pop(number, None)
+            finish(failure)
+
+        waiter = FenceWaiter(waits, ready, failed)
+        with self._idle:
+            if not waiter.done:  # else it already left (its callbacks take this lock too)
+                self._parked[number] = waiter
 
     def cancel_parked(self, cause: BaseException) -> None:
         with self._idle:
-            parked, self._parked = self._parked, set()
+            parked, self._parked = list(self._parked.values()), {}
         for waiter in parked:
             waiter.cancel(cause)
 

@@ -121,7 +121,6 @@ CASES: dict[str, Case] = {
     "allocate-float-size": Case(IA, lambda c: c.device.allocator.allocate(1.5), ("size", "1.5")),
     "allocate-str-size": Case(IA, lambda c: c.device.allocator.allocate("64"), ("size", "'64'")),
     "allocate-none-size": Case(IA, lambda c: c.device.allocator.allocate(None), ("size", "None")),
-    "allocate-zero-size": Case(IA, lambda c: c.device.allocator.allocate(0), ("size",)),
     "allocate-negative-size": Case(IA, lambda c: c.device.allocator.allocate(-8), ("size", "-8")),
     "allocate-bad-memory-type": Case(
         IA, lambda c: c.device.allocator.allocate(8, memory_type="device"), ("memory_type",)

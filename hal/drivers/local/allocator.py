@@ -46,4 +46,4 @@ class LocalAllocator(Allocator):
 def span(buffer, offset: int, length: int) -> np.ndarray:
     """The bytes ``[offset, offset+length)`` of ``buffer`` as a uint8 array view."""
     start = buffer.offset + offset
-    return buffer._allocation[start:start + length]
+    return buffer.allocation[start:start + length]

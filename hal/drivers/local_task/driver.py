@@ -7,11 +7,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from hal.buffer import check_int
 from hal.driver import DeviceInfo
 from hal.drivers.local.device import LocalDevice
 from hal.drivers.local.driver import LocalDriver
 from hal.errors import InvalidArgumentError
+from hal.validation import check_int
 
 _STOP = object()
 
