@@ -14,7 +14,7 @@ Driver-facing surface (what a driver may use besides the public API):
 - ``fail(cause)``: fail the semaphore with an exception;
 - ``notify_at(value, listener) -> token`` / ``cancel_notify(token)``: run
   ``listener(None)`` once ``value`` is reached, or ``listener(failure)``;
-- ``has_listeners``: whether some host listener waits (a completion thread must run).
+- ``has_listeners()``: whether some host listener waits (a completion thread must run).
 
 A subclass (a driver's semaphore) may override the hooks ``_advance``, ``_fail``,
 ``_notify_at`` and ``_wait`` (calling the base), and read ``_value``/``_failure``
@@ -86,7 +86,6 @@ class Semaphore:
         """The value reached so far, also after a failure (driver-facing; ``value`` raises then)."""
         return self._value
 
-    @property
     def has_listeners(self) -> bool:
         """Whether a listener (a host ``wait_any``/``wait_all``, parked work) waits for a value."""
         return bool(self._parked)
