@@ -7,7 +7,9 @@ before them, ``cuStreamWaitEvent`` capturing the event's state at call time,
 kernel parameters copied at launch / node creation / exec update time, graph
 nodes run in dependency order, updates affecting later launches only, and
 sticky faults (a raising kernel makes every later call fail). Kernels are
-numpy callables (the CTS's ``numpy`` format).
+numpy callables (the CTS's ``numpy`` format). A call on a destroyed stream or
+event (a crash on a real GPU) is recorded in ``use_after_destroy`` and raises,
+so tests catch it without hardware.
 
 ``fake-gpu`` registers as a HAL driver (``HAL_PLUGINS=tests.drivers.fake_gpu``)
 so the conformance suite runs the generic GPU driver end to end:
@@ -38,6 +40,7 @@ from hal.registry import DriverFactory, hookimpl
 class FakeResult(enum.IntEnum):
     CUDA_ERROR_INVALID_VALUE = 1
     CUDA_ERROR_OUT_OF_MEMORY = 2
+    CUDA_ERROR_INVALID_HANDLE = 400
     CUDA_ERROR_LAUNCH_FAILED = 719
 
 
@@ -84,6 +87,7 @@ class _TableRef:
 
 class _Event:
     def __init__(self) -> None:
+        self.destroyed = False
         self.recorded = 0
         self.completed = 0
         self.cond = threading.Condition()
@@ -92,6 +96,7 @@ class _Event:
 class _Stream:
     def __init__(self, api: FakeGpuApi) -> None:
         self.api = api
+        self.destroyed = False
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, daemon=True, name="fake-gpu-stream")
         self.thread.start()
@@ -117,10 +122,16 @@ class FakeGpuApi:
         self.fault: BaseException | None = None
         #: When set, exec_set_memset_params / exec_set_memcpy_params refuse every change in place.
         self.reject_updates = False
+        #: Calls made on destroyed streams or events ("function: handle"), each a crash on a real GPU.
+        self.use_after_destroy: list[str] = []
         self._memory: dict[int, np.ndarray] = {}
         self._bases: list[int] = []
         self._lock = threading.Lock()
         self.calls: dict[str, int] = {}
+
+    def _destroyed(self, function: str, handle: object) -> None:
+        self.use_after_destroy.append(f"{function}: {handle!r}")
+        _raise(FakeResult.CUDA_ERROR_INVALID_HANDLE, function)
 
     def _check(self, function: str) -> None:
         self.calls[function] = self.calls.get(function, 0) + 1
@@ -170,10 +181,14 @@ class FakeGpuApi:
         self._release(ptr)
 
     def mem_alloc_async(self, size: int, stream: _Stream) -> int:
+        if stream.destroyed:
+            self._destroyed("cuMemAllocAsync", stream)
         self._check("cuMemAllocAsync")
         return self._allocate(size)
 
     def mem_free_async(self, ptr: int, stream: _Stream) -> None:
+        if stream.destroyed:
+            self._destroyed("cuMemFreeAsync", stream)
         self._check("cuMemFreeAsync")
         stream.inbox.put(lambda: self._release(ptr))
 
@@ -197,14 +212,20 @@ class FakeGpuApi:
         np.frombuffer((ctypes.c_ubyte * (count * element_size)).from_address(ptr), dtype=dtype)[:] = value
 
     def memset_async(self, ptr: int, value: int, element_size: int, count: int, stream: _Stream) -> None:
+        if stream.destroyed:
+            self._destroyed("cuMemsetAsync", stream)
         self._check("cuMemsetAsync")
         stream.inbox.put(lambda: self._memset(ptr, value, element_size, count))
 
     def memcpy_dtod_async(self, dst: int, src: int, size: int, stream: _Stream) -> None:
+        if stream.destroyed:
+            self._destroyed("cuMemcpyDtoDAsync", stream)
         self._check("cuMemcpyDtoDAsync")
         stream.inbox.put(lambda: ctypes.memmove(dst, src, size))
 
     def memcpy_htod_async(self, dst: int, host: int, size: int, stream: _Stream) -> None:
+        if stream.destroyed:
+            self._destroyed("cuMemcpyHtoDAsync", stream)
         self._check("cuMemcpyHtoDAsync")
         stream.inbox.put(lambda: ctypes.memmove(dst, host, size))
 
@@ -225,9 +246,14 @@ class FakeGpuApi:
         return _Stream(self)
 
     def stream_destroy(self, stream: _Stream) -> None:
+        if stream.destroyed:
+            self._destroyed("cuStreamDestroy", stream)
+        stream.destroyed = True
         stream.inbox.put(None)
 
     def stream_synchronize(self, stream: _Stream) -> None:
+        if stream.destroyed:
+            self._destroyed("cuStreamSynchronize", stream)
         event = self.event_create()
         self.event_record(event, stream)
         self.event_synchronize(event)
@@ -237,9 +263,15 @@ class FakeGpuApi:
         return _Event()
 
     def event_destroy(self, event: _Event) -> None:
-        pass
+        if event.destroyed:
+            self._destroyed("cuEventDestroy", event)
+        event.destroyed = True
 
     def event_record(self, event: _Event, stream: _Stream) -> None:
+        if event.destroyed:
+            self._destroyed("cuEventRecord", event)
+        if stream.destroyed:
+            self._destroyed("cuEventRecord", stream)
         self._check("cuEventRecord")
         with event.cond:
             event.recorded += 1
@@ -254,10 +286,14 @@ class FakeGpuApi:
         stream.inbox.put(complete)
 
     def event_query(self, event: _Event) -> bool:
+        if event.destroyed:
+            self._destroyed("cuEventQuery", event)
         self._check("cuEventQuery")
         return event.completed >= event.recorded
 
     def event_synchronize(self, event: _Event) -> None:
+        if event.destroyed:
+            self._destroyed("cuEventSynchronize", event)
         with event.cond:
             target = event.recorded
             while event.completed < target:
@@ -265,6 +301,10 @@ class FakeGpuApi:
         self._check("cuEventSynchronize")
 
     def stream_wait_event(self, stream: _Stream, event: _Event) -> None:
+        if stream.destroyed:
+            self._destroyed("cuStreamWaitEvent", stream)
+        if event.destroyed:
+            self._destroyed("cuStreamWaitEvent", event)
         self._check("cuStreamWaitEvent")
         target = event.recorded
 
@@ -285,6 +325,8 @@ class FakeGpuApi:
 
     def launch_kernel(self, func: FakeFunction, gx, gy, gz, bx, by, bz, stream: _Stream, params: int) -> None:
         """cuLaunchKernel (the raw baseline of the benchmarks; the driver launches through prepare_launch)."""
+        if stream.destroyed:
+            self._destroyed("cuLaunchKernel", stream)
         self._check("cuLaunchKernel")
         pointers, constants = func.read_args(params)  # copied now, as cuLaunchKernel does
         stream.inbox.put(lambda: self._run_kernel(func, (gx, gy, gz), pointers, constants))
@@ -385,6 +427,8 @@ class FakeGpuApi:
         pass
 
     def graph_launch(self, graph_exec: dict, stream: _Stream) -> None:
+        if stream.destroyed:
+            self._destroyed("cuGraphLaunch", stream)
         self._check("cuGraphLaunch")
         works = [w for _, w in sorted(graph_exec["works"].items())]
 

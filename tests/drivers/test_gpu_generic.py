@@ -415,7 +415,7 @@ def wait_for(condition, what: str) -> None:
 
 
 def test_completion_thread_is_woken_only_when_needed(fake_driver):
-    from hal.drivers.gpu.queue import WAKE_INFLIGHT
+    from hal.drivers.gpu.completion import WAKE_INFLIGHT
 
     with fake_driver.create_device() as dev:
         completion = dev.completion

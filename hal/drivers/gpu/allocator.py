@@ -115,7 +115,9 @@ class GpuAllocator(Allocator):
             if allocation.kind == Allocation.HOST:
                 api.host_free(allocation.host)
             elif allocation.kind == Allocation.POOL:
-                api.mem_free_async(allocation.ptr, stream if stream is not None else device.stream(allocation.queue))
+                stream = stream if stream is not None else device.stream(allocation.queue)
+                if stream is not None:  # None: the device closed its streams; the pool frees it with the context
+                    api.mem_free_async(allocation.ptr, stream)
             else:
                 api.mem_free(allocation.ptr)
         except Exception:  # a lost device frees everything with its context

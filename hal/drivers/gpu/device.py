@@ -225,7 +225,7 @@ class GpuDevice(Device):
             q = self.queues[queue]
             # Allocated now in stream order: the signal's event, recorded later on this stream, follows it.
             with q.lock:
-                if q.stream is None:
+                if q.closed:
                     raise FailedPreconditionError(f"device {self.info.uri} is closed")
                 ptr = self.api.mem_alloc_async(size, q.stream)
             allocation = Allocation(ptr, size, Allocation.POOL, queue=queue)
@@ -316,13 +316,15 @@ class GpuDevice(Device):
             self.make_current()
         except HalError:
             pass
-        for q in self.queues:  # waits for the streams, retires what ran, destroys them
-            q.close()
+        for q in self.queues:  # no more issues; wait for the streams, retire what ran
+            q.drain()
         for fn in self.completion.take_deferred():
             self._quietly(fn)
         for resources in list(self.graph_resources):
             self._quietly(resources.release)
-        self.allocator.free_all()
+        self.allocator.free_all()  # pool memory is freed in stream order: before the streams go
+        for q in self.queues:
+            q.destroy()
         self.staging.close()
         self.events.close()
         for module in self._modules:

@@ -32,10 +32,9 @@ class EventPool:
             return self.api.event_create()
 
     def release(self, event: Any) -> None:
-        with self._lock:
-            if not self.closed:
-                self._free.append(event)
-                return
+        if not self.closed:  # no lock: an append racing close() leaves one event to the context
+            self._free.append(event)
+            return
         # After close nothing will record it again; a lost context destroys its events itself.
         try:
             self.api.event_destroy(event)

@@ -43,11 +43,20 @@ class EventSemaphore(Semaphore):
 
     # -- device timepoints -----------------------------------------------------------
     def _add_timepoint(self, value: int, timepoint: Submission) -> None:
-        """A submission signalling ``value`` was issued; wake work that may now be issued behind it."""
+        """A submission signalling ``value`` was issued; wake work that may now be issued behind it.
+
+        Timepoints the value passed are dropped here (not at each advance: retiring stays cheap;
+        a passed timepoint only keeps its submission's event out of the pool a little longer)."""
         with self._lock:
-            if self._failure is not None or value <= self._value:
+            current = self._value
+            if value <= current or self._failure is not None:
                 return
             timepoints = self._timepoints
+            if timepoints and timepoints[0][0] <= current:
+                if timepoints[-1][0] <= current:
+                    timepoints.clear()  # the usual case: the value passed every timepoint
+                else:
+                    del timepoints[:bisect.bisect_right(timepoints, current, key=_value_of)]
             if not timepoints or timepoints[-1][0] <= value:
                 timepoints.append((value, timepoint))
             else:
@@ -128,22 +137,12 @@ class EventSemaphore(Semaphore):
         return token
 
     def _advance(self, value: int) -> None:
-        super()._advance(value)
-        if not self._timepoints and not self._issuable:
-            return  # nothing device-side to prune or wake (a racing addition sees the new value itself)
-        with self._lock:
-            current = self._value
-            timepoints = self._timepoints
-            if timepoints and timepoints[0][0] <= current:
-                if timepoints[-1][0] <= current:
-                    timepoints.clear()  # the usual case: the value passed every timepoint
-                else:
-                    del timepoints[:bisect.bisect_right(timepoints, current, key=_value_of)]
-            if not self._issuable:
-                return
-            ready = self._pop_issuable(current)
-        for listener in ready:
-            listener(None)
+        Semaphore._advance(self, value)
+        if self._issuable:  # parked work waiting for a value no timepoint covered
+            with self._lock:
+                ready = self._pop_issuable(self._value)
+            for listener in ready:
+                listener(None)
 
     def _fail(self, cause: BaseException) -> None:
         super()._fail(cause)
@@ -166,7 +165,13 @@ class EventSemaphore(Semaphore):
         before the work is issued (wait-before-signal), sleep until a timepoint or the value
         arrives. Host waiters never need the completion thread."""
         while self._value < value and self._failure is None:
-            timepoint = self._peek_timepoint(value)
+            timepoints = self._timepoints
+            try:  # the usual case, read without the lock: waiting for the latest signal
+                latest, timepoint = timepoints[-1]
+                if latest < value or (len(timepoints) > 1 and timepoints[-2][0] >= value):
+                    timepoint = self._peek_timepoint(value)
+            except IndexError:
+                timepoint = self._peek_timepoint(value)
             if timepoint is not None:
                 if self.device.closed_for_good:
                     break

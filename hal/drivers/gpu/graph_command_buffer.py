@@ -394,7 +394,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self._build(table)
 
     def retired(self) -> None:
-        if not self.reusable:
+        if self.one_shot:
             self._finalizer()
 
 

@@ -14,15 +14,16 @@ finds the completed prefix by querying events (the completion thread). Each
 retired submission costs O(1): ``Completion.finish`` advances its semaphores and
 frees what it held.
 
-After ``close`` the stream is gone: a submission issued later (released by a
+Once the queue is drained at close, a submission issued later (released by a
 host ``signal()`` racing the close, say) fails its semaphores instead of
-touching the destroyed stream.
+touching the stream, which is then destroyed.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+import traceback
 from typing import TYPE_CHECKING, Any
 
 from hal.drivers.gpu.status import DeviceLostError
@@ -33,11 +34,6 @@ if TYPE_CHECKING:
     from hal.drivers.gpu.device import GpuDevice
     from hal.drivers.gpu.submission import Submission
 
-#: Submissions in flight on one queue that wake the sleeping completion thread even when nothing
-#: waits for them (their events, staging blocks and deferred frees go back once retired).
-WAKE_INFLIGHT = 32
-
-
 class GpuQueue:
     def __init__(self, device: GpuDevice, index: int) -> None:
         self.device = device
@@ -45,6 +41,8 @@ class GpuQueue:
         self.api = device.api
         self.events = device.events
         self.stream: Any = device.api.stream_create()
+        #: Set under ``lock`` at close: nothing is issued on the stream afterwards.
+        self.closed = False
         #: Serialises the calls on the stream (issue order is stream order).
         self.lock = threading.Lock()
         #: Issued submissions not yet retired, in issue order.
@@ -63,9 +61,9 @@ class GpuQueue:
         try:
             api.activate(device.context)
             with self.lock:
-                stream = self.stream
-                if stream is None:
+                if self.closed:
                     raise FailedPreconditionError(f"device {device.info.uri} was closed before the work was issued")
+                stream = self.stream
                 for sem, value in sub.waits:
                     timepoint = sem.device_wait(value)  # type: ignore[attr-defined]
                     if timepoint is not None and timepoint.queue is not self:
@@ -75,7 +73,8 @@ class GpuQueue:
                     cb.issue(self, tables[i], sub)  # type: ignore[attr-defined]
                 if sub.action is not None:
                     sub.action(self)
-                event = self.events.acquire()
+                free = self.events._free
+                event = free.pop() if free else self.events.acquire()
                 try:
                     api.event_record(event, stream)
                 except BaseException:
@@ -103,11 +102,14 @@ class GpuQueue:
         with self.retire_lock:
             if sub.retired:  # another thread retired it while this one waited for the lock
                 return
-            inflight = self.inflight
+            popleft = self.inflight.popleft
             finish = self.completion.finish
-            while inflight:
-                head = inflight.popleft()
-                finish(head, None)
+            while True:
+                head = popleft()
+                try:
+                    finish(head, None)
+                except Exception:  # keep retiring: one bad release must not stall every waiter
+                    traceback.print_exc()
                 if head is sub:
                     return
 
@@ -145,9 +147,7 @@ class GpuQueue:
                 inflight.popleft()
                 try:
                     finish(sub, failure)
-                except BaseException:  # keep retiring: one bad release must not stall every waiter
-                    import traceback
-
+                except Exception:  # keep retiring: one bad release must not stall every waiter
                     traceback.print_exc()
             return True
         finally:
@@ -172,15 +172,12 @@ class GpuQueue:
         self.retire_through(sub)
 
     # -- close ----------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Wait for the stream, retire everything issued on it, destroy it (later issues fail)."""
-        api = self.api
+    def drain(self) -> None:
+        """Stop issuing, wait for the stream and retire everything issued on it (device close)."""
         with self.lock:
-            stream, self.stream = self.stream, None
-        if stream is None:
-            return
+            self.closed = True
         try:
-            api.stream_synchronize(stream)
+            self.api.stream_synchronize(self.stream)
         except Exception:  # a lost context: the queries below fail the work
             pass
         self.retire_completed()
@@ -189,10 +186,15 @@ class GpuQueue:
             while self.inflight:
                 self.completion.finish(self.inflight.popleft(), self.device.lost or DeviceLostError(
                     f"device {self.device.info.uri} was closed before the work completed"))
-        try:
-            api.stream_destroy(stream)
-        except Exception:  # close releases what it can; a lost context frees the rest itself
-            pass
+
+    def destroy(self) -> None:
+        """Destroy the stream (after ``drain`` and the stream-ordered frees of the close)."""
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            try:
+                self.api.stream_destroy(stream)
+            except Exception:  # close releases what it can; a lost context frees the rest itself
+                pass
 
 
 #: A host wait with a timeout polls its event (event_query, ~1 µs): spinning this long first,

@@ -126,6 +126,8 @@ class RecordingCommandBuffer(CommandBuffer):
         self.slot_dispatches: list[Dispatch] = []
         #: Serializes submissions of this buffer issued on different queues (argument patching, rebinding).
         self.issue_lock = threading.Lock()
+        #: One-shot: its resources go when its one submission retires (read at each retirement).
+        self.one_shot = not self.reusable
 
     # -- references ----------------------------------------------------------------
     def _target(self, ref: BufferRef) -> Target:
