@@ -375,8 +375,8 @@ def bench_graph_resubmit(backend: Backend, raw: Raw, rounds: int, levels: int = 
                                                              indirect_bindings=False)
         # Host cost per re-submit with a new table must not grow with the dispatches: 10 against 100.
         small = bench_lowering(backend, raw, "auto", 1, width, rounds, baselines)
-        results["new_table_10_vs_100"] = (results["hal"]["auto"]["new_table"]["host_us"]
-                                          / small["new_table"]["host_us"])
+        costs = (results["hal"]["auto"]["new_table"]["host_us"], small["new_table"]["host_us"])
+        results["new_table_10_vs_100"] = max(costs) / min(costs)
         results["hal"]["auto_10_dispatches"] = small
     finally:
         for _, destroy in graphs.values():
@@ -622,7 +622,7 @@ def targets(results: dict) -> list[dict]:
         if table in gr:
             add(f"graph re-submit ({table}) host / raw cuGraphLaunch", gr[table]["ratio_host"], limit)
             add(f"graph re-submit ({table}) GPU / raw graph", gr[table]["ratio_gpu"], 1.1)
-    add("graph re-submit (new_table) host, 100 / 10 dispatches", graphs.get("new_table_10_vs_100"), 1.2)
+    add("graph re-submit (new_table) host, 10 vs 100 dispatches apart", graphs.get("new_table_10_vs_100"), 1.2)
     rt = results.get("round_trip", {})
     add("submit + wait round trip / raw launch + cuEventSynchronize", rt.get("ratio"), 1.5)
     bw = results.get("bandwidth", {})

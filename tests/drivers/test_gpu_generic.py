@@ -511,3 +511,23 @@ def test_indirect_bindings_auto_uses_them_for_large_graphs(fake_driver):
             run(dev, [cb], [[bufs[1]]])
             assert (cb.image_uploads == 2) == indirect
             assert (cb.updated_nodes == 0) == indirect
+
+
+def test_a_graph_rebound_often_switches_to_indirect_bindings(fake_driver):
+    from hal.drivers.gpu.graph_command_buffer import INDIRECT_AFTER_REBINDS
+
+    with fake_driver.create_device() as dev:
+        exe = kernels(dev)
+        bufs = [dev.allocator.allocate(64) for _ in range(2)]
+        for buf in bufs:
+            dev.write(buf, bytes(64))
+        cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=1)
+        with cb.record():
+            cb.dispatch(exe, "add_one", 1, [16], [hal.Slot(0)])
+        runs = INDIRECT_AFTER_REBINDS + 4
+        for i in range(runs):
+            run(dev, [cb], [[bufs[i % 2]]])
+        assert cb.updated_nodes == INDIRECT_AFTER_REBINDS - 1, "node updates until the switch"
+        assert cb.image_uploads == runs - INDIRECT_AFTER_REBINDS, "then one table copy per new table"
+        assert cb.reinstantiations == 0
+        assert [words(dev, b)[0] for b in bufs] == [runs // 2, runs // 2]

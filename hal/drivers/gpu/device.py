@@ -36,7 +36,7 @@ from hal.drivers.gpu.completion import Completion
 from hal.drivers.gpu.event_pool import EventPool
 from hal.drivers.gpu.event_semaphore import EventSemaphore
 from hal.drivers.gpu.executable_cache import ExecutableCache
-from hal.drivers.gpu.graph_command_buffer import JOIN_KINDS, GraphCommandBuffer
+from hal.drivers.gpu.graph_command_buffer import INDIRECT_AFTER_REBINDS, JOIN_KINDS, GraphCommandBuffer
 from hal.drivers.gpu.pending_queue import PendingQueue
 from hal.drivers.gpu.queue import GpuQueue
 from hal.drivers.gpu.staging import StagingPool
@@ -159,13 +159,14 @@ class GpuDevice(Device):
             self._join_function = self.executables.join_function(self)
         return self.api.kernel_node_params(self._join_function, (1, 1, 1), (1, 1, 1), 0)
 
-    def use_indirect_bindings(self, slot_dispatches: int) -> bool:
-        """Whether a graph with this many dispatches through binding-table slots reads its bindings
-        from a device table: always or never when the option says so; with "auto" from
-        INDIRECT_MIN_DISPATCHES on (below that, updating the few nodes a new table changes costs
-        less than compiling the kernels' indirect variants the first time)."""
+    def use_indirect_bindings(self, slot_dispatches: int, rebinds: int = 0) -> bool:
+        """Whether a graph with this many dispatches through binding-table slots, rebound with new
+        tables ``rebinds`` times so far, reads its bindings from a device table: always or never
+        when the option says so; with "auto" from INDIRECT_MIN_DISPATCHES dispatches or
+        INDIRECT_AFTER_REBINDS rebinds on (below that, updating the few nodes a new table changes
+        costs less than compiling the kernels' indirect variants the first time)."""
         if self.indirect_bindings == "auto":
-            return slot_dispatches >= INDIRECT_MIN_DISPATCHES
+            return slot_dispatches >= INDIRECT_MIN_DISPATCHES or rebinds >= INDIRECT_AFTER_REBINDS
         return bool(self.indirect_bindings)
 
     def indirect_function(self, executable: Any, ordinal: int) -> Any:
@@ -213,7 +214,17 @@ class GpuDevice(Device):
         for cb in command_buffers:
             if cb._roots:  # type: ignore[attr-defined]
                 cb.check_submittable()  # type: ignore[attr-defined]
-        self._submit(queue, command_buffers, binding_tables, waits, signals, None)
+        # _submit, inlined: this is every execution's path.
+        completion = self.completion
+        seq = next(completion.sequence)
+        q = self.queues[queue]
+        sub = Submission(q, command_buffers, binding_tables, waits, signals, None, seq)
+        completion.outstanding[seq] = sub
+        for sem, value in waits:
+            if not sem.issuable(value):  # type: ignore[attr-defined]
+                self.pending.park(sub)
+                return
+        q.issue(sub)
 
     def _queue_alloca(self, queue: int, size: int, memory_type: MemoryType, usage: BufferUsage,
                       waits: list[Fence], signals: list[Fence]) -> Buffer:

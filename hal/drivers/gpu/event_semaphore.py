@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from hal.drivers.gpu.device import GpuDevice
     from hal.drivers.gpu.submission import Submission
 
+#: Timepoints a semaphore keeps before dropping those its value passed.
+PRUNE_AT = 4
+
 
 class EventSemaphore(Semaphore):
     """A ``hal.Semaphore`` with device timepoints (see the module docstring)."""
@@ -45,14 +48,15 @@ class EventSemaphore(Semaphore):
     def _add_timepoint(self, value: int, timepoint: Submission) -> None:
         """A submission signalling ``value`` was issued; wake work that may now be issued behind it.
 
-        Timepoints the value passed are dropped here (not at each advance: retiring stays cheap;
-        a passed timepoint only keeps its submission's event out of the pool a little longer)."""
+        Timepoints the value passed are dropped here, a few at a time (not at each advance:
+        retiring stays cheap; a passed timepoint only keeps its submission's event out of the
+        pool a little longer)."""
         with self._lock:
             current = self._value
             if value <= current or self._failure is not None:
                 return
             timepoints = self._timepoints
-            if timepoints and timepoints[0][0] <= current:
+            if len(timepoints) >= PRUNE_AT and timepoints[0][0] <= current:
                 if timepoints[-1][0] <= current:
                     timepoints.clear()  # the usual case: the value passed every timepoint
                 else:

@@ -20,7 +20,9 @@ instantiated with the first submission's binding table; the executable graph is
 then reused for every table, two ways:
 
 - indirect bindings (dispatches of kernels whose source the driver compiles, with
-  the ``indirect_bindings`` device option on, the default): the node runs a
+  the ``indirect_bindings`` device option on; with "auto", the default, for graphs of
+  many slot-bound dispatches and for any graph rebound with new tables
+  ``INDIRECT_AFTER_REBINDS`` times): the node runs a
   variant of the kernel that reads its binding addresses from a small device
   table owned by the command buffer (dispatches binding the same ranges share
   one run of entries). A submission whose table resolves to new addresses
@@ -57,6 +59,9 @@ from hal.drivers.gpu.kernel_args import ArgArena
 from hal.drivers.gpu.recording import Command, Copy, Dispatch, Fill, RecordingCommandBuffer, slot_address
 
 JOIN_KINDS = ("empty", "edges", "kernel")
+#: With indirect_bindings="auto", a graph rebound with new tables this many times through node
+#: updates is rebuilt with indirect bindings: a rebind then costs one table copy whatever the size.
+INDIRECT_AFTER_REBINDS = 4
 #: A join of a*b <= EDGE_LIMIT node pairs becomes direct edges (10x10 levels: 13 µs launch
 #: with edges against 95 µs with empty nodes on an H100); wider joins use a no-op kernel.
 EDGE_LIMIT = 256
@@ -123,6 +128,8 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self.joins: list[str] = []
         self.node_count = 0
         self.reinstantiations = 0
+        #: Submissions that brought a new binding table (counted while nodes are updated in place).
+        self.rebinds = 0
         self.updated_nodes = 0
         self.image_uploads = 0
         #: The resolved binding table the graph and the device table were last brought up to date with.
@@ -247,7 +254,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         device = self.device
         self._indirect = {}
         self._image_slots = None
-        if not device.use_indirect_bindings(len(self.slot_dispatches)):
+        if not device.use_indirect_bindings(len(self.slot_dispatches), self.rebinds):
             return
         layout: list[tuple[int | None, int]] = []  # (slot, offset) or (None, fixed address)
         runs: dict[tuple, int] = {}
@@ -343,6 +350,11 @@ class GraphCommandBuffer(RecordingCommandBuffer):
                 dirty.update(nodes)
         if not dirty:
             return
+        self.rebinds += 1
+        if self.rebinds == INDIRECT_AFTER_REBINDS and self._image_slots is None \
+                and self.device.indirect_bindings == "auto" and self.slot_dispatches:
+            self._rebuild(table)  # rebound often: from now on one table copy per new table
+            return
         try:
             for index in sorted(dirty):
                 self._update_node(self._nodes[index], table)
@@ -383,14 +395,18 @@ class GraphCommandBuffer(RecordingCommandBuffer):
             raise _RebuildNeeded  # the driver refused this change in place
 
     def _reinstantiate(self, table: Sequence[Binding] | None) -> None:
-        """Rebuild the graph for ``table``; the old executable graph may still be running: free it later."""
+        """Rebuild the graph for ``table`` after the driver refused an update in place."""
+        self.reinstantiations += 1
+        self._rebuild(table)
+
+    def _rebuild(self, table: Sequence[Binding] | None) -> None:
+        """Build the graph again for ``table``; the old executable graph may still be running: free it later."""
         resources = self._resources
         old_exec, old_graph = resources.graph_exec, resources.graph
         resources.graph_exec = resources.graph = None
         api = self.device.api
         self.device.defer(lambda: (old_exec is not None and api.graph_exec_destroy(old_exec),
                                    api.graph_destroy(old_graph)))
-        self.reinstantiations += 1
         self._build(table)
 
     def retired(self) -> None:

@@ -55,13 +55,13 @@ class StreamCommandBuffer(RecordingCommandBuffer):
         calls: list[Any] = []
         append = calls.append
         prepare_launch = api.prepare_launch
-        params_address = self.args.params_address
+        params = self.args.params_address(0, 1)  # ArgArena.params_address, inlined: per dispatch
         for level in self.levels:
             for command in level:
                 kind = type(command)
                 if kind is Dispatch:
                     append(prepare_launch(command.function, command.grid, command.block, stream,
-                                          params_address(command.arg_start, command.arg_count)))
+                                          params + 8 * command.arg_start if command.arg_count else 0))
                     continue
                 target = command.target
                 if kind is Fill and target.slot is None:
