@@ -12,7 +12,7 @@ and fewer nodes to submit.
 A fused kernel not yet loaded on the device costs a compile (NVRTC: about
 100 ms), more than a novel graph gains from it. So fusion pays only for what
 repeats: a recording fuses a group whose kernel is loaded already, or one
-wanted by FUSE_AFTER recordings or evaluations (`want`); until then the graph
+wanted by RUNTIME_FUSE_AFTER (2) recordings or evaluations (`want`); until then the graph
 runs on the library kernels, compiled once per op and dtypes, and the
 recording lists the fused kernels it deferred (the lowering counts the
 graph's later evaluations towards them and records it again, fused, once they

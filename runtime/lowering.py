@@ -36,8 +36,13 @@ _PLACEHOLDER = "placeholder"
 MAX_VARIANTS = env.integer("RUNTIME_GRAPH_VARIANTS", 2, minimum=1)
 
 
+#: RUNTIME_FUSION=0: every elementwise node its own kernel on GPUs. Read once, at import: every eval
+#: asks (an environment look-up was a twentieth of a one-op eval's bytecodes).
+FUSION = env.switch("RUNTIME_FUSION", True)
+
+
 def fusion_enabled(ctx: DeviceContext) -> bool:
-    return ctx.is_gpu and env.switch("RUNTIME_FUSION", True)
+    return FUSION and ctx.is_gpu
 
 
 class Recording:
@@ -190,6 +195,8 @@ def collect_key(targets: list, direct: list | None = None):
     determines the backward graph of any grad node (which reads of a differentiated input
     go through its alias is part of the structure). With `direct` (an empty list), it
     receives per node the number of its consumers' direct references to it (see live_mask).
+    Arrays are the dicts' keys themselves: they hash by identity and a dict tests identity
+    before equality, so no id() call is needed (elementwise __eq__ is never reached).
     """
     order: list = []
     parts: list = []
@@ -204,32 +211,31 @@ def collect_key(targets: list, direct: list | None = None):
     count = direct is not None
 
     def root_ref(r):
-        j = node_index.get(id(r))
+        j = node_index.get(r)
         if j is not None:
             viewed.add(j)
             return j
-        j = ext_index.get(id(r))
+        j = ext_index.get(r)
         if j is None:
-            j = ext_index[id(r)] = len(externals)
+            j = ext_index[r] = len(externals)
             externals.append(r)
         return (-1 - j, r.dtype, r.shape)
 
     def view_ref(v):
         chain = []
-        while v.base is not None and id(v) not in view_index:
+        while v.base is not None and v not in view_index:
             chain.append(v)
             v = v.inputs[0] if v.inputs else v.base
-        src = ("v", view_index[id(v)]) if v.base is not None else root_ref(v)
+        src = ("v", view_index[v]) if v.base is not None else root_ref(v)
         for w in reversed(chain):
-            view_index[id(w)] = len(views)
+            view_index[w] = len(views)
             views.append((w.op, w.params, w.shape, w.strides, w.offset, src))
             src = ("v", len(views) - 1)
         return src
 
     while stack:
         node, expanded = pop()
-        nid = id(node)
-        if nid in node_index:
+        if node in node_index:
             continue
         if not expanded:
             push((node, True))
@@ -237,7 +243,7 @@ def collect_key(targets: list, direct: list | None = None):
                 r = inp.base
                 if r is None:
                     r = inp
-                if r.storage is None and r.op != _PLACEHOLDER and id(r) not in node_index:
+                if r.storage is None and r.op != _PLACEHOLDER and r not in node_index:
                     push((r, False))
             continue
         ins = []
@@ -245,19 +251,18 @@ def collect_key(targets: list, direct: list | None = None):
             if inp.base is not None:
                 ins.append(view_ref(inp))
                 continue
-            rid = id(inp)
-            j = node_index.get(rid)
+            j = node_index.get(inp)
             if j is None:
-                j = ext_index.get(rid)
+                j = ext_index.get(inp)
                 if j is None:
-                    j = ext_index[rid] = len(externals)
+                    j = ext_index[inp] = len(externals)
                     externals.append(inp)
                 ins.append((-1 - j, inp.dtype, inp.shape))
             else:
                 ins.append(j)
                 if count:
                     direct[j] += 1
-        node_index[nid] = len(order)
+        node_index[node] = len(order)
         append(node)
         parts.append((node.op, node.params, node.shape, node.dtype, tuple(ins)))
         if count:
@@ -551,7 +556,7 @@ def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
             rec = record(ctx, order, externals, keep)
             ctx.graphs.put(key, Variants(rec))
         else:
-            rec = entry.pick(ext, MAX_VARIANTS if ctx.is_gpu else 1)
+            rec = entry.pick(ext, MAX_VARIANTS)
             if rec is None:
                 rec = record(ctx, order, externals, keep)
                 entry.recs.append(rec)

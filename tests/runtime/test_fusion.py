@@ -182,7 +182,7 @@ def test_fused_spec_names_are_stable_and_distinct():
 
 
 def test_fusion_switch(gpu_like, recordings, monkeypatch):
-    monkeypatch.setenv("RUNTIME_FUSION", "0")
+    monkeypatch.setattr(lowering, "FUSION", False)
     x = rt.array(np.ones(5, np.float32), device=gpu_like)
     y = (x + 1) * 2 - 3
     np.testing.assert_allclose(y.numpy(), np.full(5, 1.0))

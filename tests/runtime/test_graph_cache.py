@@ -7,6 +7,7 @@ import pytest
 
 import hal
 import runtime as rt
+from runtime import lowering
 from runtime.device import context_for
 
 
@@ -71,7 +72,7 @@ def test_recording_binds_only_slots(dev, monkeypatch, cpu_program):
 
 def test_barriers_only_between_dependent_levels(dev, monkeypatch):
     monkeypatch.setenv("RUNTIME_CPU_PROGRAM", "0")  # one dispatch per kernel, as on GPUs
-    monkeypatch.setenv("RUNTIME_FUSION", "0")  # on GPUs these ops would be one fused kernel
+    monkeypatch.setattr(lowering, "FUSION", False)  # on GPUs these ops would be one fused kernel
     ctx = context_for(dev)
     ctx.graphs.clear()
     barriers = []
