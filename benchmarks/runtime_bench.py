@@ -1,6 +1,7 @@
 """Runtime benchmarks with baselines measured in the same run; prints JSON (ratios > 1: the runtime wins).
 
     python benchmarks/runtime_bench.py [--device URI] [--elements N] [--steps N] [--out FILE]
+    python benchmarks/runtime_bench.py --host-cost [--out FILE]
 
 - logistic regression, 1000 x 100 (MLX's example shape), full-batch steps:
   lazy eager mode with rt.value_and_grad (one eval per step) and under rt.compile,
@@ -16,6 +17,12 @@
   sum reads one, copy reads one and writes one. `single` times one op from the call
   to its result on the host (graph building, submission and the wait included);
   `pipelined` queues 10 of the same op and waits once (the device's throughput).
+- `--host-cost`: the host's share of a logistic step over the simulated GPU of the tests
+  (`tests/drivers/fake_gpu.py`, graph and stream command buffers), compiled and eager:
+  Python bytecodes executed on the calling thread per step (deterministic; split into the
+  runtime's and the rest: HAL core, GPU driver, simulated API) and that thread's CPU time
+  per step (median and spread of rounds). Host work is what the H100 runs show limits these
+  steps; this measures it on any machine.
 """
 
 from __future__ import annotations
@@ -325,6 +332,83 @@ def bench_bandwidth(device: str | None, n: int, repeats: int) -> dict:
     return out
 
 
+def bytecodes(fn) -> dict:
+    """Bytecodes executed on this thread by one fn() call, by where their code lives."""
+    counts = {"runtime": 0, "other": 0}
+    runtime_dir = str(Path(rt.__file__).resolve().parent)
+
+    def tracer(frame, event, arg):
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            counts["runtime" if frame.f_code.co_filename.startswith(runtime_dir) else "other"] += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        fn()
+    finally:
+        sys.settrace(None)
+    counts["total"] = counts["runtime"] + counts["other"]
+    return counts
+
+
+def host_cost_steps(device, X_np, y_np) -> dict:
+    """name -> a step returning its loss: the compiled and the eager logistic step on `device`."""
+    X, y = rt.array(X_np, device=device), rt.array(y_np, device=device)
+    vg = rt.value_and_grad(loss_fn)
+
+    def step(w, X, y):
+        loss, g = vg(w, X, y)
+        return w - 0.1 * g, loss
+
+    compiled = rt.compile(step)
+    state = {"c": rt.zeros((100,), device=device), "e": rt.zeros((100,), device=device)}
+
+    def compiled_step():
+        state["c"], loss = compiled(state["c"], X, y)
+        return loss
+
+    def eager_step():
+        loss, g = vg(state["e"], X, y)
+        state["e"] = state["e"] - 0.1 * g
+        rt.eval(state["e"], loss)
+        return loss
+
+    return {"compiled": compiled_step, "eager": eager_step}
+
+
+def bench_host_cost(steps: int, rounds: int = 9) -> dict:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from drivers.fake_gpu import FakeGpuDriver
+
+    X_np, y_np = logistic_data()
+    out = {}
+    for mode in ("graph", "stream"):
+        device = FakeGpuDriver().create_device(command_buffer=mode)
+        ctx = rt.device.context_for(device)
+        ctx.is_gpu = True  # lower as for a GPU (the simulated API runs the numpy kernels)
+        for name, fn in host_cost_steps(device, X_np, y_np).items():
+            for _ in range(30):
+                fn()
+            rt.synchronize(device)
+            counts = bytecodes(fn)
+            rt.synchronize(device)
+            samples = []
+            for _ in range(rounds):
+                spent = 0.0
+                for _ in range(steps):
+                    t = time.thread_time()
+                    loss = fn()
+                    spent += time.thread_time() - t
+                    ctx.wait_storage(loss.root.storage)  # keep the simulated queue short
+                samples.append(spent / steps * 1e6)
+            samples.sort()
+            out[f"{mode}_{name}"] = {"bytecodes": counts, "host_cpu_us": {
+                "median": statistics.median(samples), "min": samples[0], "max": samples[-1]}}
+        device.close()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default=None, help="HAL device URI (default: the best available)")
@@ -334,7 +418,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the logistic regression")
     parser.add_argument("--only", choices=["logistic", "bandwidth"], help="run one part only")
     parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--host-cost", action="store_true",
+                        help="only the host cost per step over the simulated GPU (see the module doc)")
     args = parser.parse_args(argv)
+    if args.host_cost:
+        text = json.dumps({"host_cost_fake_gpu": bench_host_cost(100)}, indent=2)
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text)
+        return 0
     dev = rt.set_default_device(args.device) if args.device else rt.default_device()
     info = dev.info
     report: dict = {"device": {"name": info.name, "uri": info.uri, "driver": info.driver}}

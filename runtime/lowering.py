@@ -15,6 +15,9 @@ scratch instead, so their tables hold inputs and outputs only.
 
 from __future__ import annotations
 
+from itertools import compress
+from itertools import count as counter
+from operator import sub
 from sys import getrefcount
 
 import hal
@@ -270,12 +273,13 @@ def collect_key(targets: list, direct: list | None = None):
     return order, (tuple(parts), tuple(views)), externals, viewed
 
 
-def _refcounts(nodes: list) -> list:
-    return [getrefcount(n) for n in nodes]
+def _excess_refs(nodes: list, direct: list):
+    """Per node, its reference count less its consumers' direct references (C-level maps)."""
+    return map(sub, map(getrefcount, nodes), direct)
 
 
-# References _refcounts sees to an object held by nothing but the list it is in.
-_BASE_REFS = _refcounts([object()])[0]
+# What _excess_refs gives for an object held by nothing but the list it is in.
+_BASE_REFS = next(_excess_refs([object()], [0]))
 
 
 def live_mask(order: list, direct: list, viewed: set) -> int:
@@ -286,12 +290,11 @@ def live_mask(order: list, direct: list, viewed: set) -> int:
     one read through a view counts as held too. A node that is not live may stay in the
     registers of a fused kernel: it keeps its inputs, so were it ever evaluated after
     all, it would be computed again (a miscount costs time, never a wrong value).
+    The counting runs in C; Python loops over the live nodes only.
     """
     mask = 0
-    base = _BASE_REFS
-    for i, count in enumerate(_refcounts(order)):
-        if count > base + direct[i]:
-            mask |= 1 << i
+    for i in compress(counter(), map(_BASE_REFS.__lt__, _excess_refs(order, direct))):
+        mask |= 1 << i
     for i in viewed:
         mask |= 1 << i
     return mask
