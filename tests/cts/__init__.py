@@ -1,1 +1,4 @@
-"""HAL conformance test suite: `pytest tests/cts --driver NAME`."""
+"""HAL conformance test suite.
+
+Installed: ``python -m hal_cts --driver NAME``; in the repository: ``pytest tests/cts --driver NAME``.
+"""

@@ -1,8 +1,10 @@
 """Fixtures of the conformance suite.
 
 Driver selection (--driver, --driver-option, HAL_CTS_DRIVERS, --run-fault-tests)
-and the `device` / `make_device` fixtures live in tests/conftest.py, shared
-with the differential tests; this file adds what only the CTS needs.
+and the `device` / `make_device` fixtures live in plugin.py, loaded before the
+command line is parsed: by tests/conftest.py in the repository (shared with the
+differential tests), by ``python -m hal_cts`` for the installed suite. This file
+adds what only the CTS needs.
 """
 
 from __future__ import annotations
@@ -12,6 +14,13 @@ import pytest
 import hal
 
 from .kernels import load_kernels
+
+RUN_INSTALLED = "python -m hal_cts --driver NAME [pytest options]"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--driver", default=None) is None:  # pytest --pyargs hal_cts, without the plugin
+        raise pytest.UsageError(f"the conformance suite needs its driver-selection plugin: run {RUN_INSTALLED}")
 
 
 @pytest.fixture

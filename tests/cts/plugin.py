@@ -27,12 +27,14 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 import hal
 from hal import env
 
+from .guidance import advice
 from .helpers import faults_recoverable
 
 _SELECTION = pytest.StashKey[list[str]]()
@@ -208,6 +210,19 @@ def fault_tests_allowed(request: pytest.FixtureRequest, shared_device: hal.Devic
     if not request.config.getoption("--run-fault-tests"):
         pytest.skip("a GPU kernel fault can leave the context unusable; pass --run-fault-tests to run it")
     return False
+
+
+_SUITE_DIR = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    """A failing conformance test says which hooks carry the behaviour and what the driver must do."""
+    report = yield
+    module = getattr(item, "module", None)
+    if report.failed and module is not None and Path(module.__file__).resolve().parent == _SUITE_DIR:
+        report.sections.append(("what the driver must do", advice(module.__name__.rpartition(".")[2])))
+    return report
 
 
 def _skip_reason(report: pytest.TestReport) -> str:
