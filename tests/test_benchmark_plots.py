@@ -1,0 +1,83 @@
+"""benchmarks/plot.py turns benchmark JSON into PNG charts of the ratios."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import plot  # noqa: E402
+
+HAL_BENCH = {
+    "results": {"round_trip": {"ratio": 2.07, "raw_us": 25.6}},
+    "targets": [
+        {"benchmark": "round trip / raw", "value": 2.07, "target": "≤ 1.5", "met": False},
+        {"benchmark": "fill bandwidth / raw", "value": 0.99, "target": "≥ 0.95", "met": True},
+    ],
+}
+RUNTIME_BENCH = {
+    "device": {"uri": "local-task://0"},
+    "bandwidth": {"add_vs_copy_bandwidth": 0.95, "add_s": 0.01, "sum_vs_numpy": 0.99},
+    "logistic_regression_1000x100": {"eager": {"ratio_vs_numpy": 0.15, "it_per_s": 900.0}},
+}
+
+
+def test_targets_become_bars_with_their_thresholds():
+    assert plot.bars(HAL_BENCH) == [("round trip / raw", 2.07, ("≤", 1.5)), ("fill bandwidth / raw", 0.99, ("≥", 0.95))]
+
+
+def test_ratios_are_found_anywhere_in_a_report():
+    assert plot.bars(RUNTIME_BENCH) == [
+        ("bandwidth.add_vs_copy_bandwidth", 0.95, None),
+        ("bandwidth.sum_vs_numpy", 0.99, None),
+        ("logistic_regression_1000x100.eager.ratio_vs_numpy", 0.15, None),
+    ]
+
+
+def test_command_writes_one_png_per_report(tmp_path):
+    (tmp_path / "bench.json").write_text(json.dumps(HAL_BENCH))
+    (tmp_path / "all.json").write_text(
+        json.dumps(
+            {"runtime": {"status": "ok", "result": RUNTIME_BENCH}, "hal_gpu": {"status": "failed", "returncode": 1}}
+        )
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "plot.py"),
+            str(tmp_path / "bench.json"),
+            str(tmp_path / "all.json"),
+            "--out-dir",
+            str(tmp_path / "png"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    written = sorted(p.name for p in (tmp_path / "png").iterdir())
+    assert written == ["bench.png", "runtime.png"]
+    for name in written:
+        data = (tmp_path / "png" / name).read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 5000
+
+
+def test_a_file_without_ratios_is_an_error(tmp_path):
+    (tmp_path / "empty.json").write_text(json.dumps({"device": {"uri": "x"}}))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "plot.py"),
+            str(tmp_path / "empty.json"),
+            "--out-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1 and "no ratios" in proc.stderr
