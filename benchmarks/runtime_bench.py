@@ -90,10 +90,11 @@ def interleaved(contenders: dict, steps: int, rounds: int) -> tuple[dict, dict]:
     return wall, cpu
 
 
-def ratio_stats(num: list, den: list) -> dict:
-    """Median and spread of per-round ratios num[i] / den[i]."""
+def ratio_stats(out: dict, name: str, num: list, den: list) -> None:
+    """out[name]: the median of the per-round ratios num[i] / den[i]; out[name + "_spread"]: [min, max]."""
     ratios = sorted(a / b for a, b in zip(num, den))
-    return {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
+    out[name] = statistics.median(ratios)
+    out[name + "_spread"] = [ratios[0], ratios[-1]]
 
 
 def bench_logistic(device: str | None, steps: int, rounds: int = 7) -> dict:
@@ -182,13 +183,13 @@ def bench_logistic(device: str | None, steps: int, rounds: int = 7) -> dict:
     out["compile_matches_numpy"] = bool(np.allclose(w_check, state["w"].numpy(), rtol=1e-3, atol=1e-5))
     for mode, name in (("eager", "runtime_eager_grad"), ("compile", "runtime_compile")):
         for base in ("numpy_hand_gradient", "numpy_same_ops"):
-            out[f"{mode}_vs_{base}"] = ratio_stats(rates[name], rates[base])
-            out[f"{mode}_vs_{base}_cpu_time"] = ratio_stats(cpu_rates[name], cpu_rates[base])
+            ratio_stats(out, f"{mode}_vs_{base}", rates[name], rates[base])
+            ratio_stats(out, f"{mode}_vs_{base}_cpu_time", cpu_rates[name], cpu_rates[base])
     for ours, theirs, name in (("runtime_eager_grad", "torch_eager_autograd", "eager_vs_torch_eager"),
                                ("runtime_compile", "torch_cuda_graph", "compile_vs_torch_cuda_graph")):
         if theirs in rates:
-            out[name] = ratio_stats(rates[ours], rates[theirs])
-            out[name + "_pipelined"] = ratio_stats(rates[ours + "_pipelined"], rates[theirs + "_pipelined"])
+            ratio_stats(out, name, rates[ours], rates[theirs])
+            ratio_stats(out, name + "_pipelined", rates[ours + "_pipelined"], rates[theirs + "_pipelined"])
     return out
 
 

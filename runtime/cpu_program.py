@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections import deque as _drain
+from operator import call
 
 import numpy as np
 
@@ -81,8 +83,7 @@ class Program:
                     return
                 self.calls = [_bind(step, views) for step in self.steps]
                 self.bound = views
-            for call in self.calls:
-                call()
+            _drain(map(call, self.calls), maxlen=0)  # the calls made by C, one after another
 
 
 def _bind(step, views):

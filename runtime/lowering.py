@@ -37,6 +37,10 @@ _PLACEHOLDER = "placeholder"
 #: Recordings kept per graph key on GPUs, each replaying its own binding table unchanged (a step that
 #: alternates between two buffers, as `w = step(w)` does, then never patches a graph).
 MAX_VARIANTS = env.integer("RUNTIME_GRAPH_VARIANTS", 2, minimum=1)
+#: CPU drivers keep one more: there an unchanged table also spares re-making the byte views and re-binding
+#: the CPU program's kernels, and an eager step rotates three buffers of one size (w, its successor and
+#: the gradient), which two recordings keep missing.
+CPU_VARIANTS = MAX_VARIANTS + 1
 
 
 #: RUNTIME_FUSION=0: every elementwise node its own kernel on GPUs. Read once, at import: every eval
@@ -559,7 +563,7 @@ def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
             rec = record(ctx, order, externals, keep)
             ctx.graphs.put(key, Variants(rec))
         else:
-            rec = entry.pick(ext, MAX_VARIANTS)
+            rec = entry.pick(ext, MAX_VARIANTS if ctx.is_gpu else CPU_VARIANTS)
             if rec is None:
                 rec = record(ctx, order, externals, keep)
                 entry.recs.append(rec)

@@ -236,8 +236,15 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
         def run(workgroups, bindings, c):
             apply(*views(bindings, c))
 
-        # The views made once (the caller runs it under errstate(all="ignore")): see cpu_program.
-        run.prepare = lambda workgroups, bindings, c: functools.partial(_apply, *views(bindings, c))
+        def prepare(workgroups, bindings, c):
+            """The views made once (the caller runs it under errstate(all="ignore")): see cpu_program."""
+            out, ins = views(bindings, c)
+            if op == "where" and native_out and ins[0].dtype == np.bool_ and all(
+                    x.dtype == compute for x in ins[1:]):
+                return functools.partial(_where_into, out, *ins)
+            return functools.partial(_apply, out, ins)
+
+        run.prepare = prepare
         return run
 
     def strided_fn(workgroups, bindings, c):
@@ -265,6 +272,11 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
             fn = contiguous_fn(v)
         fns[export_name(op, in_dts, out_dt, v)] = fn
     return fns
+
+
+def _where_into(out, cond, a, b) -> None:
+    np.copyto(out, b, casting="unsafe")
+    np.copyto(out, a, casting="unsafe", where=cond)
 
 
 def _fast_contiguous(ufunc, variant: str, cdt, out_dt):

@@ -215,3 +215,32 @@ def test_cpu_program_is_one_dispatch(dev, monkeypatch):
     y = (rt.exp(xr * 0.1) @ xr.T).sum(axis=0) + rt.zeros((3,), device=dev)
     np.testing.assert_allclose(y.numpy(), (np.exp(x * 0.1) @ x.T).sum(axis=0), rtol=1e-5)
     assert len(dispatches) == 1 and dispatches[0].startswith("program_")
+
+
+def test_eager_training_step_replays_unchanged_tables_on_cpu(dev, monkeypatch):
+    """An eager `w = w - lr * g` loop rotates w, its successor and the gradient through three buffers
+    of one size (the loss is smaller); on CPU drivers each of three recordings then sees its own
+    table again, so replays make no byte view (and run bound kernels), and values follow the data."""
+    if context_for(dev).is_gpu:
+        pytest.skip("CPU drivers only")
+    from hal.drivers.local import command_buffer
+
+    rng = np.random.default_rng(4)
+    X_np = rng.standard_normal((30, 100)).astype(np.float32) * 0.1
+    y_np = rng.standard_normal(30).astype(np.float32)
+    X, y = rt.array(X_np, device=dev), rt.array(y_np, device=dev)
+    vg = rt.value_and_grad(lambda w: ((X @ w - y) ** 2).mean())
+    w, w_ref = rt.zeros((100,), device=dev), np.zeros(100)
+    made = []
+    real = command_buffer._bytes
+    for i in range(12):
+        if i == 6:
+            monkeypatch.setattr(command_buffer, "_bytes", lambda *a: made.append(a) or real(*a))
+        loss, g = vg(w)
+        w = w - 0.1 * g
+        rt.eval(w, loss)
+        r = X_np @ w_ref - y_np
+        np.testing.assert_allclose(float(loss), (r * r).mean(), rtol=1e-5)
+        w_ref = w_ref - 0.1 * 2 * X_np.T @ r / len(r)
+        np.testing.assert_allclose(w.numpy(), w_ref, rtol=1e-5, atol=1e-6)
+    assert made == []
