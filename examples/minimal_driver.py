@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hal
 from hal.allocator import Allocator
+from hal.executable import numpy_functions
 from hal.submission import HostSubmissions
 
 HOST = (hal.MemoryType.DEVICE_LOCAL | hal.MemoryType.DEVICE_VISIBLE | hal.MemoryType.HOST_LOCAL
@@ -63,12 +64,7 @@ class MinimalCommandBuffer(hal.CommandBuffer):
 class MinimalExecutable(hal.Executable):
     def __init__(self, device, spec):
         super().__init__(device, spec)
-        code = spec.code
-        table = code if isinstance(code, dict) else {self.exports[0].name: code}
-        if len(self.exports) > 1 and not isinstance(code, dict) or not all(
-                callable(table.get(e.name)) for e in self.exports):
-            raise hal.InvalidArgumentError("numpy code must be a callable or a dict of callables per export")
-        self.functions = [table[e.name] for e in self.exports]
+        self.functions = numpy_functions(spec)  # the core validated the numpy code already
 
 
 class MinimalDevice(hal.Device):

@@ -50,6 +50,7 @@ from hal.registry import (
     register_driver,
 )
 from hal.semaphore import Semaphore, wait_all, wait_any
+from hal.tracing import trace
 from hal.types import BufferUsage, CommandBufferMode, CommandBufferState, MemoryAccess, MemoryType
 
 __all__ = [
@@ -99,6 +100,7 @@ __all__ = [
     "plugin_manager",
     "plugin_problems",
     "register_driver",
+    "trace",
     "wait_all",
     "wait_any",
 ]

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from hal import tracing
 from hal.allocator import Allocator
 from hal.buffer import Buffer
 from hal.command_buffer import Binding, CommandBuffer
@@ -15,7 +16,7 @@ from hal.errors import (
     IncompatibleError,
     InvalidArgumentError,
 )
-from hal.executable import Executable, ExecutableSpec
+from hal.executable import Executable, ExecutableSpec, numpy_functions
 from hal.log import driver_logger
 from hal.semaphore import Fence, Semaphore
 from hal.types import BufferUsage, CommandBufferMode, CommandBufferState, MemoryType
@@ -154,6 +155,8 @@ class Device(abc.ABC):
                 raise InvalidArgumentError(
                     f"export {export.name!r} workgroup size {export.workgroup_size} exceeds "
                     f"the device limit of {limit} invocations")
+        if spec.format == "numpy":  # the format is the core's: its code is checked here, not per driver
+            numpy_functions(spec)
         key = spec.cache_key()
         with self._executables_lock:
             cached = self._executables.get(key)
@@ -162,7 +165,11 @@ class Device(abc.ABC):
                 log.debug("executable cache hit: %s %s", spec.format, [e.name for e in spec.exports])
                 return cached[1]
             log.debug("preparing %s executable %s", spec.format, [e.name for e in spec.exports])
-            executable = self._prepare_executable(spec)
+            if tracing.ENABLED:
+                executable = tracing.call("prepare_executable", self._prepare_executable, spec,
+                                          device=self.info.uri, format=spec.format)
+            else:
+                executable = self._prepare_executable(spec)
             # Keep the spec alive: callables are keyed by identity.
             self._executables[key] = (spec, executable)
             return executable
@@ -233,7 +240,11 @@ class Device(abc.ABC):
                 if cb.state is not _EXECUTABLE:
                     raise FailedPreconditionError("a ONE_SHOT command buffer was already submitted")
                 cb.state = _SUBMITTED
-            self._queue_execute(queue, command_buffers, tables, waits, signals)
+            if tracing.ENABLED:
+                tracing.call("queue_execute", self._queue_execute, queue, command_buffers, tables, waits, signals,
+                             device=self.info.uri, command_buffers=len(command_buffers))
+            else:
+                self._queue_execute(queue, command_buffers, tables, waits, signals)
 
     def _validate_execution(self, command_buffers: object, binding_tables: object
                             ) -> tuple[list[CommandBuffer], list[list[Binding] | None], list[CommandBuffer]]:
@@ -264,7 +275,10 @@ class Device(abc.ABC):
         waits, signals = self._check_submission(wait, signal)
         with self._gate:
             self._check_open()
-            self._queue_execute(queue, [], [], waits, signals)
+            if tracing.ENABLED:
+                tracing.call("queue_barrier", self._queue_execute, queue, [], [], waits, signals, device=self.info.uri)
+            else:
+                self._queue_execute(queue, [], [], waits, signals)
 
     def queue_alloca(self, size: int, wait: Sequence[Fence] = (), signal: Sequence[Fence] = (),
                      memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
@@ -280,6 +294,9 @@ class Device(abc.ABC):
                 buffer = self.allocator.allocate(0, memory_type, usage)
                 self._queue_execute(queue, [], [], waits, signals)
                 return buffer
+            if tracing.ENABLED:
+                return tracing.call("queue_alloca", self._queue_alloca, queue, size, memory_type, usage, waits,
+                                    signals, device=self.info.uri, size=size)
             return self._queue_alloca(queue, size, memory_type, usage, waits, signals)
 
     def queue_dealloca(self, buffer: Buffer, wait: Sequence[Fence] = (),
@@ -293,12 +310,19 @@ class Device(abc.ABC):
         waits, signals = self._check_submission(wait, signal)
         with self._gate:
             self._check_open()
-            self._queue_dealloca(queue, buffer, waits, signals)
+            if tracing.ENABLED:
+                tracing.call("queue_dealloca", self._queue_dealloca, queue, buffer, waits, signals,
+                             device=self.info.uri)
+            else:
+                self._queue_dealloca(queue, buffer, waits, signals)
 
     def wait_idle(self, timeout: float | None = None) -> None:
         """Block until all submitted work completed; DeadlineExceededError after ``timeout``."""
         self._check_open()
-        self._wait_idle(deadline_from(timeout))
+        if tracing.ENABLED:
+            tracing.call("wait_idle", self._wait_idle, deadline_from(timeout), device=self.info.uri)
+        else:
+            self._wait_idle(deadline_from(timeout))
 
     # -- driver hooks -------------------------------------------------------------------
     @abc.abstractmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import pickle
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hal.errors import InvalidArgumentError
@@ -106,6 +106,39 @@ class Executable:
 
     def __repr__(self) -> str:
         return f"<hal.Executable {self.format} exports={[e.name for e in self.exports]}>"
+
+
+
+
+#: A ``numpy``-format kernel: ``fn(workgroups, bindings, constants)``, bindings as writable byte views.
+NumpyKernel = Callable[[tuple[int, int, int], list[memoryview], list[int]], None]
+
+
+def numpy_functions(spec: ExecutableSpec) -> list[NumpyKernel]:
+    """The ``numpy`` format's callables in export order; InvalidArgumentError when the code does not fit.
+
+    ``code`` is one callable (a single export) or a mapping of export name to callable.
+    ``Device.load_executable`` checks this before a driver sees the spec; a driver calls it to get
+    the functions (the check has one home, here).
+    """
+    code = spec.code
+    if callable(code) and not isinstance(code, Mapping):
+        if len(spec.exports) != 1:
+            raise InvalidArgumentError(
+                f"a numpy executable with {len(spec.exports)} exports needs a mapping of export name to callable")
+        functions = [code]
+    elif isinstance(code, Mapping):
+        missing = [e.name for e in spec.exports if e.name not in code]
+        if missing:
+            raise InvalidArgumentError(f"numpy executable code has no callable for exports {missing}")
+        functions = [code[e.name] for e in spec.exports]
+    else:
+        raise InvalidArgumentError(
+            f"numpy executable code must be a callable or a mapping of callables, got {type(code).__name__}")
+    for export, fn in zip(spec.exports, functions):
+        if not callable(fn):
+            raise InvalidArgumentError(f"numpy export {export.name!r} is not callable: {fn!r}")
+    return functions
 
 
 from hal.validation import check_int  # noqa: E402  (hal.validation imports this module's classes)

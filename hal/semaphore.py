@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from hal import tracing
 from hal.errors import (
     DeadlineExceededError,
     FailedPreconditionError,
@@ -130,7 +131,10 @@ class Semaphore:
             if self._value < value:
                 self._check_device_open()
             return
-        self._wait(value, deadline)
+        if tracing.ENABLED:
+            tracing.call("semaphore.wait", self._wait, value, deadline, value=value)
+        else:
+            self._wait(value, deadline)
 
     # -- driver-facing ---------------------------------------------------------------
     def advance(self, value: int) -> None:
@@ -244,9 +248,16 @@ def wait_all(fences: Sequence[Fence], timeout: float | None = None) -> None:
         return
     if len(pending) == 1:  # one semaphore: its own wait already fails fast
         _, sem, value = pending[0]
-        sem._wait(value, deadline)
+        if tracing.ENABLED:
+            tracing.call("wait_all", sem._wait, value, deadline, fences=1)
+        else:
+            sem._wait(value, deadline)
         return
-    _wait_fences(len(fences), pending, deadline, every=True)
+    if tracing.ENABLED:
+        tracing.call("wait_all", lambda: _wait_fences(len(fences), pending, deadline, every=True),
+                     fences=len(pending))
+    else:
+        _wait_fences(len(fences), pending, deadline, every=True)
 
 
 def wait_any(fences: Sequence[Fence], timeout: float | None = None) -> int:
@@ -257,7 +268,12 @@ def wait_any(fences: Sequence[Fence], timeout: float | None = None) -> int:
     deadline = deadline_from(timeout)
     index = _first_settled(fences)
     if index is None:
-        _wait_fences(len(fences), [(i, sem, value) for i, (sem, value) in enumerate(fences)], deadline, every=False)
+        pending = [(i, sem, value) for i, (sem, value) in enumerate(fences)]
+        if tracing.ENABLED:
+            tracing.call("wait_any", lambda: _wait_fences(len(fences), pending, deadline, every=False),
+                         fences=len(pending))
+        else:
+            _wait_fences(len(fences), pending, deadline, every=False)
         index = _first_settled(fences)
     return index  # type: ignore[return-value]
 

@@ -12,6 +12,7 @@ import itertools
 import threading
 from collections.abc import Callable
 
+from hal import tracing
 from hal.errors import DeadlineExceededError
 from hal.semaphore import Fence, FenceWaiter, remaining
 
@@ -47,7 +48,10 @@ class HostSubmissions:
         def run() -> None:
             try:
                 if work is not None:
-                    work()
+                    if tracing.ENABLED:  # the work on the thread that runs it (local-task: the queue's worker)
+                        tracing.call("execute", work, category="device")
+                    else:
+                        work()
             except BaseException as exc:  # the failure travels to every semaphore we would signal
                 finish(exc)
             else:

@@ -24,6 +24,7 @@ import functools
 from operator import attrgetter
 
 import hal
+from hal import tracing
 
 from .array import Array, new_evaluated, new_node
 from .autodiff import GRAD, materialize, resolved
@@ -150,7 +151,10 @@ class _Traced:
         if rec is None:
             rec = record(ctx, self.order, self.externals, self.keep, owned=True)
             variants.recs.append(rec)
-        table, value = submit(ctx, rec, ext)
+        if tracing.ENABLED:
+            table, value = tracing.call("rt.replay", submit, ctx, rec, ext, category="runtime", compiled=True)
+        else:
+            table, value = submit(ctx, rec, ext)
         if self.plain:
             outs = [new_evaluated(Storage(table[pos], bucket, ctx, value, nb), shape, dtype, ctx)
                     for pos, bucket, nb, shape, dtype in self.made]

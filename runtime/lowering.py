@@ -21,7 +21,7 @@ from operator import sub
 from sys import getrefcount
 
 import hal
-from hal import env
+from hal import env, tracing
 
 from . import cpu_program, graph_cache
 from .array import Array, new_node
@@ -304,6 +304,7 @@ def live_mask(order: list, direct: list, viewed: set) -> int:
     return mask
 
 
+@tracing.traced("rt.record", "runtime")
 def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = None,
            owned: bool = False) -> Recording:
     """Schedule every node and record one reusable command buffer that binds only through slots.
@@ -536,7 +537,10 @@ def evaluate(arrays) -> None:
             by_ctx.setdefault(r.ctx, []).append(r)
     for ctx, targets in by_ctx.items():
         with ctx.lock:
-            _evaluate_on(ctx, targets)
+            if tracing.ENABLED:
+                tracing.call("rt.eval", _evaluate_on, ctx, targets, category="runtime", arrays=len(targets))
+            else:
+                _evaluate_on(ctx, targets)
 
 
 def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
@@ -574,7 +578,10 @@ def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
                 ctx.graphs.grow(fused.footprint - rec.footprint)
                 rec.drop()
                 rec = fused
-    table, value = submit(ctx, rec, ext)
+    if tracing.ENABLED:
+        table, value = tracing.call("rt.replay", submit, ctx, rec, ext, category="runtime")
+    else:
+        table, value = submit(ctx, rec, ext)
     attach(ctx, rec, order, table, value)
 
 

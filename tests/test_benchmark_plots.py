@@ -81,3 +81,33 @@ def test_a_file_without_ratios_is_an_error(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 1 and "no ratios" in proc.stderr
+
+
+def test_trace_timeline_from_a_real_trace(tmp_path):
+    import numpy as np
+
+    import hal
+    import runtime as rt
+
+    x = rt.array(np.ones(64, np.float32), device="local-task")
+    with hal.trace(tmp_path / "trace.json"):
+        for _ in range(3):
+            rt.eval((x * 2.0).sum())
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "plot_trace.py"),
+            str(tmp_path / "trace.json"),
+            str(tmp_path / "timeline.png"),
+            "--window-ms",
+            "1000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    drawn = int(proc.stdout.split(": ")[1].split()[0])
+    spans = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"] if e["ph"] == "X"]
+    assert drawn == len(spans) >= 6
+    assert (tmp_path / "timeline.png").read_bytes().startswith(b"\x89PNG")

@@ -23,6 +23,7 @@ import ctypes
 import enum
 import queue
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -33,7 +34,7 @@ from hal.drivers.cuda.status import CUDA
 from hal.drivers.gpu.device import GpuDevice
 from hal.drivers.gpu.executable_cache import ExecutableCache, GpuExecutable
 from hal.drivers.local.executable import NumpyExecutable
-from hal.errors import UnimplementedError
+from hal.errors import FailedPreconditionError, UnimplementedError
 from hal.registry import DriverFactory, hookimpl
 
 
@@ -90,6 +91,7 @@ class _Event:
         self.destroyed = False
         self.recorded = 0
         self.completed = 0
+        self.completed_at = 0.0  # perf_counter when the stream reached it (timing events)
         self.cond = threading.Condition()
 
 
@@ -280,6 +282,7 @@ class FakeGpuApi:
         def complete() -> None:
             with event.cond:
                 event.completed = max(event.completed, generation)
+                event.completed_at = time.perf_counter()
                 event.cond.notify_all()
 
         complete.always = True  # type: ignore[attr-defined]
@@ -299,6 +302,15 @@ class FakeGpuApi:
             while event.completed < target:
                 event.cond.wait()
         self._check("cuEventSynchronize")
+
+    def timing_event_create(self) -> _Event:
+        return self.event_create()
+
+    def event_elapsed_ms(self, start: _Event, end: _Event) -> float:
+        self._check("cuEventElapsedTime")
+        if start.completed < start.recorded or end.completed < end.recorded:
+            raise FailedPreconditionError("cuEventElapsedTime: an event has not completed")
+        return (end.completed_at - start.completed_at) * 1000.0
 
     def stream_wait_event(self, stream: _Stream, event: _Event) -> None:
         if stream.destroyed:

@@ -177,6 +177,12 @@ class CudaApi:
         if err:
             raise_for(err, "cuEventSynchronize")
 
+    def timing_event_create(self) -> Any:
+        return check(self.driver.cuEventCreate(self.driver.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
+
+    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+        return float(check(self.driver.cuEventElapsedTime(start, end), "cuEventElapsedTime"))
+
     # -- memory --------------------------------------------------------------------------
     def mem_alloc(self, size: int) -> int:
         return int(check(self.driver.cuMemAlloc(size), "cuMemAlloc"))  # type: ignore[call-overload]

@@ -104,6 +104,12 @@ class GpuApi(Protocol):
     def event_synchronize(self, event: Event) -> None:
         """Block until the captured work completed; raises for its fault."""
 
+    def timing_event_create(self) -> Event:
+        """An event that also records when the captured work completed (used only while tracing)."""
+
+    def event_elapsed_ms(self, start: Event, end: Event) -> float:
+        """Milliseconds of device time between two completed timing events."""
+
     # -- memory ---------------------------------------------------------------------------------
     def mem_alloc(self, size: int) -> int:
         """Device-local memory of ``size`` bytes (``size`` > 0): its device address."""

@@ -26,6 +26,8 @@ import threading
 import traceback
 from typing import TYPE_CHECKING, Any
 
+from hal import tracing
+from hal.drivers.gpu import device_timing
 from hal.drivers.gpu.status import DeviceLostError
 from hal.errors import AbortedError, FailedPreconditionError, HalError
 
@@ -68,11 +70,14 @@ class GpuQueue:
                     timepoint = sem.device_wait(value)  # type: ignore[attr-defined]
                     if timepoint is not None and timepoint.queue is not self:
                         api.stream_wait_event(stream, timepoint.event)
+                timed = device_timing.begin(self) if tracing.ENABLED else None
                 tables = sub.tables
                 for i, cb in enumerate(sub.command_buffers):
                     cb.issue(self, tables[i], sub)  # type: ignore[attr-defined]
                 if sub.action is not None:
                     sub.action(self)
+                if timed is not None:
+                    device_timing.end(self, sub, timed)
                 free = self.events._free
                 event = free.pop() if free else self.events.acquire()
                 try:
