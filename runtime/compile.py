@@ -242,7 +242,12 @@ def compile(fn):  # noqa: A001 - mirrors mx.compile / jax.jit
             key = tuple(map(_signature, leaves))
         else:
             key = (spec, *[(a.shape, a.dtype, a.ctx) for a in leaves])
-        entry = traced.get(key)
+        try:
+            entry = traced.get(key)
+        except TypeError:
+            raise hal.InvalidArgumentError(
+                "rt.compile: arguments other than arrays are part of the signature and must be hashable "
+                "(pass numpy data through rt.array)") from None
         if entry is None:
             with ctx.lock:
                 t_args, t_kwargs = _unflatten(spec, leaves)

@@ -228,3 +228,18 @@ def test_replayed_kernels_follow_changing_contents(dev):
         np.testing.assert_allclose(v.numpy(), v_np, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(float(s), (u * u).sum(), rtol=1e-4)
     assert step.stats["traces"] == 1
+
+
+def test_unhashable_non_array_arguments_are_rejected(dev):
+    f = rt.compile(lambda a, b: a * 2.0)
+    x = rt.array(np.ones(3, np.float32), device=dev)
+    with pytest.raises(hal.InvalidArgumentError, match="hashable"):
+        f(x, np.ones(3, np.float32))
+    with pytest.raises(hal.InvalidArgumentError, match="hashable"):
+        f(x, [np.ones(2)])
+    # hashable constants are part of the signature: one trace per value
+    g = rt.compile(lambda a, k: a * k)
+    for k in (2.0, 3.0, 2.0):
+        np.testing.assert_allclose(g(x, k).numpy(), np.full(3, k))
+    assert g.stats["traces"] == 2
+    np.testing.assert_allclose(f(x, 1).numpy(), np.full(3, 2.0))  # the device stays usable
