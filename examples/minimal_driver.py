@@ -1,4 +1,4 @@
-"""A complete HAL driver in about 100 lines: host memory in bytearrays, work run inline.
+"""A complete HAL driver in about 90 lines of code: host memory in bytearrays, work run inline.
 
 Register it without installing anything and run the conformance suite on it:
 

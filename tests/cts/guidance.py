@@ -78,7 +78,7 @@ GUIDANCE: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "test_failure_propagation": (
         ("Device._queue_execute", "Device._cancel_parked"),
-        "fail (sem._fail(cause)) every semaphore that failed work would signal, with the original error; "
+        "fail every semaphore that failed work would signal with the original error (HostSubmissions does); "
         "work waiting on a failed semaphore fails in turn, and the device stays usable.",
     ),
     "test_queue_alloca": (
