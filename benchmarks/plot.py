@@ -27,6 +27,8 @@ def ratios(report: object, path: str = "") -> Iterator[tuple[str, float]]:
     if isinstance(report, dict):
         for key, value in report.items():
             inner = f"{path}.{key}" if path else str(key)
+            if isinstance(value, dict) and RATIO_KEY.search(str(key)) and "median" in value:
+                value = value["median"]  # a ratio measured over rounds: {median, min, max}
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 if RATIO_KEY.search(str(key)) and math.isfinite(value):
                     yield inner, float(value)
@@ -82,7 +84,12 @@ def draw(title: str, entries: list[tuple[str, float, tuple[str, float] | None]],
         "ratio to the baseline measured in the same run (black tick: target; green: met, red: missed)", fontsize=8
     )
     axes.set_title(title)
-    axes.set_xlim(0, max(values + [1.0]) * 1.2)
+    positive = [v for v in values if v > 0]
+    if positive and max(positive) / min(positive) > 30:  # ratios far apart: a log axis keeps the small ones visible
+        axes.set_xscale("log")
+        axes.set_xlim(min(positive + [1.0]) / 2, max(positive + [1.0]) * 3)
+    else:
+        axes.set_xlim(0, max(values + [1.0]) * 1.2)
     figure.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=110)
