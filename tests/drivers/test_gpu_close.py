@@ -35,7 +35,7 @@ def settled(sem: hal.Semaphore, value: int) -> bool:
     except hal.AbortedError:
         return True
     except hal.FailedPreconditionError:  # a semaphore of a closed device may refuse the wait
-        return sem.failure is not None or sem._value >= value
+        return sem.failure is not None or sem.current_value >= value
     return True
 
 
@@ -72,7 +72,7 @@ def test_work_in_flight_at_close_completes(fake_driver):
         cb.dispatch(exe, "add_one", 1, [16], [buf])
     dev.queue_execute([cb], signal=[(sem, 1)])
     dev.close()
-    assert sem._value == 1 and sem.failure is None
+    assert sem.current_value == 1 and sem.failure is None
     assert fake_driver.api.use_after_destroy == []
 
 

@@ -441,7 +441,7 @@ def test_completion_thread_is_woken_only_when_needed(fake_driver):
         for value in range(23, 23 + WAKE_INFLIGHT):
             dev.queue_barrier(signal=[(sem, value)])
         wait_for(lambda: not dev.queues[0].inflight, "in-flight work was never retired")
-        assert inbox.puts == 2 and sem._value == 22 + WAKE_INFLIGHT
+        assert inbox.puts == 2 and sem.current_value == 22 + WAKE_INFLIGHT
 
 
 def test_a_waiter_finds_its_work_retired_by_another_thread(fake_driver):

@@ -68,10 +68,10 @@ class Completion:
         sub.retired = True
         if failure is None:
             for sem, value in sub.signals:
-                sem._advance(value)
+                sem.advance(value)
         else:
             for sem, _ in sub.signals:
-                sem._fail(failure)
+                sem.fail_from_device(failure)  # type: ignore[attr-defined]
         for cb in sub.command_buffers:
             cb.retired()  # type: ignore[attr-defined]
         if sub.resources is not None:
@@ -155,7 +155,7 @@ class Completion:
             self.wake()
             return
         for sem, _ in sub.signals:
-            if sem.has_listeners():  # type: ignore[attr-defined]
+            if sem.has_listeners():
                 self.wake()
                 return
 

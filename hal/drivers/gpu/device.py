@@ -183,7 +183,7 @@ class GpuDevice(Device):
         import numpy as np
 
         self.check_usable()
-        allocation: Allocation = buffer._allocation
+        allocation: Allocation = buffer.allocation
         source = np.frombuffer(data, dtype=np.uint8)
         start = buffer.offset + offset
         if allocation.kind == Allocation.HOST:
@@ -198,7 +198,7 @@ class GpuDevice(Device):
         import ctypes
 
         self.check_usable()
-        allocation: Allocation = buffer._allocation
+        allocation: Allocation = buffer.allocation
         start = buffer.offset + offset
         if allocation.kind == Allocation.HOST:
             return ctypes.string_at(allocation.host + start, length)
@@ -211,9 +211,6 @@ class GpuDevice(Device):
     def _queue_execute(self, queue: int, command_buffers: list[CommandBuffer],
                        binding_tables: list[list[Binding] | None], waits: list[Fence],
                        signals: list[Fence]) -> None:
-        for cb in command_buffers:
-            if cb._roots:  # type: ignore[attr-defined]
-                cb.check_submittable()  # type: ignore[attr-defined]
         # _submit, inlined: this is every execution's path.
         completion = self.completion
         seq = next(completion.sequence)
@@ -247,7 +244,7 @@ class GpuDevice(Device):
 
     def _queue_dealloca(self, queue: int, buffer: Buffer, waits: list[Fence], signals: list[Fence]) -> None:
         def release(q: GpuQueue) -> None:
-            allocation: Allocation = buffer._allocation
+            allocation: Allocation = buffer.allocation
             if allocation.kind == Allocation.POOL:
                 # Stream-ordered: the free follows everything issued on this stream so far.
                 allocation.free_stream = q.stream

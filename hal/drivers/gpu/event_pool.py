@@ -18,7 +18,8 @@ from hal.drivers.gpu.api import GpuApi
 class EventPool:
     def __init__(self, api: GpuApi) -> None:
         self.api = api
-        self._free: list[Any] = []
+        #: Events ready to be recorded (the issue path pops one directly).
+        self.free: list[Any] = []
         self._lock = threading.Lock()
         self.closed = False
         self.created = 0
@@ -26,14 +27,14 @@ class EventPool:
     def acquire(self) -> Any:
         """A free event (a new one when none is free). Call only while the device is open."""
         try:
-            return self._free.pop()
+            return self.free.pop()
         except IndexError:
             self.created += 1
             return self.api.event_create()
 
     def release(self, event: Any) -> None:
         if not self.closed:  # no lock: an append racing close() leaves one event to the context
-            self._free.append(event)
+            self.free.append(event)
             return
         # After close nothing will record it again; a lost context destroys its events itself.
         try:
@@ -45,7 +46,7 @@ class EventPool:
         """Destroy the free events; events still referenced are destroyed when released."""
         with self._lock:
             self.closed = True
-            events, self._free = self._free, []
+            events, self.free = self.free, []
         for event in events:
             try:
                 self.api.event_destroy(event)
@@ -54,4 +55,4 @@ class EventPool:
 
     @property
     def available(self) -> int:
-        return len(self._free)
+        return len(self.free)

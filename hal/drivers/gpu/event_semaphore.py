@@ -42,10 +42,12 @@ class EventSemaphore(Semaphore):
         super().__init__(device, initial_value)
         #: Sorted by value (submissions usually signal increasing values: appending keeps the order).
         self._timepoints: list[tuple[int, Submission]] = []
+        #: Heap of (value, token, listener) of parked work; entries whose token left the set were cancelled.
         self._issuable: list[tuple[int, int, Listener]] = []
+        self._issuable_tokens: set[int] = set()
 
     # -- device timepoints -----------------------------------------------------------
-    def _add_timepoint(self, value: int, timepoint: Submission) -> None:
+    def add_timepoint(self, value: int, timepoint: Submission) -> None:
         """A submission signalling ``value`` was issued; wake work that may now be issued behind it.
 
         Timepoints the value passed are dropped here, a few at a time (not at each advance:
@@ -65,10 +67,10 @@ class EventSemaphore(Semaphore):
                 timepoints.append((value, timepoint))
             else:
                 timepoints.insert(bisect.bisect_right(timepoints, value, key=_value_of), (value, timepoint))
+            if not (self._waiters or self._issuable):
+                return
             if self._waiters:  # host waiters that found no timepoint: they can wait on its event now
                 self._reached.notify_all()
-            if not self._issuable:
-                return
             ready = self._pop_issuable(value)
         for listener in ready:
             listener(None)
@@ -96,9 +98,9 @@ class EventSemaphore(Semaphore):
         timepoints = self._timepoints
         return bool(timepoints) and timepoints[-1][0] >= value
 
-    def has_listeners(self) -> bool:
-        """Whether host listeners (``hal.wait_any``) wait for a value: only retiring the work wakes them."""
-        return bool(self._listeners)
+    def fail_from_device(self, cause: BaseException) -> None:
+        """The device work that was to signal this semaphore failed (also while the device closes)."""
+        self._fail(cause)
 
     def _covering(self, value: int) -> Submission | None:
         """The timepoint of the smallest value >= ``value`` (call with the lock held)."""
@@ -114,21 +116,37 @@ class EventSemaphore(Semaphore):
                 return None
             return self._covering(value)
 
-    def _notify_issuable(self, value: int, listener: Listener) -> None:
+    def notify_issuable(self, value: int, listener: Listener) -> int | None:
         """Call ``listener`` once work waiting for ``value`` can be issued: the value is reached,
-        a timepoint covers it, or the semaphore failed (then with the failure)."""
+        a timepoint covers it, or the semaphore failed (then with the failure). Returns a token
+        for ``cancel_issuable`` when it had to wait (None when it ran at once)."""
         with self._lock:
             failure = self._failure
             timepoints = self._timepoints
             if failure is None and self._value < value and not (timepoints and timepoints[-1][0] >= value):
-                heapq.heappush(self._issuable, (value, next(self._tokens), listener))
-                return
+                token = next(self._tokens)
+                heapq.heappush(self._issuable, (value, token, listener))
+                self._issuable_tokens.add(token)
+                return token
         listener(failure)
+        return None
+
+    def cancel_issuable(self, token: int | None) -> None:
+        """Forget a listener of ``notify_issuable`` (parked work failed at close): nothing of it stays."""
+        if token is not None:
+            with self._lock:
+                self._issuable_tokens.discard(token)
+                if not self._issuable_tokens:
+                    self._issuable = []
 
     def _pop_issuable(self, value: int) -> list[Listener]:
         ready = []
-        while self._issuable and self._issuable[0][0] <= value:
-            ready.append(heapq.heappop(self._issuable)[2])
+        issuable, live = self._issuable, self._issuable_tokens
+        while issuable and issuable[0][0] <= value:
+            _, token, listener = heapq.heappop(issuable)
+            if token in live:
+                live.discard(token)
+                ready.append(listener)
         return ready
 
     # -- the host timeline, extended ------------------------------------------------------
@@ -151,8 +169,10 @@ class EventSemaphore(Semaphore):
     def _fail(self, cause: BaseException) -> None:
         super()._fail(cause)
         with self._lock:
-            pending = [entry[2] for entry in sorted(self._issuable)]
+            live = self._issuable_tokens
+            pending = [entry[2] for entry in sorted(self._issuable, key=_order) if entry[1] in live]
             self._issuable = []
+            self._issuable_tokens = set()
             self._timepoints = []
         for listener in pending:
             listener(cause)
@@ -191,7 +211,7 @@ class EventSemaphore(Semaphore):
                     break
                 self._waiters += 1
                 try:
-                    self._reached.wait(left)  # woken by _advance or _add_timepoint
+                    self._reached.wait(left)  # woken by _advance or add_timepoint
                 finally:
                     self._waiters -= 1
         super()._wait(value, deadline)
@@ -201,11 +221,16 @@ def _value_of(entry: tuple[int, Submission]) -> int:
     return entry[0]
 
 
+def _order(entry: tuple[int, int, Listener]) -> tuple[int, int]:
+    return entry[0], entry[1]
+
+
 class Issuable:
     """Adapts an EventSemaphore so the core's FenceWaiter waits for *issuable* rather than *reached*.
 
-    FenceWaiter calls ``sem._notify_at(value, listener)``; this view routes that
-    to ``_notify_issuable``, which also fires when a device timepoint covers the value.
+    FenceWaiter registers with ``_notify_at(value, listener)`` and cancels with
+    ``cancel_notify(token)``; this view routes them to ``notify_issuable`` and
+    ``cancel_issuable``, which also fire when a device timepoint covers the value.
     """
 
     __slots__ = ("sem",)
@@ -213,5 +238,8 @@ class Issuable:
     def __init__(self, sem: EventSemaphore) -> None:
         self.sem = sem
 
-    def _notify_at(self, value: int, listener: Listener) -> None:
-        self.sem._notify_issuable(value, listener)
+    def _notify_at(self, value: int, listener: Listener) -> int | None:
+        return self.sem.notify_issuable(value, listener)
+
+    def cancel_notify(self, token: int | None) -> None:
+        self.sem.cancel_issuable(token)

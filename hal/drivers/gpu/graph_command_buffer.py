@@ -299,7 +299,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
 
     def _upload_image(self, table: Sequence[Binding] | None, stream: Any, submission) -> None:
         """Copy the binding table's addresses to the device table when they changed (stream-ordered)."""
-        addresses = tuple([buffer._allocation.ptr + buffer.offset + base  # slot_address, inlined: per slot
+        addresses = tuple([buffer.allocation.ptr + buffer.offset + base  # slot_address, inlined: per slot
                            for buffer, base, _ in [table[slot] for slot in self._image_slots]])  # type: ignore[index, union-attr]
         if addresses == self._image_addresses:
             return

@@ -71,14 +71,17 @@ class GpuQueue:
                     if timepoint is not None and timepoint.queue is not self:
                         api.stream_wait_event(stream, timepoint.event)
                 timed = device_timing.begin(self) if tracing.ENABLED else None
-                tables = sub.tables
-                for i, cb in enumerate(sub.command_buffers):
-                    cb.issue(self, tables[i], sub)  # type: ignore[attr-defined]
+                command_buffers = sub.command_buffers
+                if len(command_buffers) == 1:
+                    command_buffers[0].issue(self, sub.tables[0], sub)  # type: ignore[attr-defined]
+                else:
+                    for cb, table in zip(command_buffers, sub.tables):
+                        cb.issue(self, table, sub)  # type: ignore[attr-defined]
                 if sub.action is not None:
                     sub.action(self)
                 if timed is not None:
                     device_timing.end(self, sub, timed)
-                free = self.events._free
+                free = self.events.free
                 event = free.pop() if free else self.events.acquire()
                 try:
                     api.event_record(event, stream)
@@ -94,7 +97,7 @@ class GpuQueue:
             self.completion.finish(sub, device.fault(exc))
             return
         for sem, value in sub.signals:
-            sem._add_timepoint(value, sub)  # type: ignore[attr-defined]
+            sem.add_timepoint(value, sub)  # type: ignore[attr-defined]
         completion = self.completion
         if completion.idle:  # read after the append: a sleeping thread is woken if this work needs it
             completion.wake_for(sub, len(inflight))

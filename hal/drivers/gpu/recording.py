@@ -16,10 +16,8 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from hal.buffer import Buffer
 from hal.command_buffer import Binding, BufferRef, CommandBuffer
 from hal.drivers.gpu.kernel_args import ArgArena
-from hal.errors import FailedPreconditionError
 from hal.executable import Executable, Export
 
 if TYPE_CHECKING:
@@ -46,13 +44,13 @@ class Target:
             return self.ptr, self.length  # type: ignore[return-value]
         buffer, base, size = table[self.slot]  # type: ignore[index]
         length = size - self.offset if self.length is None else self.length
-        return buffer._allocation.ptr + buffer.offset + base + self.offset, length
+        return buffer.allocation.ptr + buffer.offset + base + self.offset, length
 
 
 def slot_address(entry: Binding) -> tuple[int, int]:
     """(device address, size) of a binding-table entry."""
     buffer, base, size = entry
-    return buffer._allocation.ptr + buffer.offset + base, size
+    return buffer.allocation.ptr + buffer.offset + base, size
 
 
 class Dispatch:
@@ -120,8 +118,6 @@ class RecordingCommandBuffer(CommandBuffer):
         self.args = ArgArena()
         self._payloads: list[bytes] = []
         self._staging_size = 0
-        #: Root buffers referenced directly: submitting after one was released is an error.
-        self._roots: dict[int, Buffer] = {}
         self.uses_slots = False
         self.slot_dispatches: list[Dispatch] = []
         #: Serializes submissions of this buffer issued on different queues (argument patching, rebinding).
@@ -135,15 +131,7 @@ class RecordingCommandBuffer(CommandBuffer):
         if buffer is None:
             self.uses_slots = True
             return Target(0, ref.length, ref.slot, ref.offset)
-        root = buffer._root
-        self._roots[id(root)] = root
-        return Target(buffer._allocation.ptr + buffer.offset + ref.offset, ref.length)
-
-    def check_submittable(self) -> None:
-        for root in self._roots.values():
-            if root._released:
-                raise FailedPreconditionError(
-                    "a buffer this command buffer references was released; it cannot be submitted")
+        return Target(buffer.allocation.ptr + buffer.offset + ref.offset, ref.length)
 
     # -- core hooks ------------------------------------------------------------------
     def _fill(self, target: BufferRef, pattern: int, pattern_length: int) -> None:
@@ -169,15 +157,12 @@ class RecordingCommandBuffer(CommandBuffer):
                   bindings: list[BufferRef]) -> None:
         pending = self.args._pending
         start = len(pending)  # this dispatch's first argument slot
-        roots = self._roots
         for ref in bindings:  # the usual case first: direct bindings only, no Targets needed
             buffer = ref.buffer
             if buffer is None:
                 del pending[start:]
                 break
-            root = buffer._root
-            roots[id(root)] = root
-            pending.append(buffer._allocation.ptr + buffer.offset + ref.offset)
+            pending.append(buffer.allocation.ptr + buffer.offset + ref.offset)
         else:
             pending.extend(constants)
             self._level.append(Dispatch(executable.functions[ordinal], workgroups,  # type: ignore[attr-defined]
@@ -186,7 +171,6 @@ class RecordingCommandBuffer(CommandBuffer):
             return
         slot_args = []
         targets = []
-        roots = self._roots
         for i, ref in enumerate(bindings):
             buffer = ref.buffer
             if buffer is None:
@@ -194,9 +178,7 @@ class RecordingCommandBuffer(CommandBuffer):
                 slot_args.append((start + i, ref.slot, ref.offset))
                 target = Target(0, ref.length, ref.slot, ref.offset)
             else:
-                root = buffer._root
-                roots[id(root)] = root
-                target = Target(buffer._allocation.ptr + buffer.offset + ref.offset, ref.length)
+                target = Target(buffer.allocation.ptr + buffer.offset + ref.offset, ref.length)
             targets.append(target)
             pending.append(target.ptr)
         pending.extend(constants)
@@ -240,7 +222,7 @@ class RecordingCommandBuffer(CommandBuffer):
         values = self.args.values
         for index, slot, offset in command.slot_args:
             buffer, base, _ = table[slot]  # type: ignore[index]
-            values[index] = buffer._allocation.ptr + buffer.offset + base + offset  # type: ignore[index]
+            values[index] = buffer.allocation.ptr + buffer.offset + base + offset  # type: ignore[index]
 
     # -- submission (subclasses) ---------------------------------------------------------
     def issue(self, queue, table: Sequence[Binding] | None, submission) -> None:
