@@ -20,7 +20,9 @@ bandwidth and the soak's device memory are not measured there).
 - round_trip: submit + semaphore wait of one empty dispatch vs raw launch + event
   record + cuEventSynchronize (target <= 1.5x);
 - bandwidth: 256 MiB fill and copy vs cuMemsetD32Async / cuMemcpyDtoDAsync (target >= 0.95x);
-- soak: 100k submissions; device memory, host memory and live objects before and after.
+- soak: 100k submissions; device memory, host memory and live objects before and after;
+- bytecodes: Python bytecodes per operation in the GPU driver, the core and the rest
+  (deterministic, unlike host times on a loaded machine).
 
 Prints one JSON document (also written to --out); ratios are HAL / baseline for times
 and HAL / baseline for bandwidths. Baseline and HAL samples are taken interleaved, round by
@@ -601,6 +603,98 @@ def bench_soak(device, exe, submissions: int) -> dict:
     }
 
 
+# -- bytecodes ------------------------------------------------------------------------------------
+
+def count_bytecodes(fn, calls: int) -> dict:
+    """Python bytecodes executed per call of ``fn``, by where they run: the GPU driver
+    (hal/drivers/gpu), the core (the rest of hal) and the rest (the benchmark, threading).
+    The simulated GPU's own frames are not counted (they stand for the vendor library)."""
+    import collections
+
+    areas: collections.Counter = collections.Counter()
+
+    def area(filename: str) -> str:
+        if f"hal{os.sep}drivers{os.sep}gpu{os.sep}" in filename:
+            return "driver"
+        return "core" if f"{os.sep}hal{os.sep}" in filename else "other"
+
+    def local(frame, event, arg):
+        if event == "opcode":
+            areas[area(frame.f_code.co_filename)] += 1
+        return local
+
+    def enter(frame, event, arg):
+        if "fake_gpu" in frame.f_code.co_filename:
+            return None
+        frame.f_trace_opcodes = True
+        return local
+
+    sys.settrace(enter)
+    try:
+        for _ in range(calls):
+            fn()
+    finally:
+        sys.settrace(None)
+    return {name: round(areas[name] / calls) for name in ("driver", "core", "other")}
+
+
+def bench_bytecodes(backend: Backend, calls: int = 64, levels: int = 10, width: int = 10) -> dict:
+    """Deterministic host cost of each benchmarked operation (independent of the machine's load)."""
+    device = backend.create_device()
+    try:
+        exe = backend.exe_for(device)
+        sem = device.create_semaphore(0)
+        value = [0]
+        tables = [[device.allocator.allocate(256) for _ in range(width)] for _ in range(2)]
+        cb = device.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=width)
+        with cb.record():
+            for level in range(levels):
+                if level:
+                    cb.execution_barrier()
+                for j in range(width):
+                    cb.dispatch(exe, 0, (1, 1, 1), [level], [hal.Slot(j)])
+        which = [0]
+
+        def resubmit(new_table: bool) -> None:
+            if new_table:
+                which[0] ^= 1
+            value[0] += 1
+            device.queue_execute([cb], signal=[(sem, value[0])], binding_tables=[tables[which[0]]])
+            sem.wait(value[0])
+
+        trip_cb = device.create_command_buffer(hal.CommandBufferMode.REUSABLE)
+        with trip_cb.record():
+            trip_cb.dispatch(exe, 1, (1, 1, 1))
+
+        def round_trip() -> None:
+            value[0] += 1
+            device.queue_execute([trip_cb], signal=[(sem, value[0])])
+            sem.wait(value[0])
+
+        buf = device.allocator.allocate(256)
+
+        def record_submit_10() -> None:
+            one_shot = device.create_command_buffer()
+            with one_shot.record():
+                for _ in range(10):
+                    one_shot.dispatch(exe, 0, (1, 1, 1), [1], [buf])
+            value[0] += 1
+            device.queue_execute([one_shot], signal=[(sem, value[0])])
+            sem.wait(value[0])
+
+        ops = {"graph_resubmit_same_table_and_wait": lambda: resubmit(False),
+               "graph_resubmit_new_table_and_wait": lambda: resubmit(True),
+               "round_trip": round_trip, "stream_record_submit_10_dispatches_and_wait": record_submit_10}
+        out = {}
+        for name, fn in ops.items():
+            for _ in range(40):  # steady state: pools warm, completion thread asleep
+                fn()
+            out[name] = count_bytecodes(fn, calls)
+        return out
+    finally:
+        device.close()
+
+
 # -- main ---------------------------------------------------------------------------------------------
 
 def targets(results: dict) -> list[dict]:
@@ -666,6 +760,7 @@ def main(argv=None) -> int:
         "stream_dispatch": lambda: bench_stream_dispatch(device, raw, exe, rounds),
         "graph_resubmit": lambda: bench_graph_resubmit(backend, raw, rounds * 4),
         "round_trip": lambda: bench_round_trip(backend, raw, rounds),
+        "bytecodes": lambda: bench_bytecodes(backend),
     }
     if not args.fake:  # GPU-side measurements
         sections["bandwidth"] = lambda: bench_bandwidth(device, raw, max(3, rounds // 3))

@@ -56,7 +56,15 @@ import numpy as np
 
 from hal.command_buffer import Binding
 from hal.drivers.gpu.kernel_args import ArgArena
-from hal.drivers.gpu.recording import Command, Copy, Dispatch, Fill, RecordingCommandBuffer, slot_address
+from hal.drivers.gpu.recording import (
+    Command,
+    Copy,
+    Dispatch,
+    Fill,
+    RecordingCommandBuffer,
+    SlotDispatch,
+    slot_address,
+)
 
 JOIN_KINDS = ("empty", "edges", "kernel")
 #: With indirect_bindings="auto", a graph rebound with new tables this many times through node
@@ -204,13 +212,13 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         api = device.api
         kind = type(command)
         index = len(self._nodes)
-        if kind is Dispatch and id(command) in self._indirect:
+        if kind is SlotDispatch and id(command) in self._indirect:
             function, start = self._indirect[id(command)]
             params = api.kernel_node_params(function, command.grid, command.block,
                                             self._indirect_args.params_address(start, 1 + len(command.constants)))
             node = _Node(command, api.graph_add_kernel_node(graph, deps, params), params, "indirect")
             slots = set()  # rebinding rewrites the device table, not the node
-        elif kind is Dispatch:
+        elif kind is Dispatch or kind is SlotDispatch:
             params = api.kernel_node_params(command.function, command.grid, command.block,
                                             self.args.params_address(command.arg_start, command.arg_count))
             node = _Node(command, api.graph_add_kernel_node(graph, deps, params), params, "kernel")

@@ -54,26 +54,41 @@ def slot_address(entry: Binding) -> tuple[int, int]:
 
 
 class Dispatch:
-    __slots__ = ("function", "grid", "block", "arg_start", "arg_count", "slot_args", "executable", "ordinal",
-                 "bindings", "constants")
+    """A kernel launch: its function, grid, block and packed arguments (``ArgArena`` slots).
+
+    A dispatch with bindings through binding-table slots also carries what rebinding it
+    needs (``SlotDispatch``); the usual direct one sets only the five fields it uses.
+    """
+
+    __slots__ = ("function", "grid", "block", "arg_start", "arg_count")
+
+    #: (arena index, slot, byte offset in the slot) of bindings that go through the table.
+    slot_args: Sequence[tuple[int, int, int]] = ()
 
     def __init__(self, function: object, grid: tuple[int, int, int], block: tuple[int, int, int],
-                 arg_start: int, arg_count: int, slot_args: list[tuple[int, int, int]],
-                 executable: Executable | None = None, ordinal: int = 0, bindings: list[Target] | None = None,
-                 constants: tuple[int, ...] = ()) -> None:
+                 arg_start: int, arg_count: int) -> None:
         self.function = function
-        self.executable = executable
-        self.ordinal = ordinal
-        #: Each binding as a Target (fixed address, or slot + offset); None when no binding goes
-        #: through a slot (only dispatches with slot bindings need them).
-        self.bindings = bindings
-        self.constants = constants
         self.grid = grid
         self.block = block
         self.arg_start = arg_start
         self.arg_count = arg_count
-        #: (arena index, slot, byte offset in the slot) of bindings that go through the table.
+
+
+class SlotDispatch(Dispatch):
+    """A dispatch with bindings through binding-table slots (what rebinding and indirect bindings use)."""
+
+    __slots__ = ("slot_args", "executable", "ordinal", "bindings", "constants")  # type: ignore[assignment]
+
+    def __init__(self, function: object, grid: tuple[int, int, int], block: tuple[int, int, int],
+                 arg_start: int, arg_count: int, slot_args: list[tuple[int, int, int]], executable: Executable,
+                 ordinal: int, bindings: list[Target], constants: tuple[int, ...]) -> None:
+        super().__init__(function, grid, block, arg_start, arg_count)
         self.slot_args = slot_args
+        self.executable = executable
+        self.ordinal = ordinal
+        #: Each binding as a Target (fixed address, or slot + offset).
+        self.bindings = bindings
+        self.constants = constants
 
 
 class Fill:
@@ -102,7 +117,7 @@ class Update:
         self.length = length
 
 
-Command = Dispatch | Fill | Copy | Update
+Command = Dispatch | SlotDispatch | Fill | Copy | Update
 
 
 class RecordingCommandBuffer(CommandBuffer):
@@ -119,7 +134,7 @@ class RecordingCommandBuffer(CommandBuffer):
         self._payloads: list[bytes] = []
         self._staging_size = 0
         self.uses_slots = False
-        self.slot_dispatches: list[Dispatch] = []
+        self.slot_dispatches: list[SlotDispatch] = []
         #: Serializes submissions of this buffer issued on different queues (argument patching, rebinding).
         self.issue_lock = threading.Lock()
         #: One-shot: its resources go when its one submission retires (read at each retirement).
@@ -166,8 +181,7 @@ class RecordingCommandBuffer(CommandBuffer):
         else:
             pending.extend(constants)
             self._level.append(Dispatch(executable.functions[ordinal], workgroups,  # type: ignore[attr-defined]
-                                        export.workgroup_size, start, len(bindings) + len(constants), (),
-                                        executable, ordinal, None, constants))
+                                        export.workgroup_size, start, len(bindings) + len(constants)))
             return
         slot_args = []
         targets = []
@@ -182,15 +196,16 @@ class RecordingCommandBuffer(CommandBuffer):
             targets.append(target)
             pending.append(target.ptr)
         pending.extend(constants)
-        self._level.append(Dispatch(executable.functions[ordinal], workgroups,  # type: ignore[attr-defined]
-                                    export.workgroup_size, start, len(targets) + len(constants), slot_args,
-                                    executable, ordinal, targets, constants))
+        dispatch = SlotDispatch(executable.functions[ordinal], workgroups,  # type: ignore[attr-defined]
+                                export.workgroup_size, start, len(targets) + len(constants), slot_args,
+                                executable, ordinal, targets, constants)
+        self._level.append(dispatch)
+        self.slot_dispatches.append(dispatch)
 
     def _end(self) -> None:
         if not self.levels[-1] and len(self.levels) > 1:
             self.levels.pop()
         self.args.pack()
-        self.slot_dispatches = [c for c in self.commands() if type(c) is Dispatch and c.slot_args]
         self._pack_staging()
 
     def _pack_staging(self) -> None:

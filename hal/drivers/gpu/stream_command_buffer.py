@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hal.command_buffer import Binding
-from hal.drivers.gpu.recording import Command, Copy, Dispatch, Fill, RecordingCommandBuffer, Update
+from hal.drivers.gpu.recording import Command, Copy, Dispatch, Fill, RecordingCommandBuffer, SlotDispatch, Update
 
 
 class StreamCommandBuffer(RecordingCommandBuffer):
@@ -59,7 +59,7 @@ class StreamCommandBuffer(RecordingCommandBuffer):
         for level in self.levels:
             for command in level:
                 kind = type(command)
-                if kind is Dispatch:
+                if kind is Dispatch or kind is SlotDispatch:
                     append(prepare_launch(command.function, command.grid, command.block, stream,
                                           params + 8 * command.arg_start if command.arg_count else 0))
                     continue
