@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import operator
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -303,12 +304,14 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self._image_values = np.zeros(len(layout), dtype=np.uint64)
         self._image_values_address = self._image_values.ctypes.data
         self._image_slots = slots
+        self._image_entries = entries_getter(slots)
         self._image_addresses = None
 
     def _upload_image(self, table: Sequence[Binding] | None, stream: Any, submission) -> None:
         """Copy the binding table's addresses to the device table when they changed (stream-ordered)."""
+        entries = self._image_entries(table)
         addresses = tuple([buffer.allocation.ptr + buffer.offset + base  # slot_address, inlined: per slot
-                           for buffer, base, _ in [table[slot] for slot in self._image_slots]])  # type: ignore[index, union-attr]
+                           for buffer, base, _ in entries])
         if addresses == self._image_addresses:
             return
         bases = self._image_bases
@@ -420,6 +423,14 @@ class GraphCommandBuffer(RecordingCommandBuffer):
     def retired(self) -> None:
         if self.one_shot:
             self._finalizer()
+
+
+def entries_getter(slots: list[int]):
+    """A function giving a binding table's entries of ``slots`` as a tuple, in one C call."""
+    getter = operator.itemgetter(*slots)
+    if len(slots) > 1:
+        return getter
+    return lambda table: (getter(table),)
 
 
 class _RebuildNeeded(Exception):
