@@ -359,6 +359,20 @@ def measure_launches(raw: Raw, launches: dict, rounds: int) -> dict:
     return {name: (hosts[name], gpus[name]) for name in launches}
 
 
+def levels_command_buffer(device, exe, levels: int, width: int):
+    """The reusable command buffer of the graph benchmarks (``levels`` barrier levels of ``width``
+    dispatches through binding-table slots) and two binding tables for it."""
+    tables = [[device.allocator.allocate(256) for _ in range(width)] for _ in range(2)]
+    cb = device.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=width)
+    with cb.record():
+        for level in range(levels):
+            if level:
+                cb.execution_barrier()
+            for j in range(width):
+                cb.dispatch(exe, 0, (1, 1, 1), [level], [hal.Slot(j)])
+    return cb, tables
+
+
 def bench_graph_resubmit(backend: Backend, raw: Raw, rounds: int, levels: int = 10, width: int = 10) -> dict:
     """The raw graphs stay alive and are launched in turn with each HAL device's submissions."""
     results: dict = {"shape": f"{levels} levels x {width} dispatches", "hal": {}}
@@ -398,14 +412,7 @@ def bench_lowering(backend: Backend, raw: Raw, lowering: str, levels: int, width
     device = backend.create_device(barrier_lowering=lowering, indirect_bindings=indirect_bindings)
     try:
         exe = backend.exe_for(device)
-        tables = [[device.allocator.allocate(256) for _ in range(width)] for _ in range(2)]
-        cb = device.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=width)
-        with cb.record():
-            for level in range(levels):
-                if level:
-                    cb.execution_barrier()
-                for j in range(width):
-                    cb.dispatch(exe, 0, (1, 1, 1), [level], [hal.Slot(j)])
+        cb, tables = levels_command_buffer(device, exe, levels, width)
         stream = device_stream(device)
         sem = device.create_semaphore(0)
         state = {"value": 0, "which": 0}
@@ -645,14 +652,7 @@ def bench_bytecodes(backend: Backend, calls: int = 64, levels: int = 10, width: 
         exe = backend.exe_for(device)
         sem = device.create_semaphore(0)
         value = [0]
-        tables = [[device.allocator.allocate(256) for _ in range(width)] for _ in range(2)]
-        cb = device.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=width)
-        with cb.record():
-            for level in range(levels):
-                if level:
-                    cb.execution_barrier()
-                for j in range(width):
-                    cb.dispatch(exe, 0, (1, 1, 1), [level], [hal.Slot(j)])
+        cb, tables = levels_command_buffer(device, exe, levels, width)
         which = [0]
 
         def resubmit(new_table: bool) -> None:
