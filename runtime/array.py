@@ -8,6 +8,7 @@ import hal
 
 from . import dtypes as _dt
 from .device import DeviceContext, Storage, context_for
+from .errors import InvalidTypeError, InvalidValueError
 from .shapes import size_of
 
 
@@ -82,8 +83,11 @@ class Array:
 
     def __bool__(self) -> bool:
         if self.size != 1:
-            raise ValueError("The truth value of an array with more than one element is ambiguous.")
-        return bool(self.numpy().reshape(()))
+            raise InvalidValueError("The truth value of an array with more than one element is ambiguous.")
+        return bool(self._scalar())
+
+    def __complex__(self) -> complex:
+        return complex(self._scalar())
 
     def __float__(self) -> float:
         return float(self._scalar())
@@ -92,7 +96,7 @@ class Array:
         return int(self._scalar())
 
     def __index__(self) -> int:
-        if self.dtype.kind not in "ib":
+        if self.dtype.kind not in "iu":
             raise TypeError("only integer arrays can be used as an index")
         return int(self._scalar())
 
@@ -101,15 +105,22 @@ class Array:
 
     def _scalar(self):
         if self.size != 1:
-            raise TypeError("only arrays of size 1 can be converted to Python scalars")
+            raise InvalidTypeError("only arrays of size 1 can be converted to Python scalars")
         return self.numpy().reshape(())[()]
 
     def __repr__(self) -> str:
-        body = np.array2string(self.numpy(), separator=", ", prefix="array(")
-        return f"array({body}, dtype={self.dtype.name})"
+        body = np.array2string(self.numpy(), separator=", ", prefix="rt.Array(")
+        return f"rt.Array({body}, dtype={self.dtype.name}, device={self.ctx.device.info.uri!r})"
 
     def __str__(self) -> str:
         return str(self.numpy())
+
+    def __format__(self, spec: str) -> str:
+        if not spec:
+            return str(self)
+        if self.ndim == 0:
+            return format(self.item(), spec)
+        raise InvalidTypeError(f"unsupported format string {spec!r} for a {self.ndim}-d array")
 
     def __array__(self, dtype=None, copy=None):
         out = self.numpy()
@@ -118,6 +129,43 @@ class Array:
         if dtype is not None:
             out = out.astype(dtype, copy=False)
         return out
+
+    def __reduce__(self):
+        """Pickled as host data and the device's URI (unpickled on that device, or the default one)."""
+        return (_unpickle, (np.array(self.numpy()), self.dtype, self.ctx.device.info.uri))
+
+    def __copy__(self) -> Array:
+        return self  # arrays are immutable: a copy is the same value
+
+    def __deepcopy__(self, memo) -> Array:
+        return self
+
+    def __setitem__(self, key, value) -> None:
+        raise InvalidTypeError("runtime arrays are immutable: use x = x.at[key].set(value) (or .add, .multiply, "
+                               ".min, .max) for a functional update")
+
+    @property
+    def at(self):
+        """Functional updates, as in JAX: `x.at[idx].set(v)`, `.add(v)`, `.multiply(v)`, `.min(v)`, `.max(v)`."""
+        from .indexing import AtIndexer
+        return AtIndexer(self)
+
+    @property
+    def mT(self) -> Array:
+        from .ops import swapaxes
+        if self.ndim < 2:
+            raise InvalidValueError("mT needs an array of at least 2 dimensions")
+        return swapaxes(self, -1, -2)
+
+    def to_device(self, device, /, *, stream=None) -> Array:
+        from .ops import asarray
+        return asarray(self, device=device)
+
+    def __array_namespace__(self, *, api_version: str | None = None):
+        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
+            raise InvalidValueError(f"unsupported array API version {api_version!r}")
+        import runtime
+        return runtime
 
     def eval(self) -> Array:
         from .lowering import evaluate
@@ -130,6 +178,14 @@ class Array:
         return to_numpy(self)
 
     tolist = lambda self: self.numpy().tolist()  # noqa: E731
+
+
+def _unpickle(host: np.ndarray, dtype: _dt.DType, uri: str) -> Array:
+    try:
+        ctx = context_for(uri)
+    except hal.HalError:
+        ctx = context_for(None)
+    return upload(host, dtype, ctx)
 
 
 def new_node(op: str, inputs: tuple, params, shape: tuple, dtype: _dt.DType, ctx: DeviceContext) -> Array:
@@ -172,10 +228,7 @@ def new_evaluated(storage: Storage, shape: tuple, dtype: _dt.DType, ctx: DeviceC
 def upload(data: np.ndarray, dtype: _dt.DType, ctx: DeviceContext) -> Array:
     """Copy host data into a fresh device buffer (synchronous; the buffer is idle)."""
     shape = tuple(data.shape)
-    if dtype is _dt.bfloat16:
-        host = _dt.to_bfloat16_bits(np.asarray(data, dtype=np.float32))
-    else:
-        host = np.ascontiguousarray(data, dtype=dtype.storage)
+    host = np.ascontiguousarray(_dt.convert_host(data, dtype))
     nbytes = host.nbytes
     buf, bucket = ctx.buffers.acquire(nbytes)
     if nbytes:
@@ -186,7 +239,8 @@ def upload(data: np.ndarray, dtype: _dt.DType, ctx: DeviceContext) -> Array:
 
 def constant(value, dtype: _dt.DType, ctx: DeviceContext) -> Array:
     """A cached evaluated 0-d array holding a Python scalar (used for weak scalar operands)."""
-    key = (type(value), value, dtype)
+    # Floats by their hex form: -0.0 and 0.0 compare (and hash) equal but are different constants.
+    key = (dtype, value.hex()) if type(value) is float else (type(value), value, dtype)
     cache = ctx.constants
     arr = cache.get(key)
     if arr is None:

@@ -155,27 +155,43 @@ def context_for(device=None) -> DeviceContext:
     if device is None:
         ctx = _default[0]
         if ctx is None:
-            with _registry_lock:
-                if _default[0] is None:
-                    _default[0] = _context_of_device(hal.create_device())
-            ctx = _default[0]
+            ctx = _default[0] = _default_context()
         return ctx
     if isinstance(device, DeviceContext):
         return device
     if isinstance(device, str):
         ctx = _by_uri.get(device)
         if ctx is None:
+            # "local-task", "local-task://" and the default device name one device (one context).
+            name, key = hal.registry.parse_uri(device)
+            canonical = f"{name}://{key or ''}"
             with _registry_lock:
-                ctx = _by_uri.get(device)
+                ctx = _by_uri.get(canonical)
                 if ctx is None:
                     ctx = _context_of_device(hal.create_device(device))
-                    _by_uri[device] = ctx
+                    _by_uri[canonical] = ctx
+                _by_uri[device] = ctx
         return ctx
     ctx = _contexts.get(id(device))
     if ctx is None or ctx.device is not device:
         with _registry_lock:
             ctx = _context_of_device(device)
     return ctx
+
+
+def _default_context() -> DeviceContext:
+    """The context of the device `hal.create_device()` would pick (HAL_DEVICE, else the first available
+    driver), shared with the URI naming it: device="local-task" and the default are one device."""
+    from_env = env.text("HAL_DEVICE")
+    if from_env is not None:
+        try:
+            return context_for(from_env)
+        except hal.HalError as exc:
+            raise hal.HalError(exc.code, f"HAL_DEVICE={from_env!r}: {exc.message}") from None
+    for info in hal.list_drivers():
+        if info.available:
+            return context_for(info.name)
+    raise hal.UnavailableError("no HAL driver is available")
 
 
 def _context_of_device(device: hal.Device) -> DeviceContext:

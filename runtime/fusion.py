@@ -34,15 +34,8 @@ from .shapes import contiguous_strides
 def _plan_full(node, layouts, ctx) -> list:
     if node.size == 0:
         return []
-    import numpy as np
-    dt = node.dtype
-    value = node.params
-    if dt.code == "bf16":
-        from .dtypes import to_bfloat16_bits
-        bits = int(to_bfloat16_bits(np.array([value], np.float32))[0])
-    else:
-        bits = int(np.array([value], dtype=dt.storage).view({1: np.uint8, 2: np.uint16, 4: np.uint32}[dt.itemsize])[0])
-    return [("fill", ("out",), bits, dt.itemsize)]
+    bits, length = node.params  # the element's bit pattern (ops.full)
+    return [("fill", ("out",), bits, length)]
 
 
 PLANNERS = {"matmul": matmul.plan, "random": random.plan, "pad": pad.plan, "full": _plan_full}

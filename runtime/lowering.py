@@ -558,7 +558,10 @@ def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
         keep = None
     ctx.refresh()
     protect(order)
-    ext = [r.storage.buffer for r in externals]
+    try:
+        ext = [r.storage.buffer for r in externals]
+    except AttributeError:  # a placeholder of a function rt.compile is tracing
+        raise _tracing_error(targets) from None
     if not graph_cache.enabled():
         rec = record(ctx, order, externals, keep)
     else:
@@ -583,6 +586,15 @@ def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
     else:
         table, value = submit(ctx, rec, ext)
     attach(ctx, rec, order, table, value)
+
+
+def _tracing_error(targets: list) -> Exception:
+    from .errors import TracingError
+    ops = ", ".join(sorted({t.op for t in targets if t.op}))
+    return TracingError(
+        f"the value of {ops or 'an array'} is needed while rt.compile traces the function, but it depends on "
+        "the function's inputs: Python control flow on array values (if, while, bool(), float(), .item(), "
+        ".numpy()) cannot be compiled; compute both branches and select with rt.where")
 
 
 def submit(ctx: DeviceContext, rec: Recording, ext: list) -> tuple[list, int]:

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import builtins
-import numbers
 import operator
 
 import numpy as np
 
-import hal
-
 from . import dtypes as _dt
 from .array import Array, constant, new_node, new_view, upload
 from .device import context_for
+from .errors import InvalidTypeError, InvalidValueError, ScalarOverflowError
 from .shapes import (
     MAX_DIMS,
     broadcast_shapes,
@@ -24,10 +22,17 @@ from .shapes import (
     size_of,
 )
 
-UNARY_FLOAT = ("exp", "log", "sqrt", "tanh", "sigmoid")
-ARITH = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
+UNARY_FLOAT = ("exp", "log", "sqrt", "tanh", "sigmoid", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
+               "cosh", "asinh", "acosh", "atanh", "expm1", "log1p", "log2", "log10", "reciprocal")
+UNARY_SAME = ("neg", "abs", "floor", "ceil", "trunc", "round", "square", "sign", "bitwise_invert")
+UNARY_PREDICATE = ("isnan", "isinf", "isfinite", "signbit", "logical_not")
+ARITH = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "floor_divide", "remainder")
+BINARY_FLOAT = ("atan2", "hypot", "copysign", "nextafter", "logaddexp")
+BITWISE = ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift")
+LOGICAL = ("logical_and", "logical_or", "logical_xor")
 COMPARE = ("eq", "ne", "lt", "le", "gt", "ge")
-ELEMENTWISE = frozenset(UNARY_FLOAT + ARITH + COMPARE + ("neg", "abs", "cast", "copy", "where"))
+ELEMENTWISE = frozenset(UNARY_FLOAT + UNARY_SAME + UNARY_PREDICATE + ARITH + BINARY_FLOAT + BITWISE + LOGICAL
+                        + COMPARE + ("cast", "copy", "where"))
 REDUCTIONS = frozenset(("sum", "mean", "max", "min", "argmax", "argmin"))
 VIEWS = frozenset(("reshape", "transpose", "broadcast_to", "slice", "alias"))
 
@@ -41,31 +46,91 @@ def _ctx_of(*xs):
             if ctx is None:
                 ctx = x.ctx
             elif x.ctx is not ctx:
-                raise hal.InvalidArgumentError(
-                    f"arrays are on different devices ({ctx.name} and {x.ctx.name})")
+                raise InvalidValueError(
+                    f"arrays are on different devices ({ctx.device!r} and {x.ctx.device!r}); "
+                    "move one with rt.asarray(x, device=...)")
     return ctx
 
 
-def asarray(x, dtype=None, device=None) -> Array:
-    """An Array from an Array, numpy array, Python scalar or nested sequence (copied to the device)."""
+def asarray(x, dtype=None, device=None, copy=None) -> Array:
+    """An Array from an Array, numpy array, Python or numpy scalar, nested sequence or DLPack object.
+
+    numpy data keeps its dtype; Python floats become the default float dtype (float32), Python
+    ints the default integer dtype (int64). `device` moves an Array to another device (through
+    host memory); `copy=True` always copies, `copy=False` refuses to.
+    """
     if type(x) is Array:
+        if device is not None and context_for(device) is not x.ctx:
+            if copy is False:
+                raise InvalidValueError("asarray(copy=False) cannot move an array to another device")
+            moved = upload(np.asarray(x.numpy()), x.dtype, context_for(device))
+            return asarray(moved, dtype=dtype)
         if dtype is not None and _dt.as_dtype(dtype) is not x.dtype:
+            if copy is False:
+                raise InvalidValueError("asarray(copy=False) cannot change the dtype without a copy")
             return astype(x, dtype)
-        return x
+        return copy_array(x) if copy else x
     ctx = context_for(device)
-    if hasattr(x, "__dlpack__") and not isinstance(x, np.ndarray):
+    if hasattr(x, "__dlpack__") and not isinstance(x, (np.ndarray, np.generic)):
         from .interop import from_dlpack
         return asarray(from_dlpack(x, device=ctx), dtype=dtype)
-    host = np.asarray(x)
+    host, dt = host_data(x)
     if dtype is not None:
         dt = _dt.as_dtype(dtype)
-    elif isinstance(x, _Scalar) or (isinstance(x, (list, tuple)) and host.dtype in (np.float64, np.int64)):
-        dt = _dt.from_numpy(host.dtype)
-    else:
-        dt = _dt.from_numpy(host.dtype)
     if len(host.shape) > MAX_DIMS:
-        raise hal.InvalidArgumentError(f"at most {MAX_DIMS} dimensions are supported")
+        raise InvalidValueError(f"at most {MAX_DIMS} dimensions are supported")
     return upload(host, dt, ctx)
+
+
+def host_data(x) -> tuple:
+    """(numpy data, runtime dtype) of host data: numpy's dtype, or the defaults for Python values."""
+    tx = type(x)
+    if tx is bool or tx is int or tx is float:
+        return np.asarray(x), _python_scalar_dtype(x)
+    try:
+        host = np.asarray(x)
+    except OverflowError as exc:
+        raise ScalarOverflowError(f"{x!r} does not fit in int64") from exc
+    if host.dtype == object:
+        raise InvalidTypeError(f"cannot make an array from {type(x).__name__} (not numeric data)")
+    if host.dtype.kind == "f" and host.dtype.itemsize == 8 and isinstance(x, (list, tuple)) and _python_floats(x):
+        return host, _dt.DEFAULT_FLOAT
+    return host, _dt.from_numpy(host.dtype)
+
+
+def _python_scalar_dtype(value) -> _dt.DType:
+    if isinstance(value, bool):
+        return _dt.bool_
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**63:
+            raise ScalarOverflowError(f"Python integer {value} out of bounds for int64")
+        return _dt.DEFAULT_INT
+    return _dt.DEFAULT_FLOAT
+
+
+def _python_floats(seq) -> bool:
+    """Whether a nested list's float64 came from Python floats (not from numpy float64 data)."""
+    for item in seq:
+        if isinstance(item, (list, tuple)):
+            if not _python_floats(item):
+                return False
+        elif isinstance(item, (np.ndarray, np.generic, Array)) and np.dtype(item.dtype) == np.float64:
+            return False
+    return True
+
+
+_WEAK = (bool, int, float)
+
+
+def _scalar_operand(value, other: Array):
+    """(constant array, result dtype) for a scalar operand of `other`: Python scalars are weak
+    (NEP 50), numpy scalars strongly typed."""
+    tv = type(value)
+    if tv is float or tv is int or tv is bool:
+        dt = _dt.weak_scalar_dtype(other.dtype, value)
+        return constant(value, dt, other.ctx), dt
+    sdt = _dt.from_numpy(value.dtype)
+    return constant(value.item(), sdt, other.ctx), _dt.promote(other.dtype, sdt)
 
 
 def _operands(a, b):
@@ -76,15 +141,15 @@ def _operands(a, b):
             _ctx_of(a, b)
         return a, b, _dt.promote(a.dtype, b.dtype)
     if ta:
-        if isinstance(b, _Scalar):
-            dt = _dt.weak_scalar_dtype(a.dtype, b)
-            return a, constant(b, dt, a.ctx), dt
+        if type(b) in _WEAK or isinstance(b, np.generic):
+            b, dt = _scalar_operand(b, a)
+            return a, b, dt
         b = asarray(b, device=a.ctx)
         return a, b, _dt.promote(a.dtype, b.dtype)
     if tb:
-        if isinstance(a, _Scalar):
-            dt = _dt.weak_scalar_dtype(b.dtype, a)
-            return constant(a, dt, b.ctx), b, dt
+        if type(a) in _WEAK or isinstance(a, np.generic):
+            a, dt = _scalar_operand(a, b)
+            return a, b, dt
         a = asarray(a, device=b.ctx)
         return a, b, _dt.promote(a.dtype, b.dtype)
     a = asarray(a)
@@ -103,23 +168,48 @@ def _bshape(a: Array, b: Array) -> tuple:
 _PROMOTE = _dt._PROMOTE
 
 
+def binary_signature(op: str, dt: _dt.DType) -> tuple:
+    """(result dtype, compute dtype) of binary `op` on operands promoted to `dt` (numpy's rules)."""
+    sig = _SIGNATURES.get((op, dt))
+    if sig is not None:
+        return sig
+    kind = dt.kind
+    if op == "div":
+        out = cdt = _dt.true_divide_result(dt)
+    elif op in COMPARE:
+        out, cdt = _dt.bool_, dt
+    elif op in LOGICAL:
+        out = cdt = _dt.bool_
+    elif op in BINARY_FLOAT:
+        out = cdt = _dt.float_result(dt)
+    elif op in BITWISE:
+        if kind == "f" or (kind == "b" and op.endswith("shift")):
+            raise InvalidTypeError(f"{op} is not supported for {dt.name} (integer or bool operands only)")
+        out = cdt = dt
+    elif op == "sub" and kind == "b":
+        raise InvalidTypeError("numpy boolean subtract is not supported, use logical_xor")
+    elif op in ("pow", "floor_divide", "remainder") and kind == "b":
+        out = cdt = _dt.int8
+    else:
+        out = cdt = dt
+    _SIGNATURES[op, dt] = (out, cdt)
+    return out, cdt
+
+
+_SIGNATURES: dict = {}
+
+
 def _binary(op: str, a, b) -> Array:
     if type(a) is Array and type(b) is Array and a.ctx is b.ctx:
         dt = _PROMOTE[a.dtype, b.dtype]
     else:
+        if op == "pow" and isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b < 0 \
+                and type(a) is Array and a.dtype.kind in "iub":
+            raise InvalidValueError("Integers to negative integer powers are not allowed.")
         a, b, dt = _operands(a, b)
     shape = _bshape(a, b)
-    if op == "div":
-        out = dt if dt.is_float else _dt.float32
-        cdt = out
-    elif op in COMPARE:
-        out, cdt = _dt.bool_, dt
-    elif op == "sub" and dt is _dt.bool_:
-        raise hal.InvalidArgumentError("numpy boolean subtract is not supported, use logical ops")
-    elif op == "pow" and dt is _dt.bool_:
-        out = cdt = _dt.int32
-    else:
-        out = cdt = dt
+    sig = _SIGNATURES.get((op, dt))
+    out, cdt = sig if sig is not None else binary_signature(op, dt)
     return new_node(op, (a, b), cdt, shape, out, a.ctx)
 
 
@@ -138,50 +228,73 @@ def greater(a, b): return _binary("gt", a, b)
 def greater_equal(a, b): return _binary("ge", a, b)
 
 
+def _binary_fn(op: str):
+    def fn(a, b) -> Array:
+        return _binary(op, a, b)
+    fn.__name__ = op
+    fn.__doc__ = f"Elementwise {op} with numpy broadcasting and promotion."
+    return fn
+
+
+for _op in ("floor_divide", "remainder") + BINARY_FLOAT + BITWISE + LOGICAL:
+    globals()[_op] = _binary_fn(_op)
+floor_divide, remainder = globals()["floor_divide"], globals()["remainder"]
+
 sub = subtract
 mul = multiply
 div = true_divide = divide
 pow = power  # noqa: A001
 
 
+def unary_signature(op: str, d: _dt.DType) -> tuple:
+    """(result dtype, compute dtype) of unary `op` on `d` (numpy's rules)."""
+    if op in UNARY_FLOAT:
+        out = _dt.float_result(d)
+        return out, out
+    if op == "logical_not":
+        return _dt.bool_, _dt.bool_
+    if op in UNARY_PREDICATE:
+        if op == "signbit" and not d.is_float:
+            raise InvalidTypeError(f"signbit is not supported for {d.name} (float operands only)")
+        return _dt.bool_, d
+    if d is _dt.bool_ and op in ("neg", "sign", "square"):
+        raise InvalidTypeError(f"the numpy boolean {op} is not supported, use logical_not or astype")
+    if op == "bitwise_invert" and d.is_float:
+        raise InvalidTypeError(f"bitwise_invert is not supported for {d.name} (integer or bool operands only)")
+    return d, d
+
+
 def _unary(op: str, x, out: _dt.DType | None = None) -> Array:
     if type(x) is not Array:
         x = asarray(x)
-    dt = out or x.dtype
-    return new_node(op, (x,), dt, x.shape, dt, x.ctx)
+    if out is None:
+        out, cdt = unary_signature(op, x.dtype)
+    else:
+        cdt = out
+    return new_node(op, (x,), cdt, x.shape, out, x.ctx)
 
 
-def negative(x) -> Array:
-    if type(x) is Array and x.dtype is _dt.bool_:
-        raise hal.InvalidArgumentError("the numpy boolean negative is not supported, use logical_not")
-    return _unary("neg", x)
-
-
-neg = negative
-
-
-def absolute(x) -> Array:
-    return _unary("abs", x)
-
-
-abs = absolute  # noqa: A001
-
-
-def _transcendental(op):
+def _unary_fn(op: str, doc: str):
     def fn(x) -> Array:
-        if type(x) is not Array:
-            x = asarray(x)
-        return _unary(op, x, _dt.float_result(x.dtype))
+        return _unary(op, x)
     fn.__name__ = op
-    fn.__doc__ = f"Elementwise {op} (integers and bools are promoted to floats as numpy does)."
+    fn.__doc__ = doc
     return fn
 
 
-exp = _transcendental("exp")
-log = _transcendental("log")
-sqrt = _transcendental("sqrt")
-tanh = _transcendental("tanh")
-sigmoid = _transcendental("sigmoid")
+negative = neg = _unary_fn("neg", "Elementwise -x.")
+absolute = abs = _unary_fn("abs", "Elementwise |x|.")  # noqa: A001
+for _op in UNARY_FLOAT + UNARY_SAME[2:] + UNARY_PREDICATE:
+    globals()[_op] = _unary_fn(_op, f"Elementwise {_op} (integers and bools give numpy's float result where "
+                                    "the op is a float function).")
+exp, log, sqrt, tanh, sigmoid = (globals()[n] for n in ("exp", "log", "sqrt", "tanh", "sigmoid"))
+
+
+def positive(x) -> Array:
+    x = x if type(x) is Array else asarray(x)
+    if x.dtype is _dt.bool_:
+        raise InvalidTypeError("positive is not supported for bool")
+    return x
 
 
 def astype(x, dtype) -> Array:
@@ -191,6 +304,11 @@ def astype(x, dtype) -> Array:
     if dt is x.dtype:
         return x
     return new_node("cast", (x,), dt, x.shape, dt, x.ctx)
+
+
+def copy_array(x: Array) -> Array:
+    """A new array with x's values in its own contiguous buffer (x.copy())."""
+    return new_node("copy", (x,), x.dtype, x.shape, x.dtype, x.ctx)
 
 
 def contiguous(x: Array) -> Array:
@@ -224,7 +342,7 @@ def _reduce(op: str, x, axis, keepdims: bool) -> Array:
     axes = normalize_axes(axis, x.ndim)
     if op in ("argmax", "argmin"):
         if axis is not None and len(axes) != 1:
-            raise hal.InvalidArgumentError(f"{op} takes a single axis or None")
+            raise InvalidValueError(f"{op} takes a single axis or None")
     kept = tuple(d for i, d in enumerate(x.shape) if i not in axes)
     if keepdims:
         shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
@@ -232,7 +350,7 @@ def _reduce(op: str, x, axis, keepdims: bool) -> Array:
         shape = kept
     reduced = size_of(tuple(x.shape[i] for i in axes))
     if reduced == 0 and op not in ("sum", "mean") and size_of(kept) != 0:
-        raise hal.InvalidArgumentError(f"zero-size array to reduction operation {op} which has no identity")
+        raise InvalidValueError(f"zero-size array to reduction operation {op} which has no identity")
     out = _dt.reduction_result(op, x.dtype)
     return new_node(op, (x,), (axes, bool(keepdims)), shape, out, x.ctx)
 
@@ -253,18 +371,21 @@ def min(x, axis=None, keepdims=False) -> Array:  # noqa: A001
     return _reduce("min", x, axis, keepdims)
 
 
+def _arg_reduce(op: str, x, axis, keepdims: bool) -> Array:
+    if type(x) is not Array:
+        x = asarray(x)
+    if axis is None and x.ndim != 1:  # over the flattened array; keepdims keeps every axis as 1
+        r = _reduce(op, reshape(x, (-1,)), None, False)
+        return reshape(r, (1,) * x.ndim) if keepdims else r
+    return _reduce(op, x, axis, keepdims)
+
+
 def argmax(x, axis=None, keepdims=False) -> Array:
-    if axis is None and type(x) is Array and x.ndim > 1:
-        x = reshape(x, (-1,))
-        return _reduce("argmax", x, None, False) if not keepdims else reshape(
-            _reduce("argmax", x, None, False), (1,) * len(x.shape))
-    return _reduce("argmax", x, axis, keepdims)
+    return _arg_reduce("argmax", x, axis, keepdims)
 
 
 def argmin(x, axis=None, keepdims=False) -> Array:
-    if axis is None and type(x) is Array and x.ndim > 1:
-        return _reduce("argmin", reshape(x, (-1,)), None, False)
-    return _reduce("argmin", x, axis, keepdims)
+    return _arg_reduce("argmin", x, axis, keepdims)
 
 
 # ---- matmul -----------------------------------------------------------------------------------
@@ -272,13 +393,13 @@ def argmin(x, axis=None, keepdims=False) -> Array:
 def matmul(a, b) -> Array:
     a, b, dt = _operands(a, b)
     if a.ndim == 0 or b.ndim == 0:
-        raise hal.InvalidArgumentError("matmul: input operand does not have enough dimensions")
+        raise InvalidValueError("matmul: input operand does not have enough dimensions")
     a2 = reshape(a, (1,) + a.shape) if a.ndim == 1 else a
     b2 = reshape(b, b.shape + (1,)) if b.ndim == 1 else b
     m, k = a2.shape[-2:]
     k2, n = b2.shape[-2:]
     if k != k2:
-        raise hal.InvalidArgumentError(
+        raise InvalidValueError(
             f"matmul: mismatch in core dimension: {a.shape} @ {b.shape} ({k} != {k2})")
     batch = broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
     if a2.dtype is not dt:
@@ -344,7 +465,7 @@ def transpose(x, axes=None) -> Array:
             axes = axes[0]
         axes = tuple(operator.index(a) % nd if -nd <= a < nd else -1 for a in axes)
         if sorted(axes) != list(range(nd)):
-            raise hal.InvalidArgumentError(f"axes don't match array: {axes}")
+            raise InvalidValueError(f"axes don't match array: {axes}")
     if axes == tuple(range(nd)):
         return x
     strides, offset = x.layout()
@@ -365,7 +486,7 @@ def broadcast_to(x, shape) -> Array:
     if shape == x.shape:
         return x
     if len(shape) < x.ndim or broadcast_shapes(x.shape, shape) != shape:
-        raise hal.InvalidArgumentError(f"cannot broadcast shape {x.shape} to {shape}")
+        raise InvalidValueError(f"cannot broadcast shape {x.shape} to {shape}")
     strides, offset = x.layout()
     lead = len(shape) - x.ndim
     new_strides = (0,) * lead + tuple(0 if d == 1 and o != 1 else s
@@ -386,17 +507,17 @@ def squeeze(x, axis=None) -> Array:
         return reshape(x, tuple(d for d in x.shape if d != 1))
     axes = normalize_axes(axis, x.ndim)
     if any(x.shape[a] != 1 for a in axes):
-        raise hal.InvalidArgumentError("cannot select an axis to squeeze out which has size not equal to one")
+        raise InvalidValueError("cannot select an axis to squeeze out which has size not equal to one")
     return reshape(x, tuple(d for i, d in enumerate(x.shape) if i not in axes))
 
 
 def getitem(x: Array, key) -> Array:
     if isinstance(key, Array) or isinstance(key, (list, np.ndarray)):
-        raise hal.InvalidArgumentError("advanced (array) indexing is not supported; use basic slicing")
+        raise InvalidValueError("advanced (array) indexing is not supported; use basic slicing")
     strides, offset = x.layout()
     shape, new_strides, new_offset, info = parse_index(key, x.shape, strides, offset)
     if len(shape) > MAX_DIMS:
-        raise hal.InvalidArgumentError(f"at most {MAX_DIMS} dimensions are supported")
+        raise InvalidValueError(f"at most {MAX_DIMS} dimensions are supported")
     params = (tuple(info), tuple(shape))
     return new_view("slice", x, params, shape, new_strides, new_offset)
 
@@ -418,45 +539,77 @@ def full(shape, fill_value, dtype=None, device=None) -> Array:
     from .shapes import check_shape
     shape = check_shape(shape)
     ctx = context_for(device)
-    if dtype is None:
-        if isinstance(fill_value, bool):
-            dt = _dt.bool_
-        elif isinstance(fill_value, numbers.Integral):
-            dt = _dt.int32
-        else:
-            dt = _dt.float32
-    else:
+    if type(fill_value) is Array:
+        fill_value = fill_value.item()
+    if dtype is not None:
         dt = _dt.as_dtype(dtype)
+    elif isinstance(fill_value, np.generic):
+        dt = _dt.from_numpy(fill_value.dtype)
+    else:
+        dt = _python_scalar_dtype(fill_value)
+    if isinstance(fill_value, np.generic):
+        fill_value = fill_value.item()
     if dt is _dt.bool_:
         value = builtins.bool(fill_value)
-    elif dt.kind == "i":
-        value = int(fill_value)
+    elif dt.is_int:
+        if isinstance(fill_value, float):
+            value = int(_dt.float_to_int(np.array(fill_value), dt))
+        else:
+            value = int(fill_value)
+            lo, hi = _dt.int_range(dt)
+            if not lo <= value <= hi:
+                raise ScalarOverflowError(f"fill value {value} out of bounds for {dt.name}")
     else:
         value = float(fill_value)
-    return new_node("full", (), value, shape, dt, ctx)
+    bits = fill_bits(value, dt)
+    if dt.itemsize == 8:
+        if bits >> 32 != bits & 0xFFFFFFFF:  # no 4-byte fill pattern: copy a broadcast constant
+            src = broadcast_to(constant(value, dt, ctx), shape)
+            return new_node("copy", (src,), dt, shape, dt, ctx)
+        return new_node("full", (), (bits & 0xFFFFFFFF, 4), shape, dt, ctx)
+    # The bit pattern is the node's parameter: -0.0 and 0.0 (or NaN payloads) make different graphs.
+    return new_node("full", (), (bits, dt.itemsize), shape, dt, ctx)
 
 
-def zeros(shape, dtype=_dt.float32, device=None) -> Array:
-    return full(shape, 0, dtype, device)
+def fill_bits(value, dt: _dt.DType) -> int:
+    """The stored bit pattern of one element of `dt` holding `value`."""
+    if dt is _dt.bfloat16:
+        return int(_dt.to_bfloat16_bits(np.array([value], np.float32))[0])
+    with np.errstate(over="ignore"):
+        host = np.array([value], dtype=dt.storage)
+    return int(host.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[dt.itemsize])[0])
 
 
-def ones(shape, dtype=_dt.float32, device=None) -> Array:
-    return full(shape, 1, dtype, device)
+def zeros(shape, dtype=None, device=None) -> Array:
+    return full(shape, 0, dtype or _dt.DEFAULT_FLOAT, device)
 
 
-def zeros_like(x: Array, dtype=None) -> Array:
-    return full(x.shape, 0, dtype or x.dtype, x.ctx)
+def ones(shape, dtype=None, device=None) -> Array:
+    return full(shape, 1, dtype or _dt.DEFAULT_FLOAT, device)
 
 
-def ones_like(x: Array, dtype=None) -> Array:
-    return full(x.shape, 1, dtype or x.dtype, x.ctx)
+def zeros_like(x: Array, dtype=None, device=None) -> Array:
+    return full(x.shape, 0, dtype or x.dtype, device or x.ctx)
+
+
+def ones_like(x: Array, dtype=None, device=None) -> Array:
+    return full(x.shape, 1, dtype or x.dtype, device or x.ctx)
+
+
+def full_like(x: Array, fill_value, dtype=None, device=None) -> Array:
+    return full(x.shape, fill_value, dtype or x.dtype, device or x.ctx)
 
 
 def arange(start, stop=None, step=1, dtype=None, device=None) -> Array:
     if stop is None:
         start, stop = 0, start
     host = np.arange(start, stop, step)
-    dt = _dt.as_dtype(dtype) if dtype is not None else _dt.from_numpy(host.dtype)
+    if dtype is not None:
+        dt = _dt.as_dtype(dtype)
+    elif any(isinstance(v, np.generic) for v in (start, stop, step)):
+        dt = _dt.from_numpy(host.dtype)
+    else:
+        dt = _dt.DEFAULT_FLOAT if host.dtype.kind == "f" else _dt.DEFAULT_INT
     return upload(host, dt, context_for(device))
 
 
@@ -485,6 +638,22 @@ def _install_operators() -> None:
     A.__le__ = lambda s, o: _binary("le", s, o)
     A.__gt__ = lambda s, o: _binary("gt", s, o)
     A.__ge__ = lambda s, o: _binary("ge", s, o)
+    A.__floordiv__ = lambda s, o: _binary("floor_divide", s, o)
+    A.__rfloordiv__ = lambda s, o: _binary("floor_divide", o, s)
+    A.__mod__ = lambda s, o: _binary("remainder", s, o)
+    A.__rmod__ = lambda s, o: _binary("remainder", o, s)
+    A.__divmod__ = lambda s, o: (_binary("floor_divide", s, o), _binary("remainder", s, o))
+    A.__and__ = lambda s, o: _binary("bitwise_and", s, o)
+    A.__rand__ = lambda s, o: _binary("bitwise_and", o, s)
+    A.__or__ = lambda s, o: _binary("bitwise_or", s, o)
+    A.__ror__ = lambda s, o: _binary("bitwise_or", o, s)
+    A.__xor__ = lambda s, o: _binary("bitwise_xor", s, o)
+    A.__rxor__ = lambda s, o: _binary("bitwise_xor", o, s)
+    A.__lshift__ = lambda s, o: _binary("left_shift", s, o)
+    A.__rlshift__ = lambda s, o: _binary("left_shift", o, s)
+    A.__rshift__ = lambda s, o: _binary("right_shift", s, o)
+    A.__rrshift__ = lambda s, o: _binary("right_shift", o, s)
+    A.__invert__ = lambda s: _unary("bitwise_invert", s)
     A.__hash__ = object.__hash__
     A.__getitem__ = getitem
     A.T = property(lambda s: transpose(s))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 
-import hal
+from .errors import AxisError, InvalidIndexError, InvalidTypeError, InvalidValueError
 
 MAX_DIMS = 8
 
@@ -31,11 +31,11 @@ def check_shape(shape) -> tuple:
     try:
         shape = tuple(operator.index(d) for d in shape)
     except TypeError:
-        raise hal.InvalidArgumentError(f"shape must be a tuple of ints, got {shape!r}") from None
+        raise InvalidTypeError(f"shape must be a tuple of ints, got {shape!r}") from None
     if any(d < 0 for d in shape):
-        raise hal.InvalidArgumentError(f"negative dimension in shape {shape}")
+        raise InvalidValueError(f"negative dimension in shape {shape}")
     if len(shape) > MAX_DIMS:
-        raise hal.InvalidArgumentError(f"at most {MAX_DIMS} dimensions are supported, got {len(shape)}")
+        raise InvalidValueError(f"at most {MAX_DIMS} dimensions are supported, got {len(shape)}")
     return shape
 
 
@@ -54,7 +54,7 @@ def broadcast_shapes(*shapes: tuple) -> tuple:
             if dim == 1:
                 dim = d
             else:
-                raise hal.InvalidArgumentError(
+                raise InvalidValueError(
                     f"shapes {' '.join(map(str, shapes))} cannot be broadcast together")
         out.append(dim)
     return tuple(out)
@@ -73,9 +73,9 @@ def normalize_axis(axis: int, ndim: int) -> int:
     try:
         axis = operator.index(axis)
     except TypeError:
-        raise hal.InvalidArgumentError(f"axis must be an int, got {axis!r}") from None
+        raise InvalidTypeError(f"axis must be an int, got {axis!r}") from None
     if not -ndim <= axis < ndim:
-        raise hal.InvalidArgumentError(f"axis {axis} is out of bounds for array of dimension {ndim}")
+        raise AxisError(f"axis {axis} is out of bounds for array of dimension {ndim}")
     return axis % ndim if ndim else 0
 
 
@@ -86,7 +86,7 @@ def normalize_axes(axis, ndim: int) -> tuple:
     if isinstance(axis, (tuple, list)):
         axes = tuple(normalize_axis(a, ndim) for a in axis)
         if len(set(axes)) != len(axes):
-            raise hal.InvalidArgumentError(f"repeated axis in {axis}")
+            raise InvalidValueError(f"repeated axis in {axis}")
         return tuple(sorted(axes))
     return (normalize_axis(axis, ndim),)
 
@@ -97,19 +97,19 @@ def reshape_target(shape: tuple, newshape, size: int) -> tuple:
     try:
         newshape = tuple(operator.index(d) for d in newshape)
     except TypeError:
-        raise hal.InvalidArgumentError(f"shape must be ints, got {newshape!r}") from None
+        raise InvalidTypeError(f"shape must be ints, got {newshape!r}") from None
     unknown = [i for i, d in enumerate(newshape) if d == -1]
     if len(unknown) > 1:
-        raise hal.InvalidArgumentError("can only specify one unknown dimension")
+        raise InvalidValueError("can only specify one unknown dimension")
     if any(d < -1 for d in newshape):
-        raise hal.InvalidArgumentError(f"invalid shape {newshape}")
+        raise InvalidValueError(f"invalid shape {newshape}")
     if unknown:
         known = size_of(tuple(d for d in newshape if d != -1))
         if known == 0 or size % known:
-            raise hal.InvalidArgumentError(f"cannot reshape array of size {size} into shape {newshape}")
+            raise InvalidValueError(f"cannot reshape array of size {size} into shape {newshape}")
         newshape = tuple(size // known if d == -1 else d for d in newshape)
     if size_of(newshape) != size:
-        raise hal.InvalidArgumentError(f"cannot reshape array of size {size} into shape {newshape}")
+        raise InvalidValueError(f"cannot reshape array of size {size} into shape {newshape}")
     return check_shape(newshape)
 
 
@@ -195,10 +195,10 @@ def parse_index(key, shape: tuple, strides: tuple, offset: int):
         key = (key,)
     n_ellipsis = sum(1 for k in key if k is Ellipsis)
     if n_ellipsis > 1:
-        raise hal.InvalidArgumentError("an index can only have a single ellipsis ('...')")
+        raise InvalidIndexError("an index can only have a single ellipsis ('...')")
     n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
     if n_real > len(shape):
-        raise hal.InvalidArgumentError(
+        raise InvalidIndexError(
             f"too many indices for array: array is {len(shape)}-dimensional, but {n_real} were indexed")
     expanded = []
     for k in key:
@@ -227,10 +227,10 @@ def parse_index(key, shape: tuple, strides: tuple, offset: int):
             try:
                 idx = operator.index(k)
             except TypeError:
-                raise hal.InvalidArgumentError(
+                raise InvalidIndexError(
                     f"only integers, slices, None and Ellipsis are valid indices, got {k!r}") from None
             if not -dim <= idx < dim:
-                raise hal.InvalidArgumentError(
+                raise InvalidIndexError(
                     f"index {idx} is out of bounds for axis {axis} with size {dim}")
             idx %= dim
             offset += idx * st

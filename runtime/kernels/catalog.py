@@ -3,35 +3,29 @@
 from __future__ import annotations
 
 from .. import dtypes as _dt
+from .. import ops
 from . import elementwise, matmul, pad, random, reduce
+
+
+def _signature(fn, *args):
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - an unsupported combination (bool subtract, float bitwise, ...)
+        return None
 
 
 def _ew_combos():
     D = _dt.ALL
-    for op in ("add", "sub", "mul", "div", "pow", "maximum", "minimum"):
+    for op in ops.ARITH + ops.BINARY_FLOAT + ops.BITWISE + ops.LOGICAL + ops.COMPARE:
         for d in D:
-            cdt = d
-            if op == "div":
-                cdt = d if d.is_float else _dt.float32
-            elif op == "pow" and d is _dt.bool_:
-                cdt = _dt.int32
-            try:
-                elementwise.c_expr(op, cdt)
-            except Exception:  # noqa: BLE001 - unsupported combination (e.g. bool subtract)
-                continue
-            yield op, (d, d), cdt, cdt
-    for op in ("eq", "ne", "lt", "le", "gt", "ge"):
+            sig = _signature(ops.binary_signature, op, d)
+            if sig is not None:
+                yield op, (d, d), sig[0], sig[1]
+    for op in ops.UNARY_FLOAT + ops.UNARY_SAME + ops.UNARY_PREDICATE:
         for d in D:
-            yield op, (d, d), _dt.bool_, d
-    for op in ("neg", "abs"):
-        for d in D:
-            if op == "neg" and d is _dt.bool_:
-                continue
-            yield op, (d,), d, d
-    for op in ("exp", "log", "sqrt", "tanh", "sigmoid"):
-        for d in D:
-            out = _dt.float_result(d)
-            yield op, (d,), out, out
+            sig = _signature(ops.unary_signature, op, d)
+            if sig is not None:
+                yield op, (d,), sig[0], sig[1]
     for src in D:
         for dst in D:
             if src is not dst:

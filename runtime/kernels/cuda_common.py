@@ -39,12 +39,73 @@ RT_DEV unsigned short f32_to_bf16(float f) {
 template <typename T> struct alignas(4 * sizeof(T)) rt_vec4 { T v[4]; };
 RT_DEV float rt_fmax(float a, float b) { return (a > b || a != a) ? a : b; }
 RT_DEV float rt_fmin(float a, float b) { return (a < b || a != a) ? a : b; }
-RT_DEV int rt_ipow(int base, int e) {
-  if (e < 0) return base == 1 ? 1 : (base == -1 ? ((e & 1) ? -1 : 1) : 0);
-  int r = 1;
-  while (e) { if (e & 1) r *= base; base *= base; e >>= 1; }
+RT_DEV double rt_fmax(double a, double b) { return (a > b || a != a) ? a : b; }
+RT_DEV double rt_fmin(double a, double b) { return (a < b || a != a) ? a : b; }
+// Integer power; negative exponents are rejected when the op is built (numpy raises too).
+template <typename T> RT_DEV T rt_ipow(T base, T e) {
+  T r = 1;
+  while (e > 0) { if (e & 1) r *= base; base *= base; e >>= 1; }
   return r;
 }
+// numpy's floor division and remainder (Python semantics: the remainder takes the divisor's sign).
+#define RT_FLOAT_DIVMOD(T, S) \
+  RT_DEV T rt_remainder(T a, T b) { \
+    if (b == 0) return fmod##S(a, b); \
+    T m = fmod##S(a, b); \
+    if (m != 0) { if ((b < 0) != (m < 0)) m += b; } else m = copysign##S((T)0, b); \
+    return m; \
+  } \
+  RT_DEV T rt_floordiv(T a, T b) { \
+    if (b == 0) return a / b; \
+    T m = fmod##S(a, b), d = (a - m) / b; \
+    if (m != 0 && ((b < 0) != (m < 0))) d -= 1; \
+    if (d == 0) return copysign##S((T)0, a / b); \
+    T f = floor##S(d); \
+    if (d - f > (T)0.5) f += 1; \
+    return f; \
+  } \
+  RT_DEV T rt_logaddexp(T a, T b) { \
+    if (a == b) return a + (T)0.69314718055994530942; \
+    const T d = a - b; \
+    if (d > 0) return a + log1p##S(exp##S(-d)); \
+    if (d <= 0) return b + log1p##S(exp##S(d)); \
+    return d; \
+  }
+RT_FLOAT_DIVMOD(float, f)
+RT_FLOAT_DIVMOD(double, )
+template <typename T> RT_DEV T rt_ifloordiv(T a, T b) {
+  if (b == 0) return 0;
+  if ((T)-1 < (T)0 && b == (T)-1) return (T)(0ull - (u64)a);
+  T q = a / b;
+  if ((T)-1 < (T)0 && a % b != 0 && ((a < (T)0) != (b < (T)0))) q -= 1;
+  return q;
+}
+template <typename T> RT_DEV T rt_iremainder(T a, T b) {
+  if (b == 0 || ((T)-1 < (T)0 && b == (T)-1)) return 0;
+  T r = a % b;
+  if ((T)-1 < (T)0 && r != 0 && ((r < (T)0) != (b < (T)0))) r += b;
+  return r;
+}
+// Shifts past the width give 0 (or -1 for negative values shifted right), as numpy's do.
+template <typename T> RT_DEV T rt_shl(T a, T b) {
+  return (b < (T)0 || b >= (T)(8 * sizeof(T))) ? (T)0 : (T)(a << b);
+}
+template <typename T> RT_DEV T rt_shr(T a, T b) {
+  return (b < (T)0 || b >= (T)(8 * sizeof(T))) ? (a < (T)0 ? (T)-1 : (T)0) : (T)(a >> b);
+}
+// Float -> integer: toward zero, saturating at the type's range, NaN -> 0 (CUDA's cvt.rzi.sat).
+#define RT_F2I(name, T, LO, HI) \
+  RT_DEV T name(double v) { \
+    return v != v ? (T)0 : (v <= (double)(LO) ? (T)(LO) : (v >= (double)(HI) ? (T)(HI) : (T)v)); \
+  }
+RT_F2I(rt_f2i_i8, signed char, -128, 127)
+RT_F2I(rt_f2i_i16, short, -32768, 32767)
+RT_F2I(rt_f2i_i32, int, -2147483647 - 1, 2147483647)
+RT_F2I(rt_f2i_i64, long long, -9223372036854775807LL - 1, 9223372036854775807LL)
+RT_F2I(rt_f2i_u8, unsigned char, 0, 255)
+RT_F2I(rt_f2i_u16, unsigned short, 0, 65535)
+RT_F2I(rt_f2i_u32, unsigned int, 0, 4294967295u)
+RT_F2I(rt_f2i_u64, unsigned long long, 0, 18446744073709551615ull)
 """
 
 
@@ -69,9 +130,17 @@ def store_expr(dtype, value: str) -> str:
         return f"f32_to_bf16((float)({value}))"
     if code == "b8":
         return f"(unsigned char)(({value}) != 0)"
-    if code == "i32":
-        return f"(int)({value})"
-    return f"(float)({value})"
+    return f"({dtype.c_storage})({value})"
+
+
+def float_to_int_expr(dtype, value: str) -> str:
+    """C expression converting a float value to integer dtype `dtype` as every driver does
+    (toward zero, saturating, NaN -> 0), in dtype's compute type."""
+    return f"({dtype.c_compute})rt_f2i_{dtype.code}({value})"
+
+
+_SATURATING = {"int": "rt_f2i_i32", "long long": "rt_f2i_i64", "unsigned int": "rt_f2i_u32",
+               "unsigned long long": "rt_f2i_u64"}
 
 
 def convert(value: str, src_compute: str, dst_compute: str) -> str:
@@ -79,4 +148,6 @@ def convert(value: str, src_compute: str, dst_compute: str) -> str:
         return value
     if dst_compute == "bool":
         return f"(({value}) != 0)"
+    if src_compute in ("float", "double") and dst_compute in _SATURATING:
+        return f"{_SATURATING[dst_compute]}({value})"
     return f"({dst_compute})({value})"

@@ -4,31 +4,88 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 
 import numpy as np
 
 import hal
 
 from .. import dtypes as _dt
+from ..errors import InvalidTypeError
 from ..shapes import MAX_DIMS, broadcast_strides, collapse, contiguous_strides, size_of
-from .cuda_common import convert, load_expr, store_expr
+from .cuda_common import convert, float_to_int_expr, load_expr, store_expr
 from .numpy_util import ERRSTATE, compute_np, signed, store, strided_view, to_compute
 from .source import WORKGROUP, KernelSource, grid_1d, source, u32
 
-# C expression of each op over compute-typed operands a, b (c = condition for where).
+# C expression of each op over compute-typed operands a, b (c = condition for where), written for
+# float; double kernels use the same expressions without the f suffixes (see _for_double).
 _C_FLOAT = {
     "add": "a + b", "sub": "a - b", "mul": "a * b", "div": "a / b", "pow": "powf(a, b)",
     "maximum": "rt_fmax(a, b)", "minimum": "rt_fmin(a, b)",
     "neg": "-a", "abs": "fabsf(a)", "exp": "expf(a)", "log": "logf(a)", "sqrt": "sqrtf(a)",
     "tanh": "tanhf(a)", "sigmoid": "1.0f / (1.0f + expf(-a))",
+    "sin": "sinf(a)", "cos": "cosf(a)", "tan": "tanf(a)", "asin": "asinf(a)", "acos": "acosf(a)",
+    "atan": "atanf(a)", "sinh": "sinhf(a)", "cosh": "coshf(a)", "asinh": "asinhf(a)", "acosh": "acoshf(a)",
+    "atanh": "atanhf(a)", "expm1": "expm1f(a)", "log1p": "log1pf(a)", "log2": "log2f(a)",
+    "log10": "log10f(a)", "floor": "floorf(a)", "ceil": "ceilf(a)", "trunc": "truncf(a)", "round": "rintf(a)",
+    "square": "a * a", "sign": "(a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : a))",
+    "atan2": "atan2f(a, b)", "hypot": "hypotf(a, b)", "copysign": "copysignf(a, b)",
+    "nextafter": "nextafterf(a, b)", "floor_divide": "rt_floordiv(a, b)", "remainder": "rt_remainder(a, b)",
+    "logaddexp": "rt_logaddexp(a, b)", "reciprocal": "1.0f / a",
+    "isnan": "(a != a)", "isinf": "(fabsf(a) == __int_as_float(0x7f800000))",
+    "isfinite": "(fabsf(a) < __int_as_float(0x7f800000))", "signbit": "(copysignf(1.0f, a) < 0.0f)",
 }
 _C_INT = {
     "add": "a + b", "sub": "a - b", "mul": "a * b", "pow": "rt_ipow(a, b)",
     "maximum": "(a > b ? a : b)", "minimum": "(a < b ? a : b)", "neg": "-a", "abs": "(a < 0 ? -a : a)",
+    "floor": "a", "ceil": "a", "trunc": "a", "round": "a", "square": "a * a", "sign": "((a > 0) - (a < 0))",
+    "floor_divide": "rt_ifloordiv(a, b)", "remainder": "rt_iremainder(a, b)",
+    "bitwise_and": "(a & b)", "bitwise_or": "(a | b)", "bitwise_xor": "(a ^ b)", "bitwise_invert": "(~a)",
+    "left_shift": "rt_shl(a, b)", "right_shift": "rt_shr(a, b)",
+    "isnan": "false", "isinf": "false", "isfinite": "true",
 }
-_C_BOOL = {"add": "(a || b)", "mul": "(a && b)", "maximum": "(a || b)", "minimum": "(a && b)", "abs": "a"}
+_C_BOOL = {"add": "(a || b)", "mul": "(a && b)", "maximum": "(a || b)", "minimum": "(a && b)", "abs": "a",
+           "bitwise_and": "(a && b)", "bitwise_or": "(a || b)", "bitwise_xor": "(a != b)",
+           "bitwise_invert": "(!a)", "floor": "a", "ceil": "a", "trunc": "a", "round": "a",
+           "isnan": "false", "isinf": "false", "isfinite": "true"}
 _C_ANY = {"eq": "a == b", "ne": "a != b", "lt": "a < b", "le": "a <= b", "gt": "a > b", "ge": "a >= b",
-          "where": "(c ? a : b)", "cast": "a", "copy": "a"}
+          "where": "(c ? a : b)", "cast": "a", "copy": "a", "logical_and": "(a && b)", "logical_or": "(a || b)",
+          "logical_xor": "(a != b)", "logical_not": "(!a)"}
+
+# Ops whose result is bool whatever they compute in.
+PREDICATES = frozenset(("eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "isfinite", "signbit",
+                        "logical_and", "logical_or", "logical_xor", "logical_not"))
+UNARY = frozenset(("neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "cast", "copy", "sin", "cos", "tan",
+                   "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "expm1", "log1p", "log2",
+                   "log10", "floor", "ceil", "trunc", "round", "square", "sign", "reciprocal", "isnan",
+                   "isinf", "isfinite", "signbit", "bitwise_invert", "logical_not"))
+
+_np_shift = {"left_shift": np.left_shift, "right_shift": np.right_shift}
+
+
+def _np_sigmoid(a):
+    return 1 / (1 + np.exp(-a))
+
+
+def _np_ipow(a, b):
+    return np.power(a, np.maximum(b, 0) if np.asarray(b).dtype.kind == "i" else b)
+
+
+def _np_shift_op(op):
+    ufunc = _np_shift[op]
+
+    def fn(a, b):
+        # Shifts past the width: 0 (or -1 for negative values shifted right), never C's undefined result.
+        a, b = np.asarray(a), np.asarray(b)
+        bits = a.dtype.itemsize * 8
+        big = (b < 0) | (b >= bits)
+        r = ufunc(a, np.where(big, 0, b).astype(a.dtype, copy=False))
+        if np.any(big):
+            fill = np.where(a < 0, -1, 0) if op == "right_shift" else 0
+            r = np.where(big, np.asarray(fill).astype(a.dtype), r)
+        return r
+    return fn
+
 
 _NP_UFUNC = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide, "pow": np.power,
@@ -36,32 +93,57 @@ _NP_UFUNC = {
     "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh,
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
     "ge": np.greater_equal,
+    "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
+    "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
+    "expm1": np.expm1, "log1p": np.log1p, "log2": np.log2, "log10": np.log10, "floor": np.floor,
+    "ceil": np.ceil, "trunc": np.trunc, "round": np.rint, "square": np.square, "sign": np.sign,
+    "atan2": np.arctan2, "hypot": np.hypot, "copysign": np.copysign, "nextafter": np.nextafter,
+    "floor_divide": np.floor_divide, "remainder": np.remainder, "logaddexp": np.logaddexp,
+    "reciprocal": np.reciprocal, "isnan": np.isnan, "isinf": np.isinf, "isfinite": np.isfinite,
+    "signbit": np.signbit, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+    "bitwise_xor": np.bitwise_xor, "bitwise_invert": np.invert, "logical_and": np.logical_and,
+    "logical_or": np.logical_or, "logical_xor": np.logical_xor, "logical_not": np.logical_not,
 }
+_NP_INT = {"pow": _np_ipow, "left_shift": _np_shift_op("left_shift"),
+           "right_shift": _np_shift_op("right_shift")}
 _BOOL_UFUNC = {"add": np.logical_or, "mul": np.logical_and, "maximum": np.logical_or,
                "minimum": np.logical_and}
 
 
 # Ops whose numpy evaluation here can raise floating-point warnings numpy itself would not
-# (sigmoid's exp overflow, power's and cast's intermediate values): evaluated under errstate.
-_QUIET = frozenset(("sigmoid", "pow", "cast", "where"))
+# (sigmoid's exp overflow, power's and cast's intermediate values), or whose numpy form differs
+# from the C one: evaluated under errstate, through the general path.
+_FAST = frozenset(("add", "sub", "mul", "div", "maximum", "minimum", "neg", "abs", "exp", "log", "sqrt", "tanh",
+                   "eq", "ne", "lt", "le", "gt", "ge"))
+
+_DOUBLE_NAMES = re.compile(r"\b(powf|fabsf|expf|logf|sqrtf|tanhf|sinf|cosf|tanf|asinf|acosf|atanf|sinhf|coshf|"
+                           r"asinhf|acoshf|atanhf|expm1f|log1pf|log2f|log10f|floorf|ceilf|truncf|rintf|atan2f|"
+                           r"hypotf|copysignf|nextafterf)\(")
+
+
+def _for_double(expr: str) -> str:
+    expr = _DOUBLE_NAMES.sub(lambda m: m.group(1)[:-1] + "(", expr)
+    expr = re.sub(r"(\d\.\d+)f\b", r"\1", expr)
+    return expr.replace("__int_as_float(0x7f800000)", "(double)__int_as_float(0x7f800000)")
 
 
 def c_expr(op: str, cdt) -> str:
     if op in _C_ANY:
         return _C_ANY[op]
-    table = {"f": _C_FLOAT, "i": _C_INT, "b": _C_BOOL}[cdt.kind]
+    table = {"f": _C_FLOAT, "i": _C_INT, "u": _C_INT, "b": _C_BOOL}[cdt.kind]
     try:
-        return table[op]
+        expr = table[op]
     except KeyError:
-        raise hal.InvalidArgumentError(f"{op} is not supported for {cdt.name}") from None
+        raise InvalidTypeError(f"{op} is not supported for {cdt.name}") from None
+    if cdt.kind == "u":
+        expr = {"abs": "a", "sign": "(a > 0)"}.get(op, expr)
+    return _for_double(expr) if cdt is _dt.float64 else expr
 
 
 def arity(op: str) -> int:
     if op == "where":
         return 3
-    if op in ("neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "cast", "copy"):
-        return 1
-    return 2
+    return 1 if op in UNARY else 2
 
 
 def _variants(k: int) -> list:
@@ -95,7 +177,7 @@ def _cuda(op, in_dts, out_dt, cdt) -> str:
     k = len(in_dts)
     names = ["a", "b"] if k == 2 else (["a"] if k == 1 else ["c", "a", "b"])
     expr = c_expr(op, cdt)
-    res_compute = "bool" if op in ("eq", "ne", "lt", "le", "gt", "ge") else cdt.c_compute
+    res_compute = "bool" if op in PREDICATES else cdt.c_compute
     parts = []
     for v in _variants(k):
         name = export_name(op, in_dts, out_dt, v)
@@ -135,13 +217,22 @@ def _cuda(op, in_dts, out_dt, cdt) -> str:
             idx = [f"o{i} + i" if v[i] == "c" else f"o{i}" for i in range(k)]
         for i, (nm, d) in enumerate(zip(names, in_dts)):
             target = "bool" if nm == "c" else cdt.c_compute
-            val = convert(load_expr(d, f"in{i}[{idx[i]}]"), d.c_compute, target)
-            body.append(f"    const {target} {nm} = {val};")
+            body.append(f"    const {target} {nm} = {_load(d, f'in{i}[{idx[i]}]', nm, cdt)};")
         body.append(f"    const {res_compute} r = {expr};")
         body.append(f"    out[i] = {store_expr(out_dt, 'r')};")
         body.append("  }")
         parts.append(f'extern "C" __global__ void {name}({", ".join(params)}) {{\n' + "\n".join(body) + "\n}\n")
     return "\n".join(parts)
+
+
+def _load(d, ref: str, name: str, cdt) -> str:
+    """C expression of input element `ref` of dtype d as the kernel's compute type (bool for a condition)."""
+    value = load_expr(d, ref)
+    if name == "c":
+        return convert(value, d.c_compute, "bool")
+    if d.is_float and cdt.is_int:
+        return float_to_int_expr(cdt, value)
+    return convert(value, d.c_compute, cdt.c_compute)
 
 
 def _vector_loop(variant, names, in_dts, out_dt, cdt, expr, res_compute) -> list:
@@ -162,7 +253,7 @@ def _vector_loop(variant, names, in_dts, out_dt, cdt, expr, res_compute) -> list
     for i, (nm, d) in enumerate(zip(names, in_dts)):
         target = "bool" if nm == "c" else cdt.c_compute
         ref = f"v{i}.v[e]" if variant[i] == "c" else f"in{i}[o{i}]"
-        lines.append(f"        const {target} {nm} = {convert(load_expr(d, ref), d.c_compute, target)};")
+        lines.append(f"        const {target} {nm} = {_load(d, ref, nm, cdt)};")
     lines.append(f"        const {res_compute} r = {expr};")
     lines.append(f"        ov.v[e] = {store_expr(out_dt, 'r')};")
     lines.append("      }")
@@ -180,7 +271,9 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
     compute = compute_np(cdt)
     native_out = out_dt is not _dt.bfloat16
 
-    quiet = op in _QUIET
+    quiet = op not in _FAST
+    int_fn = _NP_INT.get(op) if cdt.is_int else None
+    to_int = op == "cast" and out_dt.is_int
 
     def apply(out, ins):
         if not quiet:
@@ -203,11 +296,12 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
                     store(out, np.where(c, a, b), out_dt)
                 return
             if op in ("cast", "copy"):
-                store(out, vals[0], out_dt)
+                v = vals[0]
+                store(out, _dt.float_to_int(v, out_dt) if to_int and v.dtype.kind == "f" else v, out_dt)
                 return
             vals = [v if v.dtype == compute else v.astype(compute) for v in vals]
             if op == "sigmoid":
-                tmp = out if out.dtype == np.float32 else np.empty(out.shape, np.float32)
+                tmp = out if out.dtype in (np.float32, np.float64) else np.empty(out.shape, np.float32)
                 np.negative(vals[0], out=tmp, casting="unsafe")
                 np.exp(tmp, out=tmp)
                 tmp += 1.0
@@ -215,9 +309,9 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
                 if tmp is not out:
                     store(out, tmp, out_dt)
                 return
-            fn = _BOOL_UFUNC.get(op) if cdt is _dt.bool_ else None
+            fn = _BOOL_UFUNC.get(op) if cdt is _dt.bool_ else int_fn
             fn = fn or _NP_UFUNC[op]
-            if native_out and (out.dtype == compute or op in ("eq", "ne", "lt", "le", "gt", "ge")):
+            if native_out and (out.dtype == compute or op in PREDICATES) and int_fn is None:
                 fn(*vals, out=out)
             else:
                 store(out, fn(*vals), out_dt)
@@ -261,7 +355,7 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
     ufunc = _BOOL_UFUNC.get(op) if cdt is _dt.bool_ else None
     ufunc = ufunc or _NP_UFUNC.get(op)
     fast = (ufunc is not None and not quiet and cdt is not _dt.bfloat16 and all(d is cdt for d in in_dts)
-            and (out_dt is cdt or op in ("eq", "ne", "lt", "le", "gt", "ge")))
+            and (out_dt is cdt or op in PREDICATES))
     fns = {}
     for v in _variants(k):
         if v == "g":

@@ -37,9 +37,26 @@ def matmul_source(dt) -> KernelSource:
         lambda: _cuda(dt) + _cuda_gemv(dt), lambda: _numpy(dt)))
 
 
+def _acc(dt) -> str:
+    """C type products are summed in: float for the narrow floats, the dtype's compute type otherwise
+    (integer sums wrap in the dtype as numpy's do; bool sums are counts, tested against zero)."""
+    if dt.is_float:
+        return "double" if dt is _dt.float64 else "float"
+    return "int" if dt is _dt.bool_ else dt.c_compute
+
+
+def _np_matmul(a: np.ndarray, b: np.ndarray, dt) -> np.ndarray:
+    """numpy's matmul in the dtype the GPU kernels accumulate in."""
+    if dt is _dt.bool_:
+        return np.matmul(a.astype(np.int32), b.astype(np.int32)) != 0
+    if dt is _dt.float16 or dt is _dt.bfloat16:
+        return np.matmul(a.astype(np.float32), b.astype(np.float32))
+    return np.matmul(a, b)
+
+
 def _cuda_gemv(dt) -> str:
     """out[i] = sum_k mat[moff + i*rs + k*cs] * vec[voff + k*vs] for i < M."""
-    acc = "int" if dt.kind in "ib" else "float"
+    acc = _acc(dt)
     params = (f"{dt.c_storage}* __restrict__ out, const {dt.c_storage}* __restrict__ mat, "
               f"const {dt.c_storage}* __restrict__ vec, u32 M, u32 K, u32 moff, u32 rs, u32 cs, u32 voff, u32 vs")
     def term(k: str) -> str:
@@ -87,7 +104,7 @@ extern "C" __global__ void gemv_cols_{dt.code}({params}) {{
 
 
 def _cuda(dt) -> str:
-    acc = "int" if dt.kind in "ib" else "float"
+    acc = _acc(dt)
     params = [f"{dt.c_storage}* __restrict__ out", f"const {dt.c_storage}* __restrict__ a",
               f"const {dt.c_storage}* __restrict__ b", "u32 M", "u32 N", "u32 K", "u32 nbd"]
     params += [f"u32 bs{i}" for i in range(MAX_BATCH)]
@@ -144,12 +161,7 @@ def _gemv(dt):
         vec = to_compute(strided_view(bindings[2], dt, (K,), (vs,), voff), dt)
         out = np.frombuffer(bindings[0], dtype=dt.storage, count=M)
         with np.errstate(**ERRSTATE):
-            if dt is _dt.int32:
-                store(out, mat.astype(np.int64) @ vec.astype(np.int64), dt)  # wraps as int32 sums do
-            elif dt is _dt.bool_:
-                store(out, (mat.astype(np.int32) @ vec.astype(np.int32)) != 0, dt)
-            else:
-                store(out, mat.astype(np.float32) @ vec.astype(np.float32), dt)
+            store(out, _np_matmul(mat, vec, dt), dt)
     return run
 
 
@@ -200,14 +212,10 @@ def _general(dt):
         out = np.frombuffer(bindings[0], dtype=dt.storage, count=nb * M * N).reshape(bshape + (M, N))
         a, b = (to_compute(v, dt) for v in views)
         with np.errstate(**ERRSTATE):
-            if dt is _dt.float32:
-                np.matmul(a, b, out=out)
-            elif dt is _dt.bool_:
-                store(out, np.matmul(a.astype(np.int32), b.astype(np.int32)) != 0, dt)
-            elif dt is _dt.int32:
+            if dt is _dt.float32 or dt is _dt.int32:
                 np.matmul(a, b, out=out)
             else:
-                store(out, np.matmul(a.astype(np.float32), b.astype(np.float32)), dt)
+                store(out, _np_matmul(a, b, dt), dt)
     return run
 
 

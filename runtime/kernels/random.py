@@ -33,7 +33,8 @@ def _cuda(dist, dt, name) -> str:
     if dist == "bits":
         value = "(int)w0"
     elif dist == "uniform":
-        value = "(float)(w0 >> 8) * 5.9604644775390625e-08f"
+        m = _mantissa_bits(dt)
+        value = f"(float)(w0 >> {32 - m}) * {2.0 ** -m!r}f"
     else:
         value = ("sqrtf(-2.0f * logf(((float)(w0 >> 8) + 1.0f) * 5.9604644775390625e-08f))"
                  f" * cosf({_TWO_PI}f * ((float)(w1 >> 8) * 5.9604644775390625e-08f))")
@@ -61,6 +62,12 @@ extern "C" __global__ void {name}({dt.c_storage}* __restrict__ out, const int* _
   }}
 }}
 """
+
+
+def _mantissa_bits(dt) -> int:
+    """Random bits a uniform draw of `dt` uses: k * 2**-m for k < 2**m is exact in dt, so a draw
+    never rounds up to 1.0 (float16 has 11 significant bits, bfloat16 8)."""
+    return {"f16": 11, "bf16": 8}.get(dt.code, 24)
 
 
 def philox(counter: np.ndarray, k0: int, k1: int):
@@ -97,9 +104,9 @@ def _numpy_fn(dist, dt):
                 if dist == "bits":
                     out[s:e] = w0.view(np.int32)
                     continue
-                u = (w0 >> 8).astype(np.float32) * np.float32(5.9604644775390625e-08)
                 if dist == "uniform":
-                    v = u
+                    m = _mantissa_bits(dt)
+                    v = (w0 >> (32 - m)).astype(np.float32) * np.float32(2.0 ** -m)
                 else:
                     u1 = ((w0 >> 8).astype(np.float32) + np.float32(1.0)) * np.float32(5.9604644775390625e-08)
                     u2 = (w1 >> 8).astype(np.float32) * np.float32(5.9604644775390625e-08)

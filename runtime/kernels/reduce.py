@@ -24,20 +24,33 @@ _ARG = ("argmax", "argmin")
 
 
 def acc_dtype(op: str, dt):
-    """The type partial results are kept in."""
+    """The type partial results are kept in (float32 for the narrow floats, 64 bits for integer sums)."""
+    if dt is _dt.float64:
+        return dt
+    if dt.is_float:
+        return _dt.float32
     if op in ("sum", "mean"):
-        return _dt.float32 if dt.is_float else _dt.int32
+        return _dt.uint64 if dt.kind == "u" else _dt.int64
     if dt.kind == "b":
         return _dt.int32
-    return _dt.float32 if dt.is_float else dt
+    return dt
+
+
+# Identities of max / min in each integer compute type.
+_C_INT_LIMITS = {"int": ("(-2147483647 - 1)", "2147483647"),
+                 "unsigned int": ("0u", "4294967295u"),
+                 "long long": ("(-9223372036854775807LL - 1)", "9223372036854775807LL"),
+                 "unsigned long long": ("0ull", "18446744073709551615ull")}
 
 
 def _c_identity(op, acc):
     if op in ("sum", "mean"):
         return "0"
     if acc.is_float:
-        return "(-__int_as_float(0x7f800000))" if op in ("max", "argmax") else "__int_as_float(0x7f800000)"
-    return "(-2147483647 - 1)" if op in ("max", "argmax") else "2147483647"
+        inf = "(double)__int_as_float(0x7f800000)" if acc is _dt.float64 else "__int_as_float(0x7f800000)"
+        return f"(-{inf})" if op in ("max", "argmax") else inf
+    lo, hi = _C_INT_LIMITS[acc.c_compute]
+    return lo if op in ("max", "argmax") else hi
 
 
 def _c_combine(op, acc):
@@ -217,7 +230,7 @@ RT_DEV {A} rt_block_reduce({A} v) {{
         elif arg:
             body.append(f"    out[o] = {store_expr(out, '(iv == 0xffffffffu ? 0u : iv)')};")
         elif op == "mean":
-            body.append(f"    out[o] = {store_expr(out, '(float)v / (float)R')};")
+            body.append(f"    out[o] = {store_expr(out, _mean(out))};")
         else:
             body.append(f"    out[o] = {store_expr(out, 'v')};")
         body.append("  }")
@@ -238,7 +251,7 @@ RT_DEV {A} rt_block_reduce({A} v) {{
                  "  rt_block_reduce(v, iv);",
                  f"  if (threadIdx.x == 0) out[o] = {store_expr(out, '(iv == 0xffffffffu ? 0u : iv)')};"]
     else:
-        final = "(float)v / (float)R" if op == "mean" else "v"
+        final = _mean(out) if op == "mean" else "v"
         body += ["  for (u32 c = threadIdx.x; c < C; c += blockDim.x) v = rt_comb(v, pv[(u64)o * C + c]);",
                  "  v = rt_block_reduce(v);",
                  f"  if (threadIdx.x == 0) out[o] = {store_expr(out, final)};"]
@@ -247,16 +260,22 @@ RT_DEV {A} rt_block_reduce({A} v) {{
     return "\n".join(lines)
 
 
+def _mean(out) -> str:
+    f = out.c_compute if out.is_float else "double"
+    return f"({f})v / ({f})R"
+
+
 # ---- numpy ------------------------------------------------------------------------------------
 
 def _np_reduce(op, x: np.ndarray, dt, out_dt) -> np.ndarray:
     """Reduce the last axis of a 2-D (O, R) array of dtype dt's compute values."""
     with np.errstate(**ERRSTATE):
         if op in ("sum", "mean"):
-            acc = np.float32 if dt.is_float else np.int64
+            acc = acc_dtype(op, dt).storage
             r = np.add.reduce(x, axis=1, dtype=acc)
             if op == "mean":
-                r = r / np.float32(x.shape[1]) if x.shape[1] else np.full(r.shape, np.nan, np.float32)
+                f = out_dt.storage if out_dt.is_float and out_dt is not _dt.bfloat16 else np.dtype(np.float32)
+                r = r / f.type(x.shape[1]) if x.shape[1] else np.full(r.shape, np.nan, f)
             return r
         if op == "max":
             return np.maximum.reduce(x, axis=1)

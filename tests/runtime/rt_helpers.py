@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 import hal
-import runtime as rt
 
 
 def runtime_devices() -> list[str]:
@@ -18,14 +17,23 @@ DEVICES = runtime_devices()
 
 def rand(shape, dtype, rng: np.random.Generator) -> np.ndarray:
     """Random host data of a runtime dtype's numpy type, kept in ranges every op is defined on."""
-    if dtype in ("bool", rt.bool_):
+    name = str(dtype)
+    if name == "bool":
         return rng.random(shape) > 0.5
-    if dtype in ("int32", rt.int32):
-        return rng.integers(-5, 6, size=shape).astype(np.int32)
-    x = rng.standard_normal(shape).astype(np.float32)
-    if dtype in ("float16", rt.float16):
+    if name.startswith("uint"):
+        return rng.integers(0, 11, size=shape).astype(name)
+    if name.startswith("int"):
+        return rng.integers(-5, 6, size=shape).astype(name)
+    x = rng.standard_normal(shape)
+    if name == "float64":
+        return x
+    x = x.astype(np.float32)
+    if name == "float16":
         return x.astype(np.float16)
     return x
 
 
-TOL = {"float32": (1e-5, 1e-5), "float16": (2e-3, 2e-3), "bfloat16": (2e-2, 2e-2), "int32": (0, 0), "bool": (0, 0)}
+ALL_DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
+              "float64"]
+TOL = {"float32": (1e-5, 1e-5), "float16": (2e-3, 2e-3), "bfloat16": (2e-2, 2e-2), "float64": (1e-12, 1e-12)}
+TOL.update({name: (0, 0) for name in ALL_DTYPES if name[0] in "ub" or name.startswith("int")})

@@ -194,3 +194,51 @@ def test_strided_views_fuzz(gpu_like):
         close(rt.matmul(v, rt.swapaxes(v, -1, -2)).numpy(), r @ np.swapaxes(r, -1, -2), rtol=1e-4, atol=1e-4)
 
     run()
+
+
+def test_wide_and_narrow_dtypes(gpu_like):
+    """int8/uint8 wrap as numpy's, int64/uint64/uint32/float64 are computed natively, integer division,
+    remainder and shifts follow numpy, float->int casts saturate (NaN -> 0) as on the CPU drivers."""
+    dev = gpu_like
+    i8 = np.array([100, -100, 7, -128], np.int8)
+    close((rt.array(i8, device=dev) + rt.array(i8, device=dev)).numpy(), i8 + i8)
+    u8 = np.array([3, 250, 0, 9], np.uint8)
+    close((rt.array(u8, device=dev) - np.uint8(10)).numpy(), u8 - np.uint8(10))
+    i64 = np.array([2**40, -3, 5, 2**62, 11, -2**50, 0, 1])
+    I64 = rt.array(i64, device=dev)
+    close((I64 * 3 + 1).numpy(), i64 * 3 + 1)
+    close(I64.sum().numpy(), i64.sum())
+    close(I64.max().numpy(), i64.max())
+    close(I64.argmin().numpy(), i64.argmin())
+    u32 = np.array([4_000_000_000, 5, 7, 1], np.uint32)
+    close((rt.array(u32, device=dev) + np.uint32(1)).numpy(), u32 + np.uint32(1))
+    f64 = np.random.default_rng(3).standard_normal(1000)
+    F64 = rt.array(f64, device=dev)
+    close(rt.exp(F64).numpy(), np.exp(f64), rtol=1e-12)
+    close(F64.sum().numpy(), f64.sum(), rtol=1e-12)
+    close(F64.mean().numpy(), f64.mean(), rtol=1e-12)
+    close(F64.argmax().numpy(), f64.argmax())
+    close((F64.reshape(10, 100) @ F64.reshape(100, 10)).numpy(), f64.reshape(10, 100) @ f64.reshape(100, 10),
+          rtol=1e-10, atol=1e-10)
+    a = np.array([7, -7, 7, -7, 0, -2**31, 5, 9], np.int32)
+    b = np.array([2, 2, -2, -2, 3, -1, 0, 4], np.int32)
+    A, B = rt.array(a, device=dev), rt.array(b, device=dev)
+    with np.errstate(all="ignore"):
+        close((A // B).numpy(), a // b)
+        close((A % B).numpy(), a % b)
+    fa = np.array([5.5, -5.5, 5.5, -5.5, 1.0, -0.0, 3.0, 7.25], np.float32)
+    fb = np.array([2, 2, -2, -2, 0, 3, np.inf, -1.5], np.float32)
+    FA, FB = rt.array(fa, device=dev), rt.array(fb, device=dev)
+    with np.errstate(all="ignore"):
+        close((FA // FB).numpy(), fa // fb)
+        close((FA % FB).numpy(), fa % fb)
+    s = np.array([1, -8, 3, 1, -1, 5, 2, 2], np.int32)
+    t = np.array([3, 1, 40, 31, 33, 0, 1, 2], np.int32)
+    S, T = rt.array(s, device=dev), rt.array(t, device=dev)
+    close((S << T).numpy(), np.where(t >= 32, 0, s << np.minimum(t, 31)))
+    close((S >> T).numpy(), np.where(t >= 32, np.where(s < 0, -1, 0), s >> np.minimum(t, 31)))
+    x = np.array([np.nan, np.inf, -np.inf, 300.7, -300.7, 2.9, -2.9, 0.5], np.float32)
+    for dtype in ("int8", "uint8", "int32", "int64"):
+        cpu = rt.array(x, device="local-sync").astype(dtype).numpy()
+        close(rt.array(x, device=dev).astype(dtype).numpy(), cpu)
+    close(rt.full((5,), 2**40 + 1, dtype=rt.int64, device=dev).numpy(), np.full(5, 2**40 + 1))
