@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from . import random
 from .array import Array
-from .device import default_device, set_default_device
+from .device import default_device, set_default_device  # noqa: F401
 from .dtypes import (  # noqa: F401 - the namespace
     DType,
     bfloat16,
@@ -122,7 +122,6 @@ from .ops import (  # noqa: F401 - the namespace
     squeeze,
     sub,
     subtract,
-    sum,
     swapaxes,
     tan,
     tanh,
@@ -135,6 +134,8 @@ from .ops import (  # noqa: F401 - the namespace
 )
 
 bool = bool_  # noqa: A001
+bitwise_left_shift = left_shift
+bitwise_right_shift = right_shift
 
 
 def array(data, dtype=None, device=None) -> Array:
@@ -150,15 +151,15 @@ def eval(*arrays) -> None:  # noqa: A001
 
 def _flatten(tree) -> list:
     out = []
-    stack = [tree]
-    while stack:
-        x = stack.pop()
+    pending = [tree]
+    while pending:
+        x = pending.pop()
         if type(x) is Array:
             out.append(x)
         elif isinstance(x, (list, tuple)):
-            stack.extend(reversed(x))
+            pending.extend(reversed(x))
         elif isinstance(x, dict):
-            stack.extend(reversed(list(x.values())))
+            pending.extend(reversed(list(x.values())))
     return out
 
 
@@ -188,17 +189,106 @@ def synchronize(device=None) -> None:
     ctx.refresh()
 
 
-from .autodiff import grad, value_and_grad  # noqa: E402
-from .compile import compile  # noqa: E402,A001
-from .interop import from_dlpack  # noqa: E402
+from .array_api import (  # noqa: E402,F401 - the array API namespace
+    __array_api_version__,
+    __array_namespace_info__,
+    all,
+    any,
+    argsort,
+    broadcast_arrays,
+    can_cast,
+    clip,
+    concat,
+    conj,
+    count_nonzero,
+    cumulative_prod,
+    cumulative_sum,
+    diff,
+    e,
+    empty,
+    empty_like,
+    eye,
+    finfo,
+    flip,
+    iinfo,
+    imag,
+    inf,
+    isdtype,
+    linspace,
+    matrix_transpose,
+    meshgrid,
+    moveaxis,
+    nan,
+    newaxis,
+    nonzero,
+    permute_dims,
+    pi,
+    prod,
+    real,
+    repeat,
+    result_type,
+    roll,
+    searchsorted,
+    sort,
+    stack,
+    std,
+    sum,
+    take,
+    take_along_axis,
+    tensordot,
+    tile,
+    tril,
+    triu,
+    unique_all,
+    unique_counts,
+    unique_inverse,
+    unique_values,
+    unstack,
+    var,
+    vecdot,
+)
 
-__all__ = [
-    "Array", "DType", "abs", "absolute", "add", "arange", "argmax", "argmin", "array", "asarray", "astype",
-    "bfloat16", "bool", "bool_", "broadcast_to", "clear_graph_cache", "compile", "contiguous", "default_device",
-    "div", "divide", "equal", "eval", "exp", "expand_dims", "float16", "float32", "from_dlpack", "full", "grad",
-    "graph_cache_stats", "greater", "greater_equal", "int32", "less", "less_equal", "log", "matmul", "max",
-    "maximum", "mean", "min", "minimum", "mul", "multiply", "neg", "negative", "not_equal", "ones", "ones_like",
-    "pow", "power", "random", "reshape", "set_default_device", "sigmoid", "sqrt", "squeeze", "sub", "subtract",
-    "sum", "swapaxes", "synchronize", "tanh", "transpose", "true_divide", "value_and_grad", "where", "zeros",
-    "zeros_like",
-]
+concatenate = concat
+from .autodiff import grad, value_and_grad  # noqa: E402,F401
+from .compile import compile  # noqa: E402,A001,F401
+from .interop import from_dlpack  # noqa: E402,F401
+
+# Every public name: the op builders, the array API namespace, the dtypes, errors and utilities.
+__all__ = sorted(name for name, value in globals().items()
+                 if not name.startswith("_") and not (isinstance(value, type(random)) and name != "random")
+                 and name not in ("annotations",))
+
+
+def _install_methods() -> None:
+    """Array methods that build on the namespace functions, and numpy's dispatch protocols."""
+    from . import array_api as xp
+    from .indexing import getitem
+    from .numpy_protocols import array_function, array_ufunc
+
+    A = Array
+    A.__getitem__ = getitem
+    A.__array_ufunc__ = array_ufunc
+    A.__array_function__ = array_function
+    A.copy = copy_array
+    A.std = lambda s, axis=None, ddof=0, keepdims=False: xp.std(s, axis=axis, correction=ddof, keepdims=keepdims)
+    A.var = lambda s, axis=None, ddof=0, keepdims=False: xp.var(s, axis=axis, correction=ddof, keepdims=keepdims)
+    A.any = lambda s, axis=None, keepdims=False: xp.any(s, axis=axis, keepdims=keepdims)
+    A.all = lambda s, axis=None, keepdims=False: xp.all(s, axis=axis, keepdims=keepdims)
+    A.prod = lambda s, axis=None, keepdims=False: xp.prod(s, axis=axis, keepdims=keepdims)
+    A.clip = lambda s, *bounds, **named: xp.clip(s, *bounds, **named)
+    A.round = lambda s, decimals=0: round(s) if decimals == 0 else _unsupported("round(decimals != 0)")
+    A.cumsum = lambda s, axis=None: xp.cumulative_sum(s if axis is not None else reshape(s, (-1,)),
+                                                      axis=axis if axis is not None else 0)
+    A.sort = lambda s, axis=-1: xp.sort(s, axis=axis)
+    A.argsort = lambda s, axis=-1: xp.argsort(s, axis=axis)
+    A.ravel = lambda s: reshape(s, (-1,))
+    A.swapaxes = swapaxes
+    A.take = lambda s, indices, axis=None: xp.take(s if axis is not None else reshape(s, (-1,)), indices,
+                                                   axis=axis if axis is not None else 0)
+
+
+def _unsupported(what: str):
+    raise InvalidTypeError(f"{what} is not supported")
+
+
+_install_methods()

@@ -19,6 +19,7 @@ import hal
 
 from . import ops
 from .array import Array, constant, new_node
+from .errors import InvalidTypeError
 from .ops import COMPARE
 
 GRAD = "grad"
@@ -26,7 +27,41 @@ GRAD = "grad"
 # graph (evaluating the loss alone, say) builds their backward graphs first (`protect`).
 # (id -> weak reference: arrays compare elementwise, so they cannot sit in a WeakSet)
 _handed_out: dict = {}
-_NO_GRAD = frozenset(COMPARE) | {"argmax", "argmin", "random", "full", "placeholder"}
+_NO_GRAD = (frozenset(COMPARE) | frozenset(ops.UNARY_PREDICATE) | frozenset(ops.BITWISE) | frozenset(ops.LOGICAL)
+            | {"argmax", "argmin", "random", "full", "placeholder", "floor", "ceil", "trunc", "round", "sign",
+               "floor_divide", "bitwise_invert"})
+_LN2, _LN10 = 0.6931471805599453, 2.302585092994046
+
+
+def _elementwise_vjp(op: str, node: Array, k: int, g: Array) -> Array | None:
+    """The gradient rules of the elementwise functions beyond the basic arithmetic (None: not one)."""
+    x = node.inputs[0]
+    unary = {
+        "sin": lambda: g * ops.cos(x), "cos": lambda: -g * ops.sin(x), "tan": lambda: g * (1 + node * node),
+        "asin": lambda: g / ops.sqrt(1 - x * x), "acos": lambda: -g / ops.sqrt(1 - x * x),
+        "atan": lambda: g / (1 + x * x), "sinh": lambda: g * ops.cosh(x), "cosh": lambda: g * ops.sinh(x),
+        "asinh": lambda: g / ops.sqrt(x * x + 1), "acosh": lambda: g / ops.sqrt(x * x - 1),
+        "atanh": lambda: g / (1 - x * x), "expm1": lambda: g * (node + 1), "log1p": lambda: g / (1 + x),
+        "log2": lambda: g / (x * _LN2), "log10": lambda: g / (x * _LN10), "square": lambda: 2 * g * x,
+        "reciprocal": lambda: -g * node * node,
+    }
+    if op in unary:
+        return unary[op]()
+    if op not in ("remainder", "atan2", "hypot", "copysign", "logaddexp"):
+        return None
+    a, b = node.inputs
+    if op == "remainder":
+        r = g if k == 0 else -g * ops.floor_divide(a, b)
+    elif op == "atan2":
+        d = a * a + b * b
+        r = g * b / d if k == 0 else -g * a / d
+    elif op == "hypot":
+        r = g * (a if k == 0 else b) / node
+    elif op == "copysign":
+        r = ops.where(ops.signbit(a) == ops.signbit(node), g, -g) if k == 0 else ops.zeros_like(g)
+    else:
+        r = g * ops.exp((a if k == 0 else b) - node)
+    return _unbroadcast(r, node.inputs[k].shape)
 
 
 def _unbroadcast(g: Array, shape: tuple) -> Array:
@@ -136,6 +171,13 @@ def _vjp(node: Array, k: int, g: Array) -> Array | None:
                 stop = start + step * count
                 index.append(slice(start, stop if stop >= 0 else None, step))
         return g[tuple(index)]
+    if op == "prod":
+        axes, keepdims = node.params
+        kshape = _keepdims_shape(x.shape, axes)
+        return ops.broadcast_to(ops.reshape(g, kshape) * ops.reshape(node, kshape), x.shape) / x
+    r = _elementwise_vjp(op, node, k, g)
+    if r is not None:
+        return r
     raise hal.UnimplementedError(f"no gradient rule for op {op!r}")
 
 
@@ -279,6 +321,10 @@ def value_and_grad(fn, argnums=0):
             a = args[i]
             if type(a) is not Array:
                 a = ops.asarray(a)
+            if not a.dtype.is_float:
+                raise InvalidTypeError(
+                    f"grad with respect to argument {i} of dtype {a.dtype.name}: only float arrays are "
+                    "differentiable (cast with .astype(rt.float32) first)")
             m = ops.alias(a)
             args[i] = m
             wrt.append(m)

@@ -162,15 +162,17 @@ def context_for(device=None) -> DeviceContext:
     if isinstance(device, str):
         ctx = _by_uri.get(device)
         if ctx is None:
-            # "local-task", "local-task://" and the default device name one device (one context).
-            name, key = hal.registry.parse_uri(device)
-            canonical = f"{name}://{key or ''}"
+            # "local-task", "local-task://0" and the default device name one device: one context.
             with _registry_lock:
-                ctx = _by_uri.get(canonical)
+                ctx = _by_uri.get(device)
                 if ctx is None:
-                    ctx = _context_of_device(hal.create_device(device))
-                    _by_uri[canonical] = ctx
-                _by_uri[device] = ctx
+                    created = hal.create_device(device)
+                    ctx = _by_uri.get(created.info.uri)
+                    if ctx is None:
+                        ctx = _by_uri[created.info.uri] = _context_of_device(created)
+                    else:
+                        created.close()
+                    _by_uri[device] = ctx
         return ctx
     ctx = _contexts.get(id(device))
     if ctx is None or ctx.device is not device:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hal
 from hal import env
 
-from .kernels import elementwise, matmul, pad, random, reduce
+from .kernels import elementwise, gather, matmul, pad, random, reduce
 from .kernels.fused import FUSABLE_DTYPES, FusedSpec
 from .kernels.fused import plan as plan_fused
 from .ops import ELEMENTWISE, REDUCTIONS
@@ -38,7 +38,8 @@ def _plan_full(node, layouts, ctx) -> list:
     return [("fill", ("out",), bits, length)]
 
 
-PLANNERS = {"matmul": matmul.plan, "random": random.plan, "pad": pad.plan, "full": _plan_full}
+PLANNERS = {"matmul": matmul.plan, "random": random.plan, "pad": pad.plan, "full": _plan_full,
+            "gather": gather.plan}
 PLANNERS.update({op: elementwise.plan for op in ELEMENTWISE})
 PLANNERS.update({op: reduce.plan for op in REDUCTIONS})
 

@@ -154,7 +154,7 @@ def cuda_array_interface(a) -> dict:
             "strides": tuple(s * dt.itemsize for s in strides), "version": 3, "stream": None}
 
 
-def from_dlpack(obj, device=None):
+def from_dlpack(obj, /, *, device=None, copy=None):
     """An Array holding a copy of any DLPack-exporting object (numpy, torch, cupy, another runtime Array)."""
     from .array import Array, upload
     from .device import context_for

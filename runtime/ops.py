@@ -33,7 +33,7 @@ LOGICAL = ("logical_and", "logical_or", "logical_xor")
 COMPARE = ("eq", "ne", "lt", "le", "gt", "ge")
 ELEMENTWISE = frozenset(UNARY_FLOAT + UNARY_SAME + UNARY_PREDICATE + ARITH + BINARY_FLOAT + BITWISE + LOGICAL
                         + COMPARE + ("cast", "copy", "where"))
-REDUCTIONS = frozenset(("sum", "mean", "max", "min", "argmax", "argmin"))
+REDUCTIONS = frozenset(("sum", "mean", "max", "min", "argmax", "argmin", "prod"))
 VIEWS = frozenset(("reshape", "transpose", "broadcast_to", "slice", "alias"))
 
 _Scalar = (bool, int, float)
@@ -297,8 +297,10 @@ def positive(x) -> Array:
     return x
 
 
-def astype(x, dtype) -> Array:
+def astype(x, dtype, /, *, copy=True, device=None) -> Array:
     dt = _dt.as_dtype(dtype)
+    if device is not None:
+        x = asarray(x, device=device)
     if type(x) is not Array:
         x = asarray(x)
     if dt is x.dtype:
@@ -349,7 +351,7 @@ def _reduce(op: str, x, axis, keepdims: bool) -> Array:
     else:
         shape = kept
     reduced = size_of(tuple(x.shape[i] for i in axes))
-    if reduced == 0 and op not in ("sum", "mean") and size_of(kept) != 0:
+    if reduced == 0 and op not in ("sum", "mean", "prod") and size_of(kept) != 0:
         raise InvalidValueError(f"zero-size array to reduction operation {op} which has no identity")
     out = _dt.reduction_result(op, x.dtype)
     return new_node(op, (x,), (axes, bool(keepdims)), shape, out, x.ctx)
@@ -417,7 +419,10 @@ def matmul(a, b) -> Array:
 
 _reshape_targets: dict = {}  # (shape, requested shape) -> validated target shape
 
-def reshape(x, shape) -> Array:
+def reshape(x, shape, /, *, copy=None) -> Array:
+    if copy is False and type(x) is Array and x.strides is not None and x.size and reshape_strides(
+            x.shape, x.layout()[0], reshape_target(x.shape, shape, x.size)) is None:
+        raise InvalidValueError("reshape(copy=False): this view cannot be reshaped without a copy")
     if type(x) is not Array:
         x = asarray(x)
     key = (x.shape, shape)

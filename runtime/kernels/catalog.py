@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import dtypes as _dt
 from .. import ops
-from . import elementwise, matmul, pad, random, reduce
+from . import elementwise, gather, matmul, pad, random, reduce
 
 
 def _signature(fn, *args):
@@ -38,12 +38,13 @@ def all_sources() -> list:
     out = []
     for op, ins, out_dt, cdt in _ew_combos():
         out.append(elementwise.ew_source(op, ins, out_dt, cdt))
-    for op in ("sum", "mean", "max", "min", "argmax", "argmin"):
+    for op in ("sum", "mean", "max", "min", "argmax", "argmin", "prod"):
         for d in _dt.ALL:
             out.append(reduce.reduce_source(op, d, _dt.reduction_result(op, d)))
     for d in _dt.ALL:
         out.append(matmul.matmul_source(d))
         out.append(pad.pad_source(d))
+        out.append(gather.gather_source(d))
     for d in _dt.FLOATS:
         out.append(random.random_source("uniform", d))
         out.append(random.random_source("normal", d))

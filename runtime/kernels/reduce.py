@@ -29,7 +29,7 @@ def acc_dtype(op: str, dt):
         return dt
     if dt.is_float:
         return _dt.float32
-    if op in ("sum", "mean"):
+    if op in ("sum", "mean", "prod"):
         return _dt.uint64 if dt.kind == "u" else _dt.int64
     if dt.kind == "b":
         return _dt.int32
@@ -46,6 +46,8 @@ _C_INT_LIMITS = {"int": ("(-2147483647 - 1)", "2147483647"),
 def _c_identity(op, acc):
     if op in ("sum", "mean"):
         return "0"
+    if op == "prod":
+        return "1"
     if acc.is_float:
         inf = "(double)__int_as_float(0x7f800000)" if acc is _dt.float64 else "__int_as_float(0x7f800000)"
         return f"(-{inf})" if op in ("max", "argmax") else inf
@@ -56,6 +58,8 @@ def _c_identity(op, acc):
 def _c_combine(op, acc):
     if op in ("sum", "mean"):
         return "(x + y)"
+    if op == "prod":
+        return "(x * y)"
     if acc.is_float:
         return "rt_fmax(x, y)" if op == "max" else "rt_fmin(x, y)"
     return "(x > y ? x : y)" if op == "max" else "(x < y ? x : y)"
@@ -277,6 +281,8 @@ def _np_reduce(op, x: np.ndarray, dt, out_dt) -> np.ndarray:
                 f = out_dt.storage if out_dt.is_float and out_dt is not _dt.bfloat16 else np.dtype(np.float32)
                 r = r / f.type(x.shape[1]) if x.shape[1] else np.full(r.shape, np.nan, f)
             return r
+        if op == "prod":
+            return np.multiply.reduce(x, axis=1, dtype=acc_dtype(op, dt).storage)
         if op == "max":
             return np.maximum.reduce(x, axis=1)
         if op == "min":
@@ -297,7 +303,7 @@ def _numpy(op, dt, out, names) -> dict:
         else:
             x = np.frombuffer(bindings[1], dtype=dt.storage)[off:off + n_out * R].reshape(n_out, R)
         x = to_compute(x, dt)
-        if dt is _dt.float16 and op in ("sum", "mean"):
+        if dt is _dt.float16 and op in ("sum", "mean", "prod"):
             x = x.astype(np.float32)
         res = _np_reduce(op, x, dt, out)
         o = np.frombuffer(bindings[0], dtype=out.storage, count=n_out)

@@ -1,0 +1,681 @@
+"""The Python array API standard (2024.12) functions beyond the op builders: creation, manipulation,
+statistics, searching, sorting, sets and data-type functions.
+
+Everything that can stay lazy on the device is built from graph ops (concat is padded windows
+selected by position, tile/repeat are broadcasts, std/var are means). What has a data-dependent
+shape (boolean masks, nonzero, unique) or no device kernel yet (sort, argsort, cumulative sums,
+searchsorted) evaluates its input and computes on the host, then uploads the result to the same
+device: documented in docs/array-api.md.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import operator
+
+import numpy as np
+
+from . import dtypes as _dt
+from . import ops
+from .array import Array, upload
+from .device import context_for
+from .errors import InvalidTypeError, InvalidValueError
+from .shapes import broadcast_shapes, normalize_axes, normalize_axis
+
+__array_api_version__ = "2024.12"
+
+e = math.e
+pi = math.pi
+inf = math.inf
+nan = math.nan
+newaxis = None
+
+
+def _arr(x) -> Array:
+    return x if type(x) is Array else ops.asarray(x)
+
+
+def _on_host(x: Array, result: np.ndarray, dtype: _dt.DType | None = None) -> Array:
+    """Upload a host result next to x (same device)."""
+    dt = dtype or _dt.from_numpy(result.dtype)
+    return upload(np.asarray(result), dt, x.ctx)
+
+
+# ---- creation -----------------------------------------------------------------------------------
+
+def empty(shape, *, dtype=None, device=None) -> Array:
+    return ops.zeros(shape, dtype=dtype, device=device)
+
+
+def empty_like(x, /, *, dtype=None, device=None) -> Array:
+    return ops.zeros_like(x, dtype=dtype, device=device)
+
+
+def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None) -> Array:
+    dt = _dt.as_dtype(dtype) if dtype is not None else _dt.DEFAULT_FLOAT
+    host = np.eye(n_rows, n_cols, k=k, dtype=np.float64 if dt is _dt.bfloat16 else dt.storage)
+    return upload(host, dt, context_for(device))
+
+
+def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True) -> Array:
+    dt = _dt.as_dtype(dtype) if dtype is not None else _dt.DEFAULT_FLOAT
+    host = np.linspace(start, stop, num, endpoint=endpoint, dtype=np.float64)
+    return upload(host, dt, context_for(device))
+
+
+def meshgrid(*arrays, indexing="xy") -> list:
+    if indexing not in ("xy", "ij"):
+        raise InvalidValueError(f"indexing must be 'xy' or 'ij', got {indexing!r}")
+    arrays = [_arr(a) for a in arrays]
+    n = len(arrays)
+    shape = [a.size for a in arrays]
+    if indexing == "xy" and n >= 2:
+        shape[0], shape[1] = shape[1], shape[0]
+    out = []
+    for i, a in enumerate(arrays):
+        axis = i
+        if indexing == "xy" and n >= 2 and i < 2:
+            axis = 1 - i
+        view = [1] * n
+        view[axis] = a.size
+        out.append(ops.broadcast_to(ops.reshape(a, tuple(view)), tuple(shape)))
+    return out
+
+
+def _tri_mask(x: Array, k: int, upper: bool) -> Array:
+    n, m = x.shape[-2:]
+    host = np.triu(np.ones((n, m), bool), k) if upper else np.tril(np.ones((n, m), bool), k)
+    return upload(host, _dt.bool_, x.ctx)
+
+
+def tril(x, /, *, k=0) -> Array:
+    x = _arr(x)
+    return ops.where(_tri_mask(x, k, False), x, ops.zeros((), dtype=x.dtype, device=x.ctx))
+
+
+def triu(x, /, *, k=0) -> Array:
+    x = _arr(x)
+    return ops.where(_tri_mask(x, k, True), x, ops.zeros((), dtype=x.dtype, device=x.ctx))
+
+
+# ---- data type functions ------------------------------------------------------------------------
+
+class finfo:  # noqa: N801 - the standard's name
+    """Machine limits of a float dtype (bits, eps, max, min, smallest_normal, dtype)."""
+
+    def __init__(self, dtype) -> None:
+        dt = _dt.as_dtype(dtype.dtype if type(dtype) is Array else dtype)
+        if not dt.is_float:
+            raise InvalidTypeError(f"finfo needs a float dtype, got {dt.name}")
+        if dt is _dt.bfloat16:
+            self.bits, self.eps, self.max = 16, 2.0**-7, float(np.float32(3.3895314e38))
+            self.smallest_normal = 2.0**-126
+        else:
+            info = np.finfo(dt.storage)
+            self.bits, self.eps, self.max = info.bits, float(info.eps), float(info.max)
+            self.smallest_normal = float(info.smallest_normal)
+        self.min = -self.max
+        self.dtype = dt
+
+
+class iinfo:  # noqa: N801 - the standard's name
+    """Limits of an integer dtype (bits, max, min, dtype)."""
+
+    def __init__(self, dtype) -> None:
+        dt = _dt.as_dtype(dtype.dtype if type(dtype) is Array else dtype)
+        if not dt.is_int:
+            raise InvalidTypeError(f"iinfo needs an integer dtype, got {dt.name}")
+        self.bits = dt.itemsize * 8
+        self.min, self.max = _dt.int_range(dt)
+        self.dtype = dt
+
+
+def result_type(*arrays_and_dtypes) -> _dt.DType:
+    dts = []
+    scalars = []
+    for a in arrays_and_dtypes:
+        if type(a) is Array:
+            dts.append(a.dtype)
+        elif isinstance(a, (bool, int, float, complex)) and not isinstance(a, np.generic):
+            scalars.append(a)
+        else:
+            dts.append(_dt.as_dtype(a))
+    if not dts:
+        raise InvalidValueError("result_type needs at least one array or dtype")
+    out = _dt.result_type(*dts)
+    for s in scalars:
+        out = _dt.weak_scalar_dtype(out, s)
+    return out
+
+
+def can_cast(from_, to, /) -> bool:
+    src = from_.dtype if type(from_) is Array else _dt.as_dtype(from_)
+    dst = _dt.as_dtype(to)
+    if src is _dt.bfloat16 or dst is _dt.bfloat16:
+        return src is dst or (dst is not _dt.bfloat16 and dst.is_float and dst.itemsize > 2) or src is _dt.bool_
+    return bool(np.can_cast(src.storage, dst.storage, casting="safe"))
+
+
+_KINDS = {
+    "bool": lambda d: d is _dt.bool_,
+    "signed integer": lambda d: d.kind == "i",
+    "unsigned integer": lambda d: d.kind == "u",
+    "integral": lambda d: d.is_int,
+    "real floating": lambda d: d.is_float,
+    "complex floating": lambda d: False,
+    "numeric": lambda d: d.is_int or d.is_float,
+}
+
+
+def isdtype(dtype, kind) -> bool:
+    dt = _dt.as_dtype(dtype)
+    if isinstance(kind, tuple):
+        return builtins.any(isdtype(dt, k) for k in kind)
+    if isinstance(kind, str):
+        if kind not in _KINDS:
+            raise InvalidValueError(f"unknown dtype kind {kind!r}")
+        return _KINDS[kind](dt)
+    return dt is _dt.as_dtype(kind)
+
+
+def conj(x, /) -> Array:
+    """The complex conjugate: real dtypes only (complex dtypes are not supported), so x itself."""
+    return _arr(x)
+
+
+def real(x, /) -> Array:
+    return _arr(x)
+
+
+def imag(x, /) -> Array:
+    x = _arr(x)
+    return ops.zeros_like(x)
+
+
+# ---- manipulation -------------------------------------------------------------------------------
+
+def permute_dims(x, /, axes) -> Array:
+    return ops.transpose(_arr(x), tuple(axes))
+
+
+def matrix_transpose(x, /) -> Array:
+    x = _arr(x)
+    if x.ndim < 2:
+        raise InvalidValueError("matrix_transpose needs an array of at least 2 dimensions")
+    return ops.swapaxes(x, -1, -2)
+
+
+def moveaxis(x, source, destination, /) -> Array:
+    x = _arr(x)
+    src = [normalize_axis(a, x.ndim) for a in (source if isinstance(source, (tuple, list)) else (source,))]
+    dst = [normalize_axis(a, x.ndim) for a in (destination if isinstance(destination, (tuple, list))
+                                               else (destination,))]
+    if len(src) != len(dst) or len(set(src)) != len(src) or len(set(dst)) != len(dst):
+        raise InvalidValueError("moveaxis: source and destination must be distinct axes of the same length")
+    order = [a for a in range(x.ndim) if a not in src]
+    for d, s in sorted(zip(dst, src)):
+        order.insert(d, s)
+    return ops.transpose(x, tuple(order))
+
+
+def flip(x, /, *, axis=None) -> Array:
+    x = _arr(x)
+    axes = normalize_axes(axis, x.ndim)
+    return x[tuple(slice(None, None, -1) if i in axes else slice(None) for i in range(x.ndim))]
+
+
+def concat(arrays, /, *, axis=0) -> Array:
+    """Join arrays along an axis (None: flattened): each input padded into its window of the result,
+    the windows selected by position along the axis (all lazy, no host work)."""
+    arrays = [_arr(a) for a in arrays]
+    if not arrays:
+        raise InvalidValueError("concat needs at least one array")
+    if axis is None:
+        arrays = [ops.reshape(a, (-1,)) for a in arrays]
+        axis = 0
+    ops._ctx_of(*arrays)
+    nd = arrays[0].ndim
+    if nd == 0:
+        raise InvalidValueError("zero-dimensional arrays cannot be concatenated")
+    if builtins.any(a.ndim != nd for a in arrays):
+        raise InvalidValueError("all the input arrays must have the same number of dimensions")
+    axis = normalize_axis(axis, nd)
+    for a in arrays:
+        if builtins.any(a.shape[i] != arrays[0].shape[i] for i in range(nd) if i != axis):
+            raise InvalidValueError(f"concat: shapes {[a.shape for a in arrays]} differ off axis {axis}")
+    dt = _dt.result_type(*(a.dtype for a in arrays))
+    arrays = [ops.astype(a, dt) for a in arrays]
+    if len(arrays) == 1:
+        return ops.copy_array(arrays[0])
+    total = builtins.sum(a.shape[axis] for a in arrays)
+    shape = arrays[0].shape[:axis] + (total,) + arrays[0].shape[axis + 1:]
+    pos_shape = [1] * nd
+    pos_shape[axis] = total
+    position = ops.reshape(ops.arange(total, dtype=_dt.int64, device=arrays[0].ctx), tuple(pos_shape))
+    out = None
+    start = 0
+    for a in arrays:
+        n = a.shape[axis]
+        info = tuple((start, 1, n, True) if i == axis else (0, 1, d, True) for i, d in enumerate(shape))
+        if n:
+            placed = ops.pad_slice(ops.contiguous(a), shape, info)
+            out = placed if out is None else ops.where(position >= start, placed, out)
+        start += n
+    if out is None:
+        out = ops.zeros(shape, dtype=dt, device=arrays[0].ctx)
+    return out
+
+
+def stack(arrays, /, *, axis=0) -> Array:
+    arrays = [_arr(a) for a in arrays]
+    if not arrays:
+        raise InvalidValueError("stack needs at least one array")
+    shape = arrays[0].shape
+    if builtins.any(a.shape != shape for a in arrays):
+        raise InvalidValueError("all input arrays must have the same shape")
+    axis = normalize_axis(axis, len(shape) + 1)
+    return concat([ops.expand_dims(a, axis) for a in arrays], axis=axis)
+
+
+def unstack(x, /, *, axis=0) -> tuple:
+    x = _arr(x)
+    axis = normalize_axis(axis, x.ndim)
+    return tuple(x[(slice(None),) * axis + (i,)] for i in range(x.shape[axis]))
+
+
+def roll(x, /, shift, *, axis=None) -> Array:
+    x = _arr(x)
+    if axis is None:
+        return ops.reshape(roll(ops.reshape(x, (-1,)), shift, axis=0), x.shape)
+    shifts = shift if isinstance(shift, (tuple, list)) else (shift,)
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    if len(shifts) != len(axes):
+        if len(shifts) == 1:
+            shifts = shifts * len(axes)
+        else:
+            raise InvalidValueError("roll: shift and axis must have the same length")
+    out = x
+    for s, a in zip(shifts, axes):
+        a = normalize_axis(a, x.ndim)
+        n = x.shape[a]
+        if n == 0:
+            continue
+        s = operator.index(s) % n
+        if s == 0:
+            continue
+        pre = (slice(None),) * a
+        out = concat([out[pre + (slice(n - s, None),)], out[pre + (slice(0, n - s),)]], axis=a)
+    return out
+
+
+def tile(x, repetitions, /) -> Array:
+    x = _arr(x)
+    reps = tuple(operator.index(r) for r in repetitions)
+    nd = builtins.max(len(reps), x.ndim)
+    reps = (1,) * (nd - len(reps)) + reps
+    shape = (1,) * (nd - x.ndim) + x.shape
+    expanded = ops.reshape(x, tuple(v for d in shape for v in (1, d)))
+    target = tuple(v for r, d in zip(reps, shape) for v in (r, d))
+    return ops.reshape(ops.contiguous(ops.broadcast_to(expanded, target)), tuple(r * d for r, d in zip(reps, shape)))
+
+
+def repeat(x, repeats, /, *, axis=None) -> Array:
+    x = _arr(x)
+    if axis is None:
+        x = ops.reshape(x, (-1,))
+        axis = 0
+    axis = normalize_axis(axis, x.ndim)
+    if type(repeats) is Array or isinstance(repeats, (list, tuple, np.ndarray)):
+        counts = np.asarray(repeats.numpy() if type(repeats) is Array else repeats).astype(np.int64)
+        if counts.ndim == 0:
+            repeats = int(counts)
+        else:
+            if np.any(counts < 0):
+                raise InvalidValueError("repeats must be non-negative")
+            index = np.repeat(np.arange(x.shape[axis]), counts)
+            return take(x, _on_host(x, index, _dt.int64), axis=axis)
+    repeats = operator.index(repeats)
+    if repeats < 0:
+        raise InvalidValueError("repeats must be non-negative")
+    shape = x.shape
+    expanded = ops.expand_dims(x, axis + 1)
+    target = shape[:axis + 1] + (repeats,) + shape[axis + 1:]
+    out_shape = shape[:axis] + (shape[axis] * repeats,) + shape[axis + 1:]
+    return ops.reshape(ops.contiguous(ops.broadcast_to(expanded, target)), out_shape)
+
+
+def broadcast_arrays(*arrays) -> list:
+    arrays = [_arr(a) for a in arrays]
+    shape = broadcast_shapes(*(a.shape for a in arrays)) if arrays else ()
+    return [ops.broadcast_to(a, shape) for a in arrays]
+
+
+# ---- indexing -----------------------------------------------------------------------------------
+
+def take(x, indices, /, *, axis=None) -> Array:
+    """Elements of x at integer `indices` along `axis` (device gather; negative indices count from the end)."""
+    x = _arr(x)
+    if axis is None:
+        if x.ndim > 1:
+            raise InvalidValueError("take needs an axis for arrays of more than one dimension")
+        axis = 0
+    idx = indices if type(indices) is Array else ops.asarray(indices, device=x.ctx)
+    if not idx.dtype.is_int:
+        raise InvalidTypeError(f"take indices must be integers, got {idx.dtype.name}")
+    axis = normalize_axis(axis, x.ndim)
+    n = x.shape[axis]
+    inner = 1
+    for d in x.shape[axis + 1:]:
+        inner *= d
+    outer = x.shape[:axis]
+    idx = ops.astype(idx, _dt.int64)
+    idx = ops.where(idx < 0, idx + n, idx)
+    # flat index = ((o * n) + idx) * inner + i, over the output shape outer + idx.shape + inner dims
+    nd_idx = idx.ndim
+    o_flat = ops.arange(builtins.max(1, int(np.prod(outer, dtype=np.int64))), dtype=_dt.int64, device=x.ctx)
+    o_flat = ops.reshape(o_flat, outer + (1,) * (nd_idx + x.ndim - axis - 1)) if outer else 0
+    i_flat = ops.reshape(ops.arange(inner, dtype=_dt.int64, device=x.ctx), x.shape[axis + 1:]) \
+        if x.ndim - axis - 1 else 0
+    mid = ops.reshape(idx, idx.shape + (1,) * (x.ndim - axis - 1))
+    flat = (o_flat * n + mid) * inner + i_flat
+    out_shape = outer + idx.shape + x.shape[axis + 1:]
+    return gather_flat(x, ops.broadcast_to(flat, out_shape) if type(flat) is Array else flat)
+
+
+def take_along_axis(x, indices, /, *, axis=-1) -> Array:
+    x = _arr(x)
+    idx = _arr(indices)
+    axis = normalize_axis(axis, x.ndim)
+    idx = ops.astype(idx, _dt.int64)
+    n = x.shape[axis]
+    idx = ops.where(idx < 0, idx + n, idx)
+    shape = broadcast_shapes(tuple(d if i != axis else 1 for i, d in enumerate(x.shape)),
+                             tuple(d if i != axis else 1 for i, d in enumerate(idx.shape)))
+    out_shape = shape[:axis] + (idx.shape[axis],) + shape[axis + 1:]
+    strides = [1] * x.ndim
+    for i in range(x.ndim - 2, -1, -1):
+        strides[i] = strides[i + 1] * x.shape[i + 1]
+    flat = ops.broadcast_to(idx, out_shape) * strides[axis]
+    for i in range(x.ndim):
+        if i == axis or out_shape[i] == 1:
+            continue
+        pos = [1] * x.ndim
+        pos[i] = out_shape[i]
+        flat = flat + ops.reshape(ops.arange(out_shape[i], dtype=_dt.int64, device=x.ctx), tuple(pos)) * strides[i]
+    x = ops.broadcast_to(x, tuple(x.shape[i] if i == axis else out_shape[i] for i in range(x.ndim))) \
+        if builtins.any(x.shape[i] == 1 and out_shape[i] != 1 for i in range(x.ndim) if i != axis) else x
+    return gather_flat(x, ops.broadcast_to(flat, out_shape))
+
+
+def gather_flat(x: Array, flat) -> Array:
+    """out[i] = x.flat[flat[i]] (x made contiguous; flat int64 of the output's shape)."""
+    if type(flat) is not Array:
+        flat = ops.asarray(np.asarray(flat, np.int64), device=x.ctx)
+    if flat.size and x.size == 0:
+        raise InvalidValueError("cannot take elements of an empty array")
+    src = ops.contiguous(x)
+    idx = ops.contiguous(ops.astype(flat, _dt.int64))
+    return ops.new_node("gather", (src, idx), None, idx.shape, x.dtype, x.ctx)
+
+
+# ---- statistics ---------------------------------------------------------------------------------
+
+def _out_dtype(x: Array, dtype, op: str) -> _dt.DType:
+    if dtype is not None:
+        return _dt.as_dtype(dtype)
+    return _dt.reduction_result(op, x.dtype)
+
+
+def sum(x, /, *, axis=None, dtype=None, keepdims=False) -> Array:  # noqa: A001
+    x = _arr(x)
+    dt = _out_dtype(x, dtype, "sum")
+    if dtype is not None and dt is not x.dtype:
+        x = ops.astype(x, dt)
+    r = ops.sum(x, axis=axis, keepdims=keepdims)
+    return r if r.dtype is dt else ops.astype(r, dt)
+
+
+def prod(x, /, *, axis=None, dtype=None, keepdims=False) -> Array:
+    x = _arr(x)
+    dt = _out_dtype(x, dtype, "prod")
+    if dtype is not None and dt is not x.dtype:
+        x = ops.astype(x, dt)
+    r = ops._reduce("prod", x, axis, keepdims)
+    return r if r.dtype is dt else ops.astype(r, dt)
+
+
+def var(x, /, *, axis=None, correction=0.0, keepdims=False) -> Array:
+    x = _arr(x)
+    if not x.dtype.is_float:
+        x = ops.astype(x, _dt.float_result(x.dtype))
+    axes = normalize_axes(axis, x.ndim)
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    centered = x - ops.mean(x, axis=axes, keepdims=True)
+    total = ops.sum(centered * centered, axis=axes, keepdims=keepdims)
+    return total / builtins.max(n - correction, 0) if n - correction > 0 else total * nan
+
+
+def std(x, /, *, axis=None, correction=0.0, keepdims=False) -> Array:
+    return ops.sqrt(var(x, axis=axis, correction=correction, keepdims=keepdims))
+
+
+def _cumulative(fn, x, axis, dtype, include_initial, identity, op) -> Array:
+    x = _arr(x)
+    if axis is None:
+        if x.ndim > 1:
+            raise InvalidValueError("cumulative functions need an axis for arrays of more than one dimension")
+        axis = 0
+    axis = normalize_axis(axis, builtins.max(x.ndim, 1))
+    dt = _out_dtype(x, dtype, "sum")
+    host = np.asarray(x.numpy()).astype(dt.numpy)
+    res = fn(host, axis=axis, dtype=dt.numpy) if host.ndim else host
+    if include_initial:
+        pad = [(0, 0)] * res.ndim
+        pad[axis] = (1, 0)
+        res = np.pad(res, pad, constant_values=identity)
+    return _on_host(x, np.asarray(res, dt.numpy), dt)
+
+
+def cumulative_sum(x, /, *, axis=None, dtype=None, include_initial=False) -> Array:
+    return _cumulative(np.cumsum, x, axis, dtype, include_initial, 0, "sum")
+
+
+def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False) -> Array:
+    return _cumulative(np.cumprod, x, axis, dtype, include_initial, 1, "prod")
+
+
+def all(x, /, *, axis=None, keepdims=False) -> Array:  # noqa: A001
+    x = _arr(x)
+    b = x if x.dtype is _dt.bool_ else ops.not_equal(x, 0)
+    if b.size == 0:
+        return ops.equal(ops.sum(ops.astype(b, _dt.int64), axis=axis, keepdims=keepdims), 0)
+    return ops.min(b, axis=axis, keepdims=keepdims)
+
+
+def any(x, /, *, axis=None, keepdims=False) -> Array:  # noqa: A001
+    x = _arr(x)
+    b = x if x.dtype is _dt.bool_ else ops.not_equal(x, 0)
+    if b.size == 0:
+        return ops.not_equal(ops.sum(ops.astype(b, _dt.int64), axis=axis, keepdims=keepdims), 0)
+    return ops.max(b, axis=axis, keepdims=keepdims)
+
+
+def diff(x, /, *, axis=-1, n=1, prepend=None, append=None) -> Array:
+    x = _arr(x)
+    axis = normalize_axis(axis, x.ndim)
+    parts = [p for p in (prepend, x, append) if p is not None]
+    if len(parts) > 1:
+        x = concat([_arr(p) for p in parts], axis=axis)
+    pre = (slice(None),) * axis
+    for _ in range(n):
+        a, b = x[pre + (slice(1, None),)], x[pre + (slice(None, -1),)]
+        x = ops.not_equal(a, b) if x.dtype is _dt.bool_ else a - b
+    return x
+
+
+def clip(x, /, min=None, max=None) -> Array:  # noqa: A002
+    x = _arr(x)
+    out = x
+    for bound, fn in ((min, ops.maximum), (max, ops.minimum)):
+        if bound is None:
+            continue
+        if type(bound) is Array:
+            bound = ops.astype(bound, x.dtype)
+        elif x.dtype.is_int and isinstance(bound, float):
+            raise InvalidTypeError("clip bounds of an integer array must be integers")
+        elif x.dtype.is_int:
+            lo, hi = _dt.int_range(x.dtype)
+            bound = builtins.min(builtins.max(operator.index(bound), lo), hi)
+        r = fn(out, bound)
+        out = r if r.dtype is x.dtype else ops.astype(r, x.dtype)
+    if out.shape != x.shape or out is x:
+        out = ops.broadcast_to(out, broadcast_shapes(out.shape, x.shape)) if out is not x else ops.copy_array(x)
+    return out
+
+
+def count_nonzero(x, /, *, axis=None, keepdims=False) -> Array:
+    x = _arr(x)
+    return ops.sum(ops.not_equal(x, 0) if x.dtype is not _dt.bool_ else x, axis=axis, keepdims=keepdims)
+
+
+def vecdot(x1, x2, /, *, axis=-1) -> Array:
+    x1, x2 = _arr(x1), _arr(x2)
+    if x1.shape[axis] != x2.shape[axis]:
+        raise InvalidValueError("vecdot: the contracted axes differ in size")
+    return ops.sum(x1 * x2, axis=axis)
+
+
+def tensordot(x1, x2, /, *, axes=2) -> Array:
+    x1, x2 = _arr(x1), _arr(x2)
+    if isinstance(axes, int):
+        a1 = tuple(range(x1.ndim - axes, x1.ndim))
+        a2 = tuple(range(axes))
+    else:
+        a1 = tuple(normalize_axis(a, x1.ndim) for a in axes[0])
+        a2 = tuple(normalize_axis(a, x2.ndim) for a in axes[1])
+    free1 = [a for a in range(x1.ndim) if a not in a1]
+    free2 = [a for a in range(x2.ndim) if a not in a2]
+    k = int(np.prod([x1.shape[a] for a in a1], dtype=np.int64))
+    if k != int(np.prod([x2.shape[a] for a in a2], dtype=np.int64)):
+        raise InvalidValueError("tensordot: the contracted axes differ in size")
+    m = int(np.prod([x1.shape[a] for a in free1], dtype=np.int64))
+    n = int(np.prod([x2.shape[a] for a in free2], dtype=np.int64))
+    a = ops.reshape(ops.transpose(x1, tuple(free1) + a1), (m, k))
+    b = ops.reshape(ops.transpose(x2, a2 + tuple(free2)), (k, n))
+    return ops.reshape(ops.matmul(a, b), tuple(x1.shape[i] for i in free1) + tuple(x2.shape[i] for i in free2))
+
+
+# ---- searching, sorting, sets (host computation, results uploaded to the array's device) ---------
+
+def nonzero(x, /) -> tuple:
+    x = _arr(x)
+    if x.ndim == 0:
+        raise InvalidValueError("nonzero is not defined for 0-d arrays")
+    return tuple(_on_host(x, i.astype(np.int64), _dt.int64) for i in np.nonzero(np.asarray(x.numpy())))
+
+
+def searchsorted(x1, x2, /, *, side="left", sorter=None) -> Array:
+    x1, x2 = _arr(x1), _arr(x2)
+    if side not in ("left", "right"):
+        raise InvalidValueError(f"side must be 'left' or 'right', got {side!r}")
+    srt = None if sorter is None else np.asarray(_arr(sorter).numpy())
+    dt = _dt.promote(x1.dtype, x2.dtype)
+    a = np.asarray(x1.astype(dt).numpy())
+    v = np.asarray(x2.astype(dt).numpy())
+    return _on_host(x2, np.searchsorted(a, v, side=side, sorter=srt).astype(np.int64), _dt.int64)
+
+
+def sort(x, /, *, axis=-1, descending=False, stable=True) -> Array:
+    x = _arr(x)
+    host = np.asarray(x.numpy())
+    if x.ndim == 0:
+        return ops.copy_array(x)
+    axis = normalize_axis(axis, x.ndim)
+    if descending:
+        res = np.flip(np.sort(np.flip(host, axis), axis=axis, kind="stable"), axis)
+    else:
+        res = np.sort(host, axis=axis, kind="stable")
+    return _on_host(x, res, x.dtype)
+
+
+def argsort(x, /, *, axis=-1, descending=False, stable=True) -> Array:
+    x = _arr(x)
+    host = np.asarray(x.numpy())
+    if x.ndim == 0:
+        return _on_host(x, np.zeros((), np.int64), _dt.int64)
+    axis = normalize_axis(axis, x.ndim)
+    if descending:
+        n = host.shape[axis]
+        res = n - 1 - np.flip(np.argsort(np.flip(host, axis), axis=axis, kind="stable"), axis)
+    else:
+        res = np.argsort(host, axis=axis, kind="stable")
+    return _on_host(x, res.astype(np.int64), _dt.int64)
+
+
+def _unique(x):
+    x = _arr(x)
+    host = np.asarray(x.numpy()).reshape(-1)
+    values, index, inverse, counts = np.unique(host, return_index=True, return_inverse=True, return_counts=True,
+                                               equal_nan=False)
+    return x, values, index, inverse.reshape(x.shape), counts
+
+
+def unique_values(x, /) -> Array:
+    x, values, _, _, _ = _unique(x)
+    return _on_host(x, values, x.dtype)
+
+
+def unique_counts(x, /):
+    x, values, _, _, counts = _unique(x)
+    from collections import namedtuple
+    result = namedtuple("UniqueCountsResult", ["values", "counts"])
+    return result(_on_host(x, values, x.dtype), _on_host(x, counts.astype(np.int64), _dt.int64))
+
+
+def unique_inverse(x, /):
+    x, values, _, inverse, _ = _unique(x)
+    from collections import namedtuple
+    result = namedtuple("UniqueInverseResult", ["values", "inverse_indices"])
+    return result(_on_host(x, values, x.dtype), _on_host(x, inverse.astype(np.int64), _dt.int64))
+
+
+def unique_all(x, /):
+    x, values, index, inverse, counts = _unique(x)
+    from collections import namedtuple
+    result = namedtuple("UniqueAllResult", ["values", "indices", "inverse_indices", "counts"])
+    return result(_on_host(x, values, x.dtype), _on_host(x, index.astype(np.int64), _dt.int64),
+                  _on_host(x, inverse.astype(np.int64), _dt.int64), _on_host(x, counts.astype(np.int64), _dt.int64))
+
+
+# ---- inspection ---------------------------------------------------------------------------------
+
+class _Info:
+    """What `__array_namespace_info__()` returns: the namespace's capabilities, devices and dtypes."""
+
+    def capabilities(self) -> dict:
+        return {"boolean indexing": True, "data-dependent shapes": True, "max dimensions": 8}
+
+    def default_device(self):
+        return context_for(None).device
+
+    def default_dtypes(self, *, device=None) -> dict:
+        return {"real floating": _dt.DEFAULT_FLOAT, "complex floating": None, "integral": _dt.DEFAULT_INT,
+                "indexing": _dt.INDEX}
+
+    def devices(self) -> list:
+        return [context_for(None).device]
+
+    def dtypes(self, *, device=None, kind=None) -> dict:
+        names = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32",
+                 "float64")
+        out = {n: _dt.as_dtype(n) for n in names}
+        if kind is None:
+            return out
+        return {n: d for n, d in out.items() if isdtype(d, kind)}
+
+
+def __array_namespace_info__() -> _Info:
+    return _Info()

@@ -1,0 +1,259 @@
+"""Indexing with numpy's semantics: basic indices are strided views; integer-array and boolean-mask
+indices gather on the device; `x.at[idx].set(v)` is the functional update (arrays are immutable).
+
+Boolean masks have data-dependent shapes: the mask is evaluated and its positions uploaded as
+integer indices. Integer indices known on the host are bounds-checked (IndexError); indices
+computed on the device are clamped to the array by the gather kernel.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from . import dtypes as _dt
+from . import ops
+from .array import Array
+from .errors import InvalidIndexError
+from .shapes import contiguous_strides, parse_index
+
+
+def _is_bool_scalar(k) -> bool:
+    return k is True or k is False or isinstance(k, np.bool_)
+
+
+def _is_array_index(k) -> bool:
+    if type(k) is Array:
+        return k.ndim > 0 or k.dtype is _dt.bool_
+    if isinstance(k, np.ndarray):
+        return k.ndim > 0 or k.dtype == np.bool_
+    return isinstance(k, list)
+
+
+def getitem(x: Array, key) -> Array:
+    key = key if isinstance(key, tuple) else (key,)
+    if any(_is_array_index(k) for k in key):
+        return _advanced(x, key)
+    if any(_is_bool_scalar(k) for k in key):
+        return _bool_scalars(x, key)
+    key = tuple(operator.index(k) if type(k) is Array else k for k in key)
+    return ops.getitem(x, key)
+
+
+def _bool_scalars(x: Array, key: tuple) -> Array:
+    """x[True] adds an axis of length 1, x[False] one of length 0 (numpy's 0-d boolean masks)."""
+    n_real = sum(1 for k in key if k is not None and k is not Ellipsis and not _is_bool_scalar(k))
+    basic, empties, pos = [], [], 0
+    for k in key:
+        if _is_bool_scalar(k):
+            basic.append(None)
+            if not k:
+                empties.append(pos)
+            pos += 1
+        elif k is Ellipsis:
+            basic.append(k)
+            pos += x.ndim - n_real
+        else:
+            basic.append(k)
+            pos += 0 if isinstance(k, (int, np.integer)) or type(k) is Array else 1
+    out = ops.getitem(x, tuple(basic))
+    for p in empties:
+        out = out[(slice(None),) * p + (slice(0, 0),)]
+    return out
+
+
+def _is_bool_array(k) -> bool:
+    return k.dtype is _dt.bool_ if type(k) is Array else np.asarray(k).dtype == np.bool_
+
+
+def _expand(x: Array, key: tuple) -> list:
+    """The key with its ellipsis expanded and boolean arrays replaced by integer arrays (one per
+    masked axis; the mask is evaluated on the host)."""
+    n_used = 0
+    for k in key:
+        if k is None or k is Ellipsis:
+            continue
+        if _is_array_index(k) and _is_bool_array(k):
+            n_used += k.ndim if type(k) is Array else np.asarray(k).ndim
+        else:
+            n_used += 1
+    if n_used > x.ndim:
+        raise InvalidIndexError(f"too many indices for array: array is {x.ndim}-dimensional, but {n_used} were "
+                                "indexed")
+    out = []
+    axis = 0
+    for k in key:
+        if k is Ellipsis:
+            out += [slice(None)] * (x.ndim - n_used)
+            axis += x.ndim - n_used
+            continue
+        if k is None:
+            out.append(None)
+            continue
+        if _is_array_index(k):
+            host = None if type(k) is Array else np.asarray(k)
+            is_bool = (k.dtype is _dt.bool_) if host is None else host.dtype == np.bool_
+            if is_bool:
+                mask = np.asarray(k.numpy()) if host is None else host
+                if mask.shape != x.shape[axis:axis + mask.ndim]:
+                    raise InvalidIndexError(f"boolean index of shape {mask.shape} does not match the indexed "
+                                            f"dimensions {x.shape[axis:axis + mask.ndim]}")
+                out += [np.asarray(i, np.int64) for i in np.nonzero(mask)]
+                axis += mask.ndim
+                continue
+            if host is not None and host.size and host.dtype.kind not in "iu":
+                raise InvalidIndexError(f"arrays used as indices must be of integer type, got {host.dtype}")
+            if host is None and not k.dtype.is_int:
+                raise InvalidIndexError(f"arrays used as indices must be of integer type, got {k.dtype.name}")
+            out.append(host.astype(np.int64) if host is not None else k)
+        else:
+            out.append(k)
+        axis += 1
+    out += [slice(None)] * (x.ndim - axis)
+    return out
+
+
+def _advanced(x: Array, key: tuple) -> Array:
+    """Integer-array indexing (numpy's rules): the index arrays broadcast together; their dims replace the
+    indexed axes where those are adjacent, else lead the result."""
+    items = _expand(x, key)
+    adv = [i for i, k in enumerate(items) if isinstance(k, (np.ndarray, Array)) or
+           (k is not None and not isinstance(k, slice))]
+    # basic part first: advanced axes kept whole, then gathered
+    basic = []
+    axis_of = {}  # item index -> axis of the basic view
+    ax = 0
+    for i, k in enumerate(items):
+        if i in adv:
+            basic.append(slice(None))
+            axis_of[i] = ax
+            ax += 1
+        else:
+            basic.append(k)
+            if k is not None and not isinstance(k, slice):
+                continue
+            ax += 1
+    y = ops.getitem(x, tuple(basic))
+    dims = {}
+    arrays = []
+    for i in adv:
+        k = items[i]
+        d = y.shape[axis_of[i]]
+        if isinstance(k, np.ndarray):
+            if k.size and (k.min() < -d or k.max() >= d):
+                raise InvalidIndexError(f"index out of bounds for axis with size {d}")
+            k = ops.asarray(np.where(k < 0, k + d, k), device=x.ctx)
+        elif type(k) is Array:
+            k = ops.astype(k, _dt.int64)
+            k = ops.where(k < 0, k + d, k)
+        else:
+            idx = operator.index(k)
+            if not -d <= idx < d:
+                raise InvalidIndexError(f"index {idx} is out of bounds for axis with size {d}")
+            k = ops.asarray(np.int64(idx % d), device=x.ctx)
+        arrays.append(k)
+        dims[i] = d
+    from .shapes import broadcast_shapes
+    bshape = broadcast_shapes(*(a.shape for a in arrays))
+    adv_axes = [axis_of[i] for i in adv]
+    adjacent = adv_axes == list(range(adv_axes[0], adv_axes[0] + len(adv_axes)))
+    rest = [a for a in range(y.ndim) if a not in adv_axes]
+    if adjacent:
+        first = adv_axes[0]
+        out_shape = y.shape[:first] + bshape + y.shape[first + len(adv_axes):]
+        nb_lead = first
+    else:
+        out_shape = bshape + tuple(y.shape[a] for a in rest)
+        nb_lead = 0
+    strides = contiguous_strides(y.shape)
+    nb = len(bshape)
+    flat = None
+    for a, k in zip(adv_axes, arrays):
+        term = ops.broadcast_to(k, bshape) * strides[a]
+        term = ops.reshape(term, (1,) * nb_lead + bshape + (1,) * (len(out_shape) - nb_lead - nb))
+        flat = term if flat is None else flat + term
+    out_axis = [i for i in range(len(out_shape)) if not nb_lead <= i < nb_lead + nb]
+    for a, oa in zip(rest, out_axis):
+        pos = [1] * len(out_shape)
+        pos[oa] = y.shape[a]
+        flat = flat + ops.reshape(ops.arange(y.shape[a], dtype=_dt.int64, device=x.ctx), tuple(pos)) * strides[a]
+    from .array_api import gather_flat
+    if 0 in out_shape:
+        return ops.zeros(out_shape, dtype=x.dtype, device=x.ctx)
+    return gather_flat(y, ops.broadcast_to(flat, out_shape))
+
+
+# ---- functional updates -------------------------------------------------------------------------
+
+class AtIndexer:
+    """`x.at[idx]`: the positions of a functional update."""
+
+    __slots__ = ("x",)
+
+    def __init__(self, x: Array) -> None:
+        self.x = x
+
+    def __getitem__(self, key) -> _At:
+        return _At(self.x, key)
+
+
+class _At:
+    __slots__ = ("x", "key")
+
+    def __init__(self, x: Array, key) -> None:
+        self.x = x
+        self.key = key
+
+    def set(self, value) -> Array:  # noqa: A003
+        return self._update(value, None)
+
+    def add(self, value) -> Array:
+        return self._update(value, ops.add)
+
+    def multiply(self, value) -> Array:
+        return self._update(value, ops.multiply)
+
+    def min(self, value) -> Array:  # noqa: A003
+        return self._update(value, ops.minimum)
+
+    def max(self, value) -> Array:  # noqa: A003
+        return self._update(value, ops.maximum)
+
+    def get(self) -> Array:
+        return self.x[self.key]
+
+    def _update(self, value, combine) -> Array:
+        x = self.x
+        key = self.key if isinstance(self.key, tuple) else (self.key,)
+        if any(_is_array_index(k) or _is_bool_scalar(k) for k in key):
+            return self._update_on_host(value, combine)
+        key = tuple(operator.index(k) if type(k) is Array else k for k in key)
+        view = ops.getitem(x, key)
+        info = parse_index(key, x.shape, *x.layout())[3]
+        v = ops.astype(ops.broadcast_to(ops.asarray(value, device=x.ctx) if type(value) is not Array else value,
+                                        view.shape), x.dtype)
+        kept = tuple(count for (_, _, count, keep) in info if keep)
+        if combine is not None:
+            v = ops.astype(combine(view, v), x.dtype)
+        placed = ops.pad_slice(ops.reshape(ops.contiguous(v), kept), x.shape, info)
+        mask = ops.pad_slice(ops.full(kept, True, device=x.ctx), x.shape, info)
+        return ops.where(mask, placed, x)
+
+    def _update_on_host(self, value, combine) -> Array:
+        """Array indices (which may repeat) updated as numpy's ufunc.at does, on host data."""
+        x = self.x
+        host = np.array(np.asarray(x.numpy()))
+        key = tuple(np.asarray(k.numpy()) if type(k) is Array else k for k in
+                    (self.key if isinstance(self.key, tuple) else (self.key,)))
+        val = np.asarray(value.numpy()) if type(value) is Array else np.asarray(value)
+        ufunc = {None: None, ops.add: np.add, ops.multiply: np.multiply, ops.minimum: np.minimum,
+                 ops.maximum: np.maximum}[combine]
+        try:
+            if ufunc is None:
+                host[key] = val
+            else:
+                ufunc.at(host, key, val.astype(host.dtype))
+        except IndexError as exc:
+            raise InvalidIndexError(str(exc)) from None
+        return ops.asarray(host, dtype=x.dtype, device=x.ctx)

@@ -1,0 +1,151 @@
+"""numpy's dispatch protocols: `np.exp(a)`, `np.sum(a)`, `np.concatenate([a, b])` on runtime arrays
+build runtime ops on the arrays' device (lazy) instead of pulling the data to the host.
+
+numpy functions without a runtime counterpart raise numpy's TypeError naming the function; an
+`out=` argument (arrays are immutable) too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import array_api, ops
+from .array import Array
+from .errors import InvalidTypeError
+
+_UFUNCS = {
+    "add": ops.add, "subtract": ops.subtract, "multiply": ops.multiply, "divide": ops.divide,
+    "true_divide": ops.divide, "power": ops.power, "maximum": ops.maximum, "minimum": ops.minimum,
+    "floor_divide": ops.floor_divide, "remainder": ops.remainder, "mod": ops.remainder,
+    "equal": ops.equal, "not_equal": ops.not_equal, "less": ops.less, "less_equal": ops.less_equal,
+    "greater": ops.greater, "greater_equal": ops.greater_equal, "negative": ops.negative,
+    "positive": ops.positive, "absolute": ops.absolute, "fabs": ops.absolute, "matmul": ops.matmul,
+    "arctan2": "atan2", "arcsin": "asin", "arccos": "acos", "arctan": "atan", "arcsinh": "asinh",
+    "arccosh": "acosh", "arctanh": "atanh", "invert": "bitwise_invert", "rint": "round",
+}
+for _name in ("exp", "log", "sqrt", "tanh", "sin", "cos", "tan", "sinh", "cosh", "expm1", "log1p", "log2", "log10",
+              "floor", "ceil", "trunc", "square", "sign", "reciprocal", "isnan", "isinf", "isfinite", "signbit",
+              "logical_not", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or",
+              "bitwise_xor", "left_shift", "right_shift", "hypot", "copysign", "nextafter", "logaddexp"):
+    _UFUNCS[_name] = getattr(ops, _name)
+for _alias, _name in list(_UFUNCS.items()):
+    if isinstance(_name, str):
+        _UFUNCS[_alias] = getattr(ops, _name)
+
+_REDUCE = {"add": ops.sum, "multiply": lambda x, axis, keepdims: array_api.prod(x, axis=axis, keepdims=keepdims),
+           "maximum": ops.max, "minimum": ops.min,
+           "logical_or": lambda x, axis, keepdims: array_api.any(x, axis=axis, keepdims=keepdims),
+           "logical_and": lambda x, axis, keepdims: array_api.all(x, axis=axis, keepdims=keepdims)}
+
+
+def array_ufunc(self: Array, ufunc, method: str, *inputs, **kwargs):
+    if kwargs.get("out") is not None:
+        raise InvalidTypeError(f"np.{ufunc.__name__}(..., out=...) is not supported: runtime arrays are immutable")
+    kwargs.pop("out", None)
+    if method == "__call__":
+        fn = _UFUNCS.get(ufunc.__name__)
+        if fn is None or kwargs:
+            return NotImplemented
+        return fn(*inputs)
+    if method == "reduce" and len(inputs) == 1:
+        fn = _REDUCE.get(ufunc.__name__)
+        if fn is None or set(kwargs) - {"axis", "keepdims"}:
+            return NotImplemented
+        return fn(inputs[0], axis=kwargs.get("axis", 0), keepdims=kwargs.get("keepdims", False))
+    return NotImplemented
+
+
+def _reduction(fn):
+    def call(a, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
+        if out is not None or kwargs.get("where", True) is not True:
+            return NotImplemented
+        x = a if type(a) is Array else ops.asarray(a)
+        if dtype is not None:
+            x = ops.astype(x, dtype)
+        return fn(x, axis=axis, keepdims=keepdims)
+    return call
+
+
+def _std(fn):
+    def call(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
+        if out is not None:
+            return NotImplemented
+        x = a if dtype is None else ops.astype(a, dtype)
+        return fn(x, axis=axis, correction=ddof, keepdims=keepdims)
+    return call
+
+
+_FUNCTIONS = {
+    np.sum: _reduction(lambda x, axis, keepdims: array_api.sum(x, axis=axis, keepdims=keepdims)),
+    np.prod: _reduction(lambda x, axis, keepdims: array_api.prod(x, axis=axis, keepdims=keepdims)),
+    np.mean: _reduction(ops.mean), np.max: _reduction(ops.max), np.min: _reduction(ops.min),
+    np.amax: _reduction(ops.max), np.amin: _reduction(ops.min),
+    np.any: _reduction(lambda x, axis, keepdims: array_api.any(x, axis=axis, keepdims=keepdims)),
+    np.all: _reduction(lambda x, axis, keepdims: array_api.all(x, axis=axis, keepdims=keepdims)),
+    np.std: _std(array_api.std), np.var: _std(array_api.var),
+    np.argmax: lambda a, axis=None, out=None, keepdims=False: ops.argmax(a, axis, keepdims),
+    np.argmin: lambda a, axis=None, out=None, keepdims=False: ops.argmin(a, axis, keepdims),
+    np.concatenate: lambda arrays, axis=0, out=None, dtype=None, casting="same_kind": array_api.concat(
+        arrays if dtype is None else [ops.astype(ops.asarray(a), dtype) for a in arrays], axis=axis),
+    np.stack: lambda arrays, axis=0, out=None, **kw: array_api.stack(arrays, axis=axis),
+    np.where: lambda cond, x=None, y=None: ops.where(cond, x, y) if x is not None else array_api.nonzero(cond),
+    np.reshape: lambda a, shape=None, order="C", **kw: ops.reshape(a, shape if shape is not None else kw["newshape"]),
+    np.transpose: lambda a, axes=None: ops.transpose(a, axes),
+    np.squeeze: lambda a, axis=None: ops.squeeze(a, axis),
+    np.expand_dims: lambda a, axis: ops.expand_dims(a, axis),
+    np.broadcast_to: lambda array, shape, subok=False: ops.broadcast_to(array, shape),
+    np.swapaxes: lambda a, axis1, axis2: ops.swapaxes(a, axis1, axis2),
+    np.moveaxis: lambda a, source, destination: array_api.moveaxis(a, source, destination),
+    np.clip: lambda a, a_min=None, a_max=None, out=None, **kw: array_api.clip(a, kw.get("min", a_min),
+                                                                              kw.get("max", a_max)),
+    np.flip: lambda m, axis=None: array_api.flip(m, axis=axis),
+    np.roll: lambda a, shift, axis=None: array_api.roll(a, shift, axis=axis),
+    np.tile: lambda A, reps: array_api.tile(A, reps if isinstance(reps, (tuple, list)) else (reps,)),
+    np.repeat: lambda a, repeats, axis=None: array_api.repeat(a, repeats, axis=axis),
+    np.take: lambda a, indices, axis=None, out=None, mode="raise": array_api.take(
+        a if axis is not None else ops.reshape(a, (-1,)), indices, axis=axis if axis is not None else 0),
+    np.sort: lambda a, axis=-1, kind=None, order=None, stable=None: array_api.sort(a, axis=axis),
+    np.argsort: lambda a, axis=-1, kind=None, order=None, stable=None: array_api.argsort(a, axis=axis),
+    np.cumsum: lambda a, axis=None, dtype=None, out=None: array_api.cumulative_sum(
+        a if axis is not None else ops.reshape(a, (-1,)), axis=axis if axis is not None else 0, dtype=dtype),
+    np.matmul: lambda a, b, out=None, **kw: ops.matmul(a, b),
+    np.dot: lambda a, b, out=None: ops.matmul(a, b) if a.ndim and b.ndim else ops.multiply(a, b),
+    np.zeros_like: lambda a, dtype=None, **kw: ops.zeros_like(a, dtype=dtype),
+    np.ones_like: lambda a, dtype=None, **kw: ops.ones_like(a, dtype=dtype),
+    np.full_like: lambda a, fill_value, dtype=None, **kw: ops.full_like(a, fill_value, dtype=dtype),
+    np.round: lambda a, decimals=0, out=None: ops.round(a) if decimals == 0 else NotImplemented,
+    np.around: lambda a, decimals=0, out=None: ops.round(a) if decimals == 0 else NotImplemented,
+    np.nonzero: lambda a: array_api.nonzero(a),
+    np.count_nonzero: lambda a, axis=None, keepdims=False: array_api.count_nonzero(a, axis=axis,
+                                                                                    keepdims=keepdims),
+    np.diff: lambda a, n=1, axis=-1, prepend=None, append=None: array_api.diff(a, n=n, axis=axis, prepend=prepend,
+                                                                                 append=append),
+    np.unique: lambda ar, **kw: array_api.unique_values(ar) if not kw else NotImplemented,
+    np.tensordot: lambda a, b, axes=2: array_api.tensordot(a, b, axes=axes),
+    np.shape: lambda a: a.shape, np.ndim: lambda a: a.ndim, np.size: lambda a, axis=None: a.size if axis is None
+    else a.shape[axis],
+    np.copy: lambda a, order="K", subok=False: ops.copy_array(a),
+    np.astype: lambda x, dtype, copy=True, **kw: ops.astype(x, dtype),
+    np.isclose: lambda a, b, rtol=1e-05, atol=1e-08, equal_nan=False: _isclose(a, b, rtol, atol, equal_nan),
+    np.allclose: lambda a, b, rtol=1e-05, atol=1e-08, equal_nan=False: bool(
+        array_api.all(_isclose(a, b, rtol, atol, equal_nan))),
+    np.array_equal: lambda a1, a2, equal_nan=False: ops.asarray(a1).shape == ops.asarray(a2).shape and bool(
+        array_api.all(ops.equal(a1, a2))),
+}
+
+
+def _isclose(a, b, rtol, atol, equal_nan) -> Array:
+    a, b, _ = ops._operands(a, b)
+    close = ops.less_equal(ops.absolute(a - b), atol + rtol * ops.absolute(b))
+    if equal_nan:
+        close = ops.logical_or(close, ops.logical_and(ops.isnan(a), ops.isnan(b)))
+    return close
+
+
+def array_function(self: Array, func, types, args, kwargs):
+    fn = _FUNCTIONS.get(func)
+    if fn is None:
+        return NotImplemented
+    if not all(issubclass(t, (Array, np.ndarray)) for t in types):
+        return NotImplemented
+    return fn(*args, **kwargs)

@@ -1,0 +1,193 @@
+"""numpy's protocols and the array API namespace against numpy, on every driver."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+
+import hal
+import runtime as rt
+
+
+def same(got, want, rtol=1e-6, atol=1e-6) -> None:
+    want = np.asarray(want)
+    assert isinstance(got, rt.Array), type(got)
+    host = got.numpy()
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    if want.dtype.kind == "f":
+        np.testing.assert_allclose(host, want, rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        np.testing.assert_array_equal(host, want)
+
+
+@pytest.fixture
+def data(dev):
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4) - 7.5
+    return x, rt.array(x, device=dev)
+
+
+def test_numpy_ufuncs_and_functions_stay_lazy_on_the_device(data):
+    x, X = data
+    for fn in (np.exp, np.sin, np.abs, np.floor, np.isnan, np.negative, np.sqrt):
+        with np.errstate(all="ignore"):
+            same(fn(X), fn(x))
+    same(np.add(X, 1), x + 1)
+    same(np.maximum(X, x), np.maximum(x, x))
+    same(np.sum(X), np.sum(x))
+    same(np.sum(X, axis=(0, 2), keepdims=True), np.sum(x, axis=(0, 2), keepdims=True))
+    same(np.mean(X, axis=1), np.mean(x, axis=1))
+    same(np.std(X), np.std(x), rtol=1e-5)
+    same(np.var(X, axis=0, ddof=1), np.var(x, axis=0, ddof=1), rtol=1e-5)
+    same(np.where(X > 0, X, 0.0), np.where(x > 0, x, np.float32(0)))
+    same(np.concatenate([X, X], axis=1), np.concatenate([x, x], axis=1))
+    same(np.stack([X, X], axis=-1), np.stack([x, x], axis=-1))
+    same(np.add.reduce(X, axis=2), np.add.reduce(x, axis=2))
+    same(np.transpose(X), np.transpose(x))
+    same(np.clip(X, -2, 3), np.clip(x, -2, 3))
+    with pytest.raises(TypeError):
+        np.exp(X, out=np.empty_like(x))
+    with pytest.raises(TypeError):
+        np.linalg.svd(X)
+
+
+def test_format_copy_pickle_repr(data, dev):
+    x, X = data
+    loss = X.sum()
+    assert f"{loss:.4f}" == f"{x.sum():.4f}"
+    assert f"{X}" == str(x)
+    with pytest.raises(TypeError):
+        f"{X:.2f}"
+    same(X.copy(), x)
+    assert copy.deepcopy(X) is X
+    back = pickle.loads(pickle.dumps(X * 2))
+    same(back, x * 2)
+    assert back.device is X.device
+    r = repr(X[0, 0])
+    assert r.startswith("rt.Array(") and "float32" in r and dev in r
+
+
+def test_floor_divide_remainder_std_any_all(dev):
+    a = np.array([7, -7, 7, -7, 0, 5], np.int32)
+    b = np.array([2, 2, -2, -2, 3, 5], np.int32)
+    A, B = rt.array(a, device=dev), rt.array(b, device=dev)
+    same(A // B, a // b)
+    same(A % B, a % b)
+    same(A % 3, a % 3)
+    f = np.array([5.5, -5.5, 5.5, -5.5, -0.0], np.float32)
+    g = np.array([2, 2, -2, -2, 3], np.float32)
+    same(rt.array(f, device=dev) // rt.array(g, device=dev), f // g)
+    same(rt.array(f, device=dev) % rt.array(g, device=dev), f % g)
+    same(A.any(), a.any())
+    same((A > -10).all(), (a > -10).all())
+    same(rt.any(A > 6, axis=0), np.any(a > 6, axis=0))
+    same(A.std(), a.std(), rtol=1e-5)
+    same(A & 3, a & 3)
+    same(A | B, a | b)
+    same(~A, ~a)
+    same(A << 2, a << 2)
+    same(A >> 1, a >> 1)
+
+
+def test_indexing_boolean_integer_and_bool_scalars(data):
+    x, X = data
+    same(X[X > 0], x[x > 0])
+    same(X[x[..., 0] > 0], x[x[..., 0] > 0])
+    same(X[[1, 0]], x[[1, 0]])
+    same(X[:, [2, 0, 2], 1:3], x[:, [2, 0, 2], 1:3])
+    same(X[rt.array(np.array([1, 0, 1])), 2], x[np.array([1, 0, 1]), 2])
+    same(X[0, :, [1, 3]], x[0, :, [1, 3]])
+    same(X[np.array([[0], [1]]), np.array([0, 2])], x[np.array([[0], [1]]), np.array([0, 2])])
+    same(X[True], x[True])
+    same(X[False], x[False])
+    same(X[..., True], x[..., True])
+    idx = np.array([1])
+    same(X[idx, :], x[idx, :])  # a size-1 integer array keeps its axis
+    same(X[:, idx, idx], x[:, idx, idx])
+    with pytest.raises(IndexError):
+        X[[5]]
+    with pytest.raises(IndexError):
+        X[0, 0, 0, 0]
+    with pytest.raises(IndexError):
+        X[3]
+    with pytest.raises(IndexError):
+        X[np.ones((3,), bool)]
+
+
+def test_functional_updates(data):
+    x, X = data
+    want = x.copy()
+    want[0, 1:, ::2] = -1
+    same(X.at[0, 1:, ::2].set(-1), want)
+    want = x.copy()
+    want[:, 2] += 10
+    same(X.at[:, 2].add(10), want)
+    want = x.copy()
+    np.add.at(want, ([0, 0, 1], [1, 1, 2]), 1)
+    same(X.at[[0, 0, 1], [1, 1, 2]].add(1), want)
+    want = x.copy()
+    want[x > 3] = 0
+    same(X.at[X > 3].set(0), want)
+    with pytest.raises(TypeError, match="at"):
+        X[0] = 1
+
+
+def test_manipulation(data):
+    x, X = data
+    same(rt.concat([X, X[:, :1]], axis=1), np.concatenate([x, x[:, :1]], axis=1))
+    same(rt.concat([X, X], axis=None), np.concatenate([x, x], axis=None))
+    same(rt.concat([X[0], rt.array(np.array([[1, 2, 3, 4]], np.int64), device=X.ctx)]),
+         np.concatenate([x[0], np.array([[1, 2, 3, 4]], np.int64)]))
+    same(rt.stack([X[0], X[1]], axis=1), np.stack([x[0], x[1]], axis=1))
+    same(rt.flip(X, axis=(0, 2)), np.flip(x, axis=(0, 2)))
+    same(rt.roll(X, 2, axis=2), np.roll(x, 2, axis=2))
+    same(rt.roll(X, -5), np.roll(x, -5))
+    same(rt.moveaxis(X, 0, -1), np.moveaxis(x, 0, -1))
+    same(rt.tile(X[0], (2, 1, 3)), np.tile(x[0], (2, 1, 3)))
+    same(rt.repeat(X, 2, axis=1), np.repeat(x, 2, axis=1))
+    same(rt.repeat(X[0, 0], rt.array(np.array([0, 1, 2, 3]), device=X.ctx)), np.repeat(x[0, 0], [0, 1, 2, 3]))
+    same(rt.squeeze(X[:, :1], axis=1), np.squeeze(x[:, :1], axis=1))
+    same(rt.take(X, rt.array(np.array([3, -1, 0]), device=X.ctx), axis=2), np.take(x, [3, -1, 0], axis=2))
+    same(rt.take_along_axis(X, rt.array(np.argsort(x, axis=1), device=X.ctx), axis=1),
+         np.take_along_axis(x, np.argsort(x, axis=1), axis=1))
+    same(rt.cumulative_sum(X, axis=1), np.cumsum(x, axis=1))
+    same(rt.sort(-X, axis=1), np.sort(-x, axis=1))
+    same(rt.argsort(X[0, 0], descending=True), np.argsort(-x[0, 0], kind="stable"))
+    same(rt.clip(X, -1, 1), np.clip(x, -1, 1))
+    same(rt.prod(X[:, :, :2] / 4, axis=0), np.prod(x[:, :, :2] / 4, axis=0))
+    same(rt.unique_values(rt.array(np.array([3, 1, 3, 2]), device=X.ctx)), np.array([1, 2, 3]))
+    same(rt.nonzero(X > 10)[2], np.nonzero(x > 10)[2])
+    same(rt.tril(X[0]), np.tril(x[0]))
+    same(rt.eye(3, 4, k=1, device=X.ctx), np.eye(3, 4, k=1, dtype=np.float32))
+
+
+def test_namespace_and_info(data, dev):
+    _, X = data
+    xp = X.__array_namespace__()
+    assert xp is rt and xp.__array_api_version__ == "2024.12"
+    info = xp.__array_namespace_info__()
+    assert info.default_dtypes()["real floating"] == rt.float32 and info.default_dtypes()["integral"] == rt.int64
+    assert xp.finfo(xp.float32).eps == np.finfo(np.float32).eps and xp.iinfo(xp.int8).min == -128
+    assert xp.isdtype(xp.uint8, "unsigned integer") and not xp.isdtype(xp.float32, "integral")
+    assert xp.result_type(xp.int8, xp.uint8) == xp.int16 and xp.can_cast(xp.int8, xp.float32)
+    assert xp.e == np.e and xp.newaxis is None
+    with pytest.raises(hal.InvalidArgumentError):
+        X.__array_namespace__(api_version="1999.01")
+
+
+def test_grad_rules_of_new_elementwise_functions(dev):
+    x = np.array([0.3, 0.7, -0.2], np.float32)
+    X = rt.array(x, device=dev)
+    rules = {"sin": np.cos(x), "cos": -np.sin(x), "atan": 1 / (1 + x * x), "expm1": np.exp(x),
+             "log1p": 1 / (1 + x), "square": 2 * x, "sinh": np.cosh(x), "asin": 1 / np.sqrt(1 - x * x)}
+    for name, want in rules.items():
+        g = rt.grad(lambda v, name=name: getattr(rt, name)(v).sum())(X)
+        np.testing.assert_allclose(g.numpy(), want, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_grad_with_respect_to_integers_raises(dev):
+    with pytest.raises(TypeError, match="float"):
+        rt.grad(lambda v: (v * v).sum())(rt.array(np.array([1, 2], np.int32), device=dev))
