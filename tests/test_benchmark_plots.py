@@ -29,6 +29,16 @@ RUNTIME_BENCH = {
 }
 
 
+def script(name: str, *argv: str) -> subprocess.CompletedProcess:
+    """Run benchmarks/<name>.py as a user would."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def test_targets_become_bars_with_their_thresholds():
     assert plot.bars(HAL_BENCH) == [("round trip / raw", 2.07, ("≤", 1.5)), ("fill bandwidth / raw", 0.99, ("≥", 0.95))]
 
@@ -49,19 +59,7 @@ def test_command_writes_one_png_per_report(tmp_path):
             {"runtime": {"status": "ok", "result": RUNTIME_BENCH}, "hal_gpu": {"status": "failed", "returncode": 1}}
         )
     )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "plot.py"),
-            str(tmp_path / "bench.json"),
-            str(tmp_path / "all.json"),
-            "--out-dir",
-            str(tmp_path / "png"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = script("plot", str(tmp_path / "bench.json"), str(tmp_path / "all.json"), "--out-dir", str(tmp_path / "png"))
     assert proc.returncode == 0, proc.stderr
     written = sorted(p.name for p in (tmp_path / "png").iterdir())
     assert written == ["bench.png", "runtime.png"]
@@ -72,18 +70,7 @@ def test_command_writes_one_png_per_report(tmp_path):
 
 def test_a_file_without_ratios_is_an_error(tmp_path):
     (tmp_path / "empty.json").write_text(json.dumps({"device": {"uri": "x"}}))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "plot.py"),
-            str(tmp_path / "empty.json"),
-            "--out-dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = script("plot", str(tmp_path / "empty.json"), "--out-dir", str(tmp_path))
     assert proc.returncode == 1 and "no ratios" in proc.stderr
 
 
@@ -97,19 +84,7 @@ def test_trace_timeline_from_a_real_trace(tmp_path):
     with hal.trace(tmp_path / "trace.json"):
         for _ in range(3):
             rt.eval((x * 2.0).sum())
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "plot_trace.py"),
-            str(tmp_path / "trace.json"),
-            str(tmp_path / "timeline.png"),
-            "--window-ms",
-            "1000",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = script("plot_trace", str(tmp_path / "trace.json"), str(tmp_path / "timeline.png"), "--window-ms", "1000")
     assert proc.returncode == 0, proc.stderr
     drawn = int(proc.stdout.split(": ")[1].split()[0])
     spans = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"] if e["ph"] == "X"]

@@ -132,3 +132,22 @@ def test_hal_trace_environment_variable_traces_a_whole_example_run(tmp_path):
     # the worker thread's spans are on their own track: local-task runs submissions on a queue thread
     threads = {e["args"]["name"] for e in document["traceEvents"] if e.get("name") == "thread_name"}
     assert "MainThread" in threads
+
+
+def test_spans_are_nvtx_ranges_when_nvtx_is_importable(tmp_path, monkeypatch):
+    calls = []
+    fake_nvtx = type(sys)("nvtx")
+    fake_nvtx.push_range = lambda message, domain=None: calls.append(("push", message, domain))
+    fake_nvtx.pop_range = lambda domain=None: calls.append(("pop", domain))
+    monkeypatch.setitem(sys.modules, "nvtx", fake_nvtx)
+    with hal.trace(tmp_path / "nvtx.json"):
+        with hal.create_device("local-sync") as dev:
+            sem = dev.create_semaphore(0)
+            dev.queue_barrier(signal=[(sem, 1)])
+            sem.wait(1)
+    assert ("push", "queue_barrier", "hal") in calls
+    assert [c[0] for c in calls].count("push") == [c[0] for c in calls].count("pop") > 0
+    depth = 0
+    for call in calls:  # every range is closed, innermost first
+        depth += 1 if call[0] == "push" else -1
+        assert depth >= 0
