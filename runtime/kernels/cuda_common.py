@@ -12,7 +12,9 @@ __device__ __forceinline__ unsigned short f32_to_f16(float f) {
 """
 
 HIP_PRELUDE = r"""
+#ifndef __HIPCC_RTC__  // hiprtc declares the HIP runtime itself (ROCm 5.2 has no such header)
 #include <hip/hip_runtime.h>
+#endif
 #define RT_WARP 64
 #define RT_SHFL_DOWN(v, o) __shfl_down((v), (o))
 __device__ __forceinline__ float f16_to_f32(unsigned short h) {

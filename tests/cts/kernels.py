@@ -174,7 +174,9 @@ __device__ __forceinline__ unsigned int cts_global_id() {
 }
 """
 
-HIP_PRELUDE = r"""#include <hip/hip_runtime.h>
+HIP_PRELUDE = r"""#ifndef __HIPCC_RTC__  // hiprtc declares the HIP runtime itself (ROCm 5.2 has no such header)
+#include <hip/hip_runtime.h>
+#endif
 #define CTS_TRAP() __builtin_trap()
 """
 
