@@ -12,12 +12,13 @@ def cuda_available() -> bool:
     return bool(info and info.available)
 
 
-@pytest.fixture
-def fake_driver():
-    """A fresh simulated-GPU driver (its own API object, so a fault stays in this test)."""
+@pytest.fixture(params=["cuda", "hip"])
+def fake_driver(request):
+    """A fresh simulated-GPU driver (its own API object, so a fault stays in this test), failing with
+    CUDA's status conventions and again with HIP's."""
     from .fake_gpu import FakeGpuDriver
 
-    return FakeGpuDriver()
+    return FakeGpuDriver(request.param)
 
 
 @pytest.fixture

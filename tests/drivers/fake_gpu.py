@@ -9,7 +9,8 @@ nodes run in dependency order, updates affecting later launches only, and
 sticky faults (a raising kernel makes every later call fail). Kernels are
 numpy callables (the CTS's ``numpy`` format). A call on a destroyed stream or
 event (a crash on a real GPU) is recorded in ``use_after_destroy`` and raises,
-so tests catch it without hardware.
+so tests catch it without hardware. Failures are reported with CUDA's or HIP's
+status conventions (``VENDORS``), as the vendor's shim would.
 
 ``fake-gpu`` registers as a HAL driver (``HAL_PLUGINS=tests.drivers.fake_gpu``)
 so the conformance suite runs the generic GPU driver end to end:
@@ -25,7 +26,7 @@ import queue
 import threading
 import time
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -33,6 +34,8 @@ from hal.driver import DeviceInfo, Driver
 from hal.drivers.cuda.status import CUDA
 from hal.drivers.gpu.device import GpuDevice
 from hal.drivers.gpu.executable_cache import ExecutableCache, GpuExecutable
+from hal.drivers.gpu.status import StatusTable
+from hal.drivers.hip.status import HIP
 from hal.drivers.local.executable import NumpyExecutable
 from hal.errors import FailedPreconditionError, UnimplementedError
 from hal.registry import DriverFactory, hookimpl
@@ -45,8 +48,30 @@ class FakeResult(enum.IntEnum):
     CUDA_ERROR_LAUNCH_FAILED = 719
 
 
-def _raise(code: FakeResult, function: str) -> None:
-    raise CUDA.error(code, function)
+class FakeHipResult(enum.IntEnum):
+    hipErrorInvalidValue = 1
+    hipErrorOutOfMemory = 2
+    hipErrorInvalidHandle = 400
+    hipErrorLaunchFailure = 719
+
+
+class Conventions(NamedTuple):
+    """What a vendor's shim stands for: its status table and codes (invalid value, out of memory,
+    invalid handle, a sticky launch failure) and the device context it is handed (CUDA: a context
+    object; HIP: the device ordinal, 0 for the first device)."""
+
+    status: StatusTable
+    invalid_value: enum.IntEnum
+    out_of_memory: enum.IntEnum
+    invalid_handle: enum.IntEnum
+    launch_failed: enum.IntEnum
+    context: Any
+
+
+VENDORS = {
+    "cuda": Conventions(CUDA, *FakeResult, context=1),
+    "hip": Conventions(HIP, *FakeHipResult, context=0),
+}
 
 
 class FakeFunction:
@@ -120,7 +145,9 @@ class _Stream:
 class FakeGpuApi:
     name = "fake"
 
-    def __init__(self) -> None:
+    def __init__(self, vendor: str = "cuda") -> None:
+        #: Whose status conventions the simulated failures follow (``VENDORS``).
+        self.conventions = VENDORS[vendor]
         self.fault: BaseException | None = None
         #: When set, exec_set_memset_params / exec_set_memcpy_params refuse every change in place.
         self.reject_updates = False
@@ -133,17 +160,20 @@ class FakeGpuApi:
 
     def _destroyed(self, function: str, handle: object) -> None:
         self.use_after_destroy.append(f"{function}: {handle!r}")
-        _raise(FakeResult.CUDA_ERROR_INVALID_HANDLE, function)
+        self._raise(self.conventions.invalid_handle, function)
 
     def _check(self, function: str) -> None:
         self.calls[function] = self.calls.get(function, 0) + 1
         if self.fault is not None:
-            _raise(FakeResult.CUDA_ERROR_LAUNCH_FAILED, function)
+            self._raise(self.conventions.launch_failed, function)
+
+    def _raise(self, code: enum.IntEnum, function: str) -> None:
+        raise self.conventions.status.error(code, function)
 
     # -- memory -------------------------------------------------------------------------
     def _allocate(self, size: int) -> int:
         if size > 1 << 34:
-            _raise(FakeResult.CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc")
+            self._raise(self.conventions.out_of_memory, "cuMemAlloc")
         array = np.zeros(size + 8, dtype=np.uint8)
         ptr = array.ctypes.data
         with self._lock:
@@ -154,7 +184,7 @@ class FakeGpuApi:
     def _release(self, ptr: int) -> None:
         with self._lock:
             if ptr not in self._memory:
-                _raise(FakeResult.CUDA_ERROR_INVALID_VALUE, "cuMemFree")
+                self._raise(self.conventions.invalid_value, "cuMemFree")
             del self._memory[ptr]
             self._bases.remove(ptr)
 
@@ -491,9 +521,9 @@ class FakeGpuDriver(Driver):
     name = "fake-gpu"
     summary = "the GPU-generic driver over a simulated GPU API (tests only)"
 
-    def __init__(self) -> None:
+    def __init__(self, vendor: str = "cuda") -> None:
         super().__init__()
-        self.api = FakeGpuApi()
+        self.api = FakeGpuApi(vendor)
 
     def _probe(self) -> tuple[bool, str | None]:
         return True, None
@@ -504,7 +534,8 @@ class FakeGpuDriver(Driver):
 
     def _create_device(self, info: DeviceInfo, **options: Any) -> GpuDevice:
         limits = {"max_workgroup_count": ((1 << 31) - 1, 65535, 65535), "max_workgroup_size": 1024}
-        return GpuDevice(self, info, api=self.api, handle=0, context=1, options=options, limits=limits,
+        return GpuDevice(self, info, api=self.api, handle=0, context=self.api.conventions.context, options=options,
+                         limits=limits,
                          memory_bytes=1 << 34, memory_pools=True, executables=FakeExecutableCache())
 
 

@@ -4,15 +4,17 @@ function it calls exists in the installed hip-python and accepts the arguments t
 from __future__ import annotations
 
 import inspect
-import os
 import re
 from pathlib import Path
 
 import pytest
 
+from hal.drivers.bindings_shim import FUNCTIONS, VENDORS
 from hal.drivers.gpu.api import GpuApi, missing_members, protocol_members
 from hal.drivers.hip import api as hip_api
 from hal.drivers.hip.api import ENTRY_POINTS, HipApi
+
+from .test_hip_driver import rocm_missing
 
 SHIM_SOURCE = Path(hip_api.__file__).read_text()
 
@@ -38,9 +40,17 @@ def hip():
 def test_every_function_named_in_the_shim_exists_in_hip_python(hip):
     named = set(re.findall(r"(?:\bh|self\.hip)\.(hip[A-Z]\w*)\b", SHIM_SOURCE))  # h = self.hip
     functions = {name for name in named if not hasattr(hip, name) or inspect.isroutine(getattr(hip, name))}
+    functions |= {names[VENDORS.index("hip")] for names in FUNCTIONS.values()}  # the shared calls
     missing = sorted(name for name in functions if not hasattr(hip, name))
-    assert not missing, f"hip-python {hip.__name__} lacks {missing}"
+    assert not missing, f"hip-python lacks {missing}"
     assert functions == set(ENTRY_POINTS), "ENTRY_POINTS lists exactly the functions the shim calls"
+
+
+def test_the_shared_calls_name_functions_of_the_cuda_bindings_too():
+    driver = pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings is not installed")
+    column = VENDORS.index("cuda")
+    missing = sorted(names[column] for names in FUNCTIONS.values() if not hasattr(driver, names[column]))
+    assert not missing
 
 
 class RecordingHip:
@@ -89,9 +99,7 @@ def test_every_call_converts_its_arguments_in_the_real_bindings(hip):
     try:
         api.runtime_version()
     except RuntimeError as exc:
-        if os.environ.get("HAL_CI_HIPRTC") == "1":
-            pytest.fail(f"CI installed the HIP runtime, but it does not load: {exc}")
-        pytest.skip(f"the HIP runtime library is not installed here: {exc}")
+        rocm_missing(exc)
     err, count = hip.hipGetDeviceCount()
     if err == hip.hipError_t.hipSuccess and count > 0:  # stand-in handles would reach a GPU
         pytest.skip("an AMD GPU is present: the CTS makes these calls for real (pytest tests/cts --driver hip)")
@@ -136,6 +144,7 @@ def exercise_every_call(recorder: RecordingHip) -> None:
     api.event_record(event, stream)
     assert api.event_query(event) is True
     api.event_synchronize(event)
+    assert api.event_elapsed_ms(api.timing_event_create(), event) == 4096.0
     api.mem_free(api.mem_alloc(64))
     api.mem_free_async(api.mem_alloc_async(64, stream), stream)
     api.configure_memory_pool(0, 1 << 30)

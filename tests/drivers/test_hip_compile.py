@@ -21,6 +21,8 @@ from hal.drivers.gpu.executable_cache import indirect_name, indirect_source
 from hal.drivers.hip import executable_cache as hip_cache
 from hal.errors import UnavailableError
 
+from .test_hip_driver import rocm_missing
+
 #: AMD's CDNA (Instinct) processors, oldest first.
 CDNA_PROCESSORS = ("gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950")
 #: A full gcnArchName as a device reports it: the compile path takes the feature suffix as given.
@@ -32,9 +34,7 @@ def hiprtc():
     try:
         hip_cache.hiprtc_version()
     except UnavailableError as exc:
-        if os.environ.get("HAL_CI_HIPRTC") == "1":
-            pytest.fail(f"CI installed ROCm's hiprtc, but it does not load: {exc}")
-        pytest.skip(f"{exc} (CI installs it: .ci/run)")
+        rocm_missing(exc)
     if hip_cache.known_processors() is None:
         pytest.fail("hiprtc loads but the code-object manager (comgr) cannot be asked for its processors")
 

@@ -19,7 +19,7 @@ import pytest
 
 import hal
 from hal.drivers.hip.driver import format_version, probe
-from hal.drivers.hip.status import raise_for
+from hal.drivers.hip.status import HIP
 
 
 class HipError(enum.IntEnum):
@@ -48,12 +48,12 @@ class StandInApi:
 
     def device_count(self):
         if self.count_error:
-            raise_for(self.count_error, "hipGetDeviceCount")
+            raise HIP.error(self.count_error, "hipGetDeviceCount")
         return self.count
 
     def init(self):
         if self.init_error:
-            raise_for(self.init_error, "hipInit")
+            raise HIP.error(self.init_error, "hipInit")
 
 
 def test_versions_are_formatted_as_rocm_does():
@@ -134,6 +134,13 @@ def _env(**changes: str) -> dict:
     return env
 
 
+def rocm_missing(why: object) -> None:
+    """Skip for a missing ROCm library, unless CI installed it (.ci/run sets HAL_CI_HIPRTC=1): then fail."""
+    if os.environ.get("HAL_CI_HIPRTC") == "1":
+        pytest.fail(f"CI installed Debian's ROCm libraries, but: {why}")
+    pytest.skip(f"{why} (CI installs Debian's ROCm libraries: .ci/run)")
+
+
 @pytest.fixture
 def hip_python():
     pytest.importorskip("hip", reason="hip-python is not installed")
@@ -155,9 +162,7 @@ def test_cli_without_the_runtime_library(hip_python):
 def test_cli_with_the_runtime_and_no_gpu(hip_python):
     env = _env()
     if not _runtime_loads(env):
-        if os.environ.get("HAL_CI_HIPRTC") == "1":
-            pytest.fail("CI installed the HIP runtime, but libamdhip64.so does not load")
-        pytest.skip("the HIP runtime library is not installed here (CI installs Debian's: .ci/run)")
+        rocm_missing("libamdhip64.so does not load")
     listing = _hal("--list-drivers", "--json", env=env)
     info = {entry["name"]: entry for entry in json.loads(listing.stdout)}["hip"]
     if info["available"]:

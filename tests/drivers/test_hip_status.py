@@ -9,7 +9,7 @@ import pytest
 import hal
 from hal.drivers.gpu.status import CompileError, DeviceLostError
 from hal.drivers.hip import status
-from hal.drivers.hip.status import HIP, HIPRTC, check, check_hiprtc, raise_for
+from hal.drivers.hip.status import HIP, HIPRTC, check_hiprtc
 
 
 class FakeHipError(enum.IntEnum):
@@ -35,7 +35,7 @@ class FakeHipError(enum.IntEnum):
 )
 def test_codes_map_to_typed_errors_with_api_name(code, cls):
     with pytest.raises(cls) as err:
-        check((code, None), "hipMalloc")
+        raise HIP.error(code, "hipMalloc")
     assert type(err.value) is cls
     assert err.value.api_function == "hipMalloc"
     assert err.value.api_code == code.name
@@ -44,20 +44,30 @@ def test_codes_map_to_typed_errors_with_api_name(code, cls):
 
 def test_out_of_memory_is_resource_exhausted_and_a_hal_error():
     with pytest.raises(hal.HalError) as err:
-        raise_for(FakeHipError.hipErrorOutOfMemory, "hipMallocAsync")
+        raise HIP.error(FakeHipError.hipErrorOutOfMemory, "hipMallocAsync")
     assert err.value.code == hal.StatusCode.RESOURCE_EXHAUSTED
 
 
-def test_success_returns_the_values():
-    assert check((FakeHipError.hipSuccess, 7), "hipGetDeviceCount") == 7
-    assert check((FakeHipError.hipSuccess, 1, 2), "hipMemGetInfo") == (1, 2)
-    assert check((FakeHipError.hipSuccess,), "hipFree") is None
+def test_the_shim_checks_every_status_tuple():
+    """HipApi.call: raise for a failing status, else the call's value (hip-python returns tuples)."""
+    from hal.drivers.hip.api import HipApi
+
+    shim = HipApi.__new__(HipApi)
+    shim.status = HIP
+
+    def hipGetDeviceCount():  # noqa: N802 - named as the HIP function, for the error message
+        return FakeHipError.hipErrorNoDevice, 0
+
+    with pytest.raises(hal.UnavailableError, match="hipGetDeviceCount failed: hipErrorNoDevice"):
+        shim.call(hipGetDeviceCount)
+    assert shim.call(lambda: (FakeHipError.hipSuccess, 7)) == 7
+    assert shim.call(lambda: (FakeHipError.hipSuccess,)) is None
 
 
 def test_message_carries_the_runtime_text(monkeypatch):
     monkeypatch.setattr(HIP, "describe", lambda code: "out of memory on the device")
     with pytest.raises(hal.ResourceExhaustedError, match="out of memory on the device"):
-        check((FakeHipError.hipErrorOutOfMemory,), "hipMalloc")
+        raise HIP.error(FakeHipError.hipErrorOutOfMemory, "hipMalloc")
 
 
 def test_hiprtc_codes():
@@ -78,8 +88,8 @@ def test_hiprtc_codes():
 def test_describing_before_the_runtime_loaded_asks_nothing(monkeypatch, capfd):
     """hip-python prints a traceback when hipGetErrorString cannot load libamdhip64: never call it then."""
     monkeypatch.setattr(status, "_loaded", set())
-    assert status._describe_hip(FakeHipError.hipErrorNoDevice) == ""
-    assert status._describe_hiprtc(FakeHipError.hipErrorNoDevice) == ""
+    assert HIP.describe(FakeHipError.hipErrorNoDevice) == ""
+    assert HIPRTC.describe(FakeHipError.hipErrorNoDevice) == ""
     assert capfd.readouterr().err == ""
 
 

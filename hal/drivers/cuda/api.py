@@ -13,10 +13,10 @@ device pointers are plain ints so the generic code can do address arithmetic.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
-from hal.drivers.cuda.status import check, raise_for
+from hal.drivers.bindings_shim import BindingsShim, process_wide
+from hal.drivers.cuda.status import CUDA, check
 
 #: Device attributes reported in DeviceInfo.properties (and used for limits).
 DEVICE_ATTRIBUTES = {
@@ -45,7 +45,7 @@ DEVICE_ATTRIBUTES = {
 }
 
 
-class CudaApi:
+class CudaApi(BindingsShim):
     """The shim over ``cuda.bindings.driver`` (one per process: see ``get_api``)."""
 
     name = "cuda"
@@ -53,27 +53,20 @@ class CudaApi:
     def __init__(self) -> None:
         from cuda.bindings import driver
 
-        self.driver = driver
-        d = driver
+        self.driver = d = driver
+        results = d.CUresult
+        # the codes with which cuGraphExec{Memset,Memcpy}NodeSetParams refuse a change in place
+        rejected = (results.CUDA_ERROR_INVALID_VALUE, results.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE)
+        super().__init__(d, "cuda", {
+            "status": CUDA, "not_ready": results.CUDA_ERROR_NOT_READY, "update_rejected": rejected,
+            "stream_flags": d.CUstream_flags.CU_STREAM_NON_BLOCKING,
+            "event_flags": d.CUevent_flags.CU_EVENT_DISABLE_TIMING,
+            "timing_event_flags": d.CUevent_flags.CU_EVENT_DEFAULT,
+            "host_flags": d.CU_MEMHOSTALLOC_PORTABLE | d.CU_MEMHOSTALLOC_DEVICEMAP,
+            "max_threads_attribute": d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+            "memset_params_type": d.CUDA_MEMSET_NODE_PARAMS,
+        })
         self._launch = d.cuLaunchKernel
-        self._memset = {1: d.cuMemsetD8Async, 2: d.cuMemsetD16Async, 4: d.cuMemsetD32Async}
-        self._memcpy_dtod_async = d.cuMemcpyDtoDAsync
-        self._memcpy_htod_async = d.cuMemcpyHtoDAsync
-        self._graph_launch = d.cuGraphLaunch
-        self._event_record = d.cuEventRecord
-        self._event_query = d.cuEventQuery
-        self._event_sync = d.cuEventSynchronize
-        self._stream_wait = d.cuStreamWaitEvent
-        self._exec_kernel = d.cuGraphExecKernelNodeSetParams
-        self._ctx_set_current = d.cuCtxSetCurrent
-        #: Per thread: the context made current last (``activate``), also the context of graph memory nodes.
-        self._current = threading.local()
-        self.NOT_READY = d.CUresult.CUDA_ERROR_NOT_READY
-        #: Codes with which cuGraphExec{Memset,Memcpy}NodeSetParams refuse a change in place.
-        self._update_rejected = (d.CUresult.CUDA_ERROR_INVALID_VALUE, d.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE)
-        self._stream_flags = d.CUstream_flags.CU_STREAM_NON_BLOCKING
-        self._event_flags = d.CUevent_flags.CU_EVENT_DISABLE_TIMING
-        self._host_flags = d.CU_MEMHOSTALLOC_PORTABLE | d.CU_MEMHOSTALLOC_DEVICEMAP
         self._memory_device = d.CUmemorytype.CU_MEMORYTYPE_UNIFIED
 
     # -- driver and devices ------------------------------------------------------
@@ -124,159 +117,33 @@ class CudaApi:
     def primary_context_retain(self, dev: Any) -> Any:
         return check(self.driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
 
-    def activate(self, context: Any) -> None:
-        """cuCtxSetCurrent, skipped when ``context`` is already this thread's current one."""
-        current = self._current
-        if getattr(current, "context", None) is not context:
-            err = self._ctx_set_current(context)[0]
-            if err:
-                raise_for(err, "cuCtxSetCurrent")
-            current.context = context
-
     def memory_info(self) -> tuple[int, int]:
         """(free, total) bytes of the current context's device."""
         return check(self.driver.cuMemGetInfo(), "cuMemGetInfo")  # type: ignore[return-value]
 
-    # -- streams and events ------------------------------------------------------------
-    def stream_create(self) -> Any:
-        return check(self.driver.cuStreamCreate(self._stream_flags), "cuStreamCreate")
-
-    def stream_destroy(self, stream: Any) -> None:
-        check(self.driver.cuStreamDestroy(stream), "cuStreamDestroy")
-
-    def stream_synchronize(self, stream: Any) -> None:
-        check(self.driver.cuStreamSynchronize(stream), "cuStreamSynchronize")
-
-    def stream_wait_event(self, stream: Any, event: Any) -> None:
-        err = self._stream_wait(stream, event, 0)[0]
-        if err:
-            raise_for(err, "cuStreamWaitEvent")
-
-    def event_create(self) -> Any:
-        return check(self.driver.cuEventCreate(self._event_flags), "cuEventCreate")
-
-    def event_destroy(self, event: Any) -> None:
-        check(self.driver.cuEventDestroy(event), "cuEventDestroy")
-
-    def event_record(self, event: Any, stream: Any) -> None:
-        err = self._event_record(event, stream)[0]
-        if err:
-            raise_for(err, "cuEventRecord")
-
-    def event_query(self, event: Any) -> bool:
-        """True once the work the event captured completed; False while it runs."""
-        err = self._event_query(event)[0]
-        if not err:
-            return True
-        if err == self.NOT_READY:
-            return False
-        raise_for(err, "cuEventQuery")
-
-    def event_synchronize(self, event: Any) -> None:
-        err = self._event_sync(event)[0]
-        if err:
-            raise_for(err, "cuEventSynchronize")
-
-    def timing_event_create(self) -> Any:
-        return check(self.driver.cuEventCreate(self.driver.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
-
-    def event_elapsed_ms(self, start: Any, end: Any) -> float:
-        return float(check(self.driver.cuEventElapsedTime(start, end), "cuEventElapsedTime"))
-
-    # -- memory --------------------------------------------------------------------------
-    def mem_alloc(self, size: int) -> int:
-        return int(check(self.driver.cuMemAlloc(size), "cuMemAlloc"))  # type: ignore[call-overload]
-
-    def mem_free(self, ptr: int) -> None:
-        check(self.driver.cuMemFree(ptr), "cuMemFree")
-
-    def mem_alloc_async(self, size: int, stream: Any) -> int:
-        return int(check(self.driver.cuMemAllocAsync(size, stream), "cuMemAllocAsync"))  # type: ignore[call-overload]
-
-    def mem_free_async(self, ptr: int, stream: Any) -> None:
-        check(self.driver.cuMemFreeAsync(ptr, stream), "cuMemFreeAsync")
-
-    def host_alloc(self, size: int) -> int:
-        """Pinned, portable host memory mapped into the device address space."""
-        return int(check(self.driver.cuMemHostAlloc(size, self._host_flags), "cuMemHostAlloc"))  # type: ignore[call-overload]
-
-    def host_free(self, ptr: int) -> None:
-        check(self.driver.cuMemFreeHost(ptr), "cuMemFreeHost")
-
-    def host_device_pointer(self, ptr: int) -> int:
-        return int(check(self.driver.cuMemHostGetDevicePointer(ptr, 0), "cuMemHostGetDevicePointer"))  # type: ignore[call-overload]
-
+    # -- memory (the rest of the calls: BindingsShim) -----------------------------------------------
     def configure_memory_pool(self, device: Any, release_threshold: int) -> None:
         d = self.driver
         pool = check(d.cuDeviceGetDefaultMemPool(device), "cuDeviceGetDefaultMemPool")
         check(d.cuMemPoolSetAttribute(pool, d.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
                                       d.cuuint64_t(release_threshold)), "cuMemPoolSetAttribute")
 
-    def memset_async(self, ptr: int, value: int, element_size: int, count: int, stream: Any) -> None:
-        err = self._memset[element_size](ptr, value, count, stream)[0]
-        if err:
-            raise_for(err, f"cuMemsetD{8 * element_size}Async")
-
-    def memcpy_dtod_async(self, dst: int, src: int, size: int, stream: Any) -> None:
-        err = self._memcpy_dtod_async(dst, src, size, stream)[0]
-        if err:
-            raise_for(err, "cuMemcpyDtoDAsync")
-
-    def memcpy_htod_async(self, dst: int, host: int, size: int, stream: Any) -> None:
-        err = self._memcpy_htod_async(dst, host, size, stream)[0]
-        if err:
-            raise_for(err, "cuMemcpyHtoDAsync")
-
-    def memcpy_htod(self, dst: int, host: int, size: int) -> None:
-        check(self.driver.cuMemcpyHtoD(dst, host, size), "cuMemcpyHtoD")
-
-    def memcpy_dtoh(self, host: int, src: int, size: int) -> None:
-        check(self.driver.cuMemcpyDtoH(host, src, size), "cuMemcpyDtoH")
-
-    # -- modules and launches ------------------------------------------------------------
-    def module_load(self, image: bytes) -> Any:
-        return check(self.driver.cuModuleLoadData(image), "cuModuleLoadData")
-
-    def module_unload(self, module: Any) -> None:
-        check(self.driver.cuModuleUnload(module), "cuModuleUnload")
-
-    def module_function(self, module: Any, name: str) -> Any:
-        return check(self.driver.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name!r})")
-
-    def function_max_threads(self, func: Any) -> int:
-        attr = self.driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
-        return int(check(self.driver.cuFuncGetAttribute(attr, func), "cuFuncGetAttribute"))  # type: ignore[call-overload]
-
-    # -- prepared calls: (bindings function, its arguments, its name for errors) -----------------------
+    # -- prepared calls: (bindings function, its arguments), addresses as CUdeviceptr once ---------------
     def prepare_launch(self, func: Any, grid: tuple[int, int, int], block: tuple[int, int, int], stream: Any,
-                       params: int) -> tuple[Any, tuple, str]:
-        return (self._launch, (func, *grid, *block, 0, stream, params, 0), "cuLaunchKernel")
+                       params: int) -> tuple[Any, tuple]:
+        return (self._launch, (func, *grid, *block, 0, stream, params, 0))
 
-    def prepare_memset(self, ptr: int, value: int, element_size: int, count: int,
-                       stream: Any) -> tuple[Any, tuple, str]:
-        return (self._memset[element_size], (self.driver.CUdeviceptr(ptr), value, count, stream),
-                f"cuMemsetD{8 * element_size}Async")
+    def prepare_memset(self, ptr: int, value: int, element_size: int, count: int, stream: Any) -> tuple[Any, tuple]:
+        return (self._memset[element_size], (self.driver.CUdeviceptr(ptr), value, count, stream))
 
-    def prepare_copy(self, dst: int, src: int, size: int, stream: Any) -> tuple[Any, tuple, str]:
+    def prepare_copy(self, dst: int, src: int, size: int, stream: Any) -> tuple[Any, tuple]:
         d = self.driver
-        return (self._memcpy_dtod_async, (d.CUdeviceptr(dst), d.CUdeviceptr(src), size, stream), "cuMemcpyDtoDAsync")
+        return (self._memcpy_dtod_async, (d.CUdeviceptr(dst), d.CUdeviceptr(src), size, stream))
 
-    def prepare_upload(self, dst: int, host: int, size: int, stream: Any) -> tuple[Any, tuple, str]:
-        return (self._memcpy_htod_async, (self.driver.CUdeviceptr(dst), host, size, stream), "cuMemcpyHtoDAsync")
+    def prepare_upload(self, dst: int, host: int, size: int, stream: Any) -> tuple[Any, tuple]:
+        return (self._memcpy_htod_async, (self.driver.CUdeviceptr(dst), host, size, stream))
 
-    def run_prepared(self, calls) -> None:
-        for call, args, name in calls:
-            err = call(*args)[0]
-            if err:
-                raise_for(err, name)
-
-    # -- graphs --------------------------------------------------------------------------
-    def graph_create(self) -> Any:
-        return check(self.driver.cuGraphCreate(0), "cuGraphCreate")
-
-    def graph_destroy(self, graph: Any) -> None:
-        check(self.driver.cuGraphDestroy(graph), "cuGraphDestroy")
-
+    # -- graphs: CUDA's node records; memset and copy nodes name their context --------------------------
     def kernel_node_params(self, func: Any, grid: tuple[int, int, int], block: tuple[int, int, int],
                            params: int) -> Any:
         p = self.driver.CUDA_KERNEL_NODE_PARAMS()
@@ -286,20 +153,6 @@ class CudaApi:
         p.sharedMemBytes = 0
         p.kernelParams = params
         return p
-
-    def memset_node_params(self, ptr: int, value: int, element_size: int, count: int) -> Any:
-        p = self.driver.CUDA_MEMSET_NODE_PARAMS()
-        p.dst = ptr
-        p.value = value
-        p.elementSize = element_size
-        p.width = count
-        p.height = 1
-        p.pitch = 0
-        return p
-
-    def set_memset_node_target(self, params: Any, ptr: int, count: int) -> None:
-        params.dst = ptr
-        params.width = count
 
     def memcpy_node_params(self, dst: int, src: int, size: int) -> Any:
         p = self.driver.CUDA_MEMCPY3D()
@@ -317,9 +170,6 @@ class CudaApi:
         params.dstDevice = dst
         params.WidthInBytes = size
 
-    def graph_add_kernel_node(self, graph: Any, deps: list, params: Any) -> Any:
-        return check(self.driver.cuGraphAddKernelNode(graph, deps, len(deps), params), "cuGraphAddKernelNode")
-
     def graph_add_memset_node(self, graph: Any, deps: list, params: Any) -> Any:
         return check(self.driver.cuGraphAddMemsetNode(graph, deps, len(deps), params, self._current.context),
                      "cuGraphAddMemsetNode")
@@ -328,50 +178,14 @@ class CudaApi:
         return check(self.driver.cuGraphAddMemcpyNode(graph, deps, len(deps), params, self._current.context),
                      "cuGraphAddMemcpyNode")
 
-    def graph_add_empty_node(self, graph: Any, deps: list) -> Any:
-        return check(self.driver.cuGraphAddEmptyNode(graph, deps, len(deps)), "cuGraphAddEmptyNode")
-
-    def graph_instantiate(self, graph: Any) -> Any:
-        return check(self.driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-
-    def graph_exec_destroy(self, graph_exec: Any) -> None:
-        check(self.driver.cuGraphExecDestroy(graph_exec), "cuGraphExecDestroy")
-
-    def graph_launch(self, graph_exec: Any, stream: Any) -> None:
-        err = self._graph_launch(graph_exec, stream)[0]
-        if err:
-            raise_for(err, "cuGraphLaunch")
-
-    def exec_set_kernel_params(self, graph_exec: Any, node: Any, params: Any) -> None:
-        err = self._exec_kernel(graph_exec, node, params)[0]
-        if err:
-            raise_for(err, "cuGraphExecKernelNodeSetParams")
-
     def exec_set_memset_params(self, graph_exec: Any, node: Any, params: Any) -> bool:
-        err = self.driver.cuGraphExecMemsetNodeSetParams(graph_exec, node, params, self._current.context)[0]
-        return self._updated(err, "cuGraphExecMemsetNodeSetParams")
+        function = self.driver.cuGraphExecMemsetNodeSetParams
+        return self.updated(function(graph_exec, node, params, self._current.context)[0], function)
 
     def exec_set_memcpy_params(self, graph_exec: Any, node: Any, params: Any) -> bool:
-        err = self.driver.cuGraphExecMemcpyNodeSetParams(graph_exec, node, params, self._current.context)[0]
-        return self._updated(err, "cuGraphExecMemcpyNodeSetParams")
-
-    def _updated(self, err: Any, function: str) -> bool:
-        """True for success, False for a change refused in place; raises for other failures."""
-        if not err:
-            return True
-        if err in self._update_rejected:
-            return False
-        raise_for(err, function)
+        function = self.driver.cuGraphExecMemcpyNodeSetParams
+        return self.updated(function(graph_exec, node, params, self._current.context)[0], function)
 
 
-_api: CudaApi | None = None
-_api_lock = threading.Lock()
-
-
-def get_api() -> CudaApi:
-    """The process-wide shim; imports cuda.bindings on first use (ImportError if it is not installed)."""
-    global _api
-    with _api_lock:
-        if _api is None:
-            _api = CudaApi()
-        return _api
+get_api = process_wide(CudaApi)
+get_api.__doc__ = "The process-wide shim; imports cuda.bindings on first use (ImportError if it is not installed)."

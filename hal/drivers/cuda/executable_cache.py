@@ -18,7 +18,7 @@ from typing import Any
 
 from hal.disk_cache import DiskCache
 from hal.drivers.cuda.status import CompileError, check_nvrtc
-from hal.drivers.gpu.executable_cache import ExecutableCache, indirect_source
+from hal.drivers.gpu.executable_cache import ExecutableCache, compiler_flags, indirect_source
 from hal.errors import IncompatibleError, InvalidArgumentError, UnavailableError
 from hal.executable import ExecutableSpec
 
@@ -64,15 +64,7 @@ def target_for(compute_capability: tuple[int, int], supported: Sequence[int]) ->
 
 
 def _options(options: Mapping[str, Any] | None) -> list[str]:
-    options = dict(options or {})
-    flags = list(BASE_OPTIONS)
-    extra = options.pop("nvrtc_options", ())
-    if isinstance(extra, str) or not all(isinstance(flag, str) for flag in extra):
-        raise InvalidArgumentError(f"nvrtc_options must be a list of strings, got {extra!r}")
-    for name, value in dict(options.pop("defines", {}) or {}).items():
-        flags.append(f"-D{name}" if value is None else f"-D{name}={value}")
-    flags.extend(extra)
-    return flags
+    return compiler_flags(options, BASE_OPTIONS, "nvrtc_options")
 
 
 def compile_cuda_c(source: str | bytes, target: str, options: Mapping[str, Any] | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import NoReturn
 
+from hal.drivers.bindings_shim import check as checked
 from hal.drivers.gpu.status import CompileError, DeviceLostError, StatusTable
 from hal.errors import (
     FailedPreconditionError,
@@ -146,16 +147,8 @@ def raise_for(code: object, function: str, detail: str = "") -> NoReturn:
 
 def check(result: tuple, function: str) -> object:
     """Raise for a failing CUresult; return the call's single value (or the tuple of values, or None)."""
-    if result[0]:
-        raise CUDA.error(result[0], function)
-    if len(result) == 2:
-        return result[1]
-    return result[1:] or None
+    return checked(CUDA, result, function)
 
 
 def check_nvrtc(result: tuple, function: str, detail: str = "") -> object:
-    if result[0]:
-        raise NVRTC.error(result[0], function, detail)
-    if len(result) == 2:
-        return result[1]
-    return result[1:] or None
+    return checked(NVRTC, result, function, detail)

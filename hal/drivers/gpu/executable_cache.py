@@ -10,6 +10,7 @@ for every GPU API, written here once against ``GpuApi``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hal.errors import InvalidArgumentError, NotFoundError, UnimplementedError
@@ -104,6 +105,17 @@ class ExecutableCache:
                 f"export {export.name!r} workgroup size {export.workgroup_size} ({threads} threads) exceeds "
                 f"the {limit} threads per block the compiled kernel supports")
         return function
+
+
+def compiler_flags(options: Mapping[str, Any] | None, base: Sequence[str], extra_option: str) -> list[str]:
+    """The compiler command line of a spec's options: ``base``, then ``-D`` for each of ``defines``
+    (``{name: value}``, value None for a bare name), then the strings of option ``extra_option``."""
+    options = dict(options or {})
+    extra = options.pop(extra_option, ())
+    if isinstance(extra, str) or not all(isinstance(flag, str) for flag in extra):
+        raise InvalidArgumentError(f"{extra_option} must be a list of strings, got {extra!r}")
+    defines = dict(options.pop("defines", {}) or {}).items()
+    return [*base, *(f"-D{name}" if value is None else f"-D{name}={value}" for name, value in defines), *extra]
 
 
 def indirect_name(name: str) -> str:

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hal.disk_cache import DiskCache
-from hal.drivers.gpu.executable_cache import ExecutableCache, indirect_source
+from hal.drivers.gpu.executable_cache import ExecutableCache, compiler_flags, indirect_source
 from hal.drivers.hip.status import HIPRTC, CompileError, check_hiprtc, mark_loaded
 from hal.errors import IncompatibleError, InvalidArgumentError, UnavailableError
 from hal.executable import ExecutableSpec
@@ -126,17 +126,16 @@ def compiler_identity() -> str:
     return f"hiprtc-{major}.{minor}/comgr-{comgr_version()}"
 
 
+def compiler_properties() -> dict[str, Any]:
+    """What ``--dump-devices`` reports of the compiler: its identity and the formats a device accepts."""
+    try:
+        return {"compiler": compiler_identity(), "executable_formats": list(FORMATS)}
+    except UnavailableError as exc:
+        return {"compiler": f"unavailable ({exc.message})", "executable_formats": ["hsaco"]}
+
+
 def _options(options: Mapping[str, Any] | None) -> list[str]:
-    options = dict(options or {})
-    flags = list(BASE_OPTIONS)
-    extra = options.pop("hiprtc_options", ())
-    if isinstance(extra, str) or not all(isinstance(flag, str) for flag in extra):
-        raise InvalidArgumentError(f"hiprtc_options must be a list of strings, got {extra!r}")
-    flags += [
-        f"-D{name}" if value is None else f"-D{name}={value}"
-        for name, value in dict(options.pop("defines", {}) or {}).items()
-    ]
-    return flags + list(extra)
+    return compiler_flags(options, BASE_OPTIONS, "hiprtc_options")
 
 
 def compile_hip_c(

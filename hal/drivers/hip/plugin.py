@@ -1,16 +1,13 @@
 """Registers the ``hip`` driver without importing it (nor hip-python)."""
 
+from importlib import import_module
+
 from hal.registry import DriverFactory, hookimpl
 
 SUMMARY = "AMD GPUs through HIP (hip-python) and hiprtc"
 
 
-def _load():
-    from hal.drivers.hip.driver import HipDriver
-
-    return HipDriver()
-
-
 @hookimpl
 def hal_register_drivers():
-    return [DriverFactory("hip", SUMMARY, _load, 90)]
+    # the driver module is imported only when the registry first asks for the driver
+    return [DriverFactory("hip", SUMMARY, lambda: import_module("hal.drivers.hip.driver").HipDriver(), 90)]

@@ -1,7 +1,7 @@
 """hipError_t and hiprtcResult codes -> typed HalErrors, in one place.
 
-Every HIP and hiprtc call of the HIP driver goes through ``check`` (or
-``raise_for`` / ``check_hiprtc``): a failing code becomes the HalError subclass
+Every HIP call of the HIP driver is checked by its shim (``api.py``, through
+``HIP``) and every hiprtc call by ``check_hiprtc``: a failing code becomes the HalError subclass
 named below, with the API function name and the runtime's error string
 (``hipGetErrorString`` / ``hiprtcGetErrorString``). Every ``hipError_t`` of
 hip-python is named here explicitly (a test holds the tables to the installed
@@ -14,31 +14,20 @@ cannot load ``libamdhip64``, and no traceback may reach the user.
 
 from __future__ import annotations
 
-from typing import NoReturn
-
+from hal import errors
+from hal.drivers.bindings_shim import check
 from hal.drivers.gpu.status import CompileError, DeviceLostError, StatusTable
-from hal.errors import (
-    FailedPreconditionError,
-    HalError,
-    IncompatibleError,
-    InternalError,
-    InvalidArgumentError,
-    NotFoundError,
-    ResourceExhaustedError,
-    UnavailableError,
-    UnimplementedError,
-)
 
-__all__ = ["HIP", "HIPRTC", "CompileError", "DeviceLostError", "check", "check_hiprtc", "mark_loaded", "raise_for"]
+__all__ = ["HIP", "HIPRTC", "CompileError", "DeviceLostError", "check_hiprtc", "mark_loaded"]
 
 
-def _named(cls: type[HalError], *names: str) -> dict[str, type[HalError]]:
+def _named(cls: type[errors.HalError], *names: str) -> dict[str, type[errors.HalError]]:
     return dict.fromkeys(names, cls)
 
 
-_HIP_CLASSES: dict[str, type[HalError]] = {
+_HIP_CLASSES: dict[str, type[errors.HalError]] = {
     **_named(
-        InvalidArgumentError,
+        errors.InvalidArgumentError,
         "hipErrorInvalidValue",
         "hipErrorInvalidConfiguration",
         "hipErrorMissingConfiguration",
@@ -69,17 +58,17 @@ _HIP_CLASSES: dict[str, type[HalError]] = {
         "hipErrorHostMemoryNotRegistered",
     ),
     **_named(
-        ResourceExhaustedError,
+        errors.ResourceExhaustedError,
         "hipErrorOutOfMemory",
         "hipErrorMemoryAllocation",
         "hipErrorRuntimeMemory",
         "hipErrorLaunchOutOfResources",
         "hipErrorCooperativeLaunchTooLarge",
     ),
-    **_named(NotFoundError, "hipErrorNotFound", "hipErrorFileNotFound", "hipErrorSharedObjectSymbolNotFound"),
-    **_named(UnavailableError, "hipErrorNotReady", "hipErrorNoDevice", "hipErrorSharedObjectInitFailed"),
+    **_named(errors.NotFoundError, "hipErrorNotFound", "hipErrorFileNotFound", "hipErrorSharedObjectSymbolNotFound"),
+    **_named(errors.UnavailableError, "hipErrorNotReady", "hipErrorNoDevice", "hipErrorSharedObjectInitFailed"),
     **_named(
-        FailedPreconditionError,
+        errors.FailedPreconditionError,
         "hipErrorNotInitialized",
         "hipErrorInitializationError",
         "hipErrorDeinitialized",
@@ -106,11 +95,11 @@ _HIP_CLASSES: dict[str, type[HalError]] = {
         "hipErrorStreamDetached",
         "hipErrorGraphExecUpdateFailure",
     ),
-    **_named(UnimplementedError, "hipErrorNotSupported", "hipErrorPeerAccessUnsupported"),
-    **_named(IncompatibleError, "hipErrorNoBinaryForGpu", "hipErrorInsufficientDriver"),
+    **_named(errors.UnimplementedError, "hipErrorNotSupported", "hipErrorPeerAccessUnsupported"),
+    **_named(errors.IncompatibleError, "hipErrorNoBinaryForGpu", "hipErrorInsufficientDriver"),
     # Failures of the runtime itself, with nothing the caller can change about them.
     **_named(
-        InternalError,
+        errors.InternalError,
         "hipErrorUnknown",
         "hipErrorRuntimeOther",
         "hipErrorOperatingSystem",
@@ -132,10 +121,10 @@ _HIP_STICKY = (
     "hipErrorContextIsDestroyed",
 )
 
-_HIPRTC_CLASSES: dict[str, type[HalError]] = {
-    **_named(ResourceExhaustedError, "HIPRTC_ERROR_OUT_OF_MEMORY"),
+_HIPRTC_CLASSES: dict[str, type[errors.HalError]] = {
+    **_named(errors.ResourceExhaustedError, "HIPRTC_ERROR_OUT_OF_MEMORY"),
     **_named(
-        InvalidArgumentError,
+        errors.InvalidArgumentError,
         "HIPRTC_ERROR_PROGRAM_CREATION_FAILURE",
         "HIPRTC_ERROR_INVALID_INPUT",
         "HIPRTC_ERROR_INVALID_PROGRAM",
@@ -145,7 +134,7 @@ _HIPRTC_CLASSES: dict[str, type[HalError]] = {
         "HIPRTC_ERROR_NO_LOWERED_NAMES_BEFORE_COMPILATION",
     ),
     **_named(CompileError, "HIPRTC_ERROR_COMPILATION", "HIPRTC_ERROR_LINKING"),
-    **_named(InternalError, "HIPRTC_ERROR_BUILTIN_OPERATION_FAILURE", "HIPRTC_ERROR_INTERNAL_ERROR"),
+    **_named(errors.InternalError, "HIPRTC_ERROR_BUILTIN_OPERATION_FAILURE", "HIPRTC_ERROR_INTERNAL_ERROR"),
 }
 
 #: The libraries ("hip", "hiprtc") known to be loaded: a call of theirs returned a code.
@@ -165,52 +154,27 @@ def _text(value: object) -> str:
     return "" if value is None else str(value)  # hip-python's CStr prints as the text
 
 
-def _describe_hip(code: object) -> str:
-    """``hipGetErrorString``; "" before the runtime loaded (it must never raise nor print)."""
-    if "hip" not in _loaded:
-        return ""
-    try:
-        from hip import hip
+def _describer(library: str, function: str):
+    """``describe`` for a StatusTable: the library's error string; "" before the library loaded
+    (it must never raise nor print)."""
 
-        return _text(hip.hipGetErrorString(code))
-    except Exception:
-        return ""
+    def describe(code: object) -> str:
+        if library not in _loaded:
+            return ""
+        try:
+            import hip
 
+            return _text(getattr(getattr(hip, library), function)(code))
+        except Exception:
+            return ""
 
-def _describe_hiprtc(code: object) -> str:
-    if "hiprtc" not in _loaded:
-        return ""
-    try:
-        from hip import hiprtc
-
-        return _text(hiprtc.hiprtcGetErrorString(code))
-    except Exception:
-        return ""
+    return describe
 
 
-HIP = StatusTable("HIP runtime", _HIP_CLASSES, _HIP_STICKY, _describe_hip)
-HIPRTC = StatusTable("hiprtc", _HIPRTC_CLASSES, (), _describe_hiprtc)
-
-
-def raise_for(code: object, function: str, detail: str = "") -> NoReturn:
-    raise HIP.error(code, function, detail)
-
-
-def _values(result: tuple) -> object:
-    """A successful call's single value, the tuple of its values, or None."""
-    if len(result) == 2:
-        return result[1]
-    return result[1:] or None
-
-
-def check(result: tuple, function: str) -> object:
-    """Raise for a failing hipError_t; return the call's value(s) (hip-python returns ``(status, values...)``)."""
-    if result[0]:
-        raise HIP.error(result[0], function)
-    return _values(result)
+HIP = StatusTable("HIP runtime", _HIP_CLASSES, _HIP_STICKY, _describer("hip", "hipGetErrorString"))
+HIPRTC = StatusTable("hiprtc", _HIPRTC_CLASSES, (), _describer("hiprtc", "hiprtcGetErrorString"))
 
 
 def check_hiprtc(result: tuple, function: str, detail: str = "") -> object:
-    if result[0]:
-        raise HIPRTC.error(result[0], function, detail)
-    return _values(result)
+    """Raise for a failing hiprtcResult; return the call's value(s) (hip-python returns ``(status, values...)``)."""
+    return check(HIPRTC, result, function, detail)
