@@ -132,8 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     samples: dict[str, list[dict[str, float]]] = {"hooks_off": [], "no_hooks": [], "trace_on": []}
     measure(device, args.submissions)  # warm-up
     with tempfile.TemporaryDirectory() as scratch:
-        for _ in range(args.rounds):
-            for variant in ("hooks_off", "no_hooks", "trace_on"):
+        variants = ["hooks_off", "no_hooks", "trace_on"]
+        for round_index in range(args.rounds):
+            # Each variant goes first, second and third in turn: what a round leaves behind (a traced
+            # round's retirements and garbage) must not fall on one variant only.
+            shift = round_index % len(variants)
+            for variant in variants[shift:] + variants[:shift]:
                 for (cls, name), function in (stripped if variant == "no_hooks" else hooked).items():
                     setattr(cls, name, function)
                 try:

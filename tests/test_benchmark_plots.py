@@ -90,3 +90,29 @@ def test_trace_timeline_from_a_real_trace(tmp_path):
     spans = [e for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"] if e["ph"] == "X"]
     assert drawn == len(spans) >= 6
     assert (tmp_path / "timeline.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_trace_overhead_compares_the_hot_path_without_its_hooks(tmp_path):
+    import trace_overhead
+
+    import hal
+
+    stripped = trace_overhead.without_hooks(hal.Device, "queue_execute")
+    assert "tracing" not in stripped.__code__.co_names and "tracing" in hal.Device.queue_execute.__code__.co_names
+    proc = script(
+        "trace_overhead",
+        "--driver",
+        "local-sync",
+        "--rounds",
+        "2",
+        "--submissions",
+        "5",
+        "--out",
+        tmp_path / "overhead.json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "overhead.json").read_text())
+    assert report["hooked"] == ["Device.queue_execute", "Semaphore.wait"]
+    for loop in ("queued", "round_trip"):
+        assert set(report[loop]["us_per_submission"]) == {"hooks_off", "no_hooks", "trace_on"}
+        assert report[loop]["ratio_hooks_off_vs_no_hooks"] > 0
