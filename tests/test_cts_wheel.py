@@ -121,3 +121,20 @@ def test_installed_suite_without_its_plugin_says_how_to_run_it(installed, tmp_pa
     proc = run(installed, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "hal_cts", cwd=tmp_path)
     assert proc.returncode != 0
     assert "python -m hal_cts --driver NAME" in proc.stdout + proc.stderr
+
+
+def test_wheel_is_typed_licensed_and_versioned(installed):
+    code = (
+        "import importlib.metadata as m, pathlib, hal, runtime\n"
+        "dist = m.distribution('pyhal')\n"
+        "print(hal.__version__ == dist.version)\n"
+        "print((pathlib.Path(hal.__file__).parent / 'py.typed').exists())\n"
+        "print((pathlib.Path(runtime.__file__).parent / 'py.typed').exists())\n"
+        "print(dist.metadata['License-Expression'])\n"
+        "print(any(str(f).endswith('LICENSE') for f in dist.files))\n"
+    )
+    proc = run(installed, "-c", code, cwd=installed.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "True", "True", "Apache-2.0", "True"]
+    version = run(installed.parent / "hal", "--version", cwd=installed.parent)
+    assert version.returncode == 0 and version.stdout.startswith("hal (pyhal) "), version.stdout + version.stderr
