@@ -38,6 +38,7 @@ COMGR_LIBRARIES = ("libamd_comgr.so.3", "libamd_comgr.so.2", "libamd_comgr.so")
 
 _disk_cache = DiskCache("hip")
 _comgr_lock = threading.Lock()
+_hiprtc_lock = threading.Lock()
 _comgr: dict[str, Any] = {}
 
 
@@ -146,6 +147,11 @@ def compile_hip_c(
     hiprtc = _import_hiprtc()
     text = source.encode() if isinstance(source, str) else bytes(source)
     flags = [flag.encode() for flag in (f"--offload-arch={target}", *_options(options))]
+    with _hiprtc_lock:  # ROCm 5.2's hiprtc aborts the process when two threads compile at once
+        return _compile(hiprtc, text, name, target, flags)
+
+
+def _compile(hiprtc: Any, text: bytes, name: str, target: str, flags: list[bytes]) -> bytes:
     program = check_hiprtc(hiprtc.hiprtcCreateProgram(text, name.encode(), 0, [], []), "hiprtcCreateProgram")
     mark_loaded("hiprtc")
     try:
