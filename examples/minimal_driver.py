@@ -12,7 +12,7 @@ from __future__ import annotations
 import hal
 from hal.allocator import Allocator
 from hal.executable import numpy_functions
-from hal.submission import HostSubmissions
+from hal.submission import HostSubmissions, run_inline
 
 HOST = (hal.MemoryType.DEVICE_LOCAL | hal.MemoryType.DEVICE_VISIBLE | hal.MemoryType.HOST_LOCAL
         | hal.MemoryType.HOST_VISIBLE | hal.MemoryType.HOST_COHERENT)
@@ -107,7 +107,7 @@ class MinimalDevice(hal.Device):
 
     def _submit(self, waits, signals, work):
         # Park on the waits; run inline on the thread that reaches the last one; signal or fail.
-        self.submissions.submit(waits, signals, work, lambda run: run())
+        self.submissions.submit(waits, signals, work, run_inline)
 
     def _cancel_parked(self, cause):
         self.submissions.cancel_parked(cause)

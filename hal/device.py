@@ -200,6 +200,8 @@ class Device(abc.ABC):
 
     # -- queue operations -------------------------------------------------------------
     def _check_queue(self, queue: object) -> int:
+        if type(queue) is int and 0 <= queue < self.queue_count:
+            return queue
         return check_queue(self, queue)
 
     def _check_submission(self, wait: object, signal: object) -> tuple[list[Fence], list[Fence]]:

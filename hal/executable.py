@@ -97,8 +97,7 @@ class Executable:
                 raise InvalidArgumentError(
                     f"executable has no export {name_or_index!r}; exports: {sorted(self._index)}")
             return index, self.exports[index]
-        if isinstance(name_or_index, bool) or not isinstance(name_or_index, int):
-            raise InvalidArgumentError(f"export must be a name or an ordinal, got {name_or_index!r}")
+        name_or_index = check_int(name_or_index, "dispatch export ordinal")
         if not 0 <= name_or_index < len(self.exports):
             raise InvalidArgumentError(
                 f"export ordinal {name_or_index} out of range for {len(self.exports)} exports")

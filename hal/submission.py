@@ -8,6 +8,7 @@ how a failure reaches every semaphore the work would have signalled.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 from collections.abc import Callable
@@ -15,6 +16,27 @@ from collections.abc import Callable
 from hal import tracing
 from hal.errors import DeadlineExceededError
 from hal.semaphore import Fence, FenceWaiter, remaining
+
+_inline = threading.local()
+
+
+def run_inline(run: Callable[[], None]) -> None:
+    """Run ``run`` now on this thread (a ``schedule`` for drivers that execute at submission).
+
+    Work released while other work runs on this thread (a host ``signal()`` releasing a long chain
+    of submissions, each waiting on the previous one) runs after it, in a loop, never as a
+    recursion that a deep chain would overflow.
+    """
+    pending = getattr(_inline, "pending", None)
+    if pending is not None:  # already draining on this thread: run after the current item
+        pending.append(run)
+        return
+    _inline.pending = pending = collections.deque([run])
+    try:
+        while pending:
+            pending.popleft()()
+    finally:
+        _inline.pending = None
 
 
 class HostSubmissions:
