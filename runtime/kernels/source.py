@@ -26,6 +26,10 @@ class KernelSource:
     def name(self) -> str:
         return "_".join(str(k) for k in self.key)
 
+    def body(self) -> str:
+        """The family's kernels without the shared prelude (the compile tests put many in one program)."""
+        return self._cuda_fn()
+
     def cuda_source(self) -> str:
         if self._cuda is None:
             self._cuda = CUDA_PRELUDE + COMMON + self._cuda_fn()
