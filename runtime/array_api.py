@@ -545,7 +545,8 @@ def vecdot(x1, x2, /, *, axis=-1) -> Array:
     x1, x2 = _arr(x1), _arr(x2)
     if x1.shape[axis] != x2.shape[axis]:
         raise InvalidValueError("vecdot: the contracted axes differ in size")
-    return ops.sum(x1 * x2, axis=axis)
+    dt = _dt.promote(x1.dtype, x2.dtype)
+    return sum(x1 * x2, axis=axis, dtype=dt)
 
 
 def tensordot(x1, x2, /, *, axes=2) -> Array:

@@ -31,10 +31,19 @@ def _is_array_index(k) -> bool:
     return isinstance(k, list)
 
 
+def _zero_d_mask(k):
+    if (type(k) is Array or isinstance(k, np.ndarray)) and k.ndim == 0 and _is_array_index(k):
+        return bool(k.item() if type(k) is Array else k)
+    return k
+
+
 def getitem(x: Array, key) -> Array:
     key = key if isinstance(key, tuple) else (key,)
     if any(_is_array_index(k) for k in key):
-        return _advanced(x, key)
+        if any(np.ndim(k) == 0 for k in key if type(k) is Array or isinstance(k, np.ndarray)):
+            key = tuple(_zero_d_mask(k) for k in key)  # a 0-d boolean array masks as True / False
+        if any(_is_array_index(k) for k in key):
+            return _advanced(x, key)
     if any(_is_bool_scalar(k) for k in key):
         return _bool_scalars(x, key)
     key = tuple(operator.index(k) if type(k) is Array else k for k in key)

@@ -16,7 +16,7 @@ import hal
 from . import dtypes as _dt
 
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_ROCM = 1, 2, 3, 10
-_DL_CODE = {"i": 0, "f": 2, "b": 6}
+_DL_CODE = {"i": 0, "u": 1, "f": 2, "b": 6}
 
 
 class DLDevice(ctypes.Structure):

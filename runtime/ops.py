@@ -274,9 +274,18 @@ def _unary(op: str, x, out: _dt.DType | None = None) -> Array:
     return new_node(op, (x,), cdt, x.shape, out, x.ctx)
 
 
+#: Rounding ops: the identity on integers and bools (numpy returns them unchanged, not as floats).
+ROUNDING = frozenset(("floor", "ceil", "trunc", "round"))
+
+
 def _unary_fn(op: str, doc: str):
-    def fn(x) -> Array:
-        return _unary(op, x)
+    if op in ROUNDING:
+        def fn(x) -> Array:
+            x = x if type(x) is Array else asarray(x)
+            return _unary(op, x) if x.dtype.is_float else x
+    else:
+        def fn(x) -> Array:
+            return _unary(op, x)
     fn.__name__ = op
     fn.__doc__ = doc
     return fn
@@ -419,7 +428,7 @@ def matmul(a, b) -> Array:
 
 _reshape_targets: dict = {}  # (shape, requested shape) -> validated target shape
 
-def reshape(x, shape, /, *, copy=None) -> Array:
+def reshape(x, /, shape, *, copy=None) -> Array:
     if copy is False and type(x) is Array and x.strides is not None and x.size and reshape_strides(
             x.shape, x.layout()[0], reshape_target(x.shape, shape, x.size)) is None:
         raise InvalidValueError("reshape(copy=False): this view cannot be reshaped without a copy")

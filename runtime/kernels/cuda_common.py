@@ -58,7 +58,8 @@ template <typename T> RT_DEV T rt_ipow(T base, T e) {
     return m; \
   } \
   RT_DEV T rt_floordiv(T a, T b) { \
-    if (b == 0) return a / b; \
+    if (b == 0 || a - a != a - a || b - b != b - b) return a / b; /* a non-finite operand: the array API's \
+                                                                     inf // finite = inf, finite // inf = +-0 */ \
     T m = fmod##S(a, b), d = (a - m) / b; \
     if (m != 0 && ((b < 0) != (m < 0))) d -= 1; \
     if (d == 0) return copysign##S((T)0, a / b); \

@@ -87,6 +87,17 @@ def _np_shift_op(op):
     return fn
 
 
+def _np_floor_divide(a, b):
+    """numpy's floor division with the array API's special cases: a non-finite operand gives a / b
+    (inf // finite is inf and finite // inf a signed zero, where numpy gives nan and -1)."""
+    r = np.floor_divide(a, b)
+    if r.dtype.kind == "f":
+        special = ~(np.isfinite(a) & np.isfinite(b))
+        if special.any():
+            r = np.where(special, np.true_divide(a, b), r).astype(r.dtype, copy=False)
+    return r
+
+
 _NP_UFUNC = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide, "pow": np.power,
     "maximum": np.maximum, "minimum": np.minimum, "neg": np.negative, "abs": np.absolute,
@@ -98,7 +109,7 @@ _NP_UFUNC = {
     "expm1": np.expm1, "log1p": np.log1p, "log2": np.log2, "log10": np.log10, "floor": np.floor,
     "ceil": np.ceil, "trunc": np.trunc, "round": np.rint, "square": np.square, "sign": np.sign,
     "atan2": np.arctan2, "hypot": np.hypot, "copysign": np.copysign, "nextafter": np.nextafter,
-    "floor_divide": np.floor_divide, "remainder": np.remainder, "logaddexp": np.logaddexp,
+    "floor_divide": _np_floor_divide, "remainder": np.remainder, "logaddexp": np.logaddexp,
     "reciprocal": np.reciprocal, "isnan": np.isnan, "isinf": np.isinf, "isfinite": np.isfinite,
     "signbit": np.signbit, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
     "bitwise_xor": np.bitwise_xor, "bitwise_invert": np.invert, "logical_and": np.logical_and,
@@ -311,7 +322,7 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
                 return
             fn = _BOOL_UFUNC.get(op) if cdt is _dt.bool_ else int_fn
             fn = fn or _NP_UFUNC[op]
-            if native_out and (out.dtype == compute or op in PREDICATES) and int_fn is None:
+            if native_out and (out.dtype == compute or op in PREDICATES) and isinstance(fn, np.ufunc):
                 fn(*vals, out=out)
             else:
                 store(out, fn(*vals), out_dt)

@@ -191,3 +191,47 @@ def test_grad_rules_of_new_elementwise_functions(dev):
 def test_grad_with_respect_to_integers_raises(dev):
     with pytest.raises(TypeError, match="float"):
         rt.grad(lambda v: (v * v).sum())(rt.array(np.array([1, 2], np.int32), device=dev))
+
+
+def test_rounding_integers_and_bools_is_the_identity(dev):
+    for dtype in (np.uint8, np.int8, np.int32, np.int64, np.bool_):
+        a = np.array([0, 1, 3, 1], dtype)
+        A = rt.array(a, device=dev)
+        for name in ("round", "floor", "ceil", "trunc"):
+            same(getattr(rt, name)(A), a if dtype is np.bool_ else getattr(np, name)(a))
+        same(np.round(A) if dtype is not np.bool_ else A, a)
+    f = np.array([0.5, 1.5, 2.5, -0.5, -1.7], np.float32)
+    same(rt.round(rt.array(f, device=dev)), np.round(f))
+
+
+def test_zero_d_boolean_arrays_index_as_masks(data):
+    x, X = data
+    for mask in (True, False):
+        same(X[rt.asarray(mask, device=X.device)], x[np.asarray(mask)])
+        same(X[np.asarray(mask)], x[np.asarray(mask)])
+        same(X[..., rt.asarray(mask, device=X.device)], x[..., np.asarray(mask)])
+    s = rt.asarray(False, device=X.device)
+    same(s[rt.asarray(False, device=X.device)], np.asarray(False)[np.asarray(False)])
+
+
+def test_floor_divide_of_infinities_follows_the_standard(dev):
+    a = np.array([np.inf, -np.inf, 1.0, -1.0, 5.0, np.nan], np.float32)
+    b = np.array([1.0, 2.0, np.inf, np.inf, -np.inf, 1.0], np.float32)
+    got = (rt.array(a, device=dev) // rt.array(b, device=dev)).numpy()
+    want = np.array([np.inf, -np.inf, 0.0, -0.0, -0.0, np.nan], np.float32)  # a / b where an operand is not finite
+    np.testing.assert_array_equal(got, want)
+    assert list(np.signbit(got[:5])) == [False, True, False, True, True]
+
+
+def test_vecdot_keeps_small_integer_dtypes_and_reshape_takes_shape_by_name(dev):
+    xp = rt.array(np.zeros(1), device=dev).__array_namespace__()
+    a = np.array([[1, 2, 3], [4, 5, 6]], np.uint8)
+    same(xp.vecdot(rt.array(a, device=dev), rt.array(a, device=dev)), np.sum(a * a, axis=-1, dtype=np.uint8))
+    same(xp.reshape(rt.array(a, device=dev), shape=(3, 2)), a.reshape(3, 2))
+
+
+def test_dlpack_of_unsigned_arrays(dev):
+    if not dev.startswith("local"):
+        pytest.skip("numpy imports host (CPU) DLPack capsules only")
+    a = np.array([1, 200, 255], np.uint8)
+    np.testing.assert_array_equal(np.from_dlpack(rt.array(a, device=dev)), a)
