@@ -99,6 +99,8 @@ class CommandBuffer:
         self._whole_refs_at = device._release_count
         #: Set by Device.queue_execute: what the last submission of this buffer validated.
         self.validated: object = None
+        #: Earlier validations still remembered (``hal.device.REMEMBERED_TABLES`` with the last), newest first.
+        self.validated_before: list = []
 
     @property
     def reusable(self) -> bool:

@@ -48,6 +48,10 @@ _EXECUTABLE = CommandBufferState.EXECUTABLE
 _SUBMITTED = CommandBufferState.SUBMITTED
 
 
+#: Validated binding tables a reusable command buffer remembers (the last and the ones before it).
+REMEMBERED_TABLES = 4
+
+
 def _same(remembered: object, binding_tables: object) -> bool:
     """Whether binding tables equal the ones remembered (entries compare by identity and value)."""
     try:
@@ -253,6 +257,9 @@ class Device(abc.ABC):
         """Full validation of the command buffers and tables of a submission; a reusable command
         buffer submitted alone remembers it, so an identical resubmission skips it."""
         count = self._release_count  # read before the checks: a release during them invalidates
+        recalled = self._recall_validation(command_buffers, binding_tables, count)
+        if recalled is not None:
+            return command_buffers, recalled, []  # type: ignore[return-value]
         command_buffers, one_shot, uses_tables = check_command_buffers(self, command_buffers)
         for i, cb in enumerate(command_buffers):
             check_direct_buffers(cb, i)
@@ -263,8 +270,34 @@ class Device(abc.ABC):
         if len(command_buffers) == 1 and not one_shot:
             remembered = None if binding_tables is None else [
                 None if table is None else list(table) for table in binding_tables]  # type: ignore[union-attr]
-            command_buffers[0].validated = (count, remembered, tables)
+            cb = command_buffers[0]
+            last = cb.validated
+            if last is not None and last[0] == count:
+                cb.validated_before = [last, *cb.validated_before][:REMEMBERED_TABLES - 1]
+            else:
+                cb.validated_before = []
+            cb.validated = (count, remembered, tables)
         return command_buffers, tables, one_shot
+
+    def _recall_validation(self, command_buffers: object, binding_tables: object,
+                           count: int) -> list[list[Binding] | None] | None:
+        """The checked tables of an earlier submission of the same reusable command buffer with equal
+        binding tables (double-buffered tables alternate), made at release count ``count``; or None."""
+        if type(command_buffers) is not list or len(command_buffers) != 1:
+            return None
+        cb = command_buffers[0]
+        if not isinstance(cb, CommandBuffer) or cb.device is not self or cb.state is not _EXECUTABLE:
+            return None
+        before = cb.validated_before
+        for i, entry in enumerate(before):
+            if entry[0] == count and _same(entry[1], binding_tables):
+                # The recalled one becomes the last; the previous last takes its place among the others.
+                last = cb.validated
+                if last is not None:
+                    before[i] = last
+                cb.validated = entry
+                return entry[2]
+        return None
 
     def _check_binding(self, entry: object, what: str) -> Binding:
         return check_binding(entry, self, what)

@@ -153,6 +153,29 @@ def test_table_mutated_in_place_is_checked_again(device, kernels):
     assert device.read(short) == bytes(8)
 
 
+def test_alternating_tables_run_on_their_own_buffers_and_a_released_entry_is_rejected(device, kernels):
+    """Double-buffered tables (A, B, A, B, ...) are each validated once while nothing is released: every
+    submission still runs on its own table's buffers, and a release invalidates what was remembered."""
+    bufs = [allocate_with(device, bytes(64)) for _ in range(5)]
+    cb = record(device, lambda cb: _add_one(kernels, cb, Slot(0)), mode=Mode.REUSABLE, binding_capacity=1)
+    for _ in range(3):
+        for buf in bufs:
+            submit_and_wait(device, [cb], binding_tables=[[buf]])
+    for buf in bufs:
+        np.testing.assert_array_equal(read_u32(device, buf)[:16], np.full(16, 3, np.uint32))
+    bufs[1].release()
+    with pytest.raises(hal.FailedPreconditionError):
+        device.queue_execute([cb], binding_tables=[[bufs[1]]])
+    submit_and_wait(device, [cb], binding_tables=[[bufs[2]]])  # validated again, still runs
+    np.testing.assert_array_equal(read_u32(device, bufs[2])[:16], np.full(16, 4, np.uint32))
+    table = [bufs[3]]
+    submit_and_wait(device, [cb], binding_tables=[table])
+    submit_and_wait(device, [cb], binding_tables=[[bufs[4]]])
+    table[0] = bufs[1]  # an earlier table mutated in place (to a released buffer): checked again
+    with pytest.raises(hal.FailedPreconditionError):
+        device.queue_execute([cb], binding_tables=[table])
+
+
 # -- binding tables checked as a whole -------------------------------------------------------------------
 
 def _slot_copy(capacity=2, source=Slot(0), target=Slot(1)):
