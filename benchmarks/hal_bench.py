@@ -662,6 +662,18 @@ def bench_bytecodes(backend: Backend, calls: int = 64, levels: int = 10, width: 
             device.queue_execute([cb], signal=[(sem, value[0])], binding_tables=[tables[which[0]]])
             sem.wait(value[0])
 
+        # More tables than a command buffer remembers (hal.device.REMEMBERED_TABLES): each submission
+        # validates and packs a table it has not seen recently.
+        rotations = [tables[0][i:] + tables[0][:i] for i in range(len(tables[0]))]
+
+        turn = [0]
+
+        def resubmit_unseen() -> None:
+            turn[0] += 1
+            value[0] += 1
+            device.queue_execute([cb], signal=[(sem, value[0])], binding_tables=[rotations[turn[0] % len(rotations)]])
+            sem.wait(value[0])
+
         trip_cb = device.create_command_buffer(hal.CommandBufferMode.REUSABLE)
         with trip_cb.record():
             trip_cb.dispatch(exe, 1, (1, 1, 1))
@@ -684,6 +696,7 @@ def bench_bytecodes(backend: Backend, calls: int = 64, levels: int = 10, width: 
 
         ops = {"graph_resubmit_same_table_and_wait": lambda: resubmit(False),
                "graph_resubmit_new_table_and_wait": lambda: resubmit(True),
+               "graph_resubmit_unseen_table_and_wait": resubmit_unseen,
                "round_trip": round_trip, "stream_record_submit_10_dispatches_and_wait": record_submit_10}
         out = {}
         for name, fn in ops.items():
