@@ -67,6 +67,10 @@ class BufferRef:
         return f"<BufferRef {where} +{self.offset} len={self.length}>"
 
 
+#: What no argument can be (None is a bad argument the checks must see).
+_NOTHING_CHECKED = object()
+
+
 class _SlotUse(NamedTuple):
     ref: BufferRef
     what: str
@@ -99,6 +103,8 @@ class CommandBuffer:
         self._whole_refs_at = device._release_count
         #: Set by Device.queue_execute: what the last submission of this buffer validated.
         self.validated: object = None
+        #: The workgroups tuple the last dispatch passed as it was (checked; tuples are immutable).
+        self._checked_workgroups: object = _NOTHING_CHECKED
         #: Earlier validations still remembered (``hal.device.REMEMBERED_TABLES`` with the last), newest first.
         self.validated_before: list = []
 
@@ -231,7 +237,12 @@ class CommandBuffer:
             ordinal, export = entry_point, exports[entry_point]
         else:
             ordinal, export = executable.export(entry_point)
-        grid = check_workgroups(workgroups, device.limits["max_workgroup_count"])
+        if workgroups is self._checked_workgroups:  # the same tuple as the last dispatch (a loop's constant)
+            grid = workgroups
+        else:
+            grid = check_workgroups(workgroups, device.limits["max_workgroup_count"])
+            if grid is workgroups:  # immutable and valid as given: remembered by identity
+                self._checked_workgroups = grid
         values = check_constants(export, constants)
         if type(bindings) is not list and type(bindings) is not tuple:
             bindings = check_sequence(bindings, "dispatch bindings", "buffers")

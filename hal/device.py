@@ -286,7 +286,8 @@ class Device(abc.ABC):
         if type(command_buffers) is not list or len(command_buffers) != 1:
             return None
         cb = command_buffers[0]
-        if not isinstance(cb, CommandBuffer) or cb.device is not self or cb.state is not _EXECUTABLE:
+        if not isinstance(cb, CommandBuffer) or not cb.validated_before or cb.device is not self \
+                or cb.state is not _EXECUTABLE:
             return None
         before = cb.validated_before
         for i, entry in enumerate(before):
