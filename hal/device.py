@@ -233,7 +233,9 @@ class Device(abc.ABC):
             if isinstance(cb, CommandBuffer) and cb.device is self:
                 validated = cb.validated
         if validated is not None and validated[0] == self._release_count and _same(validated[1], binding_tables):
-            tables, one_shot = validated[2], ()  # the same submission as last time: still valid
+            # The same submission as last time: still valid. The driver gets a list of its own (the
+            # caller's may change while the work waits to be issued).
+            command_buffers, tables, one_shot = [cb], validated[2], ()
         else:
             command_buffers, tables, one_shot = self._validate_execution(command_buffers, binding_tables)
         waits = check_fences(wait, "wait", self)
@@ -259,7 +261,7 @@ class Device(abc.ABC):
         count = self._release_count  # read before the checks: a release during them invalidates
         recalled = self._recall_validation(command_buffers, binding_tables, count)
         if recalled is not None:
-            return command_buffers, recalled, []  # type: ignore[return-value]
+            return [command_buffers[0]], recalled, []  # type: ignore[index]
         command_buffers, one_shot, uses_tables = check_command_buffers(self, command_buffers)
         for i, cb in enumerate(command_buffers):
             check_direct_buffers(cb, i)

@@ -314,7 +314,9 @@ def check_command_buffers(device: Device, command_buffers: object) -> tuple[list
     """(command buffers, the one-shot ones among them, whether any takes a binding table)."""
     if isinstance(command_buffers, CommandBuffer):
         command_buffers = [command_buffers]
-    elif type(command_buffers) is not list:
+    elif type(command_buffers) is list:
+        command_buffers = list(command_buffers)  # the driver's own: the caller's list may change later
+    else:
         command_buffers = list(check_sequence(command_buffers, "command_buffers", "hal.CommandBuffer"))
     one_shot = []
     uses_tables = False

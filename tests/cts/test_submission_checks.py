@@ -176,6 +176,29 @@ def test_alternating_tables_run_on_their_own_buffers_and_a_released_entry_is_rej
         device.queue_execute([cb], binding_tables=[table])
 
 
+@pytest.mark.parametrize("mode", [Mode.ONE_SHOT, Mode.REUSABLE])
+@pytest.mark.parametrize("repeat", [1, 2])
+def test_lists_changed_by_the_caller_after_submission_do_not_change_the_work(device, kernels, mode, repeat):
+    """The submission keeps what it was given: clearing or refilling the caller's command-buffer list,
+    binding table and fence lists while the work waits to be issued changes nothing."""
+    target, decoy = allocate_with(device, bytes(64)), allocate_with(device, bytes(64))
+    cb = record(device, lambda cb: _add_one(kernels, cb, Slot(0)), mode=mode, binding_capacity=1)
+    gate, done, other = device.create_semaphore(0), device.create_semaphore(0), device.create_semaphore(0)
+    for turn in range(1, repeat + 1 if mode is Mode.REUSABLE else 2):
+        cbs, table, wait, signal = [cb], [target], [(gate, turn)], [(done, turn)]
+        device.queue_execute(cbs, wait=wait, signal=signal, binding_tables=[table])
+        cbs.clear()
+        table[0] = decoy
+        wait[0] = (gate, 0)
+        signal[0] = (other, turn)
+        gate.signal(turn)
+        done.wait(turn, timeout=WAIT_TIMEOUT)
+    runs = repeat if mode is Mode.REUSABLE else 1
+    np.testing.assert_array_equal(read_u32(device, target)[:16], np.full(16, runs, np.uint32))
+    assert device.read(decoy) == bytes(64)
+    assert other.value == 0
+
+
 # -- binding tables checked as a whole -------------------------------------------------------------------
 
 def _slot_copy(capacity=2, source=Slot(0), target=Slot(1)):
