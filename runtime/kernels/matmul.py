@@ -26,6 +26,8 @@ MAX_BATCH = 6
 _NCONST = 4 + MAX_BATCH + 2 * (3 + MAX_BATCH)
 _NCONST_GEMV = 7  # M, K, matrix offset, row stride, column stride, vector offset, vector stride
 GEMV_COLS_BLOCK = (32, 32, 1)
+#: Independent partial sums per thread of gemv_cols (loads in flight while one waits on memory).
+GEMV_COLS_UNROLL = 8
 
 
 def matmul_source(dt) -> KernelSource:
@@ -89,8 +91,20 @@ extern "C" __global__ void gemv_cols_{dt.code}({params}) {{
   const u32 i = blockIdx.x * blockDim.x + tx;
   {acc} s = 0;
   if (i < M) {{
+    // Independent partial sums keep several loads in flight per thread: one sum serialised on
+    // the memory latency (4 blocks of a 1000 x 100 product: 7.6 us on an H100, cuBLAS 2.8 us).
     const i64 base = (i64)moff + (i64)i * (int)rs;
-    for (u32 k = ty; k < K; k += blockDim.y) s += {term("k")};
+    const u32 step = blockDim.y;
+    {acc} part_k[{GEMV_COLS_UNROLL}] = {{0}};
+    for (u64 k0 = ty; k0 < K; k0 += {GEMV_COLS_UNROLL} * step) {{
+      #pragma unroll
+      for (u32 j = 0; j < {GEMV_COLS_UNROLL}; ++j) {{
+        const u64 k = k0 + (u64)j * step;
+        if (k < K) part_k[j] += {term("k")};
+      }}
+    }}
+    #pragma unroll
+    for (u32 j = 0; j < {GEMV_COLS_UNROLL}; ++j) s += part_k[j];
   }}
   part[ty][tx] = s;
   __syncthreads();
