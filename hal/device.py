@@ -27,11 +27,10 @@ from hal.validation import (
     check_buffer,
     check_command_buffers,
     check_direct_buffers,
-    check_fences,
     check_int,
     check_queue,
     check_range,
-    check_signals,
+    check_submission_fences,
     deadline_from,
 )
 
@@ -209,10 +208,7 @@ class Device(abc.ABC):
         return check_queue(self, queue)
 
     def _check_submission(self, wait: object, signal: object) -> tuple[list[Fence], list[Fence]]:
-        waits = check_fences(wait, "wait", self)
-        signals = check_fences(signal, "signal", self)
-        check_signals(signals)
-        return waits, signals
+        return check_submission_fences(wait, signal, self)
 
     def queue_execute(self, command_buffers: Sequence[CommandBuffer], wait: Sequence[Fence] = (),
                       signal: Sequence[Fence] = (), binding_tables: Sequence[object] | None = None,
@@ -238,9 +234,7 @@ class Device(abc.ABC):
             command_buffers, tables, one_shot = [cb], validated[2], ()
         else:
             command_buffers, tables, one_shot = self._validate_execution(command_buffers, binding_tables)
-        waits = check_fences(wait, "wait", self)
-        signals = check_fences(signal, "signal", self)
-        check_signals(signals)
+        waits, signals = check_submission_fences(wait, signal, self)
         with self._gate:
             if self._closed:
                 self._check_open()

@@ -99,6 +99,15 @@ class BufferCache:
             return free.popitem()[1][0]
         return self.acquire_bucket(bucket, None, False)[0]
 
+    def all_free(self, table: list, start: int, buckets: list) -> bool:
+        """Whether the buffers of ``table`` from ``start`` on, one per bucket of ``buckets``, are all free."""
+        free = self._free
+        for buf, bucket in zip(table[start:], buckets):
+            entries = free.get(bucket)
+            if entries is None or id(buf) not in entries:
+                return False
+        return True
+
     def release(self, buffer: hal.Buffer, bucket: int, fence: int = 0) -> None:
         """Give a buffer back; `fence` is the last submission that touches it."""
         if self.free_bytes + bucket > self.limit_bytes:

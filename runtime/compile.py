@@ -147,7 +147,7 @@ class _Traced:
         variants = self.variants
         if variants is None:  # nothing to compute: the outputs are arguments or constants
             return self._structure(self._outputs(leaves, {}, 0))
-        rec = variants.pick(ext, MAX_VARIANTS)
+        rec = variants.pick(ext, MAX_VARIANTS, ctx.buffers)
         if rec is None:
             rec = record(ctx, self.order, self.externals, self.keep, owned=True)
             variants.recs.append(rec)

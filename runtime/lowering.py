@@ -26,7 +26,7 @@ from hal import env, tracing
 from . import cpu_program, graph_cache
 from .array import Array, new_node
 from .autodiff import GRAD, expand, protect, resolved
-from .buffer_cache import bucket_size
+from .buffer_cache import BufferCache, bucket_size
 from .cpu_program import binding_bucket, program_executable
 from .device import DeviceContext, Storage
 from .fusion import PLANNERS, schedule, want  # noqa: F401 - PLANNERS: the op -> planner table
@@ -60,7 +60,8 @@ class Recording:
     """
 
     __slots__ = ("cb", "n_ext", "fresh", "temps", "table_size", "footprint", "scratch", "levels",
-                 "dispatches", "fused", "program", "last_table", "last_ext", "captured", "buckets",
+                 "dispatches", "fused", "program", "last_table", "last_ext", "captured", "buckets", "fresh_buckets",
+                 "moved",
                  "no_prefer", "deferred", "__weakref__")
 
     def __init__(self, cb, n_ext: int, fresh: list, temps: list, levels: int, dispatches: int) -> None:
@@ -70,6 +71,8 @@ class Recording:
         self.temps = temps  # [bucket] of per-submission scratch, after the fresh buffers
         self.table_size = n_ext + len(fresh) + len(temps)
         self.buckets = [bucket for _, bucket, _ in fresh] + temps  # of the table after the externals
+        self.fresh_buckets = self.buckets[:len(fresh)]
+        self.moved = False  # a submission found a buffer of its last one still in use (pick checks)
         self.no_prefer = [None] * len(self.buckets)
         self.levels = levels
         self.dispatches = dispatches
@@ -111,15 +114,31 @@ class Variants:
     def footprint(self) -> int:
         return sum(r.footprint for r in self.recs)
 
-    def pick(self, ext: list, limit: int) -> Recording | None:
-        """The recording that last ran with these external buffers (or a fresh one); None: record another."""
+    def pick(self, ext: list, limit: int, buffers: BufferCache) -> Recording | None:
+        """The recording to run with these external buffers; None: record another.
+
+        Preferred: one that last ran with the same externals and whose buffers for the nodes it
+        materializes are all free again (scratch goes back at each submission), so its binding
+        table is unchanged and the driver replays it without patching or uploading anything. A
+        result kept alive across evaluations (``c = a + b`` while the previous ``c`` is still
+        held) takes the other buffer each time: each of two recordings then sees its own again.
+        Only a recording that once found its buffers busy (``moved``) is checked.
+        """
         recs = self.recs
+        same_inputs = None
         for rec in recs:
             last = rec.last_ext
-            if last is None or last == ext:
+            if last is None:
                 return rec
+            if last == ext:
+                if not rec.moved or buffers.all_free(rec.last_table, rec.n_ext, rec.fresh_buckets):
+                    return rec
+                if same_inputs is None:
+                    same_inputs = rec
         if len(recs) < limit:
             return None
+        if same_inputs is not None:
+            return same_inputs
         rec = recs.pop(0)  # least recently rebound
         recs.append(rec)
         return rec
@@ -570,7 +589,7 @@ def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
             rec = record(ctx, order, externals, keep)
             ctx.graphs.put(key, Variants(rec))
         else:
-            rec = entry.pick(ext, MAX_VARIANTS if ctx.is_gpu else CPU_VARIANTS)
+            rec = entry.pick(ext, MAX_VARIANTS if ctx.is_gpu else CPU_VARIANTS, ctx.buffers)
             if rec is None:
                 rec = record(ctx, order, externals, keep)
                 entry.recs.append(rec)
@@ -607,7 +626,14 @@ def submit(ctx: DeviceContext, rec: Recording, ext: list) -> tuple[list, int]:
     """
     ctx.throttle()
     last = rec.last_table
-    table = ext + list(map(ctx.buffers.take, rec.buckets, rec.no_prefer if last is None else last[rec.n_ext:]))
+    if last is None:
+        table = ext + list(map(ctx.buffers.take, rec.buckets, rec.no_prefer))
+    else:
+        own = last[rec.n_ext:]
+        fresh = list(map(ctx.buffers.take, rec.buckets, own))
+        if fresh != own:
+            rec.moved = True
+        table = ext + fresh
     value = ctx.submitted + 1
     sem = ctx.semaphore
     try:

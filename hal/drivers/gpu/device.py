@@ -215,6 +215,14 @@ class GpuDevice(Device):
         completion = self.completion
         seq = next(completion.sequence)
         q = self.queues[queue]
+        if waits:
+            # Waits the queue's own stream order already satisfies (a timeline whose latest signal
+            # was issued on this queue: every submission of a runtime context) cost nothing further.
+            for sem, value in waits:
+                if not sem.ordered_on(value, q):  # type: ignore[attr-defined]
+                    break
+            else:
+                waits = []
         sub = Submission(q, command_buffers, binding_tables, waits, signals, None, seq)
         completion.outstanding[seq] = sub
         for sem, value in waits:

@@ -90,6 +90,22 @@ class EventSemaphore(Semaphore):
             raise AssertionError(f"no timepoint covers value {value}")  # the pending queue prevents this
         return timepoint
 
+    def ordered_on(self, value: int, queue: object) -> bool:
+        """Whether work issued on ``queue`` now needs no wait at all for ``value``: the value is
+        reached, or the latest timepoint, at or above it, was issued on that same queue (its
+        stream runs that work first). False sends the wait down the general path (``issuable``,
+        ``device_wait`` at issue), which also reports a failure. Read without the lock: timepoints
+        are only added or dropped once passed, and a list emptied meanwhile only answers False."""
+        if self._failure is not None:
+            return False
+        if self._value >= value:
+            return True
+        try:
+            latest, timepoint = self._timepoints[-1]
+        except IndexError:
+            return False
+        return latest >= value and timepoint.queue is queue
+
     def issuable(self, value: int) -> bool:
         """Whether work waiting for ``value`` can be issued now: the value is reached, a
         timepoint covers it, or the semaphore failed (then issuing fails the work)."""
