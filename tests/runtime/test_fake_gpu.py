@@ -97,7 +97,7 @@ def test_a_result_kept_across_evaluations_replays_unchanged_tables(gpu):
         rt.eval(c)
         held["c"] = c
     recs = [rec for variants in ctx.graphs._entries.values() for rec in variants.recs
-            if rec.cb is not None and rec.last_ext is not None and rec.last_ext[0] is a.root.storage.buffer]
+            if rec.cb is not None and rec.last_ext and rec.last_ext[0] is a.root.storage.buffer]
     assert len(recs) == 2
 
     def patched() -> int:
