@@ -60,9 +60,8 @@ class Recording:
     """
 
     __slots__ = ("cb", "n_ext", "fresh", "temps", "table_size", "footprint", "scratch", "levels",
-                 "dispatches", "fused", "program", "last_table", "last_ext", "captured", "buckets", "fresh_buckets",
-                 "moved",
-                 "no_prefer", "deferred", "__weakref__")
+                 "dispatches", "fused", "program", "last_table", "last_ext", "captured", "buckets",
+                 "fresh_buckets", "moved", "no_prefer", "deferred", "__weakref__")
 
     def __init__(self, cb, n_ext: int, fresh: list, temps: list, levels: int, dispatches: int) -> None:
         self.cb = cb
