@@ -27,10 +27,11 @@ from hal.validation import (
     check_buffer,
     check_command_buffers,
     check_direct_buffers,
+    check_fences,
     check_int,
     check_queue,
     check_range,
-    check_submission_fences,
+    check_signals,
     deadline_from,
 )
 
@@ -208,7 +209,10 @@ class Device(abc.ABC):
         return check_queue(self, queue)
 
     def _check_submission(self, wait: object, signal: object) -> tuple[list[Fence], list[Fence]]:
-        return check_submission_fences(wait, signal, self)
+        waits = check_fences(wait, "wait", self)
+        signals = check_fences(signal, "signal", self)
+        check_signals(signals)
+        return waits, signals
 
     def queue_execute(self, command_buffers: Sequence[CommandBuffer], wait: Sequence[Fence] = (),
                       signal: Sequence[Fence] = (), binding_tables: Sequence[object] | None = None,
@@ -234,7 +238,9 @@ class Device(abc.ABC):
             command_buffers, tables, one_shot = [cb], validated[2], ()
         else:
             command_buffers, tables, one_shot = self._validate_execution(command_buffers, binding_tables)
-        waits, signals = check_submission_fences(wait, signal, self)
+        waits = check_fences(wait, "wait", self)
+        signals = check_fences(signal, "signal", self)
+        check_signals(signals)
         with self._gate:
             if self._closed:
                 self._check_open()

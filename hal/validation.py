@@ -301,32 +301,6 @@ def _check_fences_slowly(fences: object, what: str, device: Device | None) -> li
     return result
 
 
-def check_submission_fences(wait: object, signal: object, device: Device) -> tuple[list[Fence], list[Fence]]:
-    """(waits, signals) of a submission: ``check_fences`` of each and ``check_signals``.
-
-    The usual shape (no wait or one, one signal: a timeline's next value) is checked here in one
-    pass; anything else, well-formed or not, takes the general checks, which name what is wrong.
-    """
-    if type(signal) is list and len(signal) == 1 and (type(wait) is tuple or type(wait) is list) and len(wait) < 2:
-        pair = signal[0]
-        if type(pair) is tuple and len(pair) == 2:
-            sem, value = pair
-            if type(value) is int and isinstance(sem, Semaphore) and sem.device is device \
-                    and sem._value < value <= MAX_U64:
-                if not wait:
-                    return [], [pair]
-                other = wait[0]
-                if type(other) is tuple and len(other) == 2:
-                    wait_sem, wait_value = other
-                    if type(wait_value) is int and isinstance(wait_sem, Semaphore) and wait_sem.device is device \
-                            and 0 <= wait_value <= MAX_U64:
-                        return [other], [pair]
-    waits = check_fences(wait, "wait", device)
-    signals = check_fences(signal, "signal", device)
-    check_signals(signals)
-    return waits, signals
-
-
 def check_signals(signals: list[Fence]) -> None:
     """Each signal value is above its semaphore's current value (a failed one takes anything)."""
     for sem, value in signals:
