@@ -4,7 +4,8 @@ Matrix-vector products (one output column or row, no batch) take a GEMV kernel o
 instead: the tiled kernel would idle 15 of every 16 threads and walk K in one block per
 16 outputs. `gemv_rows` gives every output a warp reading its row contiguously;
 `gemv_cols`, for matrices whose rows are strided (a transposed operand), gives 32
-neighbouring outputs one block whose 32 thread rows split K and sum in shared memory.
+neighbouring outputs one block whose 32 thread rows split K and sum in shared memory;
+`gemv_colsk`, the same code for few outputs and a long K, 4 outputs and 256 thread rows.
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ def test_matrix_vector_products(gpu_like):
     close((X[3:, ::2] @ U[::2]).numpy(), x[3:, ::2] @ u[::2], rtol=1e-4, atol=1e-4)  # offsets, strides
     close((X @ U.reshape(45, 1)).numpy(), x @ u.reshape(45, 1), rtol=1e-4, atol=1e-4)
     close((U @ U).numpy(), u @ u, rtol=1e-4, atol=1e-4)  # a dot product
-    # K over several rounds of gemv_cols' unrolled partial sums, with a remainder
+    # few outputs, long K: gemv_colsk, K split over 256 threads a block (and not a multiple of it)
     tall = rng.standard_normal((613, 37)).astype(np.float32)
     w = rng.standard_normal(613).astype(np.float32)
     close((rt.array(tall, device=gpu_like).T @ rt.array(w, device=gpu_like)).numpy(), tall.T @ w,
