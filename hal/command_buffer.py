@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from hal.buffer import Buffer
-from hal.errors import FailedPreconditionError, InvalidArgumentError
+from hal.errors import FailedPreconditionError, HalError, InvalidArgumentError
 from hal.executable import Executable, Export
 from hal.types import BufferUsage, CommandBufferMode, CommandBufferState
 
@@ -135,7 +135,14 @@ class CommandBuffer:
 
     def end(self) -> None:
         self._check_recording("end()")
-        self._end()
+        try:
+            self._end()
+        except HalError as exc:
+            # A close() racing the end tears down what the driver was building (a GPU graph's
+            # context): that is the close's rejection, not a fault of the commands.
+            if self.device._closed and not isinstance(exc, FailedPreconditionError):
+                raise FailedPreconditionError(f"the device was closed while the command buffer ended ({exc})") from exc
+            raise
         self.state = CommandBufferState.EXECUTABLE
 
     @contextlib.contextmanager
