@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from hal.drivers import native_calls
 from hal.drivers.gpu.status import StatusTable
 
 
@@ -43,6 +44,7 @@ class BindingsShim:
         missing = set(VALUES) - set(values)
         if missing:
             raise TypeError(f"vendor values missing: {sorted(missing)}")
+        self.vendor = vendor
         column = VENDORS.index(vendor)
         f = {key: getattr(bindings, names[column]) for key, names in FUNCTIONS.items()}
         self.status: StatusTable = values["status"]
@@ -73,6 +75,93 @@ class BindingsShim:
         self._graph_launch, self._exec_kernel = f["graph_launch"], f["exec_set_kernel_params"]
         #: Per thread: the context made current last (``activate``).
         self._current = threading.local()
+        #: The hot calls made from C (``use_native``), or None: the bindings make every call.
+        self.native: Any = None
+
+    # -- native calls ----------------------------------------------------------------------------
+    def use_native(self, library: str, launch: str) -> None:
+        """Make the calls of every submission (launches, graph launch, event record / query /
+        synchronize, stream wait) through ``hal.drivers._native`` from the loaded ``library``
+        (``launch``: its kernel launch function) where the extension loads (``native_calls``).
+        Handles go to it as integers; a failing status raises the same HalError as through
+        the bindings."""
+        column = VENDORS.index(self.vendor)
+        names = {name: FUNCTIONS[name][column] for name in native_calls.CALLS if name != "launch"}
+        calls = native_calls.load(library, {**names, "launch": launch})
+        if calls is None:
+            return
+        from hal.drivers._native import pack_launch
+
+        self.native = calls
+        #: A kernel launch as the packed fields ``run_prepared`` launches from C (handles as ints).
+        self.pack_launch = pack_launch
+        self._status_of = type(self.not_ready)  # a raw status back to the vendor's enum, for errors
+        self._not_ready_code = int(self.not_ready)
+        self._launch_name = launch
+        self.stream_create = self._native_stream_create  # type: ignore[method-assign]
+        self.event_create = self._native_event_create  # type: ignore[method-assign]
+        self.timing_event_create = self._native_timing_event_create  # type: ignore[method-assign]
+        self.graph_instantiate = self._native_graph_instantiate  # type: ignore[method-assign]
+        self.stream_wait_event = self._native_stream_wait_event  # type: ignore[method-assign]
+        self.event_record = self._native_event_record  # type: ignore[method-assign]
+        self.event_query = self._native_event_query  # type: ignore[method-assign]
+        self.event_synchronize = self._native_event_synchronize  # type: ignore[method-assign]
+        self.graph_launch = self._native_graph_launch  # type: ignore[method-assign]
+        self.run_prepared = self._native_run_prepared  # type: ignore[method-assign]
+
+    def _native_fail(self, status: int, function: Any) -> NoReturn:
+        self.fail(self._status_of(status), function)
+
+    # Handles made while the native calls serve are plain ints (the bindings take ints for every
+    # handle too): the hot calls then pass them on with no conversion.
+    def _native_stream_create(self) -> int:
+        return int(self.call(self._stream_create, self.stream_flags))
+
+    def _native_event_create(self) -> int:
+        return int(self.call(self._event_create, self.event_flags))
+
+    def _native_timing_event_create(self) -> int:
+        return int(self.call(self._event_create, self.timing_event_flags))
+
+    def _native_graph_instantiate(self, graph: Any) -> int:
+        return int(self.call(self._graph_instantiate, graph, 0))
+
+    def _native_stream_wait_event(self, stream: Any, event: Any) -> None:
+        err = self.native.stream_wait_event(stream, event, 0)
+        if err:
+            self._native_fail(err, self._stream_wait)
+
+    def _native_event_record(self, event: Any, stream: Any) -> None:
+        err = self.native.event_record(event, stream)
+        if err:
+            self._native_fail(err, self._event_record)
+
+    def _native_event_query(self, event: Any) -> bool:
+        err = self.native.event_query(event)
+        if not err:
+            return True
+        if err == self._not_ready_code:
+            return False
+        self._native_fail(err, self._event_query)
+
+    def _native_event_synchronize(self, event: Any) -> None:
+        err = self.native.event_synchronize(event)
+        if err:
+            self._native_fail(err, self._event_sync)
+
+    def _native_graph_launch(self, graph_exec: Any, stream: Any) -> None:
+        err = self.native.graph_launch(graph_exec, stream)
+        if err:
+            self._native_fail(err, self._graph_launch)
+
+    def _native_run_prepared(self, calls: Sequence[Any]) -> None:
+        failed = self.native.run(calls)
+        if failed is not None:
+            index, err = failed
+            call = calls[index]
+            if type(call) is bytes:  # a packed launch: a raw status
+                self._native_fail(err, self._launch_name)
+            self.fail(err, call[0])
 
     # -- status ----------------------------------------------------------------------------------
     def fail(self, code: Any, function: Any, detail: str = "") -> NoReturn:

@@ -68,6 +68,8 @@ class CudaApi(BindingsShim):
         })
         self._launch = d.cuLaunchKernel
         self._memory_device = d.CUmemorytype.CU_MEMORYTYPE_UNIFIED
+        # The driver library cuda.bindings loaded (already open: dlopen finds the same one).
+        self.use_native("libcuda.so.1", "cuLaunchKernel")
 
     # -- driver and devices ------------------------------------------------------
     def init(self) -> None:
@@ -130,7 +132,9 @@ class CudaApi(BindingsShim):
 
     # -- prepared calls: (bindings function, its arguments), addresses as CUdeviceptr once ---------------
     def prepare_launch(self, func: Any, grid: tuple[int, int, int], block: tuple[int, int, int], stream: Any,
-                       params: int) -> tuple[Any, tuple]:
+                       params: int) -> Any:
+        if self.native is not None:  # the packed fields run_prepared launches from C
+            return self.pack_launch(int(func), *grid, *block, 0, int(stream), params)
         return (self._launch, (func, *grid, *block, 0, stream, params, 0))
 
     def prepare_memset(self, ptr: int, value: int, element_size: int, count: int, stream: Any) -> tuple[Any, tuple]:

@@ -103,6 +103,8 @@ class CudaDriver(Driver):
                 "memory_pools_supported": bool(attrs.get("memory_pools_supported")),
                 "unified_addressing": bool(attrs.get("unified_addressing")),
                 "can_map_host_memory": bool(attrs.get("can_map_host_memory")),
+                # whether submissions make their driver calls from C (hal/drivers/native_calls.py)
+                "native_calls": api.native is not None,
             }
             try:
                 from hal.drivers.cuda.executable_cache import FORMATS, nvrtc_version

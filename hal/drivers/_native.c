@@ -1,0 +1,344 @@
+/*
+ * hal.drivers._native: a GPU driver library's hot calls made from C.
+ *
+ * The Python shims call the vendor bindings (cuda.bindings, hip-python) for everything;
+ * on the paths a submission takes every time (kernel launches of a stream command buffer,
+ * graph launch, event record / query / synchronize, stream wait) each bindings call costs
+ * its argument conversion, its status enum and its result tuple, about as much again as
+ * the driver call itself. `Calls` resolves those few functions from the already loaded
+ * driver library with dlopen/dlsym at run time (no vendor headers are needed to build) and
+ * calls them with handles given as integers. Every method returns the raw status (0: success);
+ * the Python shim turns a failing one into its HalError, exactly as for the bindings.
+ *
+ * The CUDA driver API and the HIP runtime take these calls' arguments alike:
+ *   launch(function, gx, gy, gz, bx, by, bz, shared_bytes, stream, void **params, void **extra)
+ *   graph_launch(graph_exec, stream), event_record(event, stream), event_query(event),
+ *   event_synchronize(event), stream_wait_event(stream, event, flags).
+ *
+ * The GIL is released around every call that may block (launches can wait for room in a full
+ * launch queue, synchronize waits for the device); event_record and event_query do not block.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef int (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
+                         void **, void **);
+typedef int (*pair_fn)(void *, void *);
+typedef int (*one_fn)(void *);
+typedef int (*wait_fn)(void *, void *, unsigned);
+
+/* A prepared launch: ten 64-bit fields, packed once when the command buffer is prepared. */
+enum { F_FUNCTION, F_GX, F_GY, F_GZ, F_BX, F_BY, F_BZ, F_SHARED, F_STREAM, F_PARAMS, LAUNCH_FIELDS };
+#define LAUNCH_BYTES (LAUNCH_FIELDS * 8)
+
+typedef struct {
+    PyObject_HEAD
+    void *library;
+    launch_fn launch;
+    pair_fn graph_launch;
+    pair_fn event_record;
+    one_fn event_query;
+    one_fn event_synchronize;
+    wait_fn stream_wait_event;
+} Calls;
+
+/* A handle: an int (the fast path: the shim hands out its handles as ints), None (NULL), or a
+   bindings handle object that converts with int(). */
+static int handle_arg(PyObject *arg, void **out) {
+    if (PyLong_Check(arg)) {
+        *out = PyLong_AsVoidPtr(arg);
+        return (*out == NULL && PyErr_Occurred()) ? -1 : 0;
+    }
+    if (arg == Py_None) {
+        *out = NULL;
+        return 0;
+    }
+    PyNumberMethods *as_number = Py_TYPE(arg)->tp_as_number;
+    if (as_number == NULL || as_number->nb_int == NULL || PyFloat_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "a handle is an int or a handle object that converts with int(), not %.100s",
+                     Py_TYPE(arg)->tp_name);
+        return -1;
+    }
+    PyObject *number = PyNumber_Long(arg);
+    if (number == NULL)
+        return -1;
+    *out = PyLong_AsVoidPtr(number);
+    Py_DECREF(number);
+    return (*out == NULL && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int resolve(void *library, const char *name, void **out) {
+    *out = dlsym(library, name);
+    if (*out == NULL) {
+        PyErr_Format(PyExc_OSError, "the driver library has no function %s", name);
+        return -1;
+    }
+    return 0;
+}
+
+static int Calls_init(Calls *self, PyObject *args, PyObject *kwds) {
+    static char *keywords[] = {"library", "launch", "graph_launch", "event_record", "event_query",
+                               "event_synchronize", "stream_wait_event", NULL};
+    const char *path, *names[6];
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "sssssss", keywords, &path, &names[0], &names[1], &names[2],
+                                     &names[3], &names[4], &names[5]))
+        return -1;
+    void *library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (library == NULL) {
+        const char *why = dlerror();
+        PyErr_Format(PyExc_OSError, "cannot open %s: %s", path, why ? why : "unknown error");
+        return -1;
+    }
+    void *functions[6];
+    for (int i = 0; i < 6; i++) {
+        if (resolve(library, names[i], &functions[i]) < 0) {
+            dlclose(library);
+            return -1;
+        }
+    }
+    if (self->library != NULL)
+        dlclose(self->library);
+    self->library = library;
+    self->launch = (launch_fn)functions[0];
+    self->graph_launch = (pair_fn)functions[1];
+    self->event_record = (pair_fn)functions[2];
+    self->event_query = (one_fn)functions[3];
+    self->event_synchronize = (one_fn)functions[4];
+    self->stream_wait_event = (wait_fn)functions[5];
+    return 0;
+}
+
+static void Calls_dealloc(Calls *self) {
+    /* The library stays loaded: the vendor bindings hold it too, and a handle closed while
+       another thread is inside one of its functions would unmap it. */
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int check_ready(Calls *self) {
+    if (self->library == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Calls was not initialised");
+        return -1;
+    }
+    return 0;
+}
+
+static int launch_packed(Calls *self, const uint64_t *f) {
+    int status;
+    void *params = (void *)(uintptr_t)f[F_PARAMS];
+    Py_BEGIN_ALLOW_THREADS
+    status = self->launch((void *)(uintptr_t)f[F_FUNCTION], (unsigned)f[F_GX], (unsigned)f[F_GY], (unsigned)f[F_GZ],
+                          (unsigned)f[F_BX], (unsigned)f[F_BY], (unsigned)f[F_BZ], (unsigned)f[F_SHARED],
+                          (void *)(uintptr_t)f[F_STREAM], (void **)params, NULL);
+    Py_END_ALLOW_THREADS
+    return status;
+}
+
+/* pack_launch(function, gx, gy, gz, bx, by, bz, shared_bytes, stream, params) -> bytes */
+static PyObject *pack_launch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != LAUNCH_FIELDS) {
+        PyErr_Format(PyExc_TypeError, "pack_launch takes %d arguments, got %zd", LAUNCH_FIELDS, nargs);
+        return NULL;
+    }
+    uint64_t fields[LAUNCH_FIELDS];
+    for (int i = 0; i < LAUNCH_FIELDS; i++) {
+        if (args[i] == Py_None) {
+            fields[i] = 0;
+            continue;
+        }
+        fields[i] = PyLong_AsUnsignedLongLong(args[i]);
+        if (fields[i] == (uint64_t)-1 && PyErr_Occurred())
+            return NULL;
+        if (i >= F_GX && i <= F_SHARED && fields[i] > UINT32_MAX) {
+            PyErr_Format(PyExc_OverflowError, "launch field %d does not fit 32 bits", i);
+            return NULL;
+        }
+    }
+    return PyBytes_FromStringAndSize((const char *)fields, LAUNCH_BYTES);
+}
+
+/* run(calls) -> None, or (index, status) of the first failing call.
+   Each item: the bytes of pack_launch (launched here), or a (function, arguments) pair of the
+   bindings (called; its result's first item is the status). */
+static PyObject *Calls_run(Calls *self, PyObject *calls) {
+    if (check_ready(self) < 0)
+        return NULL;
+    PyObject *seq = PySequence_Fast(calls, "run() takes a list of prepared calls");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = items[i];
+        if (PyBytes_CheckExact(item) && PyBytes_GET_SIZE(item) == LAUNCH_BYTES) {
+            uint64_t fields[LAUNCH_FIELDS];
+            memcpy(fields, PyBytes_AS_STRING(item), LAUNCH_BYTES);
+            int status = launch_packed(self, fields);
+            if (status != 0) {
+                Py_DECREF(seq);
+                return Py_BuildValue("(ni)", i, status);
+            }
+            continue;
+        }
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2 || !PyTuple_CheckExact(PyTuple_GET_ITEM(item, 1))) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_TypeError, "prepared call %zd is neither a packed launch nor (function, arguments)", i);
+            return NULL;
+        }
+        PyObject *result = PyObject_Call(PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1), NULL);
+        if (result == NULL) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        PyObject *status = PyTuple_Check(result) && PyTuple_GET_SIZE(result) > 0 ? PyTuple_GET_ITEM(result, 0) : result;
+        int failed = PyObject_IsTrue(status);
+        if (failed != 0) {
+            PyObject *out = failed < 0 ? NULL : Py_BuildValue("(nO)", i, status);
+            Py_DECREF(result);
+            Py_DECREF(seq);
+            return out;
+        }
+        Py_DECREF(result);
+    }
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Calls_launch(Calls *self, PyObject *packed) {
+    if (check_ready(self) < 0)
+        return NULL;
+    if (!PyBytes_CheckExact(packed) || PyBytes_GET_SIZE(packed) != LAUNCH_BYTES) {
+        PyErr_SetString(PyExc_TypeError, "launch() takes the bytes of pack_launch");
+        return NULL;
+    }
+    uint64_t fields[LAUNCH_FIELDS];
+    memcpy(fields, PyBytes_AS_STRING(packed), LAUNCH_BYTES);
+    return PyLong_FromLong(launch_packed(self, fields));
+}
+
+static PyObject *Calls_graph_launch(Calls *self, PyObject *const *args, Py_ssize_t nargs) {
+    void *graph_exec, *stream;
+    int status;
+    if (check_ready(self) < 0)
+        return NULL;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "graph_launch(graph_exec, stream)");
+        return NULL;
+    }
+    if (handle_arg(args[0], &graph_exec) < 0 || handle_arg(args[1], &stream) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    status = self->graph_launch(graph_exec, stream);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(status);
+}
+
+static PyObject *Calls_event_record(Calls *self, PyObject *const *args, Py_ssize_t nargs) {
+    void *event, *stream;
+    if (check_ready(self) < 0)
+        return NULL;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "event_record(event, stream)");
+        return NULL;
+    }
+    if (handle_arg(args[0], &event) < 0 || handle_arg(args[1], &stream) < 0)
+        return NULL;
+    return PyLong_FromLong(self->event_record(event, stream));
+}
+
+static PyObject *Calls_event_query(Calls *self, PyObject *arg) {
+    void *event;
+    if (check_ready(self) < 0 || handle_arg(arg, &event) < 0)
+        return NULL;
+    return PyLong_FromLong(self->event_query(event));
+}
+
+static PyObject *Calls_event_synchronize(Calls *self, PyObject *arg) {
+    void *event;
+    int status;
+    if (check_ready(self) < 0 || handle_arg(arg, &event) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    status = self->event_synchronize(event);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(status);
+}
+
+static PyObject *Calls_stream_wait_event(Calls *self, PyObject *const *args, Py_ssize_t nargs) {
+    void *stream, *event;
+    unsigned long flags;
+    int status;
+    if (check_ready(self) < 0)
+        return NULL;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "stream_wait_event(stream, event, flags)");
+        return NULL;
+    }
+    if (handle_arg(args[0], &stream) < 0 || handle_arg(args[1], &event) < 0)
+        return NULL;
+    flags = PyLong_AsUnsignedLong(args[2]);
+    if (flags == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    status = self->stream_wait_event(stream, event, (unsigned)flags);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(status);
+}
+
+static PyMethodDef Calls_methods[] = {
+    {"run", (PyCFunction)Calls_run, METH_O, "run(calls) -> None or (index, status) of the first failing call"},
+    {"launch", (PyCFunction)Calls_launch, METH_O, "launch(packed) -> status"},
+    {"graph_launch", (PyCFunction)(void (*)(void))Calls_graph_launch, METH_FASTCALL,
+     "graph_launch(graph_exec, stream) -> status"},
+    {"event_record", (PyCFunction)(void (*)(void))Calls_event_record, METH_FASTCALL,
+     "event_record(event, stream) -> status"},
+    {"event_query", (PyCFunction)Calls_event_query, METH_O, "event_query(event) -> status"},
+    {"event_synchronize", (PyCFunction)Calls_event_synchronize, METH_O, "event_synchronize(event) -> status"},
+    {"stream_wait_event", (PyCFunction)(void (*)(void))Calls_stream_wait_event, METH_FASTCALL,
+     "stream_wait_event(stream, event, flags) -> status"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject CallsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "hal.drivers._native.Calls",
+    .tp_basicsize = sizeof(Calls),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Calls(library, launch, graph_launch, event_record, event_query, event_synchronize, "
+              "stream_wait_event): the named functions of a loaded driver library, called from C.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Calls_init,
+    .tp_dealloc = (destructor)Calls_dealloc,
+    .tp_methods = Calls_methods,
+};
+
+static PyMethodDef module_methods[] = {
+    {"pack_launch", (PyCFunction)(void (*)(void))pack_launch, METH_FASTCALL,
+     "pack_launch(function, gx, gy, gz, bx, by, bz, shared_bytes, stream, params) -> bytes for run()"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT, "hal.drivers._native", "A driver library's hot calls made from C.", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    if (PyType_Ready(&CallsType) < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&native_module);
+    if (module == NULL)
+        return NULL;
+    Py_INCREF(&CallsType);
+    if (PyModule_AddObject(module, "Calls", (PyObject *)&CallsType) < 0) {
+        Py_DECREF(&CallsType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(module, "LAUNCH_BYTES", LAUNCH_BYTES) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
