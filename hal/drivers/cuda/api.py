@@ -6,7 +6,8 @@ contract); this class maps each call onto the driver API, checking every
 CUresult in one place (``status.py``). The CUDA driver's own probing and device
 enumeration (``driver.py``) use the calls under "driver and devices".
 
-Handles are the bindings' own objects (CUstream, CUevent, CUgraphNode, ...);
+Handles are the bindings' own objects (CUstream, CUevent, CUgraphNode, ...), except that
+streams, events and graph executables are ints while the native calls serve (``use_native``);
 device pointers are plain ints so the generic code can do address arithmetic.
 ``cuda.bindings`` is imported when the shim is created, never at module import.
 """
