@@ -168,39 +168,45 @@ static PyObject *Calls_run(Calls *self, PyObject *calls) {
     PyObject *seq = PySequence_Fast(calls, "run() takes a list of prepared calls");
     if (seq == NULL)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = items[i];
+    /* The size and the item are read again at each step and the item is held: a bindings call
+       (Python code) cannot pull a list being run out from under the loop. */
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        Py_INCREF(item);
+        PyObject *out = NULL;
+        int done = 0; /* 1: stop with `out` (NULL: an exception is set) */
         if (PyBytes_CheckExact(item) && PyBytes_GET_SIZE(item) == LAUNCH_BYTES) {
             uint64_t fields[LAUNCH_FIELDS];
             memcpy(fields, PyBytes_AS_STRING(item), LAUNCH_BYTES);
             int status = launch_packed(self, fields);
             if (status != 0) {
-                Py_DECREF(seq);
-                return Py_BuildValue("(ni)", i, status);
+                out = Py_BuildValue("(ni)", i, status);
+                done = 1;
             }
-            continue;
-        }
-        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2 || !PyTuple_CheckExact(PyTuple_GET_ITEM(item, 1))) {
-            Py_DECREF(seq);
+        } else if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2 ||
+                   !PyTuple_CheckExact(PyTuple_GET_ITEM(item, 1))) {
             PyErr_Format(PyExc_TypeError, "prepared call %zd is neither a packed launch nor (function, arguments)", i);
-            return NULL;
+            done = 1;
+        } else {
+            PyObject *result = PyObject_Call(PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1), NULL);
+            if (result == NULL) {
+                done = 1;
+            } else {
+                PyObject *status =
+                    PyTuple_Check(result) && PyTuple_GET_SIZE(result) > 0 ? PyTuple_GET_ITEM(result, 0) : result;
+                int failed = PyObject_IsTrue(status);
+                if (failed != 0) {
+                    out = failed < 0 ? NULL : Py_BuildValue("(nO)", i, status);
+                    done = 1;
+                }
+                Py_DECREF(result);
+            }
         }
-        PyObject *result = PyObject_Call(PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1), NULL);
-        if (result == NULL) {
-            Py_DECREF(seq);
-            return NULL;
-        }
-        PyObject *status = PyTuple_Check(result) && PyTuple_GET_SIZE(result) > 0 ? PyTuple_GET_ITEM(result, 0) : result;
-        int failed = PyObject_IsTrue(status);
-        if (failed != 0) {
-            PyObject *out = failed < 0 ? NULL : Py_BuildValue("(nO)", i, status);
-            Py_DECREF(result);
+        Py_DECREF(item);
+        if (done) {
             Py_DECREF(seq);
             return out;
         }
-        Py_DECREF(result);
     }
     Py_DECREF(seq);
     Py_RETURN_NONE;

@@ -322,3 +322,15 @@ def test_the_native_module_is_optional_for_the_package(fake_driver, monkeypatch)
     monkeypatch.setenv("HAL_NATIVE", "1")
     with pytest.raises(hal.UnavailableError, match="HAL_NATIVE=1"):
         native_calls.load(fake_driver.path, NAMES)
+
+
+def test_run_survives_a_bindings_call_that_changes_the_list(calls, fake_driver):
+    prepared: list = []
+
+    def clear(*args):
+        prepared.clear()  # the list being run shrinks under the loop
+        return (0,)
+
+    prepared.extend([(clear, ()), *[_native.pack_launch(i, 1, 1, 1, 1, 1, 1, 0, 7, 0) for i in range(50)]])
+    assert calls.run(prepared) is None
+    assert fake_driver.log() == []  # nothing was left to launch once the list was emptied
