@@ -766,7 +766,7 @@ def main(argv=None) -> int:
     device = backend.create_device()
     report["device"] = {k: device.info.properties.get(k) for k in
                         ("name", "compute_capability", "driver_version", "nvrtc_version", "sm_count",
-                                                               "native_calls")}
+                         "native_calls")}
     exe = backend.exe_for(device)
     raw = backend.raw(device, exe)
 

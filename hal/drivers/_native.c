@@ -70,6 +70,16 @@ static int handle_arg(PyObject *arg, void **out) {
     return (*out == NULL && PyErr_Occurred()) ? -1 : 0;
 }
 
+/* The first two arguments of a call taking `want` of them, as handles; `usage` names the call. */
+static int two_handles(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, const char *usage, void **first,
+                       void **second) {
+    if (nargs != want) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    return handle_arg(args[0], first) < 0 || handle_arg(args[1], second) < 0 ? -1 : 0;
+}
+
 static int resolve(void *library, const char *name, void **out) {
     *out = dlsym(library, name);
     if (*out == NULL) {
@@ -212,28 +222,10 @@ static PyObject *Calls_run(Calls *self, PyObject *calls) {
     Py_RETURN_NONE;
 }
 
-static PyObject *Calls_launch(Calls *self, PyObject *packed) {
-    if (check_ready(self) < 0)
-        return NULL;
-    if (!PyBytes_CheckExact(packed) || PyBytes_GET_SIZE(packed) != LAUNCH_BYTES) {
-        PyErr_SetString(PyExc_TypeError, "launch() takes the bytes of pack_launch");
-        return NULL;
-    }
-    uint64_t fields[LAUNCH_FIELDS];
-    memcpy(fields, PyBytes_AS_STRING(packed), LAUNCH_BYTES);
-    return PyLong_FromLong(launch_packed(self, fields));
-}
-
 static PyObject *Calls_graph_launch(Calls *self, PyObject *const *args, Py_ssize_t nargs) {
     void *graph_exec, *stream;
     int status;
-    if (check_ready(self) < 0)
-        return NULL;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "graph_launch(graph_exec, stream)");
-        return NULL;
-    }
-    if (handle_arg(args[0], &graph_exec) < 0 || handle_arg(args[1], &stream) < 0)
+    if (check_ready(self) < 0 || two_handles(args, nargs, 2, "graph_launch(graph_exec, stream)", &graph_exec, &stream) < 0)
         return NULL;
     Py_BEGIN_ALLOW_THREADS
     status = self->graph_launch(graph_exec, stream);
@@ -243,13 +235,7 @@ static PyObject *Calls_graph_launch(Calls *self, PyObject *const *args, Py_ssize
 
 static PyObject *Calls_event_record(Calls *self, PyObject *const *args, Py_ssize_t nargs) {
     void *event, *stream;
-    if (check_ready(self) < 0)
-        return NULL;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "event_record(event, stream)");
-        return NULL;
-    }
-    if (handle_arg(args[0], &event) < 0 || handle_arg(args[1], &stream) < 0)
+    if (check_ready(self) < 0 || two_handles(args, nargs, 2, "event_record(event, stream)", &event, &stream) < 0)
         return NULL;
     return PyLong_FromLong(self->event_record(event, stream));
 }
@@ -276,13 +262,8 @@ static PyObject *Calls_stream_wait_event(Calls *self, PyObject *const *args, Py_
     void *stream, *event;
     unsigned long flags;
     int status;
-    if (check_ready(self) < 0)
-        return NULL;
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "stream_wait_event(stream, event, flags)");
-        return NULL;
-    }
-    if (handle_arg(args[0], &stream) < 0 || handle_arg(args[1], &event) < 0)
+    if (check_ready(self) < 0 ||
+        two_handles(args, nargs, 3, "stream_wait_event(stream, event, flags)", &stream, &event) < 0)
         return NULL;
     flags = PyLong_AsUnsignedLong(args[2]);
     if (flags == (unsigned long)-1 && PyErr_Occurred())
@@ -295,7 +276,6 @@ static PyObject *Calls_stream_wait_event(Calls *self, PyObject *const *args, Py_
 
 static PyMethodDef Calls_methods[] = {
     {"run", (PyCFunction)Calls_run, METH_O, "run(calls) -> None or (index, status) of the first failing call"},
-    {"launch", (PyCFunction)Calls_launch, METH_O, "launch(packed) -> status"},
     {"graph_launch", (PyCFunction)(void (*)(void))Calls_graph_launch, METH_FASTCALL,
      "graph_launch(graph_exec, stream) -> status"},
     {"event_record", (PyCFunction)(void (*)(void))Calls_event_record, METH_FASTCALL,

@@ -125,13 +125,13 @@ def calls(fake_driver):
 def test_a_packed_launch_passes_every_field(calls, fake_driver):
     packed = _native.pack_launch(0xF00D, 1, 2, 3, 64, 4, 2, 128, 0x5EA, 0xABCDEF)
     assert len(packed) == _native.LAUNCH_BYTES
-    assert calls.launch(packed) == 0
+    assert calls.run([packed]) is None
     assert fake_driver.log() == [(LAUNCH, 0xF00D, 1, 2, 3, 64, 4, 2, 128, 0x5EA, 0xABCDEF, 0)]
 
 
 def test_handles_up_to_64_bits_and_grid_fields_of_32(calls, fake_driver):
     top = 2**64 - 1
-    assert calls.launch(_native.pack_launch(top, 2**32 - 1, 1, 1, 1, 1, 1, 0, top, top)) == 0
+    assert calls.run([_native.pack_launch(top, 2**32 - 1, 1, 1, 1, 1, 1, 0, top, top)]) is None
     assert fake_driver.log()[0][1:3] == (top, 2**32 - 1)
     with pytest.raises(OverflowError):
         _native.pack_launch(1, 2**32, 1, 1, 1, 1, 1, 0, 1, 1)
@@ -141,8 +141,8 @@ def test_handles_up_to_64_bits_and_grid_fields_of_32(calls, fake_driver):
         _native.pack_launch(1, 1, 1)
     with pytest.raises(TypeError):
         _native.pack_launch(1.5, 1, 1, 1, 1, 1, 1, 0, 1, 1)
-    with pytest.raises(TypeError):
-        calls.launch(b"short")
+    with pytest.raises(TypeError, match="prepared call 0"):
+        calls.run([b"short"])
 
 
 def test_run_issues_launches_and_bindings_calls_in_order(calls, fake_driver):
