@@ -52,12 +52,42 @@ _SUBMITTED = CommandBufferState.SUBMITTED
 REMEMBERED_TABLES = 4
 
 
-def _same(remembered: object, binding_tables: object) -> bool:
-    """Whether binding tables equal the ones remembered (entries compare by identity and value)."""
+def _same(remembered: object, table: object) -> bool:
+    """Whether a binding table equals the one remembered (entries compare by identity and value)."""
     try:
-        return bool(remembered == binding_tables)
+        return bool(remembered == table)
     except Exception:  # an entry whose comparison fails is no remembered entry
         return False
+
+
+_UNKNOWN = object()
+
+
+def remember(cb: CommandBuffer, count: int, given: list | None, checked: list[Binding] | None) -> None:
+    """Record that ``cb`` was validated with the binding table ``given`` (``checked`` once resolved)
+    at release count ``count``; the last validation moves among the ones remembered before it."""
+    last = cb.validated
+    if last is not None and last[0] == count:
+        cb.validated_before = [last, *cb.validated_before][:REMEMBERED_TABLES - 1]
+    else:
+        cb.validated_before = []
+    cb.validated = (count, given, checked)
+
+
+def recall(cb: CommandBuffer, count: int, table: object) -> object:
+    """The checked table of an earlier validation of ``cb`` with an equal table at release count
+    ``count`` (double-buffered tables alternate), made the last one; else ``_UNKNOWN``."""
+    before = cb.validated_before
+    if not before or cb.state is not _EXECUTABLE:
+        return _UNKNOWN
+    for i, entry in enumerate(before):
+        if entry[0] == count and _same(entry[1], table):
+            last = cb.validated
+            if last is not None:
+                before[i] = last
+            cb.validated = entry
+            return entry[2]
+    return _UNKNOWN
 
 
 class Device(abc.ABC):
@@ -227,17 +257,22 @@ class Device(abc.ABC):
             self._check_open()
         if type(queue) is not int or not 0 <= queue < self.queue_count:
             queue = check_queue(self, queue)
-        validated = None
-        if type(command_buffers) is list and len(command_buffers) == 1:
+        last = None
+        if type(command_buffers) is list and len(command_buffers) == 1 and type(binding_tables) is list \
+                and len(binding_tables) == 1:  # the usual replay, without the loop of _recall_validation
             cb = command_buffers[0]
             if isinstance(cb, CommandBuffer) and cb.device is self:
-                validated = cb.validated
-        if validated is not None and validated[0] == self._release_count and _same(validated[1], binding_tables):
-            # The same submission as last time: still valid. The driver gets a list of its own (the
+                last = cb.validated
+        if last is not None and last[0] == self._release_count and _same(last[1], binding_tables[0]):  # type: ignore
+            # Run with this table before and still valid. The driver gets lists of its own (the
             # caller's may change while the work waits to be issued).
-            command_buffers, tables, one_shot = [cb], validated[2], ()
+            command_buffers, tables, one_shot = [cb], [last[2]], ()
         else:
-            command_buffers, tables, one_shot = self._validate_execution(command_buffers, binding_tables)
+            tables = self._recall_validation(command_buffers, binding_tables)
+            if tables is not None:
+                command_buffers, one_shot = list(command_buffers), ()  # type: ignore[call-overload]
+            else:
+                command_buffers, tables, one_shot = self._validate_execution(command_buffers, binding_tables)
         waits = check_fences(wait, "wait", self)
         signals = check_fences(signal, "signal", self)
         check_signals(signals)
@@ -256,12 +291,9 @@ class Device(abc.ABC):
 
     def _validate_execution(self, command_buffers: object, binding_tables: object
                             ) -> tuple[list[CommandBuffer], list[list[Binding] | None], list[CommandBuffer]]:
-        """Full validation of the command buffers and tables of a submission; a reusable command
-        buffer submitted alone remembers it, so an identical resubmission skips it."""
+        """Full validation of the command buffers and tables of a submission; each reusable command
+        buffer remembers its table, so a submission repeating them skips it."""
         count = self._release_count  # read before the checks: a release during them invalidates
-        recalled = self._recall_validation(command_buffers, binding_tables, count)
-        if recalled is not None:
-            return [command_buffers[0]], recalled, []  # type: ignore[index]
         command_buffers, one_shot, uses_tables = check_command_buffers(self, command_buffers)
         for i, cb in enumerate(command_buffers):
             check_direct_buffers(cb, i)
@@ -269,38 +301,37 @@ class Device(abc.ABC):
             tables: list[list[Binding] | None] = [None] * len(command_buffers)
         else:
             tables = check_binding_tables(self, command_buffers, binding_tables)
-        if len(command_buffers) == 1 and not one_shot:
-            remembered = None if binding_tables is None else [
-                None if table is None else list(table) for table in binding_tables]  # type: ignore[union-attr]
-            cb = command_buffers[0]
-            last = cb.validated
-            if last is not None and last[0] == count:
-                cb.validated_before = [last, *cb.validated_before][:REMEMBERED_TABLES - 1]
-            else:
-                cb.validated_before = []
-            cb.validated = (count, remembered, tables)
+        for i, cb in enumerate(command_buffers):
+            if cb.state is _EXECUTABLE and cb.reusable:
+                given = None if binding_tables is None else binding_tables[i]  # type: ignore[index]
+                remember(cb, count, None if given is None else list(given), tables[i])
         return command_buffers, tables, one_shot
 
-    def _recall_validation(self, command_buffers: object, binding_tables: object,
-                           count: int) -> list[list[Binding] | None] | None:
-        """The checked tables of an earlier submission of the same reusable command buffer with equal
-        binding tables (double-buffered tables alternate), made at release count ``count``; or None."""
-        if type(command_buffers) is not list or len(command_buffers) != 1:
+    def _recall_validation(self, command_buffers: object, binding_tables: object) -> list[list[Binding] | None] | None:
+        """The checked tables of a submission whose every command buffer was validated before with an
+        equal binding table, while no buffer of the device was released since; or None."""
+        if type(command_buffers) is not list:
             return None
-        cb = command_buffers[0]
-        if not isinstance(cb, CommandBuffer) or not cb.validated_before or cb.device is not self \
-                or cb.state is not _EXECUTABLE:
+        count = self._release_count
+        if binding_tables is None:
+            given: list = [None] * len(command_buffers)
+        elif type(binding_tables) is list and len(binding_tables) == len(command_buffers):
+            given = binding_tables
+        else:
             return None
-        before = cb.validated_before
-        for i, entry in enumerate(before):
-            if entry[0] == count and _same(entry[1], binding_tables):
-                # The recalled one becomes the last; the previous last takes its place among the others.
-                last = cb.validated
-                if last is not None:
-                    before[i] = last
-                cb.validated = entry
-                return entry[2]
-        return None
+        tables = []
+        for cb, table in zip(command_buffers, given):
+            if not isinstance(cb, CommandBuffer) or cb.device is not self:
+                return None
+            last = cb.validated
+            if last is not None and last[0] == count and _same(last[1], table):
+                tables.append(last[2])
+            else:
+                checked = recall(cb, count, table)
+                if checked is _UNKNOWN:
+                    return None
+                tables.append(checked)
+        return tables
 
     def _check_binding(self, entry: object, what: str) -> Binding:
         return check_binding(entry, self, what)

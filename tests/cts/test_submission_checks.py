@@ -176,6 +176,37 @@ def test_alternating_tables_run_on_their_own_buffers_and_a_released_entry_is_rej
         device.queue_execute([cb], binding_tables=[table])
 
 
+def test_one_reusable_command_buffer_several_times_in_one_submission(device, kernels):
+    """A submission may hold the same reusable command buffer more than once, with the same or other
+    tables: each occurrence runs in order on its own table's buffers. Repeating such a batch (as a
+    runtime queueing replays does) is recognised per command buffer, and a buffer released since is
+    still caught in any position of the batch."""
+    a, b, c = (allocate_with(device, bytes(64)) for _ in range(3))
+    add = record(device, lambda cb: _add_one(kernels, cb, Slot(0)), mode=Mode.REUSABLE, binding_capacity=1)
+    double = record(device, lambda cb: (_add_one(kernels, cb, Slot(0)), cb.execution_barrier(),
+                                        _add_one(kernels, cb, Slot(0))), mode=Mode.REUSABLE, binding_capacity=1)
+    batch = [add, add, double, add, double]
+    tables = [[a], [b], [a], [a], [c]]
+    expected = {id(a): 0, id(b): 0, id(c): 0}
+    for _ in range(3):
+        submit_and_wait(device, list(batch), binding_tables=[list(t) for t in tables])
+        for cb, (buf,) in zip(batch, tables):
+            expected[id(buf)] += 2 if cb is double else 1
+        for buf in (a, b, c):
+            np.testing.assert_array_equal(read_u32(device, buf)[:16], np.full(16, expected[id(buf)], np.uint32))
+    spare = allocate_with(device, bytes(64))
+    spare.release()
+    for position in range(len(batch)):
+        stale = [list(t) for t in tables]
+        stale[position] = [spare]
+        with pytest.raises(hal.FailedPreconditionError, match="released"):
+            device.queue_execute(list(batch), binding_tables=stale)
+    submit_and_wait(device, list(batch), binding_tables=[list(t) for t in tables])  # still usable
+    np.testing.assert_array_equal(read_u32(device, a)[:16], np.full(16, expected[id(a)] + 4, np.uint32))
+    with pytest.raises(hal.InvalidArgumentError):
+        device.queue_execute(list(batch), binding_tables=[list(t) for t in tables[:-1]])
+
+
 @pytest.mark.parametrize("mode", [Mode.ONE_SHOT, Mode.REUSABLE])
 @pytest.mark.parametrize("repeat", [1, 2])
 def test_lists_changed_by_the_caller_after_submission_do_not_change_the_work(device, kernels, mode, repeat):
