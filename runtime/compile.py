@@ -6,7 +6,9 @@ reusable command buffer. Later calls skip Python graph building: one
 dictionary look-up, a binding table of the arguments' buffers (in argument
 order, then captured arrays) and the outputs' buffers (values that never
 leave the function live in buffers the recording owns), one submission
-(`lowering.submit`, shared with evals), and one Storage and Array per output.
+(`lowering.submit`, shared with evals; while earlier work runs, replays are
+queued and handed to the device several to a submission), and one Storage and
+Array per output.
 A signature keeps up to MAX_VARIANTS recordings, each replayed with its own
 unchanged table: a loop `w = step(w)` alternates between two buffers, and
 each recording sees the same two every time, so the driver launches its graph
@@ -139,7 +141,7 @@ class _Traced:
         """Bind `leaves` (evaluated dense arrays) and replay; AttributeError if one is pending."""
         ctx = self.ctx
         if self.all_args:
-            ext = [a.storage.buffer for a in leaves]
+            ext = list(map(_buffer_of, leaves))
         else:
             ext = [leaves[i].storage.buffer for i in self.arg_index]
         if self.captured_buffers:
@@ -152,9 +154,9 @@ class _Traced:
             rec = record(ctx, self.order, self.externals, self.keep, owned=True)
             variants.recs.append(rec)
         if tracing.ENABLED:
-            table, value = tracing.call("rt.replay", submit, ctx, rec, ext, category="runtime", compiled=True)
+            table, value = tracing.call("rt.replay", submit, ctx, rec, ext, True, category="runtime", compiled=True)
         else:
-            table, value = submit(ctx, rec, ext)
+            table, value = submit(ctx, rec, ext, True)
         if self.plain:
             outs = [new_evaluated(Storage(table[pos], bucket, ctx, value, nb), shape, dtype, ctx)
                     for pos, bucket, nb, shape, dtype in self.made]
@@ -195,6 +197,7 @@ class _Traced:
 
 
 _signature = attrgetter("shape", "dtype", "ctx", "base")  # base: None for the dense roots the fast path takes
+_buffer_of = attrgetter("storage.buffer")  # AttributeError for a pending argument (storage None)
 
 
 def compile(fn):  # noqa: A001 - mirrors mx.compile / jax.jit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import threading
 
 import hal
@@ -11,20 +12,30 @@ from .buffer_cache import BufferCache
 from .graph_cache import GraphCache
 
 MAX_IN_FLIGHT = env.integer("RUNTIME_MAX_IN_FLIGHT", 4, minimum=1)  # queued submissions before the host waits
+#: Replays of compiled functions queued into one submission at most (1: each submitted on its own).
+#: Batching is what MLX's command encoder does with its ops: the submission's fixed host cost (fences,
+#: the driver's event, retirement) is paid once for the batch; each replay adds its launch.
+SUBMIT_BATCH = env.integer("RUNTIME_SUBMIT_BATCH", 8, minimum=1)
 
 
 class DeviceContext:
     """Everything the runtime keeps for one hal.Device."""
 
-    __slots__ = ("device", "semaphore", "submitted", "completed", "buffers", "graphs", "failed", "programs",
-                 "retired_programs",
+    __slots__ = ("device", "semaphore", "submitted", "completed", "flushed", "queued", "in_flight", "buffers",
+                 "graphs", "failed", "programs", "retired_programs",
                  "executables", "fusion_wanted", "constants", "is_gpu", "gpu_format", "lock", "name", "__weakref__")
 
     def __init__(self, device: hal.Device) -> None:
         self.device = device
         self.semaphore = device.create_semaphore(0)
-        self.submitted = 0  # value the latest submission signals
+        self.submitted = 0  # value of the latest submission, queued ones included
         self.completed = 0  # last value seen reached (a hint, refreshed by refresh())
+        self.flushed = 0  # value the latest submission handed to the device signals
+        #: Replays not handed to the device yet: (command buffer, binding table), values flushed+1 ...
+        #: submitted, in order. Submitted with the next submission, or by flush() before any wait.
+        self.queued: list = []
+        #: Values signalled by the submissions handed to the device that may still run (throttle()).
+        self.in_flight: collections.deque[int] = collections.deque()
         self.buffers = BufferCache(device)
         self.graphs = GraphCache()
         self.executables: dict = {}
@@ -60,12 +71,23 @@ class DeviceContext:
 
     def throttle(self) -> None:
         """Bound the submissions in flight, so a fast host cannot queue unbounded work and memory."""
-        behind = self.submitted - MAX_IN_FLIGHT
-        if behind > self.completed:
-            self.refresh()
-            if behind > self.completed:
-                self.wait(behind)
+        in_flight = self.in_flight
+        if len(in_flight) >= MAX_IN_FLIGHT:
+            if in_flight[0] > self.completed:
                 self.refresh()
+            completed = self.completed
+            while in_flight and in_flight[0] <= completed:
+                in_flight.popleft()
+            if len(in_flight) >= MAX_IN_FLIGHT:
+                self.wait(in_flight.popleft())
+                self.refresh()
+
+    def flush(self) -> None:
+        """Hand the queued replays to the device now (one submission)."""
+        with self.lock:
+            if self.queued:
+                from .lowering import submit_queued
+                submit_queued(self)
 
     def retire_program(self, pid: int) -> None:
         """Forget a dropped recording's CPU program once the submissions already queued have run."""
@@ -74,6 +96,8 @@ class DeviceContext:
     def wait(self, value: int) -> None:
         """Wait until the current timeline reaches `value` (AbortedError if its work failed)."""
         if value > self.completed:
+            if value > self.flushed:
+                self.flush()
             try:
                 self.semaphore.wait(value)
             except hal.AbortedError as exc:
@@ -93,7 +117,8 @@ class DeviceContext:
             raise hal.AbortedError(f"the submission computing this array failed: {record[1]}") from record[1]
 
     def recover(self, exc: BaseException) -> None:
-        """A submission failed the timeline: drain the queue and continue on a new semaphore.
+        """A submission failed the timeline, or the device refused one carrying queued replays:
+        drain the queue and continue on a new semaphore.
 
         Arrays from before the failure that were seen complete stay readable;
         the rest raise AbortedError with the cause when read.
@@ -102,12 +127,20 @@ class DeviceContext:
         if old in self.failed:
             return
         self.failed[old] = (self.completed, exc)
+        # Queued replays read what the failed work wrote, or were refused with it: they fail with it.
+        self.queued = []
+        self.in_flight.clear()
         try:
             self.device.wait_idle()
         except hal.HalError:
             pass
+        try:  # what the device did run before the refusal stays readable
+            reached = old.value
+        except hal.HalError:
+            reached = self.completed
+        self.failed[old] = (max(reached, self.completed), exc)
         self.semaphore = self.device.create_semaphore(self.submitted)
-        self.completed = self.submitted
+        self.completed = self.flushed = self.submitted
         self.buffers.retire(self.submitted)
 
     def __repr__(self) -> str:

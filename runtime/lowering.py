@@ -28,7 +28,7 @@ from .array import Array, new_node
 from .autodiff import GRAD, expand, protect, resolved
 from .buffer_cache import BufferCache, bucket_size
 from .cpu_program import binding_bucket, program_executable
-from .device import DeviceContext, Storage
+from .device import SUBMIT_BATCH, DeviceContext, Storage
 from .fusion import PLANNERS, schedule, want  # noqa: F401 - PLANNERS: the op -> planner table
 from .kernels.source import executable
 from .shapes import contiguous_strides
@@ -549,10 +549,13 @@ def evaluate(arrays) -> None:
         r = a.base
         if r is None:
             r = a
-        if r.storage is None:
+        st = r.storage
+        if st is None:
             if r.op == _PLACEHOLDER:
                 raise hal.FailedPreconditionError("cannot evaluate a traced placeholder outside rt.compile")
             by_ctx.setdefault(r.ctx, []).append(r)
+        elif st.ctx is not None and st.ready > st.ctx.flushed:  # a queued replay computes it: start it now
+            st.ctx.flush()
     for ctx, targets in by_ctx.items():
         with ctx.lock:
             if tracing.ENABLED:
@@ -615,15 +618,19 @@ def _tracing_error(targets: list) -> Exception:
         ".numpy()) cannot be compiled; compute both branches and select with rt.where")
 
 
-def submit(ctx: DeviceContext, rec: Recording, ext: list) -> tuple[list, int]:
+def submit(ctx: DeviceContext, rec: Recording, ext: list, queue: bool = False) -> tuple[list, int]:
     """Execute a recording with `ext` bound to its externals: (binding table, timeline value).
 
     The one submission path of evals and rt.compile. Buffers for the nodes the recording
     materializes and its per-submission scratch are taken from the buffer cache next to the
     externals, preferring the ones of its last submission (an unchanged table is replayed
     without patching anything); scratch goes back at once (later submissions run after it).
+
+    ``queue=True`` (rt.compile's replays): while work handed to the device earlier may still
+    run, the replay is queued and handed over with the next submission, up to SUBMIT_BATCH
+    replays in one (each is one more command buffer of it); a device known idle gets it at once,
+    and any wait for a queued value hands the queue over first (``DeviceContext.flush``).
     """
-    ctx.throttle()
     last = rec.last_table
     if last is None:
         table = ext + list(map(ctx.buffers.take, rec.buckets, rec.no_prefer))
@@ -634,15 +641,17 @@ def submit(ctx: DeviceContext, rec: Recording, ext: list) -> tuple[list, int]:
             rec.moved = True
         table = ext + fresh
     value = ctx.submitted + 1
-    sem = ctx.semaphore
-    try:
-        ctx.device.queue_execute([rec.cb], wait=[(sem, ctx.submitted)] if ctx.submitted > ctx.completed else [],
-                                 signal=[(sem, value)], binding_tables=[table])
-    except BaseException:
-        release = ctx.buffers.release
-        for bucket, buf in zip(rec.buckets, table[rec.n_ext:]):
-            release(buf, bucket)
-        raise
+    queued = ctx.queued
+    if queue and ctx.flushed > ctx.completed and len(queued) < SUBMIT_BATCH - 1:
+        queued.append((rec.cb, table))
+    else:
+        try:
+            _hand_over(ctx, [rec.cb], [table], value)
+        except BaseException:
+            release = ctx.buffers.release
+            for bucket, buf in zip(rec.buckets, table[rec.n_ext:]):
+                release(buf, bucket)
+            raise
     rec.last_table = table
     rec.last_ext = ext
     ctx.submitted = value
@@ -651,6 +660,33 @@ def submit(ctx: DeviceContext, rec: Recording, ext: list) -> tuple[list, int]:
         for pos, bucket in enumerate(rec.temps, rec.n_ext + len(rec.fresh)):
             release(table[pos], bucket, value)
     return table, value
+
+
+def submit_queued(ctx: DeviceContext) -> None:
+    """Hand the queued replays to the device on their own (DeviceContext.flush)."""
+    _hand_over(ctx, [], [], ctx.submitted)
+
+
+def _hand_over(ctx: DeviceContext, command_buffers: list, tables: list, value: int) -> None:
+    """One queue_execute of the queued replays, then `command_buffers`, signalling `value`; if the
+    device refuses it, the queued replays fail with it (their arrays raise the error when read)."""
+    ctx.throttle()
+    queued = ctx.queued
+    if queued:
+        command_buffers = [cb for cb, _ in queued] + command_buffers
+        tables = [table for _, table in queued] + tables
+    sem = ctx.semaphore
+    try:
+        ctx.device.queue_execute(command_buffers, wait=[(sem, ctx.flushed)] if ctx.flushed > ctx.completed else [],
+                                 signal=[(sem, value)], binding_tables=tables)
+    except BaseException as exc:
+        if queued:
+            ctx.recover(exc)
+        raise
+    if queued:
+        ctx.queued = []
+    ctx.flushed = value
+    ctx.in_flight.append(value)
 
 
 def attach(ctx: DeviceContext, rec: Recording, order: list, table: list, value: int) -> None:

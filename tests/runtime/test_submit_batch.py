@@ -1,0 +1,189 @@
+"""Replays of compiled functions queued while earlier work runs, handed to the device several to a
+submission: results match numpy whatever forces the queue out (a read, an eval, a wait, another
+thread), a batch never exceeds SUBMIT_BATCH command buffers, and a refused batch fails its arrays
+instead of leaving them waiting."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import numpy as np
+import pytest
+
+import hal
+import runtime as rt
+from runtime import lowering
+from runtime.device import context_for
+
+
+def affine(w, b):
+    return w * 0.5 + b
+
+
+def reference(w: np.ndarray, b: np.ndarray, steps: int) -> list[np.ndarray]:
+    out = []
+    for _ in range(steps):
+        w = (w * np.float32(0.5) + b).astype(np.float32)
+        out.append(w)
+    return out
+
+
+@pytest.fixture
+def submissions(dev, monkeypatch):
+    """The command-buffer count of each queue_execute the runtime makes on `dev`."""
+    device = context_for(dev).device
+    counts: list[int] = []
+    real = device.queue_execute
+
+    def spy(command_buffers, *args, **kwargs):
+        counts.append(len(command_buffers))
+        return real(command_buffers, *args, **kwargs)
+
+    monkeypatch.setattr(device, "queue_execute", spy)
+    return counts
+
+
+def _inputs(dev, n=257, seed=0):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(n).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    return w, b, rt.array(w, device=dev), rt.array(b, device=dev)
+
+
+def test_replays_are_batched_while_work_runs_and_match_numpy(dev, submissions):
+    w_np, b_np, w, b = _inputs(dev)
+    step = rt.compile(affine)
+    rt.synchronize(dev)
+    submissions.clear()
+    steps = 40
+    for _ in range(steps):
+        w = step(w, b)
+    np.testing.assert_allclose(w.numpy(), reference(w_np, b_np, steps)[-1], rtol=1e-5, atol=1e-6)
+    assert sum(submissions) == steps  # every replay ran exactly once
+    assert max(submissions) <= lowering.SUBMIT_BATCH
+    assert len(submissions) <= steps // 2, submissions  # the first after a wait goes alone, later ones batch
+
+
+def test_batch_of_one_submits_every_replay_alone(dev, submissions, monkeypatch):
+    monkeypatch.setattr(lowering, "SUBMIT_BATCH", 1)
+    w_np, b_np, w, b = _inputs(dev, seed=1)
+    step = rt.compile(affine)
+    rt.synchronize(dev)
+    submissions.clear()
+    for _ in range(10):
+        w = step(w, b)
+    np.testing.assert_allclose(w.numpy(), reference(w_np, b_np, 10)[-1], rtol=1e-5, atol=1e-6)
+    assert submissions == [1] * 10
+
+
+def test_every_queued_output_reads_its_own_value(dev):
+    w_np, b_np, w, b = _inputs(dev, seed=2)
+    step = rt.compile(affine)
+    outs = []
+    for _ in range(20):
+        w = step(w, b)
+        outs.append(w)
+    expected = reference(w_np, b_np, 20)
+    for i in (5, 3, 19, 0, 11):  # out of order: a read hands over the queue it is in, once
+        np.testing.assert_allclose(outs[i].numpy(), expected[i], rtol=1e-5, atol=1e-6)
+    more = step(outs[19], b)
+    np.testing.assert_allclose(np.asarray(more), reference(expected[19], b_np, 1)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_an_eager_eval_carries_the_queued_replays(dev, submissions):
+    w_np, b_np, w, b = _inputs(dev, seed=3)
+    step = rt.compile(affine)
+    rt.synchronize(dev)
+    w = step(w, b)
+    rt.eval(w)  # the timeline is busy from here on: the next replays queue
+    submissions.clear()
+    for _ in range(3):
+        w = step(w, b)
+    total = (w * 2.0).sum()
+    rt.eval(total)
+    assert submissions and submissions[-1] >= 2, submissions  # the eval's command buffer after queued replays
+    assert sum(submissions) == 4
+    expected = reference(w_np, b_np, 4)[-1]
+    np.testing.assert_allclose(float(total), float((expected * 2).sum()), rtol=1e-4)
+
+
+def test_eval_and_synchronize_hand_over_queued_replays(dev, submissions):
+    w_np, b_np, w, b = _inputs(dev, seed=4)
+    step = rt.compile(affine)
+    w = step(w, b)
+    rt.eval(w)
+    submissions.clear()
+    w = step(w, b)
+    w = step(w, b)
+    rt.eval(w)  # already evaluated by the replay, but queued: eval starts it
+    assert sum(submissions) == 2
+    ctx = context_for(dev)
+    assert ctx.flushed == ctx.submitted
+    w = step(w, b)
+    rt.synchronize(dev)
+    assert sum(submissions) == 3 and ctx.completed == ctx.submitted
+    np.testing.assert_allclose(w.numpy(), reference(w_np, b_np, 4)[-1], rtol=1e-5, atol=1e-6)
+
+
+def test_another_thread_reads_outputs_while_replays_queue(dev):
+    w_np, b_np, w, b = _inputs(dev, seed=5)
+    step = rt.compile(affine)
+    handed: queue.Queue = queue.Queue()
+    expected = reference(w_np, b_np, 60)
+    problems: list = []
+
+    def reader():
+        while True:
+            item = handed.get()
+            if item is None:
+                return
+            i, arr = item
+            try:
+                np.testing.assert_allclose(arr.numpy(), expected[i], rtol=1e-5, atol=1e-6)
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                problems.append(exc)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for i in range(60):
+            w = step(w, b)
+            handed.put((i, w))
+    finally:
+        handed.put(None)
+        thread.join(60)
+    assert not thread.is_alive()
+    assert not problems, problems[:3]
+
+
+@pytest.mark.parametrize("uri", ["local-task", "local-sync"])
+def test_queued_replays_of_a_closed_device_fail_instead_of_waiting(uri):
+    device = hal.create_device(uri)
+    ctx = context_for(device)
+    w_np, b_np = np.ones(64, np.float32), np.full(64, 2.0, np.float32)
+    w, b = rt.array(w_np, device=device), rt.array(b_np, device=device)
+    step = rt.compile(affine)
+    first = step(w, b)
+    rt.eval(first)
+    outs = [first]
+    for _ in range(3):
+        outs.append(step(outs[-1], b))
+    assert ctx.queued, "the replays after the first should be queued"
+    device.close()
+    outcome: list = []
+
+    def read():
+        try:
+            outs[-1].numpy()
+        except hal.HalError as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    reader.join(30)
+    assert not reader.is_alive(), "reading a refused replay's output must not wait forever"
+    assert isinstance(outcome[0], hal.HalError), outcome
+    assert not ctx.queued
