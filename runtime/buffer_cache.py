@@ -14,10 +14,14 @@ remembers the fence of the last submission that touched it:
 
 from __future__ import annotations
 
+from itertools import repeat
+from operator import contains
+
 import hal
 from hal import env
 
 _MIN_BUCKET = 256
+_NO_ENTRIES = repeat({})  # the default of each bucket's look-up in all_free (never filled)
 
 
 def bucket_size(nbytes: int) -> int:
@@ -101,12 +105,8 @@ class BufferCache:
 
     def all_free(self, table: list, start: int, buckets: list) -> bool:
         """Whether the buffers of ``table`` from ``start`` on, one per bucket of ``buckets``, are all free."""
-        free = self._free
-        for buf, bucket in zip(table[start:], buckets):
-            entries = free.get(bucket)
-            if entries is None or id(buf) not in entries:
-                return False
-        return True
+        # In C: each bucket's free entries (or none), asked for the id of the table's buffer there.
+        return all(map(contains, map(self._free.get, buckets, _NO_ENTRIES), map(id, table[start:])))
 
     def release(self, buffer: hal.Buffer, bucket: int, fence: int = 0) -> None:
         """Give a buffer back; `fence` is the last submission that touches it."""
