@@ -11,7 +11,7 @@ from hal import env
 from .buffer_cache import BufferCache
 from .graph_cache import GraphCache
 
-MAX_IN_FLIGHT = env.integer("RUNTIME_MAX_IN_FLIGHT", 4, minimum=1)  # queued submissions before the host waits
+MAX_IN_FLIGHT = env.integer("RUNTIME_MAX_IN_FLIGHT", 4, minimum=1)  # submissions handed over before the host waits
 #: Replays of compiled functions queued into one submission at most (1: each submitted on its own).
 #: Batching is what MLX's command encoder does with its ops: the submission's fixed host cost (fences,
 #: the driver's event, retirement) is paid once for the batch; each replay adds its launch.

@@ -628,8 +628,9 @@ def submit(ctx: DeviceContext, rec: Recording, ext: list, queue: bool = False) -
 
     ``queue=True`` (rt.compile's replays): while work handed to the device earlier may still
     run, the replay is queued and handed over with the next submission, up to SUBMIT_BATCH
-    replays in one (each is one more command buffer of it); a device known idle gets it at once,
-    and any wait for a queued value hands the queue over first (``DeviceContext.flush``).
+    replays in one (each is one more command buffer of it); a device known idle gets it at once
+    (a closed one refuses it at once), and any wait for a queued value hands the queue over
+    first (``DeviceContext.flush``).
     """
     last = rec.last_table
     if last is None:
@@ -642,7 +643,7 @@ def submit(ctx: DeviceContext, rec: Recording, ext: list, queue: bool = False) -
         table = ext + fresh
     value = ctx.submitted + 1
     queued = ctx.queued
-    if queue and ctx.flushed > ctx.completed and len(queued) < SUBMIT_BATCH - 1:
+    if queue and ctx.flushed > ctx.completed and len(queued) < SUBMIT_BATCH - 1 and not ctx.device.closed:
         queued.append((rec.cb, table))
     else:
         try:

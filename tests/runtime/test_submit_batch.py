@@ -187,3 +187,6 @@ def test_queued_replays_of_a_closed_device_fail_instead_of_waiting(uri):
     assert not reader.is_alive(), "reading a refused replay's output must not wait forever"
     assert isinstance(outcome[0], hal.HalError), outcome
     assert not ctx.queued
+    with pytest.raises(hal.HalError):  # a call after the close is refused at once, not queued
+        step(first, b)
+    assert not ctx.queued
