@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 import hal
@@ -188,8 +190,9 @@ def _unpickle(host: np.ndarray, dtype: _dt.DType, uri: str) -> Array:
     return upload(host, dtype, ctx)
 
 
-def new_node(op: str, inputs: tuple, params, shape: tuple, dtype: _dt.DType, ctx: DeviceContext) -> Array:
-    """A root node that one kernel computes."""
+def new_node(op: str | None, inputs: tuple, params, shape: tuple, dtype: _dt.DType, ctx: DeviceContext,
+             storage: Storage | None = None) -> Array:
+    """A root node that one kernel computes (or, with `storage`, an evaluated array)."""
     a = Array.__new__(Array)
     a.op = op
     a.inputs = inputs
@@ -200,7 +203,7 @@ def new_node(op: str, inputs: tuple, params, shape: tuple, dtype: _dt.DType, ctx
     a.base = None
     a.strides = None
     a.offset = 0
-    a.storage = None
+    a.storage = storage
     return a
 
 
@@ -219,20 +222,9 @@ def new_view(op: str, src: Array, params, shape: tuple, strides: tuple, offset: 
     return a
 
 
-def new_evaluated(storage: Storage, shape: tuple, dtype: _dt.DType, ctx: DeviceContext) -> Array:
-    """An array whose contents `storage` holds (written without new_node's call: every replay's outputs)."""
-    a = Array.__new__(Array)
-    a.op = None
-    a.inputs = ()
-    a.params = None
-    a.shape = shape
-    a.dtype = dtype
-    a.ctx = ctx
-    a.base = None
-    a.strides = None
-    a.offset = 0
-    a.storage = storage
-    return a
+#: new_evaluated(shape, dtype, ctx, storage): an array whose contents `storage` holds. A partial of
+#: new_node, so every replay output costs one Python call, not two.
+new_evaluated = functools.partial(new_node, None, (), None)
 
 
 def upload(data: np.ndarray, dtype: _dt.DType, ctx: DeviceContext) -> Array:
@@ -244,7 +236,7 @@ def upload(data: np.ndarray, dtype: _dt.DType, ctx: DeviceContext) -> Array:
     if nbytes:
         ctx.device.write(buf, host.reshape(-1).view(np.uint8))
     storage = Storage(buf, bucket, ctx, 0, nbytes)
-    return new_evaluated(storage, shape, dtype, ctx)
+    return new_evaluated(shape, dtype, ctx, storage)
 
 
 def constant(value, dtype: _dt.DType, ctx: DeviceContext) -> Array:

@@ -158,13 +158,13 @@ class _Traced:
         else:
             table, value = submit(ctx, rec, ext, True)
         if self.plain:
-            outs = [new_evaluated(Storage(table[pos], bucket, ctx, value, nb), shape, dtype, ctx)
+            outs = [new_evaluated(shape, dtype, ctx, Storage(table[pos], bucket, ctx, value, nb))
                     for pos, bucket, nb, shape, dtype in self.made]
         else:
             roots = {}
             for pos, (i, bucket, nb) in enumerate(rec.fresh, rec.n_ext):
                 node = self.order[i]
-                roots[i] = new_evaluated(Storage(table[pos], bucket, ctx, value, nb), node.shape, node.dtype, ctx)
+                roots[i] = new_evaluated(node.shape, node.dtype, ctx, Storage(table[pos], bucket, ctx, value, nb))
             outs = self._outputs(leaves, roots, value)
         return self._structure(outs)
 
@@ -188,7 +188,7 @@ class _Traced:
                 outs.append(root)
             else:
                 shape, strides, offset, dt = view
-                v = new_evaluated(None, shape, dt, ctx)
+                v = new_evaluated(shape, dt, ctx)
                 v.base = root
                 v.strides = strides
                 v.offset = offset
