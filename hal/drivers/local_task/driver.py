@@ -1,51 +1,58 @@
-"""``local-task``: each queue is a worker thread; ``queue_execute`` returns before the work runs."""
+"""``local-task``: each queue has a worker thread; ``queue_execute`` returns before the work runs.
+
+A host thread that waits for the device's work (``Semaphore.wait`` or ``wait_idle`` without a
+timeout) runs ready submissions itself meanwhile (``queue_runner``), instead of sleeping while
+the worker runs them.
+"""
 
 from __future__ import annotations
 
-import queue as queue_module
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from hal.driver import DeviceInfo
 from hal.drivers.local.device import LocalDevice
 from hal.drivers.local.driver import LocalDriver
+from hal.drivers.local_task.queue_runner import QueueRunner
 from hal.errors import InvalidArgumentError
+from hal.semaphore import Semaphore
 from hal.validation import check_int
 
-_STOP = object()
 
+class _DonatingSemaphore(Semaphore):
+    """A semaphore whose untimed host wait runs the device's ready work until the value is reached."""
 
-class _Worker:
-    """A daemon thread running ready submissions of one queue in the order they became ready."""
-
-    def __init__(self, name: str) -> None:
-        self.inbox: queue_module.SimpleQueue = queue_module.SimpleQueue()
-        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            run = self.inbox.get()
-            if run is _STOP:
-                return
-            run()
+    def _wait(self, value: int, deadline: float | None) -> None:
+        # A timed wait keeps its deadline: it must not start a submission that may outlast it.
+        if deadline is None and self._value < value and self._failure is None:
+            self.device._donate(lambda: self._value >= value or self._failure is not None)
+        super()._wait(value, deadline)
 
 
 class LocalTaskDevice(LocalDevice):
     def __init__(self, driver, info, *, queue_count: int = 1) -> None:
         super().__init__(driver, info, queue_count=queue_count)
-        self._workers = [_Worker(f"hal-local-task-q{i}") for i in range(queue_count)]
+        self._runners = [QueueRunner(f"hal-local-task-q{i}") for i in range(queue_count)]
+
+    def _create_semaphore(self, initial_value: int) -> Semaphore:
+        return _DonatingSemaphore(self, initial_value)
 
     def _schedule(self, queue: int, run: Callable[[], None]) -> None:
-        self._workers[queue].inbox.put(run)
+        self._runners[queue].put(run)
+
+    def _donate(self, done: Callable[[], bool]) -> None:
+        """Run ready work of every queue on this thread until ``done()`` or none is left to run here."""
+        for runner in self._runners:
+            runner.donate(done)
+
+    def _wait_idle(self, deadline: float | None) -> None:
+        if deadline is None:
+            self._donate(lambda: all(runner.idle() for runner in self._runners))
+        super()._wait_idle(deadline)
 
     def _close(self) -> None:
-        for worker in self._workers:
-            worker.inbox.put(_STOP)
-        for worker in self._workers:
-            if worker.thread is not threading.current_thread():
-                worker.thread.join(timeout=5)
+        for runner in self._runners:
+            runner.stop()
 
 
 class LocalTaskDriver(LocalDriver):

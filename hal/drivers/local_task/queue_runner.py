@@ -1,0 +1,115 @@
+"""One queue of ``local-task``: ready submissions run in order, on its worker thread or on a waiter's.
+
+A host thread that blocks waiting for this queue's work donates itself to the
+queue instead, the way IREE's task executor lets a waiting caller run tasks
+and TBB's ``task_group::wait`` takes part in the work it waits for: it runs
+the next ready submission itself while the worker is not running one. One
+submission of a queue runs at a time, whichever thread runs it: the queue's
+order is kept. The worker runs what nobody waits for, so ``queue_execute``
+still returns before the work runs.
+
+Waking the worker is what a synchronous step (submit, then wait) must not pay:
+on a wake-up the worker needs the interpreter lock the submitting thread holds,
+and takes it at the first numpy call that lets it go, only to find the work
+already taken by the waiter; that cost as much as the step's whole host work.
+So a worker that ran or was handed work in the last ``_PARK_AFTER_S`` looks
+for work every ``_POLL_S`` on its own instead of being woken for each
+submission, and only a parked worker (idle for longer) is woken at once. Work
+nobody waits for starts at most ``_POLL_S`` late while the queue is busy.
+"""
+
+from __future__ import annotations
+
+import queue as queue_module
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+_POLL_S = 0.001
+_PARK_AFTER_S = 0.02
+
+
+class QueueRunner:
+    """The ready submissions of one queue and the daemon thread that runs them."""
+
+    def __init__(self, name: str) -> None:
+        self._lock = threading.Lock()
+        self._ready: deque[Callable[[], None]] = deque()
+        self._running = False  # a submission runs now (on the worker or a donating waiter)
+        self._parked = False  # the worker sleeps until a wake-up is posted (none is yet)
+        self._last_put = 0.0
+        self._stopping = False
+        self._wake_up: queue_module.SimpleQueue = queue_module.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, run: Callable[[], None]) -> None:
+        """Queue a submission whose waits are reached."""
+        with self._lock:
+            self._ready.append(run)
+            self._last_put = time.monotonic()
+            wake = self._parked
+            self._parked = False
+        if wake:
+            self._wake_up.put(True)
+
+    def donate(self, done: Callable[[], bool]) -> None:
+        """Run ready submissions on this thread until ``done()``, the queue is empty, or the
+        worker is running one (then the caller blocks as usual: the worker goes on in order)."""
+        lock, ready = self._lock, self._ready
+        while not done():
+            with lock:
+                if self._running or not ready:
+                    return
+                run = ready.popleft()
+                self._running = True
+            try:
+                run()  # never raises: a submission's failure goes to its semaphores
+            finally:
+                with lock:
+                    self._running = False
+                    # the worker carries on (or ends) if this thread stops helping
+                    wake = self._parked and (ready or self._stopping)
+                    if wake:
+                        self._parked = False
+                if wake:
+                    self._wake_up.put(True)
+
+    def idle(self) -> bool:
+        """Whether nothing is ready or running."""
+        return not self._ready and not self._running
+
+    def stop(self) -> None:
+        """Let the worker finish what is ready, then end; joins it unless called from it."""
+        with self._lock:
+            self._stopping = True
+            self._parked = False
+        self._wake_up.put(True)  # also cut a poll short
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        lock, ready, wake_up = self._lock, self._ready, self._wake_up
+        while True:
+            with lock:
+                if ready and not self._running:
+                    run = ready.popleft()
+                    self._running = True
+                else:
+                    if self._stopping and not self._running:
+                        return
+                    run = None
+                    poll = time.monotonic() - self._last_put < _PARK_AFTER_S
+                    self._parked = not poll
+            if run is None:
+                try:
+                    wake_up.get(timeout=_POLL_S if poll else None)
+                except queue_module.Empty:
+                    pass
+                continue
+            try:
+                run()
+            finally:
+                with lock:
+                    self._running = False
