@@ -257,16 +257,24 @@ class Device(abc.ABC):
             self._check_open()
         if type(queue) is not int or not 0 <= queue < self.queue_count:
             queue = check_queue(self, queue)
-        last = None
-        if type(command_buffers) is list and len(command_buffers) == 1 and type(binding_tables) is list \
-                and len(binding_tables) == 1:  # the usual replay, without the loop of _recall_validation
+        if type(command_buffers) is list and len(command_buffers) == 1 and (
+                type(binding_tables) is list and len(binding_tables) == 1 or binding_tables is None):
+            # The usual replay, one command buffer, without the loop of _recall_validation.
             cb = command_buffers[0]
-            if isinstance(cb, CommandBuffer) and cb.device is self:
-                last = cb.validated
-        if last is not None and last[0] == self._release_count and _same(last[1], binding_tables[0]):  # type: ignore
-            # Run with this table before and still valid. The driver gets lists of its own (the
-            # caller's may change while the work waits to be issued).
-            command_buffers, tables, one_shot = [cb], [last[2]], ()
+            if isinstance(cb, CommandBuffer) and cb.device is self and (last := cb.validated) is not None:
+                table = binding_tables[0] if binding_tables else None
+                if last[0] == self._release_count and _same(last[1], table):
+                    checked = last[2]
+                else:  # the other table of a double-buffered pair, say
+                    checked = recall(cb, self._release_count, table)
+            else:
+                checked = _UNKNOWN
+            if checked is not _UNKNOWN:
+                # Run with this table before and still valid. The driver gets lists of its own (the
+                # caller's may change while the work waits to be issued).
+                command_buffers, tables, one_shot = [cb], [checked], ()
+            else:
+                command_buffers, tables, one_shot = self._validate_execution(command_buffers, binding_tables)
         else:
             tables = self._recall_validation(command_buffers, binding_tables)
             if tables is not None:

@@ -528,6 +528,94 @@ def test_a_graph_rebound_often_switches_to_indirect_bindings(fake_driver):
         for i in range(runs):
             run(dev, [cb], [[bufs[i % 2]]])
         assert cb.updated_nodes == INDIRECT_AFTER_REBINDS - 1, "node updates until the switch"
-        assert cb.image_uploads == runs - INDIRECT_AFTER_REBINDS, "then one table copy per new table"
+        assert cb.image_uploads == 2, "then a table copy for each of the two tables"
+        assert cb.table_execs_made == 1, "after which the one that came back runs its own graph"
         assert cb.reinstantiations == 0
         assert [words(dev, b)[0] for b in bufs] == [runs // 2, runs // 2]
+
+
+def alternating_command_buffer(dev, exe, dispatches: int = 6):
+    """A reusable command buffer of indirect dispatches over two slots, levels apart."""
+    cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=2)
+    with cb.record():
+        for i in range(dispatches):
+            if i:
+                cb.execution_barrier()
+            cb.dispatch(exe, "add_one", 1, [16], [hal.Slot(i % 2)])
+    return cb
+
+
+class DestroyCounter:
+    def __init__(self, api) -> None:
+        self.count = 0
+        self.real = api.graph_exec_destroy
+        api.graph_exec_destroy = self
+
+    def __call__(self, graph_exec) -> None:
+        self.count += 1
+        self.real(graph_exec)
+
+
+def test_a_recurring_table_runs_an_executable_graph_of_its_own(fake_driver):
+    with fake_driver.create_device(indirect_bindings=True) as dev:
+        exe = kernels(dev)
+        bufs = [dev.allocator.allocate(64) for _ in range(4)]
+        for buf in bufs:
+            dev.write(buf, bytes(64))
+        cb = alternating_command_buffer(dev, exe)
+        api = dev.api
+        before = dict(api.calls)
+        tables = [[bufs[0], bufs[1]], [bufs[2], bufs[3]]]
+        for i in range(10):
+            run(dev, [cb], [tables[i % 2]])
+        assert [words(dev, b)[0] for b in bufs] == [15, 15, 15, 15], "each table's buffers, 3 adds a run"
+        assert cb.image_uploads == 2, "the device table is copied for the first run of each table only"
+        assert cb.table_execs_made == 1, "the table that came back got its own executable graph, once"
+        assert api.calls.get("cuMemcpyHtoDAsync", 0) - before.get("cuMemcpyHtoDAsync", 0) == 2
+        assert api.calls.get("cuGraphInstantiate", 0) - before.get("cuGraphInstantiate", 0) == 2
+        set_params = "cuGraphExecKernelNodeSetParams"
+        # its dispatches were pointed at its own device table, once
+        assert api.calls.get(set_params, 0) - before.get(set_params, 0) == 6
+        assert cb.updated_nodes == 0
+
+
+def test_executable_graphs_of_tables_are_bounded_oldest_dropped_first(fake_driver, monkeypatch):
+    from hal.drivers.gpu import graph_command_buffer
+
+    monkeypatch.setattr(graph_command_buffer, "TABLE_EXECS", 1)
+    with fake_driver.create_device(indirect_bindings=True) as dev:
+        destroyed = DestroyCounter(dev.api)
+        exe = kernels(dev)
+        bufs = [dev.allocator.allocate(64) for _ in range(6)]
+        for buf in bufs:
+            dev.write(buf, bytes(64))
+        cb = alternating_command_buffer(dev, exe)
+        tables = [[bufs[0], bufs[1]], [bufs[2], bufs[3]], [bufs[4], bufs[5]]]
+        for i in range(12):
+            run(dev, [cb], [tables[i % 3]])
+            assert len(cb._resources.table_execs) <= 1
+        assert [words(dev, b)[0] for b in bufs] == [12] * 6, "every run read its own table's buffers"
+        made = cb.table_execs_made
+        assert made > 1, "recurring tables replaced each other's executable graphs"
+        dev.wait_idle()
+        assert destroyed.count == made - 1, "each replaced one was destroyed once its launches ran"
+    assert destroyed.count == made + 1, "and the last one with the main executable graph at close"
+
+
+def test_a_table_that_also_changes_nodes_is_copied_each_time(fake_driver):
+    with fake_driver.create_device(indirect_bindings=True) as dev:
+        exe = kernels(dev)
+        bufs = [dev.allocator.allocate(64) for _ in range(4)]
+        for buf in bufs:
+            dev.write(buf, bytes(64))
+        cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=2)
+        with cb.record():
+            cb.dispatch(exe, "add_one", 1, [16], [hal.Slot(0)])
+            cb.execution_barrier()
+            cb.fill_buffer(hal.Slot(1), 7, 4)  # a memset node bound through the table: updated in place
+        tables = [[bufs[0], bufs[1]], [bufs[2], bufs[3]]]
+        for i in range(6):
+            run(dev, [cb], [tables[i % 2]])
+        assert [words(dev, b)[0] for b in bufs] == [3, 7, 3, 7]
+        assert cb.table_execs_made == 0
+        assert cb.image_uploads == 6

@@ -28,7 +28,12 @@ then reused for every table, two ways:
   one run of entries). A submission whose table resolves to new addresses
   copies the new table image (one ``memcpy_htod_async`` from pinned staging,
   stream-ordered before the graph launch); nodes are never touched, so the
-  cost does not grow with the number of dispatches;
+  cost does not grow with the number of dispatches. A table that comes back
+  (the other half of a double-buffered pair, say) gets an executable graph of
+  its own, instantiated once from the same graph with its indirect dispatches
+  pointed at a device table holding that table's image: switching to it is
+  launching that executable graph, no copy at all (``TABLE_EXECS`` at most,
+  the oldest dropped first);
 - node updates (everything else: fills, copies, updates, precompiled kernels):
   each used slot's (address, size) is compared with what the executable graph
   holds and only the nodes reading a changed slot are updated in place
@@ -73,6 +78,9 @@ JOIN_KINDS = ("empty", "edges", "kernel")
 INDIRECT_AFTER_REBINDS = 4
 #: Binding tables whose packed device-table images a command buffer keeps.
 IMAGE_MEMO = 4
+#: Tables that came back and got an executable graph of their own (beside the main one, whose
+#: device table takes the copies of other tables), per command buffer.
+TABLE_EXECS = 3
 #: A join of a*b <= EDGE_LIMIT node pairs becomes direct edges (10x10 levels: 13 µs launch
 #: with edges against 95 µs with empty nodes on an H100); wider joins use a no-op kernel.
 EDGE_LIMIT = 256
@@ -109,11 +117,16 @@ class _GraphResources:
         self.graph_exec: Any = None
         self.staging: Any = None  # device Allocation holding update payloads
         self.image: Any = None  # device Allocation holding the indirect binding table
+        #: Slot addresses -> _TableExec: recurring tables' own executable graphs (see TABLE_EXECS).
+        self.table_execs: dict[tuple, _TableExec] = {}
 
     def release(self) -> None:
         api = self.device.api
         graph_exec, graph, staging, image = self.graph_exec, self.graph, self.staging, self.image
         self.graph_exec = self.graph = self.staging = self.image = None
+        table_execs, self.table_execs = self.table_execs, {}
+        for table_exec in table_execs.values():
+            table_exec.release(self.device)
         if image is not None:
             self.device.allocator.free_now(image)
         if graph_exec is not None:
@@ -122,6 +135,22 @@ class _GraphResources:
             api.graph_destroy(graph)
         if staging is not None:
             self.device.allocator.free_now(staging)
+
+
+class _TableExec:
+    """An executable graph of one recurring binding table: its own device table, holding that
+    table's image, read by its indirect dispatches (their argument slots point there)."""
+
+    __slots__ = ("graph_exec", "image", "args")
+
+    def __init__(self, graph_exec: Any, image: Any, args: ArgArena) -> None:
+        self.graph_exec = graph_exec
+        self.image = image
+        self.args = args  # the dispatches' argument values (kept with the graph that was given them)
+
+    def release(self, device) -> None:
+        device.api.graph_exec_destroy(self.graph_exec)
+        device.allocator.free_now(self.image)
 
 
 class GraphCommandBuffer(RecordingCommandBuffer):
@@ -143,6 +172,8 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self.rebinds = 0
         self.updated_nodes = 0
         self.image_uploads = 0
+        #: Executable graphs made for recurring tables (see TABLE_EXECS).
+        self.table_execs_made = 0
         #: The resolved binding table the graph and the device table were last brought up to date with.
         self._bound_table: Sequence[Binding] | None = None
         # Indirect bindings: per dispatch using them, (function, first table entry); the table layout.
@@ -157,6 +188,13 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self._image_memo: dict[int, tuple] = {}
         #: The slot addresses of the image last copied to the device table (None: copy it again).
         self._image_addresses: tuple | None = None
+        #: Per indirect dispatch: (command, function, first device-table entry), in argument order.
+        self._indirect_plan: list[tuple[Command, Any, int]] = []
+        #: Whether a table changes nothing but the device table (every slot read is indirect), so
+        #: a recurring table can get an executable graph of its own.
+        self._table_execs_allowed = False
+        #: The executable graph the next launch runs: the main one, or a recurring table's.
+        self._launch_exec: Any = None
 
     # -- recording -----------------------------------------------------------------
     def _pack_staging(self) -> None:
@@ -179,6 +217,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         device = self.device
         api = device.api
         device.make_current()
+        self._drop_table_execs()  # instantiated from the graph being replaced
         if self.slot_dispatches:
             self.patch_slot_args(table)
         self._plan_indirect()
@@ -205,9 +244,10 @@ class GraphCommandBuffer(RecordingCommandBuffer):
                     deps = [api.graph_add_kernel_node(graph, previous, device.join_kernel_params())]
             previous = [self._add_node(graph, command, deps, table) for command in level]
         self.node_count = len(self._nodes)
-        self._resources.graph_exec = api.graph_instantiate(graph) if self._nodes else None
+        self._resources.graph_exec = self._launch_exec = api.graph_instantiate(graph) if self._nodes else None
         self._applied = {slot: slot_address(table[slot]) for slot in self._slot_nodes}  # type: ignore[index]
         self._image_addresses = None  # a new graph: upload the table image again
+        self._table_execs_allowed = self._image_slots is not None and not self._slot_nodes
 
     def _add_node(self, graph: Any, command: Command, deps: list[Any], table: Sequence[Binding] | None) -> Any:
         device = self.device
@@ -263,6 +303,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         """
         device = self.device
         self._indirect = {}
+        self._indirect_plan = []
         self._image_slots = None
         if not device.use_indirect_bindings(len(self.slot_dispatches), self.rebinds):
             return
@@ -290,11 +331,12 @@ class GraphCommandBuffer(RecordingCommandBuffer):
                 device.defer(lambda: device.allocator.free_now(old))
             resources.image = device.allocate_staging(size)
         table_ptr = resources.image.ptr
-        self._indirect_args = ArgArena()
-        for command, function, start in chosen:
-            first = self._indirect_args.add([table_ptr + 8 * start], command.constants)
+        self._indirect_plan = chosen
+        self._indirect_args = self._indirect_arena(table_ptr)
+        first = 0
+        for command, function, _ in chosen:
             self._indirect[id(command)] = (function, first)
-        self._indirect_args.pack()
+            first += 1 + len(command.constants)
         slots = sorted({slot for slot, _ in layout if slot is not None})
         position = {slot: i for i, slot in enumerate(slots)}
         fixed = len(slots)  # the base of fixed entries: 0
@@ -309,10 +351,12 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         #: tables (a double-buffered table alternates between two): packed once, copied many times.
         self._image_memo: dict[int, tuple] = {}
 
-    def _upload_image(self, table: Sequence[Binding] | None, stream: Any, submission) -> None:
-        """Copy the binding table's addresses to the device table when they changed (stream-ordered)."""
+    def _bind_image(self, table: Sequence[Binding] | None, stream: Any, submission) -> None:
+        """Make the next launch read ``table``'s addresses: the executable graph of a recurring table,
+        or the main one, its device table copied (stream-ordered) when the addresses changed."""
         memo = self._image_memo
         packed = memo.get(id(table))
+        recurring = False  # a table seen before (in the memo): it may get an executable graph of its own
         if packed is None or packed[0] is not table:  # (the memo keeps its tables alive: ids stay theirs)
             entries = self._image_entries(table)
             addresses = tuple([buffer.allocation.ptr + buffer.offset + base  # slot_address, inlined: per slot
@@ -323,9 +367,20 @@ class GraphCommandBuffer(RecordingCommandBuffer):
             if len(memo) >= IMAGE_MEMO:
                 del memo[next(iter(memo))]
             packed = memo[id(table)] = (table, addresses, image, image.ctypes.data)
+        else:
+            recurring = True
         _, addresses, image, image_address = packed
         if addresses == self._image_addresses:
+            self._launch_exec = self._resources.graph_exec
             return
+        if self._table_execs_allowed:
+            table_exec = self._resources.table_execs.get(addresses)
+            if table_exec is None and recurring:
+                table_exec = self._add_table_exec(addresses, image, image_address)
+            if table_exec is not None:
+                self._launch_exec = table_exec.graph_exec
+                return
+        self._launch_exec = self._resources.graph_exec
         size = image.nbytes
         device = self.device
         staging = device.staging
@@ -340,6 +395,51 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self._image_addresses = addresses
         self.image_uploads += 1
 
+    def _indirect_arena(self, table_ptr: int) -> ArgArena:
+        """The indirect dispatches' argument slots, reading a device table at ``table_ptr``."""
+        args = ArgArena()
+        for command, _, start in self._indirect_plan:
+            args.add([table_ptr + 8 * start], command.constants)
+        args.pack()
+        return args
+
+    def _add_table_exec(self, addresses: tuple, image: np.ndarray, image_address: int) -> _TableExec:
+        """Instantiate the graph again for a recurring table: its indirect dispatches read a device
+        table of their own, filled once with the table's image (nothing else depends on a table)."""
+        device = self.device
+        api = device.api
+        resources = self._resources
+        table_execs = resources.table_execs
+        if len(table_execs) >= TABLE_EXECS:
+            oldest = table_execs.pop(next(iter(table_execs)))
+            device.defer(functools.partial(oldest.release, device))  # a launch of it may still run
+        own_image = device.allocate_staging(image.nbytes)
+        graph_exec = None
+        try:
+            api.memcpy_htod(own_image.ptr, image_address, image.nbytes)  # a new allocation: nothing reads it yet
+            graph_exec = api.graph_instantiate(resources.graph)
+            args = self._indirect_arena(own_image.ptr)
+            for node in self._nodes:
+                if node.kind == "indirect":
+                    function, first = self._indirect[id(node.command)]
+                    params = api.kernel_node_params(function, node.command.grid, node.command.block,
+                                                    args.params_address(first, 1 + len(node.command.constants)))
+                    api.exec_set_kernel_params(graph_exec, node.handle, params)
+        except BaseException:
+            if graph_exec is not None:
+                api.graph_exec_destroy(graph_exec)
+            device.allocator.free_now(own_image)
+            raise
+        table_exec = table_execs[addresses] = _TableExec(graph_exec, own_image, args)
+        self.table_execs_made += 1
+        return table_exec
+
+    def _drop_table_execs(self) -> None:
+        table_execs, self._resources.table_execs = self._resources.table_execs, {}
+        device = self.device
+        for table_exec in table_execs.values():
+            device.defer(functools.partial(table_exec.release, device))
+
     # -- submission ----------------------------------------------------------------------
     def issue(self, queue, table: Sequence[Binding] | None, submission) -> None:
         resources = self._resources
@@ -351,10 +451,10 @@ class GraphCommandBuffer(RecordingCommandBuffer):
                     else:
                         self._rebind(table)
                     if self._image_slots is not None:
-                        self._upload_image(table, queue.stream, submission)
+                        self._bind_image(table, queue.stream, submission)
                     self._bound_table = table
-                if resources.graph_exec is not None:
-                    self.device.api.graph_launch(resources.graph_exec, queue.stream)
+                if self._launch_exec is not None:
+                    self.device.api.graph_launch(self._launch_exec, queue.stream)
         elif resources.graph_exec is not None:
             self.device.api.graph_launch(resources.graph_exec, queue.stream)
 
