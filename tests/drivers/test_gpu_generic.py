@@ -52,6 +52,14 @@ def kernels(dev):
     return dev.load_executable(hal.ExecutableSpec("numpy", {"add_one": add_one, "boom": boom}, EXPORTS))
 
 
+def zeroed(dev, count: int, size: int = 64) -> list:
+    """``count`` new buffers of ``size`` zero bytes."""
+    bufs = [dev.allocator.allocate(size) for _ in range(count)]
+    for buf in bufs:
+        dev.write(buf, bytes(size))
+    return bufs
+
+
 def run(dev, cbs, tables=None):
     sem = dev.create_semaphore(0)
     dev.queue_execute(cbs, signal=[(sem, 1)], binding_tables=tables)
@@ -167,9 +175,7 @@ def test_barrier_lowering_builds_the_graph_shape(fake_driver, lowering):
 def test_new_tables_rewrite_the_device_table_not_the_nodes(fake_driver):
     with fake_driver.create_device(indirect_bindings=True) as dev:
         exe = kernels(dev)
-        bufs = [dev.allocator.allocate(64) for _ in range(4)]
-        for buf in bufs:
-            dev.write(buf, bytes(64))
+        bufs = zeroed(dev, 4)
         cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=2)
         with cb.record():
             for _ in range(3):
@@ -189,17 +195,21 @@ def test_new_tables_rewrite_the_device_table_not_the_nodes(fake_driver):
         assert api.calls.get("cuGraphExecKernelNodeSetParams", 0) == before.get("cuGraphExecKernelNodeSetParams", 0)
 
 
+def dispatch_then_fill(dev, exe, fill_target):
+    """A reusable command buffer: add_one on slot 0, a barrier, then fill ``fill_target`` with 7s."""
+    cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=2)
+    with cb.record():
+        cb.dispatch(exe, "add_one", 1, [16], [hal.Slot(0)])
+        cb.execution_barrier()
+        cb.fill_buffer(fill_target, 7, 4)
+    return cb
+
+
 def test_the_same_table_again_is_one_graph_launch(fake_driver):
     with fake_driver.create_device(indirect_bindings=True) as dev:
         exe = kernels(dev)
-        bufs = [dev.allocator.allocate(64) for _ in range(2)]
-        for buf in bufs:
-            dev.write(buf, bytes(64))
-        cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=2)
-        with cb.record():
-            cb.dispatch(exe, "add_one", 1, [16], [hal.Slot(0)])
-            cb.execution_barrier()
-            cb.fill_buffer(hal.Slot(1, 0, 4), 7, 4)
+        bufs = zeroed(dev, 2)
+        cb = dispatch_then_fill(dev, exe, hal.Slot(1, 0, 4))
         table = [bufs[0], bufs[1]]
         run(dev, [cb], [table])
         api = dev.api
@@ -274,9 +284,7 @@ def test_device_table_shares_runs_of_equal_bindings(fake_driver):
 def test_node_updates_touch_only_changed_slots(fake_driver):
     with fake_driver.create_device(indirect_bindings=False) as dev:
         exe = kernels(dev)
-        bufs = [dev.allocator.allocate(64) for _ in range(3)]
-        for buf in bufs:
-            dev.write(buf, bytes(64))
+        bufs = zeroed(dev, 3)
         cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=2)
         with cb.record():
             for _ in range(4):
@@ -518,9 +526,7 @@ def test_a_graph_rebound_often_switches_to_indirect_bindings(fake_driver):
 
     with fake_driver.create_device() as dev:
         exe = kernels(dev)
-        bufs = [dev.allocator.allocate(64) for _ in range(2)]
-        for buf in bufs:
-            dev.write(buf, bytes(64))
+        bufs = zeroed(dev, 2)
         cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=1)
         with cb.record():
             cb.dispatch(exe, "add_one", 1, [16], [hal.Slot(0)])
@@ -559,9 +565,7 @@ class DestroyCounter:
 def test_a_recurring_table_runs_an_executable_graph_of_its_own(fake_driver):
     with fake_driver.create_device(indirect_bindings=True) as dev:
         exe = kernels(dev)
-        bufs = [dev.allocator.allocate(64) for _ in range(4)]
-        for buf in bufs:
-            dev.write(buf, bytes(64))
+        bufs = zeroed(dev, 4)
         cb = alternating_command_buffer(dev, exe)
         api = dev.api
         before = dict(api.calls)
@@ -586,9 +590,7 @@ def test_executable_graphs_of_tables_are_bounded_oldest_dropped_first(fake_drive
     with fake_driver.create_device(indirect_bindings=True) as dev:
         destroyed = DestroyCounter(dev.api)
         exe = kernels(dev)
-        bufs = [dev.allocator.allocate(64) for _ in range(6)]
-        for buf in bufs:
-            dev.write(buf, bytes(64))
+        bufs = zeroed(dev, 6)
         cb = alternating_command_buffer(dev, exe)
         tables = [[bufs[0], bufs[1]], [bufs[2], bufs[3]], [bufs[4], bufs[5]]]
         for i in range(12):
@@ -605,14 +607,8 @@ def test_executable_graphs_of_tables_are_bounded_oldest_dropped_first(fake_drive
 def test_a_table_that_also_changes_nodes_is_copied_each_time(fake_driver):
     with fake_driver.create_device(indirect_bindings=True) as dev:
         exe = kernels(dev)
-        bufs = [dev.allocator.allocate(64) for _ in range(4)]
-        for buf in bufs:
-            dev.write(buf, bytes(64))
-        cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=2)
-        with cb.record():
-            cb.dispatch(exe, "add_one", 1, [16], [hal.Slot(0)])
-            cb.execution_barrier()
-            cb.fill_buffer(hal.Slot(1), 7, 4)  # a memset node bound through the table: updated in place
+        bufs = zeroed(dev, 4)
+        cb = dispatch_then_fill(dev, exe, hal.Slot(1))  # the memset node is updated in place per table
         tables = [[bufs[0], bufs[1]], [bufs[2], bufs[3]]]
         for i in range(6):
             run(dev, [cb], [tables[i % 2]])
