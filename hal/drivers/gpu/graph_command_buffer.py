@@ -125,8 +125,6 @@ class _GraphResources:
         graph_exec, graph, staging, image = self.graph_exec, self.graph, self.staging, self.image
         self.graph_exec = self.graph = self.staging = self.image = None
         table_execs, self.table_execs = self.table_execs, {}
-        for table_exec in table_execs.values():
-            table_exec.release(self.device)
         if image is not None:
             self.device.allocator.free_now(image)
         if graph_exec is not None:
@@ -135,6 +133,8 @@ class _GraphResources:
             api.graph_destroy(graph)
         if staging is not None:
             self.device.allocator.free_now(staging)
+        for table_exec in table_execs.values():  # (executable graphs outlive the graph they came from)
+            table_exec.release(self.device)
 
 
 class _TableExec:
