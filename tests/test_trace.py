@@ -129,7 +129,7 @@ def test_hal_trace_environment_variable_traces_a_whole_example_run(tmp_path):
     check_well_formed(document)
     names = {e["name"] for e in spans(document)}
     assert {"rt.eval", "rt.record", "queue_execute", "semaphore.wait", "prepare_executable"} <= names, names
-    # the worker thread's spans are on their own track: local-task runs submissions on a queue thread
+    # spans are on their thread's track: local-task runs submissions on its queue thread, or on the one waiting
     threads = {e["args"]["name"] for e in document["traceEvents"] if e.get("name") == "thread_name"}
     assert "MainThread" in threads
 
