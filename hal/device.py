@@ -75,8 +75,12 @@ def remember(cb: CommandBuffer, count: int, given: list | None, checked: list[Bi
 
 
 def recall(cb: CommandBuffer, count: int, table: object) -> object:
-    """The checked table of an earlier validation of ``cb`` with an equal table at release count
-    ``count`` (double-buffered tables alternate), made the last one; else ``_UNKNOWN``."""
+    """The checked table of a validation of ``cb`` with an equal table at release count ``count``:
+    the last one, or an earlier one (double-buffered tables alternate), which is made the last one;
+    else ``_UNKNOWN``."""
+    last = cb.validated
+    if last is not None and last[0] == count and _same(last[1], table):
+        return last[2]
     before = cb.validated_before
     if not before or cb.state is not _EXECUTABLE:
         return _UNKNOWN
@@ -261,12 +265,8 @@ class Device(abc.ABC):
                 type(binding_tables) is list and len(binding_tables) == 1 or binding_tables is None):
             # The usual replay, one command buffer, without the loop of _recall_validation.
             cb = command_buffers[0]
-            if isinstance(cb, CommandBuffer) and cb.device is self and (last := cb.validated) is not None:
-                table = binding_tables[0] if binding_tables else None
-                if last[0] == self._release_count and _same(last[1], table):
-                    checked = last[2]
-                else:  # the other table of a double-buffered pair, say
-                    checked = recall(cb, self._release_count, table)
+            if isinstance(cb, CommandBuffer) and cb.device is self:
+                checked = recall(cb, self._release_count, binding_tables[0] if binding_tables else None)
             else:
                 checked = _UNKNOWN
             if checked is not _UNKNOWN:
@@ -331,14 +331,10 @@ class Device(abc.ABC):
         for cb, table in zip(command_buffers, given):
             if not isinstance(cb, CommandBuffer) or cb.device is not self:
                 return None
-            last = cb.validated
-            if last is not None and last[0] == count and _same(last[1], table):
-                tables.append(last[2])
-            else:
-                checked = recall(cb, count, table)
-                if checked is _UNKNOWN:
-                    return None
-                tables.append(checked)
+            checked = recall(cb, count, table)
+            if checked is _UNKNOWN:
+                return None
+            tables.append(checked)
         return tables
 
     def _check_binding(self, entry: object, what: str) -> Binding:
