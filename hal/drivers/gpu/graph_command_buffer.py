@@ -332,11 +332,9 @@ class GraphCommandBuffer(RecordingCommandBuffer):
             resources.image = device.allocate_staging(size)
         table_ptr = resources.image.ptr
         self._indirect_plan = chosen
-        self._indirect_args = self._indirect_arena(table_ptr)
-        first = 0
-        for command, function, _ in chosen:
+        self._indirect_args, firsts = self._indirect_arena(table_ptr)
+        for (command, function, _), first in zip(chosen, firsts):
             self._indirect[id(command)] = (function, first)
-            first += 1 + len(command.constants)
         slots = sorted({slot for slot, _ in layout if slot is not None})
         position = {slot: i for i, slot in enumerate(slots)}
         fixed = len(slots)  # the base of fixed entries: 0
@@ -395,13 +393,13 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self._image_addresses = addresses
         self.image_uploads += 1
 
-    def _indirect_arena(self, table_ptr: int) -> ArgArena:
-        """The indirect dispatches' argument slots, reading a device table at ``table_ptr``."""
+    def _indirect_arena(self, table_ptr: int) -> tuple[ArgArena, list[int]]:
+        """The indirect dispatches' argument slots, reading a device table at ``table_ptr``, and
+        each dispatch's first slot (the same for every table pointer)."""
         args = ArgArena()
-        for command, _, start in self._indirect_plan:
-            args.add([table_ptr + 8 * start], command.constants)
+        firsts = [args.add([table_ptr + 8 * start], command.constants) for command, _, start in self._indirect_plan]
         args.pack()
-        return args
+        return args, firsts
 
     def _add_table_exec(self, addresses: tuple, image: np.ndarray, image_address: int) -> _TableExec:
         """Instantiate the graph again for a recurring table: its indirect dispatches read a device
@@ -418,7 +416,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         try:
             api.memcpy_htod(own_image.ptr, image_address, image.nbytes)  # a new allocation: nothing reads it yet
             graph_exec = api.graph_instantiate(resources.graph)
-            args = self._indirect_arena(own_image.ptr)
+            args, _ = self._indirect_arena(own_image.ptr)
             for node in self._nodes:
                 if node.kind == "indirect":
                     function, first = self._indirect[id(node.command)]
