@@ -252,6 +252,7 @@ def constant(value, dtype: _dt.DType, ctx: DeviceContext) -> Array:
             with np.errstate(over="ignore"):
                 host = np.array(value, dtype=dtype.storage)
         arr = upload(host, dtype, ctx)
+        arr.params = host  # an evaluated array's params are free: the value, for folding (autodiff.py)
         if len(cache) >= 4096:
             cache.pop(next(iter(cache)))
         cache[key] = arr

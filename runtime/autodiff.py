@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import weakref
 
+import numpy as np
+
 import hal
 
+from . import dtypes as _dt
 from . import ops
 from .array import Array, constant, new_node
 from .errors import InvalidTypeError
@@ -31,6 +34,50 @@ _NO_GRAD = (frozenset(COMPARE) | frozenset(ops.UNARY_PREDICATE) | frozenset(ops.
             | {"argmax", "argmin", "random", "full", "placeholder", "floor", "ceil", "trunc", "round", "sign",
                "floor_divide", "bitwise_invert"})
 _LN2, _LN10 = 0.6931471805599453, 2.302585092994046
+#: Dtypes whose constants are folded on the host: numpy computes them as the kernels do (no
+#: wider compute type to round from).
+_FOLDED = (_dt.float32, _dt.float64)
+
+
+# -- simplification while the backward graph is built ----------------------------------------------
+# Cotangents start as the constant 1 and stay constant through means, negations and sums until they
+# meet a forward value; the rules below compute such constants on the host instead of as kernels,
+# cancel double negations and share the comparison masks that several rules build from one operand
+# (maximum's and abs's `x >= 0`). Every backward node is internal to the gradient, so returning an
+# existing array for a new one changes no array a caller holds.
+
+def _host_value(a: Array) -> np.ndarray | None:
+    """The value of the constant scalar `a` is, or views (all its elements), on the host; else None."""
+    r = a.base
+    if r is None:
+        r = a
+    value = r.params  # constant() keeps its value there; other evaluated arrays hold None
+    return value if r.op is None and type(value) is np.ndarray and a.dtype in _FOLDED else None
+
+
+def _constant_like(value: np.ndarray, like: Array, shape: tuple) -> Array:
+    c = constant(value.item(), like.dtype, like.ctx)
+    return ops.broadcast_to(c, shape) if shape else c
+
+
+def _negated(g: Array) -> Array:
+    value = _host_value(g)
+    if value is not None:
+        return _constant_like(np.negative(value), g, g.shape)
+    if g.op == "neg" and g.base is None and g.storage is None:
+        return g.inputs[0]  # -(-t) is t, bit for bit (also for NaN and the integers' minimum)
+    return -g
+
+
+def _operand_key(x: Array) -> object:
+    value = _host_value(x)
+    return id(x) if value is None else (x.dtype, value.item())
+
+
+def _shared(memo: dict, node: Array) -> Array:
+    """`node`, or the equal node (op, params, shape, operands) built before in this backward pass."""
+    key = (node.op, node.params, node.shape, tuple(map(_operand_key, node.inputs)))
+    return memo.setdefault(key, node)
 
 
 def _elementwise_vjp(op: str, node: Array, k: int, g: Array) -> Array | None:
@@ -79,8 +126,9 @@ def _keepdims_shape(x_shape: tuple, axes: tuple) -> tuple:
     return tuple(1 if i in axes else d for i, d in enumerate(x_shape))
 
 
-def _vjp(node: Array, k: int, g: Array) -> Array | None:
-    """Cotangent contribution of `node`'s output cotangent g to its input k."""
+def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
+    """Cotangent contribution of `node`'s output cotangent g to its input k (`memo`: nodes shared
+    within one backward pass)."""
     op = node.op
     x = node.inputs[k]
     if op in ("add", "sub", "mul", "div", "pow", "maximum", "minimum"):
@@ -88,7 +136,7 @@ def _vjp(node: Array, k: int, g: Array) -> Array | None:
         if op == "add":
             r = g
         elif op == "sub":
-            r = g if k == 0 else -g
+            r = g if k == 0 else _negated(g)
         elif op == "mul":
             r = g * (b if k == 0 else a)
         elif op == "div":
@@ -99,14 +147,16 @@ def _vjp(node: Array, k: int, g: Array) -> Array | None:
             else:
                 r = g * node * ops.log(ops.where(a > 0, a, 1))
         elif op == "maximum":
-            r = ops.where(a >= b, g, 0) if k == 0 else ops.where(a >= b, 0, g)
+            mask = _shared(memo, a >= b)
+            r = ops.where(mask, g, 0) if k == 0 else ops.where(mask, 0, g)
         else:
-            r = ops.where(a <= b, g, 0) if k == 0 else ops.where(a <= b, 0, g)
+            mask = _shared(memo, a <= b)
+            r = ops.where(mask, g, 0) if k == 0 else ops.where(mask, 0, g)
         return _unbroadcast(r, x.shape)
     if op == "neg":
-        return -g
+        return _negated(g)
     if op == "abs":
-        return ops.where(x >= 0, g, -g)
+        return ops.where(_shared(memo, x >= 0), g, _negated(g))
     if op == "exp":
         return g * node
     if op == "log":
@@ -137,6 +187,9 @@ def _vjp(node: Array, k: int, g: Array) -> Array | None:
             count = 1
             for a in axes:
                 count *= x.shape[a]
+            value = _host_value(gk)
+            if value is not None:
+                return _constant_like(np.divide(value, value.dtype.type(max(count, 1))), gk, x.shape)
             return ops.broadcast_to(gk / max(count, 1), x.shape)
         mask = ops.equal(x, ops.reshape(node, kshape))
         maskf = ops.astype(mask, g.dtype)
@@ -228,6 +281,7 @@ def _backward(out: Array, wrt: list) -> list:
                 push((inp, False))
     cot: dict = {id(out): constant(1.0, out.dtype, out.ctx) if out.dtype.is_float
                  else constant(1.0, ops._dt.float32, out.ctx)}
+    memo: dict = {}
     for node in reversed(order):
         nid = id(node)
         g = cot.get(nid)
@@ -238,7 +292,7 @@ def _backward(out: Array, wrt: list) -> list:
                 continue
             if not inp.dtype.is_float:
                 continue
-            contrib = g if node.op == GRAD else _vjp(node, k, g)
+            contrib = g if node.op == GRAD else _vjp(node, k, g, memo)
             if contrib is None:
                 continue
             if contrib.dtype is not inp.dtype:
