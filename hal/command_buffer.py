@@ -105,6 +105,9 @@ class CommandBuffer:
         self.validated: object = None
         #: The workgroups tuple the last dispatch passed as it was (checked; tuples are immutable).
         self._checked_workgroups: object = _NOTHING_CHECKED
+        #: (executable, entry point as passed, ordinal, export) of the last dispatch: a loop's
+        #: dispatches of one export are resolved once (executables never change device or exports).
+        self._last_export: tuple = (_NOTHING_CHECKED, _NOTHING_CHECKED, 0, None)
         #: Earlier validations still remembered (``hal.device.REMEMBERED_TABLES`` with the last), newest first.
         self.validated_before: list = []
 
@@ -234,16 +237,10 @@ class CommandBuffer:
         """Run export ``entry_point`` over ``workgroups`` with uint32 ``constants`` and buffer ``bindings``."""
         if self.state is not _RECORDING or self.device._closed:
             self._check_recording("dispatch")
-        if not isinstance(executable, Executable):
-            raise InvalidArgumentError(f"dispatch needs a hal.Executable, got {type(executable).__name__}")
         device = self.device
-        if executable.device is not device:
-            raise InvalidArgumentError("dispatch executable belongs to another device")
-        exports = executable.exports
-        if type(entry_point) is int and 0 <= entry_point < len(exports):
-            ordinal, export = entry_point, exports[entry_point]
-        else:
-            ordinal, export = executable.export(entry_point)
+        last_executable, last_entry, ordinal, export = self._last_export
+        if executable is not last_executable or entry_point is not last_entry:
+            ordinal, export = self._resolve_export(executable, entry_point)
         if workgroups is self._checked_workgroups:  # the same tuple as the last dispatch (a loop's constant)
             grid = workgroups
         else:
@@ -270,6 +267,19 @@ class CommandBuffer:
         if 0 in grid:
             return
         self._dispatch(executable, ordinal, export, grid, values, refs)
+
+    def _resolve_export(self, executable: object, entry_point: object) -> tuple[int, Export]:
+        if not isinstance(executable, Executable):
+            raise InvalidArgumentError(f"dispatch needs a hal.Executable, got {type(executable).__name__}")
+        if executable.device is not self.device:
+            raise InvalidArgumentError("dispatch executable belongs to another device")
+        exports = executable.exports
+        if type(entry_point) is int and 0 <= entry_point < len(exports):
+            ordinal, export = entry_point, exports[entry_point]
+        else:
+            ordinal, export = executable.export(entry_point)
+        self._last_export = (executable, entry_point, ordinal, export)
+        return ordinal, export
 
     def _binding_ref(self, binding: object, index: int, export: Export) -> BufferRef:
         ref = self._ref(binding, f"dispatch binding {index} of {export.name!r}", BufferUsage.DISPATCH_STORAGE)

@@ -7,8 +7,8 @@ import pytest
 
 import hal
 
-from .helpers import allocate_with, execute, read_f32, read_u32
-from .kernels import EXPORT_NAMES, KERNELS, WORKGROUP_SIZE, f32_bits, groups_for
+from .helpers import allocate_with, execute, read_f32, read_u32, submit_and_wait
+from .kernels import EXPORT_NAMES, KERNELS, WORKGROUP_SIZE, f32_bits, groups_for, load_kernels
 
 SENTINEL = 0xCAFEF00D
 
@@ -267,3 +267,25 @@ def test_one_command_buffer_many_dispatches(device, kernels):
 
     execute(device, body)
     np.testing.assert_array_equal(read_u32(device, buf), np.full(64, 50, np.uint32))
+
+
+def test_bad_executable_or_entry_point_after_a_valid_dispatch_is_rejected(device, kernels, make_device):
+    """A dispatch resolves its export once per (executable, entry point) in a row: whatever differs
+    from the last one is checked again."""
+    buf = sentinel_buffer(device, 4)
+    other = make_device()
+    other_kernels = load_kernels(other)
+    cb = device.create_command_buffer()
+    cb.begin()
+    cb.dispatch(kernels, "cts_add_one", 1, [4], [buf])
+    bad = [(other_kernels, "cts_add_one", "another device"), ("kernels", "cts_add_one", "hal.Executable"),
+           (kernels, len(kernels.exports), "export"), (kernels, "no_such_export", "no_such_export"),
+           (kernels, True, "export")]
+    for executable, entry, words in bad:
+        with pytest.raises(hal.InvalidArgumentError) as info:
+            cb.dispatch(executable, entry, 1, [4], [buf])
+        assert words in str(info.value)
+        cb.dispatch(kernels, "cts_add_one", 1, [4], [buf])  # the last valid export, resolved again
+    cb.end()
+    submit_and_wait(device, [cb])
+    np.testing.assert_array_equal(read_u32(device, buf), np.full(4, SENTINEL + 6, np.uint32))
