@@ -255,9 +255,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         kind = type(command)
         index = len(self._nodes)
         if kind is SlotDispatch and id(command) in self._indirect:
-            function, start = self._indirect[id(command)]
-            params = api.kernel_node_params(function, command.grid, command.block,
-                                            self._indirect_args.params_address(start, 1 + len(command.constants)))
+            params = self._indirect_params(command, self._indirect_args)
             node = _Node(command, api.graph_add_kernel_node(graph, deps, params), params, "indirect")
             slots = set()  # rebinding rewrites the device table, not the node
         elif kind is Dispatch or kind is SlotDispatch:
@@ -401,6 +399,12 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         args.pack()
         return args, firsts
 
+    def _indirect_params(self, command: SlotDispatch, args: ArgArena) -> Any:
+        """Kernel-node parameters of an indirect dispatch whose argument slots are in ``args``."""
+        function, first = self._indirect[id(command)]
+        return self.device.api.kernel_node_params(function, command.grid, command.block,
+                                                  args.params_address(first, 1 + len(command.constants)))
+
     def _add_table_exec(self, addresses: tuple, image: np.ndarray, image_address: int) -> _TableExec:
         """Instantiate the graph again for a recurring table: its indirect dispatches read a device
         table of their own, filled once with the table's image (nothing else depends on a table)."""
@@ -419,10 +423,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
             args, _ = self._indirect_arena(own_image.ptr)
             for node in self._nodes:
                 if node.kind == "indirect":
-                    function, first = self._indirect[id(node.command)]
-                    params = api.kernel_node_params(function, node.command.grid, node.command.block,
-                                                    args.params_address(first, 1 + len(node.command.constants)))
-                    api.exec_set_kernel_params(graph_exec, node.handle, params)
+                    api.exec_set_kernel_params(graph_exec, node.handle, self._indirect_params(node.command, args))
         except BaseException:
             if graph_exec is not None:
                 api.graph_exec_destroy(graph_exec)
