@@ -12,7 +12,7 @@ Waking the worker is what a synchronous step (submit, then wait) must not pay:
 on a wake-up the worker needs the interpreter lock the submitting thread holds,
 and takes it at the first numpy call that lets it go, only to find the work
 already taken by the waiter; that cost as much as the step's whole host work.
-So a worker that ran or was handed work in the last ``_PARK_AFTER_S`` looks
+So a worker whose queue was handed work in the last ``_PARK_AFTER_S`` looks
 for work every ``_POLL_S`` on its own instead of being woken for each
 submission, and only a parked worker (idle for longer) is woken at once. Work
 nobody waits for starts at most ``_POLL_S`` late while the queue is busy.
