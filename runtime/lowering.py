@@ -212,6 +212,15 @@ def graph_key(order: list, direct: list | None = None):
     return tuple(parts), externals, viewed
 
 
+class _TooDeep(Exception):
+    """A graph deeper than _MAX_KEY_DEPTH: collect_key walks it with an explicit stack instead."""
+
+
+#: Nesting the recursive key walk allows before it starts over with the iterative one (far below
+#: the interpreter's recursion limit, also when the caller is deep in recursion itself).
+_MAX_KEY_DEPTH = 200
+
+
 def collect_key(targets: list, direct: list | None = None):
     """collect() and the graph key in one pass: (order, key, externals, nodes read through views).
 
@@ -222,7 +231,105 @@ def collect_key(targets: list, direct: list | None = None):
     receives per node the number of its consumers' direct references to it (see live_mask).
     Arrays are the dicts' keys themselves: they hash by identity and a dict tests identity
     before equality, so no id() call is needed (elementwise __eq__ is never reached).
+
+    A recursive walk visits each node once and each input once (the explicit stack of the
+    iterative walk visits each node twice and each input twice: about twice the bytecodes). Both
+    number nodes in the same depth-first post-order; views and externals are numbered as the walk
+    meets them, so the two walks may number a graph's views differently, each always the same way
+    for the same structure: a key describes its graph completely either way, so equal keys are
+    equal graphs with their externals in the same slots.
     """
+    try:
+        return _collect_key_recursive(targets, direct)
+    except _TooDeep:
+        if direct is not None:
+            direct.clear()
+        return _collect_key_iterative(targets, direct)
+
+
+def _collect_key_recursive(targets: list, direct: list | None):
+    order: list = []
+    parts: list = []
+    views: list = []
+    externals: list = []
+    node_index: dict = {}
+    ext_index: dict = {}
+    view_index: dict = {}
+    viewed = set()
+    append, add_part = order.append, parts.append
+    count = direct is not None
+
+    def root_ref(r):
+        j = node_index.get(r)
+        if j is not None:
+            viewed.add(j)
+            return j
+        j = ext_index.get(r)
+        if j is None:
+            j = ext_index[r] = len(externals)
+            externals.append(r)
+        return (-1 - j, r.dtype, r.shape)
+
+    def view_ref(v):
+        chain = []
+        while v.base is not None and v not in view_index:
+            chain.append(v)
+            v = v.inputs[0] if v.inputs else v.base
+        src = ("v", view_index[v]) if v.base is not None else root_ref(v)
+        for w in reversed(chain):
+            view_index[w] = len(views)
+            views.append((w.op, w.params, w.shape, w.strides, w.offset, src))
+            src = ("v", len(views) - 1)
+        return src
+
+    def visit(node, depth):
+        """Number `node` after every pending node it reads from; its index."""
+        if depth > _MAX_KEY_DEPTH:
+            raise _TooDeep
+        ins = []
+        for inp in node.inputs:
+            r = inp.base
+            if r is not None:  # a view: its root first, if pending
+                if r.storage is None and r.op != _PLACEHOLDER and r not in node_index:
+                    visit(r, depth + 1)
+                ins.append(view_ref(inp))
+                continue
+            j = node_index.get(inp)
+            if j is None:
+                if inp.storage is None and inp.op != _PLACEHOLDER:
+                    j = visit(inp, depth + 1)
+                else:
+                    j = ext_index.get(inp)
+                    if j is None:
+                        j = ext_index[inp] = len(externals)
+                        externals.append(inp)
+                    ins.append((-1 - j, inp.dtype, inp.shape))
+                    continue
+            ins.append(j)
+            if count:
+                direct[j] += 1
+        j = len(order)
+        node_index[node] = j
+        append(node)
+        add_part((node.op, node.params, node.shape, node.dtype, tuple(ins)))
+        if count:
+            direct.append(0)
+        return j
+
+    try:
+        for target in targets:
+            if target not in node_index:
+                visit(target, 0)
+    finally:
+        # visit refers to itself through its closure cell: the cycle would keep every node of the
+        # walk referenced (node_index) until the garbage collector ran, and live_mask would read
+        # those references as consumers holding them.
+        visit = None  # noqa: F841
+    return order, (tuple(parts), tuple(views)), externals, viewed
+
+
+def _collect_key_iterative(targets: list, direct: list | None = None):
+    """collect_key with an explicit stack, for graphs deeper than _MAX_KEY_DEPTH."""
     order: list = []
     parts: list = []
     views: list = []

@@ -244,3 +244,57 @@ def test_eager_training_step_replays_unchanged_tables_on_cpu(dev, monkeypatch):
         w_ref = w_ref - 0.1 * 2 * X_np.T @ r / len(r)
         np.testing.assert_allclose(w.numpy(), w_ref, rtol=1e-5, atol=1e-6)
     assert made == []
+
+
+def test_graph_deeper_than_the_recursive_key_walk_is_keyed_iteratively_and_replayed(dev):
+    """A chain deeper than the recursive walk allows starts over with the explicit stack: right
+    values, and the same structure evaluated again is a cache hit."""
+    depth = lowering._MAX_KEY_DEPTH * 3
+    ctx = context_for(dev)
+    ctx.graphs.clear()
+    for step in range(2):
+        start = np.arange(6, dtype=np.float32) + step
+        x = rt.array(start, device=dev)
+        y = x
+        for k in range(depth):
+            y = y * 1.0 + float(k % 3)  # scalars are data: one structure for every k
+        before = ctx.graphs.stats()
+        rt.eval(y)
+        after = ctx.graphs.stats()
+        expected = start.copy()
+        for k in range(depth):
+            expected = expected * np.float32(1.0) + np.float32(k % 3)
+        np.testing.assert_allclose(y.numpy(), expected, rtol=1e-6)
+        if step:
+            assert after["hits"] == before["hits"] + 1 and after["misses"] == before["misses"]
+
+
+def test_recursive_and_iterative_key_walks_order_and_count_alike(dev):
+    rng = np.random.default_rng(3)
+    x = rt.array(rng.standard_normal((4, 3)).astype(np.float32), device=dev)
+    w = rt.array(rng.standard_normal(3).astype(np.float32), device=dev)
+    z = x @ w
+    a = rt.exp(-abs(z))
+    b = a + z.reshape((2, 2)).reshape((4,)) * a
+    targets = [b, (a * b).sum()]
+    direct_r: list = []
+    direct_i: list = []
+    order_r, key_r, ext_r, viewed_r = lowering._collect_key_recursive(targets, direct_r)
+    order_i, key_i, ext_i, viewed_i = lowering._collect_key_iterative(targets, direct_i)
+    assert [id(n) for n in order_r] == [id(n) for n in order_i]
+    assert direct_r == direct_i and viewed_r == viewed_i
+    assert sorted(map(id, ext_r)) == sorted(map(id, ext_i))
+    assert len(key_r[0]) == len(key_i[0]) == len(order_r) and len(key_r[1]) == len(key_i[1])
+    assert key_r == lowering._collect_key_recursive(targets, None)[1]  # a walk is deterministic
+
+
+def test_key_walk_leaves_no_references_to_the_nodes(dev):
+    """The walk's closures must not outlive it: a leftover reference to a node reads as a consumer
+    holding it (live_mask), and the node's buffer would be kept."""
+    import sys
+
+    x = rt.array(np.ones(5, dtype=np.float32), device=dev)
+    y = rt.exp(x) + 1.0
+    before = sys.getrefcount(y)
+    lowering.collect_key([y], [])
+    assert sys.getrefcount(y) == before
