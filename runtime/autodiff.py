@@ -351,7 +351,7 @@ def protect(order: list) -> None:
     _handed_out.clear()
     pending = [g for g in alive if g is not None and g.op == GRAD and g.storage is None]
     if pending:
-        in_eval = {id(n) for n in order}
+        in_eval = set(map(id, order))  # in C: a set comprehension cost ~9 bytecodes a node
         outside = [g for g in pending if id(g) not in in_eval]
         if outside:
             materialize(outside)

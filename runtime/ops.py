@@ -427,6 +427,8 @@ def matmul(a, b) -> Array:
 # ---- views ------------------------------------------------------------------------------------
 
 _reshape_targets: dict = {}  # (shape, requested shape) -> validated target shape
+_view_strides: dict = {}  # (shape, strides, target shape) -> reshape_strides' answer (None: not a view)
+_UNKNOWN = object()
 
 def reshape(x, /, shape, *, copy=None) -> Array:
     if copy is False and type(x) is Array and x.strides is not None and x.size and reshape_strides(
@@ -445,7 +447,12 @@ def reshape(x, /, shape, *, copy=None) -> Array:
     if x.strides is None:  # a dense root: the new shape's row-major strides
         return new_view("reshape", x, newshape, newshape, _row_major(newshape), x.offset)
     strides, offset = x.layout()
-    new_strides = reshape_strides(x.shape, strides, newshape)
+    key = (x.shape, strides, newshape)
+    new_strides = _view_strides.get(key, _UNKNOWN)
+    if new_strides is _UNKNOWN:  # the group walk costs ~80 bytecodes; a step reshapes the same views again
+        new_strides = reshape_strides(x.shape, strides, newshape)
+        if len(_view_strides) < 4096:
+            _view_strides[key] = new_strides
     if new_strides is None:
         x = new_node("copy", (x,), x.dtype, x.shape, x.dtype, x.ctx)
         new_strides, offset = contiguous_strides(newshape), 0
