@@ -10,8 +10,13 @@ from hal import env
 _log = logging.getLogger(__name__)
 
 
+#: RUNTIME_GRAPH_CACHE=0: every eval records afresh. Read once, at import, as RUNTIME_FUSION is (reading
+#: the environment at each eval was ~60 bytecodes, a fortieth of a one-op eval's).
+ENABLED = env.switch("RUNTIME_GRAPH_CACHE", True)
+
+
 def enabled() -> bool:
-    return env.switch("RUNTIME_GRAPH_CACHE", True)
+    return ENABLED
 
 
 class GraphCache:

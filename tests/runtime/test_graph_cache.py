@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 import hal
 import runtime as rt
-from runtime import lowering
+from runtime import graph_cache, lowering
 from runtime.device import context_for
 
 
@@ -138,17 +140,28 @@ def test_python_scalars_are_bound_not_baked(dev):
 def test_disable_switch(dev, monkeypatch):
     ctx = context_for(dev)
     ctx.graphs.clear()
-    monkeypatch.setenv("RUNTIME_GRAPH_CACHE", "0")
+    monkeypatch.setattr(graph_cache, "ENABLED", False)
     x = rt.array(np.ones(3, np.float32), device=dev)
     hits = ctx.graphs.hits
     for _ in range(2):
         y = x + 1
         np.testing.assert_allclose(y.numpy(), np.full(3, 2.0))
     assert len(ctx.graphs) == 0 and ctx.graphs.hits == hits
-    monkeypatch.setenv("RUNTIME_GRAPH_CACHE", "1")
+    monkeypatch.setattr(graph_cache, "ENABLED", True)
     for _ in range(2):
         rt.eval(x + 1)
     assert ctx.graphs.hits == hits + 1
+
+
+def test_disable_switch_is_read_from_the_environment_at_import():
+    import subprocess
+    import sys
+
+    code = "from runtime import graph_cache; print(graph_cache.enabled())"
+    for value, expected in (("0", "False"), ("1", "True"), ("", "True")):
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "RUNTIME_GRAPH_CACHE": value},
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert out == expected
 
 
 def test_intermediates_kept_when_referenced(dev):
@@ -163,7 +176,6 @@ def test_intermediates_kept_when_referenced(dev):
 def test_failed_submission_is_reported_and_device_recovers(dev):
     if dev == "cuda":
         pytest.skip("a failing numpy kernel is a CPU-driver behaviour")
-    from runtime import lowering
     ctx = context_for(dev)
     x = rt.array(np.ones(3, np.float32), device=dev)
     ok = x + 1
