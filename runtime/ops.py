@@ -264,11 +264,17 @@ def unary_signature(op: str, d: _dt.DType) -> tuple:
     return d, d
 
 
+_UNARY_SIGNATURES: dict = {}
+
+
 def _unary(op: str, x, out: _dt.DType | None = None) -> Array:
     if type(x) is not Array:
         x = asarray(x)
     if out is None:
-        out, cdt = unary_signature(op, x.dtype)
+        sig = _UNARY_SIGNATURES.get((op, x.dtype))
+        if sig is None:  # validated once per (op, dtype): a rejected pair raises each time
+            sig = _UNARY_SIGNATURES[op, x.dtype] = unary_signature(op, x.dtype)
+        out, cdt = sig
     else:
         cdt = out
     return new_node(op, (x,), cdt, x.shape, out, x.ctx)
