@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from itertools import compress
 from itertools import count as counter
-from operator import sub
+from operator import attrgetter, sub
 from sys import getrefcount
 
 import hal
@@ -34,6 +34,7 @@ from .kernels.source import executable
 from .shapes import contiguous_strides
 
 _PLACEHOLDER = "placeholder"
+_storage_buffer = attrgetter("storage.buffer")
 #: Recordings kept per graph key on GPUs, each replaying its own binding table unchanged (a step that
 #: alternates between two buffers, as `w = step(w)` does, then never patches a graph).
 MAX_VARIANTS = env.integer("RUNTIME_GRAPH_VARIANTS", 2, minimum=1)
@@ -687,7 +688,7 @@ def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
     ctx.refresh()
     protect(order)
     try:
-        ext = [r.storage.buffer for r in externals]
+        ext = list(map(_storage_buffer, externals))  # in C: ~9 bytecodes an input as a comprehension
     except AttributeError:  # a placeholder of a function rt.compile is tracing
         raise _tracing_error(targets) from None
     if not graph_cache.enabled():
