@@ -61,6 +61,8 @@ def _same(remembered: object, table: object) -> bool:
 
 
 _UNKNOWN = object()
+_FIRST_QUEUE = 0
+_NO_FENCES = ()
 
 
 def remember(cb: CommandBuffer, count: int, given: list | None, checked: list[Binding] | None) -> None:
@@ -259,7 +261,9 @@ class Device(abc.ABC):
         """
         if self._closed:
             self._check_open()
-        if type(queue) is not int or not 0 <= queue < self.queue_count:
+        # The defaults by identity (0 is a cached int, () the empty tuple): the usual call's checks in
+        # four bytecodes each; any other value, a numpy 0 say, takes the whole check.
+        if queue is not _FIRST_QUEUE and (type(queue) is not int or not 0 <= queue < self.queue_count):
             queue = check_queue(self, queue)
         if type(command_buffers) is list and len(command_buffers) == 1 and (
                 type(binding_tables) is list and len(binding_tables) == 1 or binding_tables is None):
@@ -281,7 +285,7 @@ class Device(abc.ABC):
                 command_buffers, one_shot = list(command_buffers), ()  # type: ignore[call-overload]
             else:
                 command_buffers, tables, one_shot = self._validate_execution(command_buffers, binding_tables)
-        waits = check_fences(wait, "wait", self)
+        waits = [] if wait is _NO_FENCES else check_fences(wait, "wait", self)
         signals = check_fences(signal, "signal", self)
         check_signals(signals)
         with self._gate:

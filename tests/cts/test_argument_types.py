@@ -195,3 +195,34 @@ def test_mapped_numpy_offsets_read_the_right_bytes(device):
     with buf.map(hal.MemoryAccess.READ, np.int32(4), np.uint16(12)) as mv:
         assert mv.tobytes() == ORIGINAL[4:16]
     assert WAIT_TIMEOUT > 0
+
+
+@pytest.mark.parametrize("queue", [False, True, 0.0, "0", None, np.bool_(False), -1, 1 << 40],
+                         ids=lambda v: f"{type(v).__name__}-{v!r}")
+def test_queue_execute_rejects_a_bad_queue_also_one_equal_to_the_default(device, queue):
+    """queue_execute recognises its default queue by identity: False (== 0) and the like still
+    go through the whole check and are refused before anything runs."""
+    sem = device.create_semaphore(0)
+    buf = allocate_with(device, ORIGINAL)
+    cb = record(device, lambda c: c.fill_buffer(buf, 0xAB, 1))
+    with pytest.raises(hal.InvalidArgumentError, match="queue"):
+        device.queue_execute([cb], signal=[(sem, 1)], queue=queue)
+    assert sem.current_value == 0 and device.read(buf) == ORIGINAL
+    device.queue_execute([cb], signal=[(sem, 1)], queue=np.int64(0))  # a numpy 0 is the first queue
+    sem.wait(1, timeout=WAIT_TIMEOUT)
+    assert device.read(buf) == b"\xab" * len(ORIGINAL)
+
+
+@pytest.mark.parametrize("wait", [0, "()", b"", {}, [(None, 0)], [()], ((),)], ids=repr)
+def test_queue_execute_rejects_a_bad_wait_list_also_an_empty_looking_one(device, wait):
+    sem = device.create_semaphore(0)
+    buf = allocate_with(device, ORIGINAL)
+    cb = record(device, lambda c: c.fill_buffer(buf, 0xAB, 1))
+    with pytest.raises(hal.InvalidArgumentError, match="wait"):
+        device.queue_execute([cb], wait=wait, signal=[(sem, 1)])
+    cb = record(device, lambda c: c.fill_buffer(buf, 0xAB, 1), hal.CommandBufferMode.REUSABLE)
+    assert sem.current_value == 0 and device.read(buf) == ORIGINAL
+    for value, empty in enumerate(((), [], None), 1):  # the empty wait lists all mean "no waits"
+        device.queue_execute([cb], wait=empty, signal=[(sem, value)])
+    sem.wait(3, timeout=WAIT_TIMEOUT)
+    assert device.read(buf) == b"\xab" * len(ORIGINAL)
