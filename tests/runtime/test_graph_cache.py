@@ -158,10 +158,13 @@ def test_disable_switch_is_read_from_the_environment_at_import():
     import sys
 
     code = "from runtime import graph_cache; print(graph_cache.enabled())"
-    for value, expected in (("0", "False"), ("1", "True"), ("", "True")):
+    for value, expected in (("0", "False"), ("no", "False"), ("1", "True"), ("On", "True"), ("", "True")):
         out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "RUNTIME_GRAPH_CACHE": value},
                              capture_output=True, text=True, check=True).stdout.strip()
         assert out == expected
+    bad = subprocess.run([sys.executable, "-c", code], env={**os.environ, "RUNTIME_GRAPH_CACHE": "nah"},
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "InvalidArgumentError" in bad.stderr and "RUNTIME_GRAPH_CACHE" in bad.stderr
 
 
 def test_intermediates_kept_when_referenced(dev):
