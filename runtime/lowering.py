@@ -213,6 +213,37 @@ def graph_key(order: list, direct: list | None = None):
     return tuple(parts), externals, viewed
 
 
+def _view_referrer(node_index: dict, ext_index: dict, externals: list, viewed: set, views: list):
+    """The key walks' reference to an input read through a view: the chain of views from its root
+    (each numbered once, as the walk meets it) and the root, a node's index or an external's slot."""
+    view_index: dict = {}
+
+    def root_ref(r):
+        j = node_index.get(r)
+        if j is not None:
+            viewed.add(j)
+            return j
+        j = ext_index.get(r)
+        if j is None:
+            j = ext_index[r] = len(externals)
+            externals.append(r)
+        return (-1 - j, r.dtype, r.shape)
+
+    def view_ref(v):
+        chain = []
+        while v.base is not None and v not in view_index:
+            chain.append(v)
+            v = v.inputs[0] if v.inputs else v.base
+        src = ("v", view_index[v]) if v.base is not None else root_ref(v)
+        for w in reversed(chain):
+            view_index[w] = len(views)
+            views.append((w.op, w.params, w.shape, w.strides, w.offset, src))
+            src = ("v", len(views) - 1)
+        return src
+
+    return view_ref
+
+
 class _TooDeep(Exception):
     """A graph deeper than _MAX_KEY_DEPTH: collect_key walks it with an explicit stack instead."""
 
@@ -255,33 +286,11 @@ def _collect_key_recursive(targets: list, direct: list | None):
     externals: list = []
     node_index: dict = {}
     ext_index: dict = {}
-    view_index: dict = {}
     viewed = set()
     append, add_part = order.append, parts.append
     count = direct is not None
 
-    def root_ref(r):
-        j = node_index.get(r)
-        if j is not None:
-            viewed.add(j)
-            return j
-        j = ext_index.get(r)
-        if j is None:
-            j = ext_index[r] = len(externals)
-            externals.append(r)
-        return (-1 - j, r.dtype, r.shape)
-
-    def view_ref(v):
-        chain = []
-        while v.base is not None and v not in view_index:
-            chain.append(v)
-            v = v.inputs[0] if v.inputs else v.base
-        src = ("v", view_index[v]) if v.base is not None else root_ref(v)
-        for w in reversed(chain):
-            view_index[w] = len(views)
-            views.append((w.op, w.params, w.shape, w.strides, w.offset, src))
-            src = ("v", len(views) - 1)
-        return src
+    view_ref = _view_referrer(node_index, ext_index, externals, viewed, views)
 
     def visit(node, depth):
         """Number `node` after every pending node it reads from; its index."""
@@ -337,34 +346,12 @@ def _collect_key_iterative(targets: list, direct: list | None = None):
     externals: list = []
     node_index: dict = {}
     ext_index: dict = {}
-    view_index: dict = {}
     viewed = set()
     stack = [(t, False) for t in reversed(targets)]
     push, pop, append = stack.append, stack.pop, order.append
     count = direct is not None
 
-    def root_ref(r):
-        j = node_index.get(r)
-        if j is not None:
-            viewed.add(j)
-            return j
-        j = ext_index.get(r)
-        if j is None:
-            j = ext_index[r] = len(externals)
-            externals.append(r)
-        return (-1 - j, r.dtype, r.shape)
-
-    def view_ref(v):
-        chain = []
-        while v.base is not None and v not in view_index:
-            chain.append(v)
-            v = v.inputs[0] if v.inputs else v.base
-        src = ("v", view_index[v]) if v.base is not None else root_ref(v)
-        for w in reversed(chain):
-            view_index[w] = len(views)
-            views.append((w.op, w.params, w.shape, w.strides, w.offset, src))
-            src = ("v", len(views) - 1)
-        return src
+    view_ref = _view_referrer(node_index, ext_index, externals, viewed, views)
 
     while stack:
         node, expanded = pop()
