@@ -436,6 +436,7 @@ _reshape_targets: dict = {}  # (shape, requested shape) -> validated target shap
 _view_strides: dict = {}  # (shape, strides, target shape) -> reshape_strides' answer (None: not a view)
 _UNKNOWN = object()
 
+
 def reshape(x, /, shape, *, copy=None) -> Array:
     if copy is False and type(x) is Array and x.strides is not None and x.size and reshape_strides(
             x.shape, x.layout()[0], reshape_target(x.shape, shape, x.size)) is None:

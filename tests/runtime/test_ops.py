@@ -412,3 +412,16 @@ def test_strided_views_through_kernels(dev):
                 view, rt.swapaxes(view, -1, -2)), ref @ np.swapaxes(ref, -1, -2), "float16")
 
     run()
+
+
+@pytest.mark.parametrize("repeat", [0, 1, 2])
+def test_reshape_of_views_gives_numpy_values_each_time_the_layout_repeats(dev, repeat):
+    """Views' strides are remembered per layout: a reshape that needs a copy (a transpose flattened)
+    and one that stays a view give numpy's values however often the same layout comes back."""
+    base = np.arange(24, dtype=np.float32).reshape(4, 6) + repeat
+    x = rt.array(base, device=dev)
+    for _ in range(3):
+        np.testing.assert_array_equal(x.T.reshape(24).numpy(), base.T.reshape(24))  # not a view: copied
+        np.testing.assert_array_equal(x[:, 2:].reshape(16).numpy(), base[:, 2:].reshape(16))
+        np.testing.assert_array_equal(x[1:3].reshape(3, 4).numpy(), base[1:3].reshape(3, 4))  # a view
+        np.testing.assert_array_equal(x.T.reshape(2, 3, 4).numpy(), base.T.reshape(2, 3, 4))
