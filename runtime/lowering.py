@@ -773,7 +773,7 @@ def _hand_over(ctx: DeviceContext, command_buffers: list, tables: list, value: i
         tables = [table for _, table in queued] + tables
     sem = ctx.semaphore
     try:
-        ctx.device.queue_execute(command_buffers, wait=[(sem, ctx.flushed)] if ctx.flushed > ctx.completed else [],
+        ctx.device.queue_execute(command_buffers, wait=[(sem, ctx.flushed)] if ctx.flushed > ctx.completed else (),
                                  signal=[(sem, value)], binding_tables=tables)
     except BaseException as exc:
         if queued:
