@@ -55,8 +55,8 @@ def test_integer_settings(monkeypatch):
 def test_runtime_switches_use_the_same_words(monkeypatch):
     from runtime import cpu_program
 
-    # RUNTIME_GRAPH_CACHE and RUNTIME_FUSION are read at import: tests/runtime/test_graph_cache.py
-    # checks their words in a fresh interpreter.
+    # RUNTIME_GRAPH_CACHE is read at import: tests/runtime/test_graph_cache.py checks its words in a
+    # fresh interpreter.
     for module, name in ((cpu_program, "RUNTIME_CPU_PROGRAM"),):
         monkeypatch.setenv(name, "no")
         assert module.enabled() is False
