@@ -31,7 +31,7 @@ from hal.validation import (
     check_int,
     check_queue,
     check_range,
-    check_signals,
+    check_signal_fences,
     deadline_from,
 )
 
@@ -245,10 +245,7 @@ class Device(abc.ABC):
         return check_queue(self, queue)
 
     def _check_submission(self, wait: object, signal: object) -> tuple[list[Fence], list[Fence]]:
-        waits = check_fences(wait, "wait", self)
-        signals = check_fences(signal, "signal", self)
-        check_signals(signals)
-        return waits, signals
+        return check_fences(wait, "wait", self), check_signal_fences(signal, self)
 
     def queue_execute(self, command_buffers: Sequence[CommandBuffer], wait: Sequence[Fence] = (),
                       signal: Sequence[Fence] = (), binding_tables: Sequence[object] | None = None,
@@ -267,10 +264,19 @@ class Device(abc.ABC):
             queue = check_queue(self, queue)
         if type(command_buffers) is list and len(command_buffers) == 1 and (
                 type(binding_tables) is list and len(binding_tables) == 1 or binding_tables is None):
-            # The usual replay, one command buffer, without the loop of _recall_validation.
+            # The usual replay, one command buffer, without the loop of _recall_validation; the
+            # last validation's table compared here, the earlier ones in recall().
             cb = command_buffers[0]
             if isinstance(cb, CommandBuffer) and cb.device is self:
-                checked = recall(cb, self._release_count, binding_tables[0] if binding_tables else None)
+                table = binding_tables[0] if binding_tables else None
+                last = cb.validated
+                try:
+                    if last is not None and last[0] == self._release_count and last[1] == table:
+                        checked = last[2]
+                    else:
+                        checked = recall(cb, self._release_count, table)
+                except Exception:  # an entry whose comparison fails is no remembered entry
+                    checked = recall(cb, self._release_count, table)
             else:
                 checked = _UNKNOWN
             if checked is not _UNKNOWN:
@@ -286,8 +292,7 @@ class Device(abc.ABC):
             else:
                 command_buffers, tables, one_shot = self._validate_execution(command_buffers, binding_tables)
         waits = [] if wait is _NO_FENCES else check_fences(wait, "wait", self)
-        signals = check_fences(signal, "signal", self)
-        check_signals(signals)
+        signals = check_signal_fences(signal, self)
         with self._gate:
             if self._closed:
                 self._check_open()

@@ -310,6 +310,22 @@ def check_signals(signals: list[Fence]) -> None:
                 f"current value {sem._value}")
 
 
+def check_signal_fences(fences: object, device: Device) -> list[Fence]:
+    """A submission's signal list: ``check_fences`` and ``check_signals`` in one. The usual list of
+    one well-formed pair whose value is above its semaphore's is recognised in one pass; anything
+    else takes the two checks, which report what is wrong."""
+    if type(fences) is list and len(fences) == 1:
+        pair = fences[0]
+        if type(pair) is tuple and len(pair) == 2:
+            sem, value = pair
+            if type(value) is int and isinstance(sem, Semaphore) and sem.device is device \
+                    and sem._value < value <= MAX_U64 and sem._failure is None:
+                return [pair]
+    signals = check_fences(fences, "signal", device)
+    check_signals(signals)
+    return signals
+
+
 def check_command_buffers(device: Device, command_buffers: object) -> tuple[list, list, bool]:
     """(command buffers, the one-shot ones among them, whether any takes a binding table)."""
     if isinstance(command_buffers, CommandBuffer):
