@@ -87,12 +87,16 @@ def recall(cb: CommandBuffer, count: int, table: object) -> object:
     if not before or cb.state is not _EXECUTABLE:
         return _UNKNOWN
     for i, entry in enumerate(before):
-        if entry[0] == count and _same(entry[1], table):
-            last = cb.validated
-            if last is not None:
-                before[i] = last
-            cb.validated = entry
-            return entry[2]
+        try:
+            if entry[0] != count or not entry[1] == table:
+                continue
+        except Exception:  # an entry whose comparison fails is no remembered entry
+            continue
+        last = cb.validated
+        if last is not None:
+            before[i] = last
+        cb.validated = entry
+        return entry[2]
     return _UNKNOWN
 
 

@@ -8,7 +8,11 @@
  * the driver call itself. `Calls` resolves those few functions from the already loaded
  * driver library with dlopen/dlsym at run time (no vendor headers are needed to build) and
  * calls them with handles given as integers. Every method returns the raw status (0: success);
- * the Python shim turns a failing one into its HalError, exactly as for the bindings.
+ * the Python shim turns a failing one into its HalError, exactly as for the bindings. Once the
+ * shim registered its failure handler (`set_failure`), the `checked_*` methods make the same
+ * calls and return nothing (event query: whether the event completed), calling the handler,
+ * which raises, only on a failing status: the shim then binds them as its own methods, with
+ * no Python frame around each call.
  *
  * The CUDA driver API and the HIP runtime take these calls' arguments alike:
  *   launch(function, gx, gy, gz, bx, by, bz, shared_bytes, stream, void **params, void **extra)
@@ -43,6 +47,8 @@ typedef struct {
     one_fn event_query;
     one_fn event_synchronize;
     wait_fn stream_wait_event;
+    PyObject *on_failure; /* fail(status, call name): raises the HalError (set_failure) */
+    int not_ready;        /* the status event_query returns for work still running */
 } Calls;
 
 /* A handle: an int (the fast path: the shim hands out its handles as ints), None (NULL), or a
@@ -124,6 +130,7 @@ static int Calls_init(Calls *self, PyObject *args, PyObject *kwds) {
 static void Calls_dealloc(Calls *self) {
     /* The library stays loaded: the vendor bindings hold it too, and a handle closed while
        another thread is inside one of its functions would unmap it. */
+    Py_CLEAR(self->on_failure);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -274,6 +281,74 @@ static PyObject *Calls_stream_wait_event(Calls *self, PyObject *const *args, Py_
     return PyLong_FromLong(status);
 }
 
+/* set_failure(fail, not_ready): `fail(status, call)` raises the error of a failing status of the
+   call named `call` ("graph_launch", ...); `not_ready` is event_query's status for running work. */
+static PyObject *Calls_set_failure(Calls *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyCallable_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "set_failure(fail, not_ready) takes a callable and an int");
+        return NULL;
+    }
+    long not_ready = PyLong_AsLong(args[1]);
+    if (not_ready == -1 && PyErr_Occurred())
+        return NULL;
+    Py_INCREF(args[0]);
+    Py_XSETREF(self->on_failure, args[0]);
+    self->not_ready = (int)not_ready;
+    Py_RETURN_NONE;
+}
+
+/* The result of a checked call: None for success, else whatever the failure handler raises. */
+static PyObject *checked(Calls *self, PyObject *status, const char *call) {
+    if (status == NULL)
+        return NULL;
+    long code = PyLong_AsLong(status);
+    Py_DECREF(status);
+    if (code == 0)
+        Py_RETURN_NONE;
+    if (code == -1 && PyErr_Occurred())
+        return NULL;
+    if (self->on_failure == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a checked call failed before set_failure() was called");
+        return NULL;
+    }
+    PyObject *result = PyObject_CallFunction(self->on_failure, "ls", code, call);
+    if (result == NULL)
+        return NULL;
+    Py_DECREF(result);
+    PyErr_Format(PyExc_RuntimeError, "the failure handler returned for status %ld of %s", code, call);
+    return NULL;
+}
+
+static PyObject *Calls_checked_graph_launch(Calls *self, PyObject *const *args, Py_ssize_t nargs) {
+    return checked(self, Calls_graph_launch(self, args, nargs), "graph_launch");
+}
+
+static PyObject *Calls_checked_event_record(Calls *self, PyObject *const *args, Py_ssize_t nargs) {
+    return checked(self, Calls_event_record(self, args, nargs), "event_record");
+}
+
+static PyObject *Calls_checked_event_synchronize(Calls *self, PyObject *arg) {
+    return checked(self, Calls_event_synchronize(self, arg), "event_synchronize");
+}
+
+static PyObject *Calls_checked_stream_wait_event(Calls *self, PyObject *const *args, Py_ssize_t nargs) {
+    return checked(self, Calls_stream_wait_event(self, args, nargs), "stream_wait_event");
+}
+
+static PyObject *Calls_checked_event_query(Calls *self, PyObject *arg) {
+    void *event;
+    if (check_ready(self) < 0 || handle_arg(arg, &event) < 0)
+        return NULL;
+    int status = self->event_query(event);
+    if (status == 0)
+        Py_RETURN_TRUE;
+    if (status == self->not_ready)
+        Py_RETURN_FALSE;
+    PyObject *none = checked(self, PyLong_FromLong(status), "event_query");
+    Py_XDECREF(none); /* never None: a failing status raises */
+    return NULL;
+}
+
 static PyMethodDef Calls_methods[] = {
     {"run", (PyCFunction)Calls_run, METH_O, "run(calls) -> None or (index, status) of the first failing call"},
     {"graph_launch", (PyCFunction)(void (*)(void))Calls_graph_launch, METH_FASTCALL,
@@ -284,6 +359,18 @@ static PyMethodDef Calls_methods[] = {
     {"event_synchronize", (PyCFunction)Calls_event_synchronize, METH_O, "event_synchronize(event) -> status"},
     {"stream_wait_event", (PyCFunction)(void (*)(void))Calls_stream_wait_event, METH_FASTCALL,
      "stream_wait_event(stream, event, flags) -> status"},
+    {"set_failure", (PyCFunction)(void (*)(void))Calls_set_failure, METH_FASTCALL,
+     "set_failure(fail, not_ready): the handler the checked_* methods call on a failing status"},
+    {"checked_graph_launch", (PyCFunction)(void (*)(void))Calls_checked_graph_launch, METH_FASTCALL,
+     "checked_graph_launch(graph_exec, stream) -> None; a failing status raises through the handler"},
+    {"checked_event_record", (PyCFunction)(void (*)(void))Calls_checked_event_record, METH_FASTCALL,
+     "checked_event_record(event, stream) -> None; a failing status raises through the handler"},
+    {"checked_event_query", (PyCFunction)Calls_checked_event_query, METH_O,
+     "checked_event_query(event) -> whether it completed; a failing status raises through the handler"},
+    {"checked_event_synchronize", (PyCFunction)Calls_checked_event_synchronize, METH_O,
+     "checked_event_synchronize(event) -> None; a failing status raises through the handler"},
+    {"checked_stream_wait_event", (PyCFunction)(void (*)(void))Calls_checked_stream_wait_event, METH_FASTCALL,
+     "checked_stream_wait_event(stream, event, flags) -> None; a failing status raises through the handler"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,6 +26,19 @@ from hal.drivers import native_calls
 from hal.drivers.gpu.status import StatusTable
 
 
+def _native_failure(status: StatusTable, status_of: Callable[[int], Any],
+                    functions: dict[str, Any]) -> Callable[[int, str], NoReturn]:
+    """The handler the native calls call with a failing raw status and the call's name: raises the
+    HalError the bindings call ``functions[name]`` would have (it holds no reference to the shim,
+    which holds the native calls)."""
+    names = {call: getattr(function, "__name__", str(function)) for call, function in functions.items()}
+
+    def fail(code: int, call: str) -> NoReturn:
+        raise status.error(status_of(code), names[call], "")
+
+    return fail
+
+
 class BindingsShim:
     """Calls of ``GpuApi`` common to tuple-returning bindings (see the module docstring).
 
@@ -96,18 +109,24 @@ class BindingsShim:
         #: A kernel launch as the packed fields ``run_prepared`` launches from C (handles as ints).
         self.pack_launch = pack_launch
         self._status_of = type(self.not_ready)  # a raw status back to the vendor's enum, for errors
-        self._not_ready_code = int(self.not_ready)
         self._launch_name = launch
+        # The hot calls are the extension's own methods, bound here: no Python frame around them.
+        # A failing status calls back into Python (the handler raises the bindings' HalError).
+        calls.set_failure(_native_failure(self.status, self._status_of, {
+            "graph_launch": self._graph_launch, "event_record": self._event_record,
+            "event_query": self._event_query, "event_synchronize": self._event_sync,
+            "stream_wait_event": self._stream_wait}), int(self.not_ready))
         self.stream_create = self._native_stream_create  # type: ignore[method-assign]
         self.event_create = self._native_event_create  # type: ignore[method-assign]
         self.timing_event_create = self._native_timing_event_create  # type: ignore[method-assign]
         self.graph_instantiate = self._native_graph_instantiate  # type: ignore[method-assign]
-        self.stream_wait_event = self._native_stream_wait_event  # type: ignore[method-assign]
-        self.event_record = self._native_event_record  # type: ignore[method-assign]
-        self.event_query = self._native_event_query  # type: ignore[method-assign]
-        self.event_synchronize = self._native_event_synchronize  # type: ignore[method-assign]
-        self.graph_launch = self._native_graph_launch  # type: ignore[method-assign]
         self.run_prepared = self._native_run_prepared  # type: ignore[method-assign]
+        self.graph_launch = calls.checked_graph_launch  # type: ignore[method-assign]
+        self.event_record = calls.checked_event_record  # type: ignore[method-assign]
+        self.event_query = calls.checked_event_query  # type: ignore[method-assign]
+        self.event_synchronize = calls.checked_event_synchronize  # type: ignore[method-assign]
+        wait = calls.checked_stream_wait_event
+        self.stream_wait_event = lambda stream, event: wait(stream, event, 0)  # type: ignore[method-assign]
 
     def _native_fail(self, status: int, function: Any) -> NoReturn:
         self.fail(self._status_of(status), function)
@@ -125,34 +144,6 @@ class BindingsShim:
 
     def _native_graph_instantiate(self, graph: Any) -> int:
         return int(self.call(self._graph_instantiate, graph, 0))
-
-    def _native_stream_wait_event(self, stream: Any, event: Any) -> None:
-        err = self.native.stream_wait_event(stream, event, 0)
-        if err:
-            self._native_fail(err, self._stream_wait)
-
-    def _native_event_record(self, event: Any, stream: Any) -> None:
-        err = self.native.event_record(event, stream)
-        if err:
-            self._native_fail(err, self._event_record)
-
-    def _native_event_query(self, event: Any) -> bool:
-        err = self.native.event_query(event)
-        if not err:
-            return True
-        if err == self._not_ready_code:
-            return False
-        self._native_fail(err, self._event_query)
-
-    def _native_event_synchronize(self, event: Any) -> None:
-        err = self.native.event_synchronize(event)
-        if err:
-            self._native_fail(err, self._event_sync)
-
-    def _native_graph_launch(self, graph_exec: Any, stream: Any) -> None:
-        err = self.native.graph_launch(graph_exec, stream)
-        if err:
-            self._native_fail(err, self._graph_launch)
 
     def _native_run_prepared(self, calls: Sequence[Any]) -> None:
         failed = self.native.run(calls)

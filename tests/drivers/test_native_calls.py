@@ -212,6 +212,45 @@ def test_the_other_calls_pass_their_handles_and_statuses(calls, fake_driver):
     assert fake_driver.log()[-1][:2] == (QUERY, 0xE2)
 
 
+def test_the_checked_calls_return_nothing_and_raise_through_the_handler(calls, fake_driver):
+    with pytest.raises(TypeError, match="set_failure"):
+        calls.set_failure("not callable", 600)
+    fake_driver.reset(fail_at=0, failure=700)
+    with pytest.raises(RuntimeError, match="before set_failure"):
+        calls.checked_graph_launch(1, 2)
+    failures = []
+
+    def fail(status, call):
+        failures.append((status, call))
+        raise hal.InternalError(f"{call}: {status}")
+
+    calls.set_failure(fail, 600)
+    fake_driver.reset()
+    assert calls.checked_graph_launch(0x6A, 0x5EA) is None
+    assert calls.checked_event_record(0xE1, 0x5EA) is None
+    assert calls.checked_event_query(0xE1) is True
+    assert calls.checked_event_synchronize(0xE1) is None
+    assert calls.checked_stream_wait_event(0x5EA, 0xE1, 0) is None
+    assert [entry[:3] for entry in fake_driver.log()] == [
+        (GRAPH, 0x6A, 0x5EA), (RECORD, 0xE1, 0x5EA), (QUERY, 0xE1, 0), (SYNC, 0xE1, 0), (WAIT, 0x5EA, 0xE1)]
+    fake_driver.int_var("pending").value = 1
+    assert calls.checked_event_query(0xE1) is False  # not ready is no failure
+    assert failures == []
+    for i, (call, args) in enumerate([("graph_launch", (1, 2)), ("event_record", (1, 2)), ("event_query", (1,)),
+                                      ("event_synchronize", (1,)), ("stream_wait_event", (1, 2, 0))]):
+        fake_driver.reset(fail_at=0, failure=400 + i)
+        with pytest.raises(hal.InternalError, match=f"{call}: {400 + i}"):
+            getattr(calls, f"checked_{call}")(*args)
+    assert failures == [(400 + i, call) for i, call in enumerate(
+        ["graph_launch", "event_record", "event_query", "event_synchronize", "stream_wait_event"])]
+    with pytest.raises(TypeError, match="a handle is an int"):
+        calls.checked_event_record("7", 1)
+    calls.set_failure(lambda status, call: None, 600)  # a handler must raise: one that returns is a bug
+    fake_driver.reset(fail_at=0, failure=700)
+    with pytest.raises(RuntimeError, match="returned for status 700 of graph_launch"):
+        calls.checked_graph_launch(1, 2)
+
+
 def test_a_missing_library_or_function_is_an_os_error(fake_driver, tmp_path):
     with pytest.raises(OSError, match="cannot open"):
         _native.Calls(str(tmp_path / "missing.so"), **NAMES)

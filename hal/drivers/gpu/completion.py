@@ -149,15 +149,12 @@ class Completion:
                 raise DeadlineExceededError(f"timed out waiting for {len(self.outstanding)} outstanding submissions")
 
     # -- the completion thread ----------------------------------------------------------------------
-    def wake_for(self, sub: Submission, inflight: int) -> None:
-        """Wake the sleeping thread if the just-issued ``sub`` needs it (see the module docstring)."""
-        if inflight >= WAKE_INFLIGHT or self._deferred:
+    def wake_for(self, listened: bool, inflight: int) -> None:
+        """Wake the sleeping thread if just-issued work needs it (see the module docstring):
+        ``listened``, a host listener waits on a semaphore it signals; ``inflight``, the
+        submissions now in flight on its queue."""
+        if listened or inflight >= WAKE_INFLIGHT or self._deferred:
             self.wake()
-            return
-        for sem, _ in sub.signals:
-            if sem.has_listeners():
-                self.wake()
-                return
 
     def wake(self) -> None:
         """Wake the completion thread if it sleeps (something needs in-flight work retired)."""

@@ -47,8 +47,10 @@ class EventSemaphore(Semaphore):
         self._issuable_tokens: set[int] = set()
 
     # -- device timepoints -----------------------------------------------------------
-    def add_timepoint(self, value: int, timepoint: Submission) -> None:
+    def add_timepoint(self, value: int, timepoint: Submission) -> bool:
         """A submission signalling ``value`` was issued; wake work that may now be issued behind it.
+        Returns whether a host listener (``hal.wait_any``, parked work) waits on this semaphore: then
+        the completion thread must retire the work, as nobody waits on its event.
 
         Timepoints the value passed are dropped here, a few at a time (not at each advance:
         retiring stays cheap; a passed timepoint only keeps its submission's event out of the
@@ -56,7 +58,7 @@ class EventSemaphore(Semaphore):
         with self._lock:
             current = self._value
             if value <= current or self._failure is not None:
-                return
+                return False
             timepoints = self._timepoints
             if len(timepoints) >= PRUNE_AT and timepoints[0][0] <= current:
                 if timepoints[-1][0] <= current:
@@ -68,12 +70,14 @@ class EventSemaphore(Semaphore):
             else:
                 timepoints.insert(bisect.bisect_right(timepoints, value, key=_value_of), (value, timepoint))
             if not (self._waiters or self._issuable):
-                return
+                return bool(self._parked)
             if self._waiters:  # host waiters that found no timepoint: they can wait on its event now
                 self._reached.notify_all()
             ready = self._pop_issuable(value)
+            listened = bool(self._parked)
         for listener in ready:
             listener(None)
+        return listened
 
     def device_wait(self, value: int) -> Submission | None:
         """None if ``value`` is reached on the host, else the submission whose event a device

@@ -96,11 +96,13 @@ class GpuQueue:
                 exc = exc.__cause__  # a failed wait: the original failure travels on
             self.completion.finish(sub, device.fault(exc))
             return
+        listened = False
         for sem, value in sub.signals:
-            sem.add_timepoint(value, sub)  # type: ignore[attr-defined]
+            if sem.add_timepoint(value, sub):  # type: ignore[attr-defined]
+                listened = True
         completion = self.completion
         if completion.idle:  # read after the append: a sleeping thread is woken if this work needs it
-            completion.wake_for(sub, len(inflight))
+            completion.wake_for(listened, len(inflight))
         if completion.idle_waiters:
             completion.notify_idle()
 
