@@ -73,7 +73,8 @@ class Completion:
             for sem, _ in sub.signals:
                 sem.fail_from_device(failure)  # type: ignore[attr-defined]
         for cb in sub.command_buffers:
-            cb.retired()  # type: ignore[attr-defined]
+            if cb.one_shot:  # a reusable command buffer keeps what it holds for its next submission
+                cb.retired()  # type: ignore[attr-defined]
         if sub.resources is not None:
             for release in sub.resources:
                 self.device.run_released(release)

@@ -186,6 +186,8 @@ class EventSemaphore(Semaphore):
             for listener in ready:
                 listener(None)
 
+    advance = _advance  # the driver-facing name, without the core's extra frame (retiring calls it)
+
     def _fail(self, cause: BaseException) -> None:
         super()._fail(cause)
         with self._lock:

@@ -244,4 +244,4 @@ class RecordingCommandBuffer(CommandBuffer):
         raise NotImplementedError
 
     def retired(self) -> None:
-        """The last submission of this command buffer completed (one-shot: release its resources)."""
+        """The one submission of this one-shot command buffer completed: release its resources."""
