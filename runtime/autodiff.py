@@ -46,13 +46,61 @@ _FOLDED = (_dt.float32, _dt.float64)
 # (maximum's and abs's `x >= 0`). Every backward node is internal to the gradient, so returning an
 # existing array for a new one changes no array a caller holds.
 
+#: While a recording expands grad nodes (`expand_noting`): the constants whose values shaped the
+#: backward graph. The graph key describes constants by dtype and shape only, so the recording keeps
+#: these as guards: a later eval of the same key with other constants there must not replay it.
+_noted: list | None = None
+
+
 def _host_value(a: Array) -> np.ndarray | None:
     """The value of the constant scalar `a` is, or views (all its elements), on the host; else None."""
     r = a.base
     if r is None:
         r = a
     value = r.params  # constant() keeps its value there; other evaluated arrays hold None
-    return value if r.op is None and type(value) is np.ndarray and a.dtype in _FOLDED else None
+    if r.op is None and type(value) is np.ndarray and a.dtype in _FOLDED:
+        if _noted is not None:
+            _noted.append(r)
+        return value
+    return None
+
+
+def _is_value(a: Array, v: float) -> bool:
+    value = _host_value(a)
+    return value is not None and value == v
+
+
+def _pending(a: Array, op: str) -> bool:
+    return a.op == op and a.base is None and a.storage is None
+
+
+def _softplus_input(node: Array) -> Array | None:
+    """x when `node` is the stable softplus written out, ``maximum(x, 0) + log(1 + exp(-abs(x)))``
+    (either order of the sums and of maximum's operands, or with log1p), all of one shape and float
+    dtype; else None. Its gradient is then ``g * exp(x - node)`` (the sigmoid of x) in three kernels,
+    where the rules node by node give the two masked selections of maximum and abs and five more."""
+    if node.op != "add" or node.base is not None or node.dtype not in _FOLDED:
+        return None
+    for m, lg in (node.inputs, node.inputs[::-1]):
+        if not (_pending(m, "maximum") and (_pending(lg, "log") or _pending(lg, "log1p"))):
+            continue
+        a, b = m.inputs
+        x = a if _is_value(b, 0.0) else b if _is_value(a, 0.0) else None
+        if x is None or x.shape != node.shape or x.dtype is not node.dtype:
+            continue
+        e = lg.inputs[0]
+        if lg.op == "log":  # log(1 + e) or log(e + 1)
+            if not _pending(e, "add"):
+                continue
+            one, e = e.inputs if _pending(e.inputs[1], "exp") else e.inputs[::-1]
+            if not _is_value(one, 1.0):
+                continue
+        if not (_pending(e, "exp") and e.shape == node.shape):
+            continue
+        n = e.inputs[0]
+        if _pending(n, "neg") and _pending(n.inputs[0], "abs") and n.inputs[0].inputs[0] is x:
+            return x
+    return None
 
 
 def _constant_like(value: np.ndarray, like: Array, shape: tuple) -> Array:
@@ -287,6 +335,13 @@ def _backward(out: Array, wrt: list) -> list:
         g = cot.get(nid)
         if g is None or nid in targets or not relevant.get(nid):
             continue
+        x = _softplus_input(node) if node.op == "add" else None
+        if x is not None:
+            if relevant.get(id(x)):
+                contrib = g * ops.exp(x - node)
+                prev = cot.get(id(x))
+                cot[id(x)] = contrib if prev is None else prev + contrib
+            continue
         for k, inp in enumerate(inputs_of(node)):
             if not relevant.get(id(inp)):
                 continue
@@ -326,6 +381,16 @@ def expand(grad_nodes: list) -> dict:
         for g in members:
             out[id(g)] = grads[g.params[0]]
     return out
+
+
+def expand_noting(grad_nodes: list) -> tuple[dict, list]:
+    """expand(), and the constants whose values the backward graphs were built for (see _noted)."""
+    global _noted
+    _noted = noted = []
+    try:
+        return expand(grad_nodes), noted
+    finally:
+        _noted = None
 
 
 def materialize(nodes: list) -> None:

@@ -25,7 +25,7 @@ from hal import env, tracing
 
 from . import cpu_program, graph_cache
 from .array import Array, new_node
-from .autodiff import GRAD, expand, protect, resolved
+from .autodiff import GRAD, expand_noting, protect, resolved
 from .buffer_cache import BufferCache, bucket_size
 from .cpu_program import binding_bucket, program_executable
 from .device import SUBMIT_BATCH, DeviceContext, Storage
@@ -62,7 +62,7 @@ class Recording:
 
     __slots__ = ("cb", "n_ext", "fresh", "temps", "table_size", "footprint", "scratch", "levels",
                  "dispatches", "fused", "program", "last_table", "last_ext", "captured", "buckets",
-                 "fresh_buckets", "moved", "no_prefer", "deferred", "__weakref__")
+                 "fresh_buckets", "moved", "no_prefer", "deferred", "guards", "__weakref__")
 
     def __init__(self, cb, n_ext: int, fresh: list, temps: list, levels: int, dispatches: int) -> None:
         self.cb = cb
@@ -84,6 +84,10 @@ class Recording:
         self.last_table = None  # the buffers of the latest submission, preferred for the next one
         self.last_ext = None  # its external buffers, to pick the recording whose table is unchanged
         self.footprint = 512 + 256 * dispatches
+        # (external slot, buffer, its storage): the constants the recorded backward graphs were built
+        # for (autodiff folds and compares their values). It replays only with these bound there; the
+        # storage, held, keeps the buffer from serving another value.
+        self.guards: list = []
 
     def drop(self) -> None:
         self.cb = None
@@ -105,10 +109,11 @@ class Recording:
 class Variants:
     """The recordings of one graph key (GPU: up to MAX_VARIANTS, each with its own binding table)."""
 
-    __slots__ = ("recs",)
+    __slots__ = ("recs", "dropped")
 
     def __init__(self, rec: Recording) -> None:
         self.recs = [rec]
+        self.dropped = 0  # footprint of recordings pick() let go, for the graph cache's count
 
     @property
     def footprint(self) -> int:
@@ -129,8 +134,10 @@ class Variants:
         for rec in recs:
             last = rec.last_ext
             if last is None:
+                if rec.guards and not _guards_hold(rec.guards, ext):
+                    continue
                 return rec
-            if last == ext:
+            if last == ext:  # (so are the guarded constants)
                 if not rec.moved or buffers.all_free(rec.last_table, rec.n_ext, rec.fresh_buckets):
                     return rec
                 if same_inputs is None:
@@ -139,13 +146,23 @@ class Variants:
             return None
         if same_inputs is not None:
             return same_inputs
-        rec = recs.pop(0)  # least recently rebound
-        recs.append(rec)
-        return rec
+        for i, rec in enumerate(recs):  # the least recently rebound whose constants are these
+            if not rec.guards or _guards_hold(rec.guards, ext):
+                recs.append(recs.pop(i))
+                return rec
+        self.dropped += recs.pop(0).footprint  # none was recorded for these constants: make room
+        return None
 
     def drop(self) -> None:
         for rec in self.recs:
             rec.drop()
+
+
+def _guards_hold(guards: list, ext: list) -> bool:
+    for slot, buf, _ in guards:
+        if ext[slot] is not buf:
+            return False
+    return True
 
 
 def collect(targets: list) -> list:
@@ -430,8 +447,9 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
     E = len(externals)
     fuse = keep is not None and fusion_enabled(ctx)
     attach = alias = None
+    noted: list = []
     if any(n.op == GRAD for n in order):
-        order, keep, attach, alias = _expand_grads(order, keep)
+        order, keep, attach, alias, noted = _expand_grads(order, keep)
     units, buffered, deferred = schedule(ctx, order, keep, fuse, alias, fuse_now=owned)
     N = len(order)
     keep_all = keep is None
@@ -556,6 +574,9 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
     rec.fused = fused
     rec.deferred = deferred
     rec.captured = captured
+    if noted:
+        slot = {id(r): j for j, r in enumerate(externals)}
+        rec.guards = [(slot[id(r)], r.storage.buffer, r.storage) for r in noted if id(r) in slot]
     if fixed:
         rec.scratch = fixed
         rec.footprint += sum(bucket for _, bucket in fixed.values())
@@ -565,15 +586,16 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
 
 
 def _expand_grads(order: list, keep: int | None) -> tuple:
-    """Replace grad nodes by their backward graphs: (order, keep, attach, alias).
+    """Replace grad nodes by their backward graphs: (order, keep, attach, alias, noted).
 
     Each grad node's value is computed into a contiguous root of the backward graph (a copy
     when the gradient is a strided view or a node of the forward graph); `alias` maps the
     grad node to that root for its consumers, `attach[i]` is the index in the original order
-    whose array receives node i's buffer (None: scratch of the recording).
+    whose array receives node i's buffer (None: scratch of the recording); `noted`: the constants
+    whose values the backward graphs depend on.
     """
     grads = [n for n in order if n.op == GRAD]
-    results = expand(grads)
+    results, noted = expand_noting(grads)
     resolved(grads)
     in_order = {id(n) for n in order}
     alias: dict = {}
@@ -611,7 +633,7 @@ def _expand_grads(order: list, keep: int | None) -> tuple:
         for j, att in enumerate(attach):
             if att is not None and keep >> att & 1:
                 new_keep |= 1 << j
-    return new_order, new_keep, attach, alias
+    return new_order, new_keep, attach, alias, noted
 
 
 def _pending_after(root: Array, placed: set) -> list:
@@ -690,7 +712,8 @@ def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
             if rec is None:
                 rec = record(ctx, order, externals, keep)
                 entry.recs.append(rec)
-                ctx.graphs.grow(rec.footprint)
+                ctx.graphs.grow(rec.footprint - entry.dropped)
+                entry.dropped = 0
             elif rec.deferred and want(ctx, rec.deferred):  # the graph repeats: record it fused
                 fused = record(ctx, order, externals, keep)
                 entry.recs[entry.recs.index(rec)] = fused

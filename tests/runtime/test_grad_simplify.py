@@ -85,3 +85,55 @@ def test_negated_constant_cotangent_reaches_every_input(dev):
     ga, gb = rt.grad(lambda a, b: (a - b).sum(), argnums=(0, 1))(a, b)
     np.testing.assert_array_equal(ga.numpy(), np.ones(4, np.float32))
     np.testing.assert_array_equal(gb.numpy(), -np.ones(4, np.float32))
+
+
+SOFTPLUS_FORMS = {
+    "max + log(1 + e)": lambda x: rt.maximum(x, 0.0) + rt.log(1.0 + rt.exp(-abs(x))),
+    "log(e + 1) + max": lambda x: rt.log(rt.exp(-abs(x)) + 1.0) + rt.maximum(0.0, x),
+    "max + log1p(e)": lambda x: rt.maximum(x, 0.0) + rt.log1p(rt.exp(-abs(x))),
+}
+
+
+@pytest.mark.parametrize("form", sorted(SOFTPLUS_FORMS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softplus_written_out_differentiates_as_the_sigmoid_without_masks(dev, form, dtype):
+    x_np = np.array([-90.0, -20.0, -2.0, -0.5, 0.0, 0.25, 3.0, 20.0, 90.0], dtype)
+    y_np = np.linspace(-1, 1, x_np.size).astype(dtype)
+    x, y = rt.array(x_np, device=dev), rt.array(y_np, device=dev)
+    softplus = SOFTPLUS_FORMS[form]
+    g, nodes = backward_nodes(lambda x, y: (softplus(x) * y).sum(), x, y)
+    assert not [n.op for n in nodes if n.op in ("where", "ge", "le", "div")]
+    want = y_np / (1 + np.exp(-x_np.astype(np.float64)))
+    np.testing.assert_allclose(g.numpy(), want, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-30)
+    loss, g2 = rt.value_and_grad(lambda x, y: (softplus(x) * y).sum())(x, y)
+    np.testing.assert_allclose(g2.numpy(), want, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-30)
+    np.testing.assert_allclose(loss.numpy(), (np.logaddexp(x_np.astype(np.float64), 0) * y_np).sum(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: rt.maximum(x, 1.0) + rt.log(1.0 + rt.exp(-abs(x))),  # not maximum(x, 0)
+    lambda x: rt.maximum(x, 0.0) + rt.log(2.0 + rt.exp(-abs(x))),  # not 1 + ...
+    lambda x: rt.maximum(x, 0.0) + rt.log(1.0 + rt.exp(-abs(x * 2.0))),  # another operand of abs
+])
+def test_near_softplus_forms_keep_the_node_by_node_rules(dev, fn):
+    x_np = np.array([-2.0, -0.5, 0.25, 3.0], np.float32)
+    x = rt.array(x_np, device=dev)
+    _, g = rt.value_and_grad(lambda x: fn(x).sum())(x)
+    h = 1e-3
+    xs = x_np.astype(np.float64)
+    num = np.array([(fn(rt.array((xs + h * (np.arange(4) == i)).astype(np.float32), device=dev)).numpy().sum()
+                     - fn(rt.array((xs - h * (np.arange(4) == i)).astype(np.float32), device=dev)).numpy().sum())
+                    / (2 * h) for i in range(4)])
+    np.testing.assert_allclose(g.numpy(), num, rtol=2e-2, atol=2e-2)
+
+
+def test_a_recorded_backward_graph_replays_only_with_the_constants_it_was_built_for(dev):
+    """maximum's and abs's masks are one `x >= 0` only when maximum's constant is 0; the graph key
+    describes constants by dtype and shape, so the recording is guarded by the constants it read."""
+    x_np = np.array([-2.0, -0.5, 0.5, 2.0], np.float32)
+    x = rt.array(x_np, device=dev)
+    for k in (0.0, 1.0, 1.5, 0.0, 1.75, 0.0, 2.5, 1.0):
+        loss, g = rt.value_and_grad(lambda z, k=k: (rt.maximum(z, k) + abs(z)).sum())(x)
+        rt.eval(loss, g)
+        want = (x_np >= k).astype(np.float32) + np.where(x_np >= 0, 1, -1)
+        np.testing.assert_array_equal(g.numpy(), want, err_msg=f"maximum(x, {k})")
