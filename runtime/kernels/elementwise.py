@@ -384,6 +384,10 @@ def _where_into(out, cond, a, b) -> None:
     np.copyto(out, a, casting="unsafe", where=cond)
 
 
+#: numpy deprecates a positional output for these (it reads like a third operand).
+_OUT_KEYWORD_ONLY = frozenset((np.maximum, np.minimum))
+
+
 def _fast_contiguous(ufunc, variant: str, cdt, out_dt):
     """The common case as one ufunc call on views of the bound bytes (no conversions needed)."""
     frombuffer = np.frombuffer
@@ -419,7 +423,12 @@ def _fast_contiguous(ufunc, variant: str, cdt, out_dt):
         n = c[0]
         ins = [frombuffer(b[1 + i], dt, n, c[1 + i] * item) if v == "c"
                else frombuffer(b[1 + i], dt, 1, c[1 + i] * item).reshape(()) for i, v in enumerate(variant)]
-        return functools.partial(ufunc, *ins, out=frombuffer(b[0], odt, n))
+        out = frombuffer(b[0], odt, n)
+        if ufunc in _OUT_KEYWORD_ONLY:
+            return functools.partial(ufunc, *ins, out=out)
+        # The output positionally: a keyword made the partial merge a dict at every call (~0.2 us of
+        # a ~0.6 us call on 1,000 floats).
+        return functools.partial(ufunc, *ins, out)
 
     run.prepare = prepare
     return run
