@@ -42,6 +42,9 @@ MAX_VARIANTS = env.integer("RUNTIME_GRAPH_VARIANTS", 2, minimum=1)
 #: the CPU program's kernels, and an eager step rotates three buffers of one size (w, its successor and
 #: the gradient), which two recordings keep missing.
 CPU_VARIANTS = MAX_VARIANTS + 1
+#: Scratch bytes up to which a recording on a CPU device owns its scratch buffers (held while it is
+#: cached) rather than taking them from the buffer cache at each submission.
+CPU_OWNED_SCRATCH = env.integer("RUNTIME_CPU_OWNED_SCRATCH", 1 << 20, minimum=0)
 
 
 #: RUNTIME_FUSION=0: every elementwise node its own kernel on GPUs. Read once, at import: every eval
@@ -62,7 +65,7 @@ class Recording:
 
     __slots__ = ("cb", "n_ext", "fresh", "temps", "table_size", "footprint", "scratch", "levels",
                  "dispatches", "fused", "program", "last_table", "last_ext", "captured", "buckets",
-                 "fresh_buckets", "moved", "no_prefer", "deferred", "guards", "__weakref__")
+                 "fresh_buckets", "moved", "no_prefer", "deferred", "guards", "owner", "tail", "__weakref__")
 
     def __init__(self, cb, n_ext: int, fresh: list, temps: list, levels: int, dispatches: int) -> None:
         self.cb = cb
@@ -79,7 +82,9 @@ class Recording:
         self.fused = 0  # fused kernels among the dispatches
         self.deferred: list = []  # keys of the fused kernels it runs without until they are due (fusion.py)
         self.captured: list = []  # storages of constants bound directly (their fences follow the submissions)
-        self.scratch = None  # unified index -> (buffer, bucket) the recording owns (rt.compile)
+        self.scratch = None  # unified index -> (buffer, bucket) the recording owns (rt.compile, small CPU scratch)
+        self.owner = None  # the context its owned scratch goes back to when it is dropped
+        self.tail: list = []  # owned scratch bound through the table, after the fresh buffers (CPU evals)
         self.program = None  # (context, id) of the CPU program this recording runs
         self.last_table = None  # the buffers of the latest submission, preferred for the next one
         self.last_ext = None  # its external buffers, to pick the recording whose table is unchanged
@@ -91,6 +96,9 @@ class Recording:
 
     def drop(self) -> None:
         self.cb = None
+        if self.owner is not None:
+            self.release_scratch(self.owner)
+            self.owner = None
 
     def release_scratch(self, ctx: DeviceContext) -> None:
         scratch, self.scratch = self.scratch, None
@@ -150,7 +158,9 @@ class Variants:
             if not rec.guards or _guards_hold(rec.guards, ext):
                 recs.append(recs.pop(i))
                 return rec
-        self.dropped += recs.pop(0).footprint  # none was recorded for these constants: make room
+        rec = recs.pop(0)  # none was recorded for these constants: make room
+        rec.drop()
+        self.dropped += rec.footprint
         return None
 
     def drop(self) -> None:
@@ -477,6 +487,12 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
     temp_index = {}
     scratch = [(("node", i), nb) for i, nb in scratch_nodes]
     scratch += [(("tmp", id(unit), t), nb) for unit in units for t, nb in enumerate(unit.temps)]
+    # CPU queues run one submission at a time, in order: a recording may own its (small) scratch, as
+    # rt.compile's do, instead of taking and giving back a buffer per scratch value at each submission.
+    # An eval's recording still binds them through its table (it replays with any buffers), after
+    # the fresh ones: `tail`, the same buffers at every submission.
+    own_tail = not owned and not ctx.is_gpu and sum(nb for _, nb in scratch) <= CPU_OWNED_SCRATCH
+    tail: dict = {}
     for what, nb in scratch:
         if what[0] == "node":
             index_of_node[what[1]] = k
@@ -484,6 +500,8 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
             temp_index[what[1:]] = k
         if owned:
             fixed[k] = ctx.buffers.acquire(nb, host=False)
+        elif own_tail:
+            tail[k] = ctx.buffers.acquire(nb, host=False)
         else:
             temps.append(bucket_size(nb))
         k += 1
@@ -580,6 +598,12 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
     if fixed:
         rec.scratch = fixed
         rec.footprint += sum(bucket for _, bucket in fixed.values())
+    if tail:
+        rec.scratch = tail
+        rec.tail = [buf for buf, _ in tail.values()]
+        rec.table_size += len(tail)
+        rec.owner = ctx
+        rec.footprint += sum(bucket for _, bucket in tail.values())
     if program is not None:
         rec.program = (ctx, program.pid)
     return rec
@@ -682,7 +706,7 @@ def evaluate(arrays) -> None:
 
 
 def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
-    if fusion_enabled(ctx):
+    if not ctx.is_gpu or FUSION:  # nodes nothing reads afterwards: fused away, or scratch (owned on CPUs)
         direct: list = []
         order, parts, externals, viewed = collect_key(targets, direct)
         if not order:
@@ -754,11 +778,13 @@ def submit(ctx: DeviceContext, rec: Recording, ext: list, queue: bool = False) -
     if last is None:
         table = ext + list(map(ctx.buffers.take, rec.buckets, rec.no_prefer))
     else:
-        own = last[rec.n_ext:]
+        own = last[rec.n_ext:rec.n_ext + len(rec.buckets)]
         fresh = list(map(ctx.buffers.take, rec.buckets, own))
         if fresh != own:
             rec.moved = True
         table = ext + fresh
+    if rec.tail:
+        table += rec.tail
     value = ctx.submitted + 1
     queued = ctx.queued
     if queue and ctx.flushed > ctx.completed and len(queued) < SUBMIT_BATCH - 1 and not ctx.device.closed:
