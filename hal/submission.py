@@ -41,7 +41,11 @@ def run_inline(run: Callable[[], None]) -> None:
 
 class HostSubmissions:
     def __init__(self) -> None:
-        self._idle = threading.Condition()
+        # A plain lock on the per-submission paths (a Condition's own enter and exit are Python
+        # calls); the condition over it only for wait_idle, notified only while someone waits.
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._idle_waiters = 0
         self._outstanding = 0
         #: Submissions parked on unreached waits, by submission number (each leaves when released).
         self._parked: dict[int, FenceWaiter] = {}
@@ -53,7 +57,7 @@ class HostSubmissions:
 
         An exception from ``work``, or a failed wait, fails every signal semaphore with the cause.
         """
-        with self._idle:
+        with self._lock:
             self._outstanding += 1
 
         def finish(failure: BaseException | None) -> None:
@@ -62,9 +66,9 @@ class HostSubmissions:
                     sem._advance(value)
                 else:
                     sem._fail(failure)
-            with self._idle:
+            with self._lock:
                 self._outstanding -= 1
-                if not self._outstanding:
+                if not self._outstanding and self._idle_waiters:
                     self._idle.notify_all()
 
         def run() -> None:
@@ -85,22 +89,22 @@ class HostSubmissions:
         number = next(self._numbers)
 
         def ready() -> None:
-            with self._idle:
+            with self._lock:
                 self._parked.pop(number, None)
             schedule(run)
 
         def failed(failure: BaseException) -> None:
-            with self._idle:
+            with self._lock:
                 self._parked.pop(number, None)
             finish(failure)
 
         waiter = FenceWaiter(waits, ready, failed)
-        with self._idle:
+        with self._lock:
             if not waiter.done:  # else it already left (its callbacks take this lock too)
                 self._parked[number] = waiter
 
     def cancel_parked(self, cause: BaseException) -> None:
-        with self._idle:
+        with self._lock:
             parked, self._parked = list(self._parked.values()), {}
         for waiter in parked:
             waiter.cancel(cause)
@@ -112,4 +116,8 @@ class HostSubmissions:
                 if left == 0.0:
                     raise DeadlineExceededError(
                         f"timed out waiting for {self._outstanding} outstanding submissions")
-                self._idle.wait(left)
+                self._idle_waiters += 1
+                try:
+                    self._idle.wait(left)
+                finally:
+                    self._idle_waiters -= 1

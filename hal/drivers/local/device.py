@@ -8,6 +8,7 @@ submission runs: inline, or on a worker thread of its queue.
 from __future__ import annotations
 
 import abc
+import functools
 import os
 from collections.abc import Callable
 
@@ -32,6 +33,8 @@ class LocalDevice(Device):
         super().__init__(driver, info, queue_count=queue_count)
         self.allocator = LocalAllocator(self)
         self._submissions = HostSubmissions()
+        #: Per queue: hands a ready submission to ``_schedule`` (made once: no closure per submission).
+        self._schedulers = [functools.partial(self._schedule, queue) for queue in range(queue_count)]
 
     # -- objects -------------------------------------------------------------------
     def _create_semaphore(self, initial_value: int) -> Semaphore:
@@ -51,7 +54,9 @@ class LocalDevice(Device):
 
     # -- submissions -------------------------------------------------------------------
     def _queue_execute(self, queue, command_buffers, binding_tables, waits, signals) -> None:
-        if command_buffers:
+        if len(command_buffers) == 1:
+            work: Callable[[], None] | None = functools.partial(command_buffers[0].execute, binding_tables[0])
+        elif command_buffers:
             def work() -> None:
                 for cb, table in zip(command_buffers, binding_tables):
                     cb.execute(table)  # type: ignore[attr-defined]
@@ -70,7 +75,7 @@ class LocalDevice(Device):
 
     def _submit(self, queue: int, waits: list[Fence], signals: list[Fence],
                 work: Callable[[], None] | None) -> None:
-        self._submissions.submit(waits, signals, work, lambda run: self._schedule(queue, run))
+        self._submissions.submit(waits, signals, work, self._schedulers[queue])
 
     @abc.abstractmethod
     def _schedule(self, queue: int, run: Callable[[], None]) -> None:
