@@ -313,3 +313,30 @@ def test_key_walk_leaves_no_references_to_the_nodes(dev):
     before = sys.getrefcount(y)
     lowering.collect_key([y], [])
     assert sys.getrefcount(y) == before
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
+@pytest.mark.parametrize("shape,axis", [((1000,), None), ((7, 33), 1), ((7, 33), None)])
+def test_replayed_float32_reductions_give_numpys_values(dev, op, shape, axis):
+    """The CPU program's prepared float32 reductions (bound to their views from the second replay
+    of one table on: a full reduction on the flat view, a mean as a sum and then a division) give
+    numpy's values bit for bit, each replay reading the argument's current values."""
+    rng = np.random.default_rng(len(op) + len(shape))
+    f = rt.compile(lambda x: getattr(x, op)(axis=axis))
+    for _ in range(5):
+        x_np = rng.standard_normal(shape).astype(np.float32)
+        got = f(rt.array(x_np, device=dev)).numpy()
+        np.testing.assert_array_equal(got, getattr(np, op)(x_np, axis=axis))
+
+
+def test_cpu_kernels_ignore_floating_point_errors_and_keep_the_callers_state(dev):
+    """Kernels run with floating-point warnings ignored (overflow is inf, as on GPUs) whatever the
+    caller's numpy error state, which is the caller's again afterwards."""
+    f = rt.compile(lambda x: rt.exp(x) * 2.0 - rt.log(x - x))
+    x = rt.array(np.array([1.0, 1000.0, 0.0], np.float32), device=dev)
+    with np.errstate(all="raise"):
+        for _ in range(4):
+            np.testing.assert_array_equal(f(x).numpy(), [np.inf, np.inf, np.inf])
+        assert np.geterr() == {"divide": "raise", "over": "raise", "under": "raise", "invalid": "raise"}
+        with pytest.raises(FloatingPointError):
+            np.exp(np.float32(1000.0))
