@@ -137,3 +137,33 @@ def test_a_recorded_backward_graph_replays_only_with_the_constants_it_was_built_
         rt.eval(loss, g)
         want = (x_np >= k).astype(np.float32) + np.where(x_np >= 0, 1, -1)
         np.testing.assert_array_equal(g.numpy(), want, err_msg=f"maximum(x, {k})")
+
+
+def test_contributions_scaled_by_one_constant_share_one_product(dev):
+    """A mean's gradient reaches every term of the loss as the same constant (negated through a
+    subtraction): ``c * e + (-c) * y`` is built as ``c * (e - y)`` (the hand-written form), and
+    ``c * a + c * b`` as ``c * (a + b)``."""
+    rng = np.random.default_rng(3)
+    x_np = rng.standard_normal(50).astype(np.float32)
+    y_np = rng.standard_normal(50).astype(np.float32)
+    x, y = rt.array(x_np, device=dev), rt.array(y_np, device=dev)
+    cases = {
+        "e - y": (lambda x, y: (rt.exp(x) - y * x).mean(), np.exp(x_np) / 50 - y_np / 50),
+        "e + y": (lambda x, y: (rt.exp(x) + y * x).mean(), np.exp(x_np) / 50 + y_np / 50),
+    }
+    for name, (fn, want) in cases.items():
+        g, nodes = backward_nodes(fn, x, y)
+        products = [n for n in nodes if n.op == "mul"]
+        assert len(products) == 1, name
+        np.testing.assert_allclose(g.numpy(), want, rtol=1e-6, atol=1e-7, err_msg=name)
+        _, g2 = rt.value_and_grad(fn)(x, y)
+        np.testing.assert_allclose(g2.numpy(), want, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_contributions_scaled_by_other_constants_stay_a_sum(dev):
+    x_np = np.array([-1.0, 0.5, 2.0], np.float32)
+    y_np = np.array([3.0, -2.0, 0.25], np.float32)
+    x, y = rt.array(x_np, device=dev), rt.array(y_np, device=dev)
+    g, nodes = backward_nodes(lambda x, y: rt.exp(x).mean() + (y * x).sum(), x, y)  # 1/3 and 1
+    assert [n.op for n in nodes].count("mul") == 2 and "add" in [n.op for n in nodes]
+    np.testing.assert_allclose(g.numpy(), np.exp(x_np) / 3 + y_np, rtol=1e-6)
