@@ -13,9 +13,14 @@ on a wake-up the worker needs the interpreter lock the submitting thread holds,
 and takes it at the first numpy call that lets it go, only to find the work
 already taken by the waiter; that cost as much as the step's whole host work.
 So a worker whose queue was handed work in the last ``_PARK_AFTER_S`` looks
-for work every ``_POLL_S`` on its own instead of being woken for each
-submission, and only a parked worker (idle for longer) is woken at once. Work
-nobody waits for starts at most ``_POLL_S`` late while the queue is busy.
+for work on its own instead of being woken for each submission, and only a
+parked worker (idle for longer) is woken at once. Each look costs the
+submitting thread too (the worker needs the interpreter lock to look): while
+waiters take every submission themselves, the worker's looks find nothing, and
+it doubles the time to its next look from ``_POLL_S`` up to ``_MAX_POLL_S``; a
+look that finds work resets it. Work nobody waits for starts at most
+``_POLL_S`` late while the worker is running the queue's work, at most
+``_MAX_POLL_S`` late on a queue whose waiters ran everything before it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from collections import deque
 from collections.abc import Callable
 
 _POLL_S = 0.001
+_MAX_POLL_S = 0.016
 _PARK_AFTER_S = 0.02
 
 
@@ -91,6 +97,7 @@ class QueueRunner:
 
     def _loop(self) -> None:
         lock, ready, wake_up = self._lock, self._ready, self._wake_up
+        interval = _POLL_S  # until the next look for work (doubled while looks find nothing)
         while True:
             with lock:
                 if ready and not self._running:
@@ -104,10 +111,12 @@ class QueueRunner:
                     self._parked = not poll
             if run is None:
                 try:
-                    wake_up.get(timeout=_POLL_S if poll else None)
+                    wake_up.get(timeout=interval if poll else None)
+                    interval = _POLL_S  # woken: work was put on a parked worker, or the queue stops
                 except queue_module.Empty:
-                    pass
+                    interval = min(2 * interval, _MAX_POLL_S)
                 continue
+            interval = _POLL_S
             try:
                 run()
             finally:
