@@ -320,13 +320,19 @@ def test_key_walk_leaves_no_references_to_the_nodes(dev):
 def test_replayed_float32_reductions_give_numpys_values(dev, op, shape, axis):
     """The CPU program's prepared float32 reductions (bound to their views from the second replay
     of one table on: a full reduction on the flat view, a mean as a sum and then a division) give
-    numpy's values bit for bit, each replay reading the argument's current values."""
+    numpy's values bit for bit, each replay reading the argument's current values. (A GPU sums in
+    another order: there the values agree to float32 rounding.)"""
     rng = np.random.default_rng(len(op) + len(shape))
     f = rt.compile(lambda x: getattr(x, op)(axis=axis))
+    exact = not context_for(dev).is_gpu or op in ("max", "min")
     for _ in range(5):
         x_np = rng.standard_normal(shape).astype(np.float32)
         got = f(rt.array(x_np, device=dev)).numpy()
-        np.testing.assert_array_equal(got, getattr(np, op)(x_np, axis=axis))
+        want = getattr(np, op)(x_np, axis=axis)
+        if exact:
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_cpu_kernels_ignore_floating_point_errors_and_keep_the_callers_state(dev):
