@@ -120,6 +120,7 @@ class BindingsShim:
         self.event_create = self._native_event_create  # type: ignore[method-assign]
         self.timing_event_create = self._native_timing_event_create  # type: ignore[method-assign]
         self.graph_instantiate = self._native_graph_instantiate  # type: ignore[method-assign]
+        self.module_function = self._native_module_function  # type: ignore[method-assign]
         self.run_prepared = self._native_run_prepared  # type: ignore[method-assign]
         self.graph_launch = calls.checked_graph_launch  # type: ignore[method-assign]
         self.event_record = calls.checked_event_record  # type: ignore[method-assign]
@@ -144,6 +145,10 @@ class BindingsShim:
 
     def _native_graph_instantiate(self, graph: Any) -> int:
         return int(self.call(self._graph_instantiate, graph, 0))
+
+    def _native_module_function(self, module: Any, name: str) -> int:
+        # an int: each launch a stream command buffer prepares packs it with no conversion
+        return int(BindingsShim.module_function(self, module, name))
 
     def _native_run_prepared(self, calls: Sequence[Any]) -> None:
         failed = self.native.run(calls)

@@ -308,7 +308,7 @@ def test_the_shim_makes_its_hot_calls_natively(shim, fake_driver):
     assert shim.native is not None
     # handles made now are ints, which the native calls take with no conversion
     for create in (shim.stream_create, shim.event_create, shim.timing_event_create,
-                   lambda: shim.graph_instantiate(Handle(1))):
+                   lambda: shim.graph_instantiate(Handle(1)), lambda: shim.module_function(Handle(1), "kernel")):
         handle = create()
         assert type(handle) is int and handle == 0x1234
     shim.graph_launch(Handle(0x6A), Handle(0x5EA))

@@ -134,8 +134,8 @@ class CudaApi(BindingsShim):
     # -- prepared calls: (bindings function, its arguments), addresses as CUdeviceptr once ---------------
     def prepare_launch(self, func: Any, grid: tuple[int, int, int], block: tuple[int, int, int], stream: Any,
                        params: int) -> Any:
-        if self.native is not None:  # the packed fields run_prepared launches from C
-            return self.pack_launch(int(func), *grid, *block, 0, int(stream), params)
+        if self.native is not None:  # the packed fields run_prepared launches from C (handles are ints then)
+            return self.pack_launch(func, *grid, *block, 0, stream, params)
         return (self._launch, (func, *grid, *block, 0, stream, params, 0))
 
     def prepare_memset(self, ptr: int, value: int, element_size: int, count: int, stream: Any) -> tuple[Any, tuple]:
