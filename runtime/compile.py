@@ -8,7 +8,10 @@ order, then captured arrays) and the outputs' buffers (values that never
 leave the function live in buffers the recording owns), one submission
 (`lowering.submit`, shared with evals; while earlier work runs, replays are
 queued and handed to the device several to a submission), and one Storage and
-Array per output.
+Array per output. A recording keeps the outputs of its last replay: when nothing
+else references them any more (the usual `w, loss = step(w, ...)` loop), the
+next replay writes the same buffers and hands out the same arrays again, with
+no buffer-cache traffic and no new objects.
 A signature keeps up to MAX_VARIANTS recordings, each replayed with its own
 unchanged table: a loop `w = step(w)` alternates between two buffers, and
 each recording sees the same two every time, so the driver launches its graph
@@ -24,14 +27,24 @@ from __future__ import annotations
 
 import functools
 from operator import attrgetter
+from sys import getrefcount
+from weakref import getweakrefcount
 
 import hal
-from hal import tracing
+from hal import env, tracing
 
 from .array import Array, new_evaluated, new_node
 from .autodiff import GRAD, materialize, resolved
 from .device import Storage
-from .lowering import _PLACEHOLDER, MAX_VARIANTS, Variants, collect, graph_key, record, submit
+from .lowering import _PLACEHOLDER, MAX_VARIANTS, Variants, collect, graph_key, hold, record, replay_held, submit
+
+#: Output bytes up to which a compiled function's recording keeps its outputs for its next replay
+#: (lowering.hold): a replay whose previous outputs were dropped then hands the same arrays out
+#: again, without taking buffers from the cache, giving them back or making a Storage and an Array
+#: each (~300 bytecodes a step of two outputs). The kept buffers stay out of the cache until the
+#: next replay or until the function's cache is cleared; above this size the step's own work
+#: dwarfs that bookkeeping.
+HOLD_BYTES = env.integer("RUNTIME_COMPILE_HOLD_BYTES", 16 << 20, minimum=0)
 
 
 def _flatten(tree, leaves: list):
@@ -65,7 +78,7 @@ class _Traced:
     """One signature's recordings and how to bind its inputs and make its outputs."""
 
     __slots__ = ("ctx", "variants", "order", "externals", "keep", "arg_index", "all_args", "captured",
-                 "captured_buffers", "out_spec", "outputs", "made", "plain", "shape")
+                 "captured_buffers", "out_spec", "outputs", "made", "plain", "hold", "shape")
 
     def __init__(self, fn, args: list, kwargs: dict, ctx) -> None:
         self.ctx = ctx
@@ -120,6 +133,8 @@ class _Traced:
             rec = self.variants.recs[0]
             pos_of = {i: (pos, bucket, nb) for pos, (i, bucket, nb) in enumerate(rec.fresh, rec.n_ext)}
             self.made = [(*pos_of[i], order[i].shape, order[i].dtype) for i in nodes] if self.plain else []
+        # (Its recordings own every scratch buffer: the table holds inputs and outputs only.)
+        self.hold = self.plain and sum(nb for _, _, nb, _, _ in self.made) <= HOLD_BYTES
         spec = self.out_spec
         self.shape = ("leaf" if spec == 0 else
                       "tuple" if isinstance(spec, tuple) and spec[0] == "t"
@@ -129,6 +144,7 @@ class _Traced:
         if self.variants is not None:
             for rec in self.variants.recs:
                 rec.release_scratch(self.ctx)
+                rec.held = rec.held_outs = rec.held_storages = None
             self.variants = None
 
     def __del__(self) -> None:
@@ -153,6 +169,24 @@ class _Traced:
         if rec is None:
             rec = record(ctx, self.order, self.externals, self.keep, owned=True)
             variants.recs.append(rec)
+        held = rec.held
+        if held is not None:
+            if sum(map(getrefcount, held)) == rec.held_refs and not any(map(getweakrefcount, held)):
+                # The outputs of this recording's last replay are unreachable: the same arrays and
+                # buffers serve again, marked ready at the new value (see lowering.held_free).
+                if tracing.ENABLED:
+                    value = tracing.call("rt.replay", replay_held, ctx, rec, ext, category="runtime",
+                                         compiled=True)
+                else:
+                    value = replay_held(ctx, rec, ext)
+                sem = ctx.semaphore  # (a new timeline after a failure)
+                for st in rec.held_storages:
+                    st.ready = value
+                    st.sem = sem
+                return self._structure(rec.held_outs)
+            # Some are still in use: let go of them (those dropped give their buffers back to the
+            # cache, where this submission takes them again).
+            rec.held = rec.held_outs = rec.held_storages = None
         if tracing.ENABLED:
             table, value = tracing.call("rt.replay", submit, ctx, rec, ext, True, category="runtime", compiled=True)
         else:
@@ -160,6 +194,8 @@ class _Traced:
         if self.plain:
             outs = [new_evaluated(shape, dtype, ctx, Storage(table[pos], bucket, ctx, value, nb))
                     for pos, bucket, nb, shape, dtype in self.made]
+            if self.hold:
+                hold(rec, outs)
         else:
             roots = {}
             for pos, (i, bucket, nb) in enumerate(rec.fresh, rec.n_ext):

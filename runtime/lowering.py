@@ -19,6 +19,7 @@ from itertools import compress
 from itertools import count as counter
 from operator import attrgetter, sub
 from sys import getrefcount
+from weakref import getweakrefcount
 
 import hal
 from hal import env, tracing
@@ -65,7 +66,8 @@ class Recording:
 
     __slots__ = ("cb", "n_ext", "fresh", "temps", "table_size", "footprint", "scratch", "levels",
                  "dispatches", "fused", "program", "last_table", "last_ext", "captured", "buckets",
-                 "fresh_buckets", "moved", "no_prefer", "deferred", "guards", "owner", "tail", "__weakref__")
+                 "fresh_buckets", "moved", "no_prefer", "deferred", "guards", "owner", "tail", "held", "held_outs",
+                 "held_storages", "held_refs", "__weakref__")
 
     def __init__(self, cb, n_ext: int, fresh: list, temps: list, levels: int, dispatches: int) -> None:
         self.cb = cb
@@ -93,9 +95,18 @@ class Recording:
         # for (autodiff folds and compares their values). It replays only with these bound there; the
         # storage, held, keeps the buffer from serving another value.
         self.guards: list = []
+        # rt.compile: the output arrays of the latest submission (`held_outs`) and their storages,
+        # kept so that the next replay can hand the same arrays out again once nothing else holds
+        # them (`held_free`); `held`: both lists in one, None: none kept. `held_refs`: their
+        # reference counts then, summed.
+        self.held: list | None = None
+        self.held_outs: list | None = None
+        self.held_storages: list | None = None
+        self.held_refs = 0
 
     def drop(self) -> None:
         self.cb = None
+        self.held = self.held_outs = self.held_storages = None
         if self.owner is not None:
             self.release_scratch(self.owner)
             self.owner = None
@@ -146,7 +157,8 @@ class Variants:
                     continue
                 return rec
             if last == ext:  # (so are the guarded constants)
-                if not rec.moved or buffers.all_free(rec.last_table, rec.n_ext, rec.fresh_buckets):
+                if not rec.moved or (held_free(rec) if rec.held is not None else
+                                     buffers.all_free(rec.last_table, rec.n_ext, rec.fresh_buckets)):
                     return rec
                 if same_inputs is None:
                     same_inputs = rec
@@ -166,6 +178,48 @@ class Variants:
     def drop(self) -> None:
         for rec in self.recs:
             rec.drop()
+
+
+# What sum(map(getrefcount, ...)) counts for an object held by nothing but the list it is in.
+_HELD_REFS = sum(map(getrefcount, [object()]))
+
+
+def hold(rec: Recording, outs: list) -> None:
+    """Keep `outs`, the arrays a replay of `rec` made of its fresh buffers (in table order), for
+    the next replay (see ``held_free``)."""
+    storages = [a.storage for a in outs]
+    rec.held = outs + storages
+    rec.held_outs = outs
+    rec.held_storages = storages
+    # Referenced by nothing but the recording: an array by `held` and `held_outs`, its storage by
+    # `held`, `held_storages` and the array.
+    rec.held_refs = len(outs) * (2 * _HELD_REFS + 3)
+
+
+def held_free(rec: Recording) -> bool:
+    """Whether nothing but `rec` references the arrays it holds (no array, view, host view,
+    pending node or weak reference): they are unobservable, and the next replay may write their
+    buffers and hand out the same arrays with the new values, taking and making nothing. The
+    counting runs in C; each count is at least its share of `held_refs`, so the sum is exact."""
+    held = rec.held
+    return sum(map(getrefcount, held)) == rec.held_refs and not any(map(getweakrefcount, held))
+
+
+def replay_held(ctx: DeviceContext, rec: Recording, ext: list) -> int:
+    """``submit(ctx, rec, ext, queue=True)`` for a compiled replay whose outputs are the arrays it
+    holds (``held_free``): their buffers are bound again, nothing is taken or given back. Returns
+    the timeline value; the caller marks the held storages ready at it."""
+    table = ext + rec.last_table[rec.n_ext:]
+    value = ctx.submitted + 1
+    queued = ctx.queued
+    if ctx.flushed > ctx.completed and len(queued) < SUBMIT_BATCH - 1 and not ctx.device.closed:
+        queued.append((rec.cb, table))
+    else:
+        _hand_over(ctx, [rec.cb], [table], value)
+    rec.last_table = table
+    rec.last_ext = ext
+    ctx.submitted = value
+    return value
 
 
 def _guards_hold(guards: list, ext: list) -> bool:
