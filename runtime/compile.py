@@ -26,7 +26,7 @@ gradients flow through it, as jax.jit's functions are traced through by grad.
 from __future__ import annotations
 
 import functools
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from sys import getrefcount
 from weakref import getweakrefcount
 
@@ -78,7 +78,7 @@ class _Traced:
     """One signature's recordings and how to bind its inputs and make its outputs."""
 
     __slots__ = ("ctx", "variants", "order", "externals", "keep", "arg_index", "all_args", "captured",
-                 "captured_buffers", "out_spec", "outputs", "made", "plain", "hold", "shape")
+                 "captured_buffers", "out_spec", "outputs", "made", "plain", "hold", "structure")
 
     def __init__(self, fn, args: list, kwargs: dict, ctx) -> None:
         self.ctx = ctx
@@ -136,9 +136,13 @@ class _Traced:
         # (Its recordings own every scratch buffer: the table holds inputs and outputs only.)
         self.hold = self.plain and sum(nb for _, _, nb, _, _ in self.made) <= HOLD_BYTES
         spec = self.out_spec
-        self.shape = ("leaf" if spec == 0 else
-                      "tuple" if isinstance(spec, tuple) and spec[0] == "t"
-                      and spec[1] == tuple(range(len(out_leaves))) else "tree")
+        # The result from the list of output leaves, as one call (C-level for a tuple or one leaf).
+        if spec == 0:
+            self.structure = itemgetter(0)
+        elif isinstance(spec, tuple) and spec[0] == "t" and spec[1] == tuple(range(len(out_leaves))):
+            self.structure = tuple
+        else:
+            self.structure = functools.partial(_unflatten, spec)
 
     def release(self) -> None:
         if self.variants is not None:
@@ -164,7 +168,7 @@ class _Traced:
             ext += self.captured_buffers
         variants = self.variants
         if variants is None:  # nothing to compute: the outputs are arguments or constants
-            return self._structure(self._outputs(leaves, {}, 0))
+            return self.structure(self._outputs(leaves, {}, 0))
         rec = variants.pick(ext, MAX_VARIANTS, ctx.buffers)
         if rec is None:
             rec = record(ctx, self.order, self.externals, self.keep, owned=True)
@@ -183,7 +187,7 @@ class _Traced:
                 for st in rec.held_storages:
                     st.ready = value
                     st.sem = sem
-                return self._structure(rec.held_outs)
+                return self.structure(rec.held_outs)
             # Some are still in use: let go of them (those dropped give their buffers back to the
             # cache, where this submission takes them again).
             rec.held = rec.held_outs = rec.held_storages = None
@@ -202,15 +206,7 @@ class _Traced:
                 node = self.order[i]
                 roots[i] = new_evaluated(node.shape, node.dtype, ctx, Storage(table[pos], bucket, ctx, value, nb))
             outs = self._outputs(leaves, roots, value)
-        return self._structure(outs)
-
-    def _structure(self, outs: list):
-        shape = self.shape
-        if shape == "tuple":
-            return tuple(outs)
-        if shape == "leaf":
-            return outs[0]
-        return _unflatten(self.out_spec, outs)
+        return self.structure(outs)
 
     def _outputs(self, leaves: list, roots: dict, value: int) -> list:
         ctx = self.ctx

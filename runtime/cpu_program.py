@@ -99,7 +99,9 @@ class Program:
             with np.errstate(all="ignore"):
                 self._run(views)
             return
-        token = _EXTOBJ.set(_ignoring(_EXTOBJ.get()))
+        current = _EXTOBJ.get()
+        ignoring = _IGNORING.get(current)  # (the usual case without a call)
+        token = _EXTOBJ.set(ignoring if ignoring is not None else _ignoring(current))
         try:
             self._run(views)
         finally:

@@ -106,6 +106,9 @@ class DeviceContext:
             if value > self.completed:
                 self.completed = value
                 self.buffers.retire(value)
+                if value >= self.flushed:  # everything handed over has run (a synced loop: each step; a hint
+                    # for throttle(), which would pop these one by one)
+                    self.in_flight.clear()
 
     def wait_storage(self, st: Storage) -> None:
         """Wait until a storage's contents are written; AbortedError if the work writing it failed."""

@@ -29,7 +29,7 @@ from .array import Array, new_node
 from .autodiff import GRAD, expand_noting, protect, resolved
 from .buffer_cache import BufferCache, bucket_size
 from .cpu_program import binding_bucket, program_executable
-from .device import SUBMIT_BATCH, DeviceContext, Storage
+from .device import MAX_IN_FLIGHT, SUBMIT_BATCH, DeviceContext, Storage
 from .fusion import PLANNERS, schedule, want  # noqa: F401 - PLANNERS: the op -> planner table
 from .kernels.source import executable
 from .shapes import contiguous_strides
@@ -869,7 +869,8 @@ def submit_queued(ctx: DeviceContext) -> None:
 def _hand_over(ctx: DeviceContext, command_buffers: list, tables: list, value: int) -> None:
     """One queue_execute of the queued replays, then `command_buffers`, signalling `value`; if the
     device refuses it, the queued replays fail with it (their arrays raise the error when read)."""
-    ctx.throttle()
+    if len(ctx.in_flight) >= MAX_IN_FLIGHT:  # (the usual case asked here, not in a call)
+        ctx.throttle()
     queued = ctx.queued
     if queued:
         command_buffers = [cb for cb, _ in queued] + command_buffers
