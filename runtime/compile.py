@@ -169,32 +169,40 @@ class _Traced:
         variants = self.variants
         if variants is None:  # nothing to compute: the outputs are arguments or constants
             return self.structure(self._outputs(leaves, {}, 0))
+        # The usual call: the recording that last ran with these very buffers, its outputs dropped
+        # since (the same arrays serve again), found with one look-up instead of `pick`.
+        rec = variants.by_ext.get(tuple(ext))
+        if (rec is not None and rec.held is not None and rec.last_ext == ext
+                and sum(map(getrefcount, rec.held)) == rec.held_refs and not any(map(getweakrefcount, rec.held))):
+            # (self._again, written out: this is the path of nearly every call)
+            if tracing.ENABLED:
+                value = tracing.call("rt.replay", replay_held, ctx, rec, ext, category="runtime", compiled=True)
+            else:
+                value = replay_held(ctx, rec, ext)
+            sem = ctx.semaphore
+            for st in rec.held_storages:
+                st.ready = value
+                st.sem = sem
+            return self.structure(rec.held_outs)
         rec = variants.pick(ext, MAX_VARIANTS, ctx.buffers)
         if rec is None:
             rec = record(ctx, self.order, self.externals, self.keep, owned=True)
             variants.recs.append(rec)
-        held = rec.held
-        if held is not None:
-            if sum(map(getrefcount, held)) == rec.held_refs and not any(map(getweakrefcount, held)):
-                # The outputs of this recording's last replay are unreachable: the same arrays and
-                # buffers serve again, marked ready at the new value (see lowering.held_free).
-                if tracing.ENABLED:
-                    value = tracing.call("rt.replay", replay_held, ctx, rec, ext, category="runtime",
-                                         compiled=True)
-                else:
-                    value = replay_held(ctx, rec, ext)
-                sem = ctx.semaphore  # (a new timeline after a failure)
-                for st in rec.held_storages:
-                    st.ready = value
-                    st.sem = sem
-                return self.structure(rec.held_outs)
-            # Some are still in use: let go of them (those dropped give their buffers back to the
-            # cache, where this submission takes them again).
-            rec.held = rec.held_outs = rec.held_storages = None
-        if tracing.ENABLED:
-            table, value = tracing.call("rt.replay", submit, ctx, rec, ext, True, category="runtime", compiled=True)
-        else:
-            table, value = submit(ctx, rec, ext, True)
+        try:
+            held = rec.held
+            if held is not None:
+                if sum(map(getrefcount, held)) == rec.held_refs and not any(map(getweakrefcount, held)):
+                    return self._again(ctx, rec, ext)
+                # Some are still in use: let go of them (those dropped give their buffers back to the
+                # cache, where this submission takes them again).
+                rec.held = rec.held_outs = rec.held_storages = None
+            if tracing.ENABLED:
+                table, value = tracing.call("rt.replay", submit, ctx, rec, ext, True, category="runtime",
+                                            compiled=True)
+            else:
+                table, value = submit(ctx, rec, ext, True)
+        finally:  # the recordings by the buffers they last ran with (only recordings still kept)
+            variants.by_ext = {tuple(r.last_ext): r for r in variants.recs if r.last_ext is not None}
         if self.plain:
             outs = [new_evaluated(shape, dtype, ctx, Storage(table[pos], bucket, ctx, value, nb))
                     for pos, bucket, nb, shape, dtype in self.made]
@@ -207,6 +215,19 @@ class _Traced:
                 roots[i] = new_evaluated(node.shape, node.dtype, ctx, Storage(table[pos], bucket, ctx, value, nb))
             outs = self._outputs(leaves, roots, value)
         return self.structure(outs)
+
+    def _again(self, ctx, rec, ext: list):
+        """Replay `rec` with its held outputs, which nothing else references (lowering.held_free):
+        the same arrays and buffers serve again, marked ready at the new value."""
+        if tracing.ENABLED:
+            value = tracing.call("rt.replay", replay_held, ctx, rec, ext, category="runtime", compiled=True)
+        else:
+            value = replay_held(ctx, rec, ext)
+        sem = ctx.semaphore  # (a new timeline after a failure)
+        for st in rec.held_storages:
+            st.ready = value
+            st.sem = sem
+        return self.structure(rec.held_outs)
 
     def _outputs(self, leaves: list, roots: dict, value: int) -> list:
         ctx = self.ctx

@@ -128,11 +128,12 @@ class Recording:
 class Variants:
     """The recordings of one graph key (GPU: up to MAX_VARIANTS, each with its own binding table)."""
 
-    __slots__ = ("recs", "dropped")
+    __slots__ = ("recs", "dropped", "by_ext")
 
     def __init__(self, rec: Recording) -> None:
         self.recs = [rec]
         self.dropped = 0  # footprint of recordings pick() let go, for the graph cache's count
+        self.by_ext: dict = {}  # rt.compile: tuple of a recording's last external buffers -> it
 
     @property
     def footprint(self) -> int:
