@@ -207,7 +207,7 @@ class _Traced:
             outs = [new_evaluated(shape, dtype, ctx, Storage(table[pos], bucket, ctx, value, nb))
                     for pos, bucket, nb, shape, dtype in self.made]
             if self.hold:
-                hold(rec, outs)
+                hold(rec, outs, table)
         else:
             roots = {}
             for pos, (i, bucket, nb) in enumerate(rec.fresh, rec.n_ext):

@@ -76,6 +76,8 @@ class DeviceContext:
             if in_flight[0] > self.completed:
                 self.refresh()
             completed = self.completed
+            if in_flight[-1] <= completed:  # all reached (a synced loop): at once, not one by one
+                in_flight.clear()
             while in_flight and in_flight[0] <= completed:
                 in_flight.popleft()
             if len(in_flight) >= MAX_IN_FLIGHT:
@@ -105,10 +107,9 @@ class DeviceContext:
                 raise
             if value > self.completed:
                 self.completed = value
-                self.buffers.retire(value)
-                if value >= self.flushed:  # everything handed over has run (a synced loop: each step; a hint
-                    # for throttle(), which would pop these one by one)
-                    self.in_flight.clear()
+                buffers = self.buffers
+                if value > buffers.completed:  # (BufferCache.retire, without the call)
+                    buffers.completed = value
 
     def wait_storage(self, st: Storage) -> None:
         """Wait until a storage's contents are written; AbortedError if the work writing it failed."""

@@ -67,7 +67,7 @@ class Recording:
     __slots__ = ("cb", "n_ext", "fresh", "temps", "table_size", "footprint", "scratch", "levels",
                  "dispatches", "fused", "program", "last_table", "last_ext", "captured", "buckets",
                  "fresh_buckets", "moved", "no_prefer", "deferred", "guards", "owner", "tail", "held", "held_outs",
-                 "held_storages", "held_refs", "__weakref__")
+                 "held_storages", "held_buffers", "held_refs", "__weakref__")
 
     def __init__(self, cb, n_ext: int, fresh: list, temps: list, levels: int, dispatches: int) -> None:
         self.cb = cb
@@ -102,6 +102,7 @@ class Recording:
         self.held: list | None = None
         self.held_outs: list | None = None
         self.held_storages: list | None = None
+        self.held_buffers: list = []  # their buffers, in table order
         self.held_refs = 0
 
     def drop(self) -> None:
@@ -185,13 +186,15 @@ class Variants:
 _HELD_REFS = sum(map(getrefcount, [object()]))
 
 
-def hold(rec: Recording, outs: list) -> None:
-    """Keep `outs`, the arrays a replay of `rec` made of its fresh buffers (in table order), for
-    the next replay (see ``held_free``)."""
+def hold(rec: Recording, outs: list, table: list) -> None:
+    """Keep `outs`, the arrays a submission of `rec` with `table` made of its fresh buffers, for
+    the next replay (see ``held_free``). Only for recordings that own their scratch (rt.compile's):
+    the table holds the externals, then those buffers."""
     storages = [a.storage for a in outs]
     rec.held = outs + storages
     rec.held_outs = outs
     rec.held_storages = storages
+    rec.held_buffers = table[rec.n_ext:]
     # Referenced by nothing but the recording: an array by `held` and `held_outs`, its storage by
     # `held`, `held_storages` and the array.
     rec.held_refs = len(outs) * (2 * _HELD_REFS + 3)
@@ -210,7 +213,7 @@ def replay_held(ctx: DeviceContext, rec: Recording, ext: list) -> int:
     """``submit(ctx, rec, ext, queue=True)`` for a compiled replay whose outputs are the arrays it
     holds (``held_free``): their buffers are bound again, nothing is taken or given back. Returns
     the timeline value; the caller marks the held storages ready at it."""
-    table = ext + rec.last_table[rec.n_ext:]
+    table = ext + rec.held_buffers
     value = ctx.submitted + 1
     queued = ctx.queued
     if ctx.flushed > ctx.completed and len(queued) < SUBMIT_BATCH - 1 and not ctx.device.closed:
