@@ -410,6 +410,31 @@ def bench_host_cost(steps: int, rounds: int = 9) -> dict:
     return out
 
 
+def targets(report: dict) -> list[dict]:
+    """The performance targets this report measures: on a GPU against PyTorch and the device's copy
+    bandwidth, on a CPU driver against the hand-written numpy step (ratios > 1: the runtime wins)."""
+    out = []
+
+    def add(name: str, value: float | None, limit: float) -> None:
+        if value is not None:
+            out.append({"benchmark": name, "value": round(value, 3), "target": f"≥ {limit}", "met": value >= limit})
+
+    lr = report.get("logistic_regression_1000x100", {})
+    bw = report.get("bandwidth", {})
+    on_cpu = report.get("device", {}).get("driver") in ("local-task", "local-sync")
+    if on_cpu:
+        add("compiled step / numpy hand-written step, CPU time", lr.get("compile_vs_numpy_hand_gradient_cpu_time"), 0.5)
+        add("eager step / numpy hand-written step, CPU time", lr.get("eager_vs_numpy_hand_gradient_cpu_time"), 0.25)
+        return out
+    add("rt.compile step / PyTorch CUDA-graph replay, synced", lr.get("compile_vs_torch_cuda_graph"), 0.8)
+    add("rt.compile step / PyTorch CUDA-graph replay, pipelined", lr.get("compile_vs_torch_cuda_graph_pipelined"), 1.0)
+    add("eager step / PyTorch eager autograd, synced", lr.get("eager_vs_torch_eager"), 3.0)
+    add("eager step / PyTorch eager autograd, pipelined", lr.get("eager_vs_torch_eager_pipelined"), 3.0)
+    add("add of 64M float32, one op / copy bandwidth", bw.get("add_vs_copy_bandwidth"), 0.9)
+    add("sum of 64M float32, one op / copy bandwidth", bw.get("sum_vs_copy_bandwidth"), 0.9)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default=None, help="HAL device URI (default: the best available)")
@@ -430,11 +455,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     dev = rt.set_default_device(args.device) if args.device else rt.default_device()
     info = dev.info
-    report: dict = {"device": {"name": info.name, "uri": info.uri, "driver": info.driver}}
+    report: dict = {"device": {"name": info.name, "uri": info.uri, "driver": info.driver,
+                               "native_calls": info.properties.get("native_calls")}}
     if args.only in (None, "logistic"):
         report["logistic_regression_1000x100"] = bench_logistic(args.device, args.steps, args.rounds)
     if args.only in (None, "bandwidth"):
         report["bandwidth"] = bench_bandwidth(args.device, args.elements, args.repeats)
+    report["targets"] = targets(report)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
