@@ -103,7 +103,10 @@ class Program:
         ignoring = _IGNORING.get(current)  # (the usual case without a call)
         token = _EXTOBJ.set(ignoring if ignoring is not None else _ignoring(current))
         try:
-            self._run(views)
+            if views is self.bound:  # (the replay of a bound table, without the call of _run)
+                _drain(map(call, self.calls), maxlen=0)
+            else:
+                self._run(views)
         finally:
             _EXTOBJ.reset(token)
 
