@@ -79,7 +79,7 @@ def test_kept_outputs_are_not_written_again(dev):
         np.testing.assert_array_equal(p.numpy(), base * 2)
 
 
-@pytest.mark.parametrize("how", ["view", "host", "pending", "tuple", "storage"])
+@pytest.mark.parametrize("how", ["view", "host", "dlpack", "pending", "tuple", "storage"])
 def test_an_output_observable_otherwise_is_not_reused(dev, how):
     f = rt.compile(lambda a: a * 3)
     data = np.arange(10, dtype=np.float32)
@@ -92,6 +92,9 @@ def test_an_output_observable_otherwise_is_not_reused(dev, how):
         expect = data[2:5] * 3
     elif how == "host":
         keep = out.numpy()  # zero-copy on CPU devices: it holds the storage
+        expect = data * 3
+    elif how == "dlpack":
+        keep = np.from_dlpack(out)  # the capsule's consumer holds the storage
         expect = data * 3
     elif how == "pending":
         keep = out + 1  # not evaluated: reads `out` when it is
@@ -121,7 +124,7 @@ def test_an_output_observable_otherwise_is_not_reused(dev, how):
     assert all(buf is not out_buffer for buf in written)
     if how == "storage":
         return
-    got = keep[0].numpy() if how == "tuple" else keep if how == "host" else keep.numpy()
+    got = keep[0].numpy() if how == "tuple" else keep if how in ("host", "dlpack") else keep.numpy()
     np.testing.assert_array_equal(np.asarray(got), expect)
 
 
