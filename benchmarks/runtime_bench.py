@@ -201,6 +201,10 @@ def torch_contenders(X_np, y_np, lr, device: hal.Device) -> tuple[dict, dict]:
         return {"torch": "absent"}, {}
     on_cuda = device.info.driver == "cuda" and torch.cuda.is_available()
     tdev = "cuda" if on_cuda else "cpu"
+    if not on_cuda:
+        # One thread, as the numpy baseline's one BLAS thread: idle intra-op threads spin after each
+        # op and count as this process's CPU time while the other contenders run.
+        torch.set_num_threads(1)
     X = torch.from_numpy(X_np).to(tdev)
     y = torch.from_numpy(y_np).to(tdev)
     w = torch.zeros(100, device=tdev, requires_grad=True)
