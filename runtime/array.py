@@ -68,7 +68,6 @@ class Array:
         """(strides, offset) in elements relative to the root's storage."""
         strides = self.strides
         if strides is None:
-            from .ops import _row_major
             strides = _row_major(self.shape)
         return strides, self.offset
 
@@ -180,6 +179,14 @@ class Array:
         return to_numpy(self)
 
     tolist = lambda self: self.numpy().tolist()  # noqa: E731
+
+
+def _row_major(shape: tuple) -> tuple:
+    """ops._row_major, bound on first use (ops imports this module): a function-level import
+    statement costs a trip through the import machinery at every call of layout()."""
+    global _row_major
+    from .ops import _row_major
+    return _row_major(shape)
 
 
 def _unpickle(host: np.ndarray, dtype: _dt.DType, uri: str) -> Array:

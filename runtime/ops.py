@@ -356,20 +356,37 @@ def where(cond, x, y) -> Array:
 def _reduce(op: str, x, axis, keepdims: bool) -> Array:
     if type(x) is not Array:
         x = asarray(x)
-    axes = normalize_axes(axis, x.ndim)
+    # Memoized for None and int axes only: a tuple may hold anything (an array, kept alive here).
+    key = (op, x.shape, x.dtype, axis, keepdims) if axis is None or type(axis) is int else None
+    sig = _reductions.get(key) if key is not None else None
+    if sig is None:
+        sig = _reduction_of(op, x.shape, x.dtype, axis, keepdims)
+        if key is not None and len(_reductions) < 4096:
+            _reductions[key] = sig
+    params, shape, out = sig
+    return new_node(op, (x,), params, shape, out, x.ctx)
+
+
+#: (op, shape, dtype, axis, keepdims) -> _reduction_of's answer, for int and None axes (the
+#: axis normalization and shape logic cost ~150 bytecodes a reduction, the same at every call).
+_reductions: dict = {}
+
+
+def _reduction_of(op: str, xshape: tuple, dtype: _dt.DType, axis, keepdims) -> tuple:
+    """(params, result shape, result dtype) of reduction `op` of an array of `xshape` and `dtype`."""
+    axes = normalize_axes(axis, len(xshape))
     if op in ("argmax", "argmin"):
         if axis is not None and len(axes) != 1:
             raise InvalidValueError(f"{op} takes a single axis or None")
-    kept = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    kept = tuple(d for i, d in enumerate(xshape) if i not in axes)
     if keepdims:
-        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+        shape = tuple(1 if i in axes else d for i, d in enumerate(xshape))
     else:
         shape = kept
-    reduced = size_of(tuple(x.shape[i] for i in axes))
+    reduced = size_of(tuple(xshape[i] for i in axes))
     if reduced == 0 and op not in ("sum", "mean", "prod") and size_of(kept) != 0:
         raise InvalidValueError(f"zero-size array to reduction operation {op} which has no identity")
-    out = _dt.reduction_result(op, x.dtype)
-    return new_node(op, (x,), (axes, bool(keepdims)), shape, out, x.ctx)
+    return (axes, bool(keepdims)), shape, _dt.reduction_result(op, dtype)
 
 
 def sum(x, axis=None, keepdims=False) -> Array:  # noqa: A001
@@ -409,25 +426,45 @@ def argmin(x, axis=None, keepdims=False) -> Array:
 
 def matmul(a, b) -> Array:
     a, b, dt = _operands(a, b)
-    if a.ndim == 0 or b.ndim == 0:
-        raise InvalidValueError("matmul: input operand does not have enough dimensions")
-    a2 = reshape(a, (1,) + a.shape) if a.ndim == 1 else a
-    b2 = reshape(b, b.shape + (1,)) if b.ndim == 1 else b
-    m, k = a2.shape[-2:]
-    k2, n = b2.shape[-2:]
-    if k != k2:
-        raise InvalidValueError(
-            f"matmul: mismatch in core dimension: {a.shape} @ {b.shape} ({k} != {k2})")
-    batch = broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    shapes = _matmul_shapes.get((a.shape, b.shape))
+    if shapes is None:
+        shapes = _matmul_shapes_of(a.shape, b.shape)
+    a_as, b_as, out_shape, result = shapes
+    a2 = a if a_as is None else reshape(a, a_as)
+    b2 = b if b_as is None else reshape(b, b_as)
     if a2.dtype is not dt:
         a2 = astype(a2, dt)
     if b2.dtype is not dt:
         b2 = astype(b2, dt)
-    out = new_node("matmul", (a2, b2), None, batch + (m, n), dt, a.ctx)
-    if a.ndim == 1 or b.ndim == 1:
-        shape = batch + ((m,) if a.ndim != 1 else ()) + ((n,) if b.ndim != 1 else ())
-        out = reshape(out, shape)
-    return out
+    out = new_node("matmul", (a2, b2), None, out_shape, dt, a.ctx)
+    return out if result is None else reshape(out, result)
+
+
+#: (a's shape, b's shape) -> _matmul_shapes_of's answer: the shape logic costs ~200 bytecodes (and
+#: nine property calls) a matmul, the same for every call with the same shapes.
+_matmul_shapes: dict = {}
+
+
+def _matmul_shapes_of(sa: tuple, sb: tuple) -> tuple:
+    """(a's 2-d shape or None, b's 2-d shape or None, the kernel's output shape, the result's shape
+    or None) of a matmul of shapes `sa` and `sb` (None: as it is); raises for shapes that do not fit."""
+    if not sa or not sb:
+        raise InvalidValueError("matmul: input operand does not have enough dimensions")
+    a_as = (1,) + sa if len(sa) == 1 else None
+    b_as = sb + (1,) if len(sb) == 1 else None
+    sa2, sb2 = a_as or sa, b_as or sb
+    m, k = sa2[-2:]
+    k2, n = sb2[-2:]
+    if k != k2:
+        raise InvalidValueError(f"matmul: mismatch in core dimension: {sa} @ {sb} ({k} != {k2})")
+    batch = broadcast_shapes(sa2[:-2], sb2[:-2])
+    result = None
+    if a_as is not None or b_as is not None:
+        result = batch + ((m,) if a_as is None else ()) + ((n,) if b_as is None else ())
+    shapes = (a_as, b_as, batch + (m, n), result)
+    if len(_matmul_shapes) < 4096:
+        _matmul_shapes[sa, sb] = shapes
+    return shapes
 
 
 # ---- views ------------------------------------------------------------------------------------
