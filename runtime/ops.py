@@ -127,8 +127,23 @@ def _scalar_operand(value, other: Array):
     (NEP 50), numpy scalars strongly typed."""
     tv = type(value)
     if tv is float or tv is int or tv is bool:
+        ctx = other.ctx
+        # ±0.0 are equal keys but different constants, and a NaN never finds its entry: neither is
+        # memoized. The memo shares the context's constant cache (its keys have four items, the
+        # constants' two or three), so one bound holds both.
+        if tv is not float or (value and value == value):
+            cache = ctx.constants
+            key = (tv, value, other.dtype, None)
+            hit = cache.get(key)
+            if hit is None:
+                dt = _dt.weak_scalar_dtype(other.dtype, value)
+                hit = (constant(value, dt, ctx), dt)
+                if len(cache) >= 4096:
+                    cache.pop(next(iter(cache)))
+                cache[key] = hit
+            return hit
         dt = _dt.weak_scalar_dtype(other.dtype, value)
-        return constant(value, dt, other.ctx), dt
+        return constant(value, dt, ctx), dt
     sdt = _dt.from_numpy(value.dtype)
     return constant(value.item(), sdt, other.ctx), _dt.promote(other.dtype, sdt)
 
