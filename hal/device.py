@@ -87,16 +87,12 @@ def recall(cb: CommandBuffer, count: int, table: object) -> object:
     if not before or cb.state is not _EXECUTABLE:
         return _UNKNOWN
     for i, entry in enumerate(before):
-        try:
-            if entry[0] != count or not entry[1] == table:
-                continue
-        except Exception:  # an entry whose comparison fails is no remembered entry
-            continue
-        last = cb.validated
-        if last is not None:
-            before[i] = last
-        cb.validated = entry
-        return entry[2]
+        if entry[0] == count and _same(entry[1], table):
+            last = cb.validated
+            if last is not None:
+                before[i] = last
+            cb.validated = entry
+            return entry[2]
     return _UNKNOWN
 
 
@@ -268,19 +264,10 @@ class Device(abc.ABC):
             queue = check_queue(self, queue)
         if type(command_buffers) is list and len(command_buffers) == 1 and (
                 type(binding_tables) is list and len(binding_tables) == 1 or binding_tables is None):
-            # The usual replay, one command buffer, without the loop of _recall_validation; the
-            # last validation's table compared here, the earlier ones in recall().
+            # The usual replay, one command buffer, without the loop of _recall_validation.
             cb = command_buffers[0]
             if isinstance(cb, CommandBuffer) and cb.device is self:
-                table = binding_tables[0] if binding_tables else None
-                last = cb.validated
-                try:
-                    if last is not None and last[0] == self._release_count and last[1] == table:
-                        checked = last[2]
-                    else:
-                        checked = recall(cb, self._release_count, table)
-                except Exception:  # an entry whose comparison fails is no remembered entry
-                    checked = recall(cb, self._release_count, table)
+                checked = recall(cb, self._release_count, binding_tables[0] if binding_tables else None)
             else:
                 checked = _UNKNOWN
             if checked is not _UNKNOWN:

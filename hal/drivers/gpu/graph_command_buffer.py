@@ -528,8 +528,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self._build(table)
 
     def retired(self) -> None:
-        if self.one_shot:
-            self._finalizer()
+        self._finalizer()
 
 
 def entries_getter(slots: list[int]):

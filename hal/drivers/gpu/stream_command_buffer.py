@@ -119,6 +119,6 @@ class StreamCommandBuffer(RecordingCommandBuffer):
             api.memcpy_htod_async(dst, self._staging[0] + command.staging_offset, command.length, stream)  # type: ignore[index]
 
     def retired(self) -> None:
-        if self.one_shot and self._release_staging is not None:
+        if self._release_staging is not None:
             self._release_staging()  # the one submission completed: the block can serve others
             self._release_staging = None

@@ -62,7 +62,7 @@ class LocalDevice(Device):
                     cb.execute(table)  # type: ignore[attr-defined]
         else:
             work = None
-        self._submissions.submit(waits, signals, work, self._schedulers[queue])  # _submit, inlined: every execution
+        self._submit(queue, waits, signals, work)
 
     def _queue_alloca(self, queue, size, memory_type, usage: BufferUsage, waits, signals) -> Buffer:
         # Host memory needs no stream ordering: allocate now, signal once the waits are reached.
