@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import functools
 from operator import attrgetter, itemgetter
-from sys import getrefcount
-from weakref import getweakrefcount
 
 import hal
 from hal import env, tracing
@@ -36,7 +34,18 @@ from hal import env, tracing
 from .array import Array, new_evaluated, new_node
 from .autodiff import GRAD, materialize, resolved
 from .device import Storage
-from .lowering import _PLACEHOLDER, MAX_VARIANTS, Variants, collect, graph_key, hold, record, replay_held, submit
+from .lowering import (
+    _PLACEHOLDER,
+    MAX_VARIANTS,
+    Variants,
+    collect,
+    graph_key,
+    held_free,
+    hold,
+    record,
+    replay_held,
+    submit,
+)
 
 #: Output bytes up to which a compiled function's recording keeps its outputs for its next replay
 #: (lowering.hold): a replay whose previous outputs were dropped then hands the same arrays out
@@ -172,18 +181,8 @@ class _Traced:
         # The usual call: the recording that last ran with these very buffers, its outputs dropped
         # since (the same arrays serve again), found with one look-up instead of `pick`.
         rec = variants.by_ext.get(tuple(ext))
-        if (rec is not None and rec.held is not None and rec.last_ext == ext
-                and sum(map(getrefcount, rec.held)) == rec.held_refs and not any(map(getweakrefcount, rec.held))):
-            # (self._again, written out: this is the path of nearly every call)
-            if tracing.ENABLED:
-                value = tracing.call("rt.replay", replay_held, ctx, rec, ext, category="runtime", compiled=True)
-            else:
-                value = replay_held(ctx, rec, ext)
-            sem = ctx.semaphore
-            for st in rec.held_storages:
-                st.ready = value
-                st.sem = sem
-            return self.structure(rec.held_outs)
+        if rec is not None and rec.held is not None and rec.last_ext == ext and held_free(rec):
+            return self._again(ctx, rec, ext)
         rec = variants.pick(ext, MAX_VARIANTS, ctx.buffers)
         if rec is None:
             rec = record(ctx, self.order, self.externals, self.keep, owned=True)
@@ -191,7 +190,7 @@ class _Traced:
         try:
             held = rec.held
             if held is not None:
-                if sum(map(getrefcount, held)) == rec.held_refs and not any(map(getweakrefcount, held)):
+                if held_free(rec):
                     return self._again(ctx, rec, ext)
                 # Some are still in use: let go of them (those dropped give their buffers back to the
                 # cache, where this submission takes them again).

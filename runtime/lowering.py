@@ -213,17 +213,7 @@ def replay_held(ctx: DeviceContext, rec: Recording, ext: list) -> int:
     """``submit(ctx, rec, ext, queue=True)`` for a compiled replay whose outputs are the arrays it
     holds (``held_free``): their buffers are bound again, nothing is taken or given back. Returns
     the timeline value; the caller marks the held storages ready at it."""
-    table = ext + rec.held_buffers
-    value = ctx.submitted + 1
-    queued = ctx.queued
-    if ctx.flushed > ctx.completed and len(queued) < SUBMIT_BATCH - 1 and not ctx.device.closed:
-        queued.append((rec.cb, table))
-    else:
-        _hand_over(ctx, [rec.cb], [table], value)
-    rec.last_table = table
-    rec.last_ext = ext
-    ctx.submitted = value
-    return value
+    return _issue(ctx, rec, ext, ext + rec.held_buffers, True)
 
 
 def _guards_hold(guards: list, ext: list) -> bool:
@@ -843,26 +833,33 @@ def submit(ctx: DeviceContext, rec: Recording, ext: list, queue: bool = False) -
         table = ext + fresh
     if rec.tail:
         table += rec.tail
-    value = ctx.submitted + 1
-    queued = ctx.queued
-    if queue and ctx.flushed > ctx.completed and len(queued) < SUBMIT_BATCH - 1 and not ctx.device.closed:
-        queued.append((rec.cb, table))
-    else:
-        try:
-            _hand_over(ctx, [rec.cb], [table], value)
-        except BaseException:
-            release = ctx.buffers.release
-            for bucket, buf in zip(rec.buckets, table[rec.n_ext:]):
-                release(buf, bucket)
-            raise
-    rec.last_table = table
-    rec.last_ext = ext
-    ctx.submitted = value
+    try:
+        value = _issue(ctx, rec, ext, table, queue)
+    except BaseException:
+        release = ctx.buffers.release
+        for bucket, buf in zip(rec.buckets, table[rec.n_ext:]):
+            release(buf, bucket)
+        raise
     if rec.temps:
         release = ctx.buffers.release
         for pos, bucket in enumerate(rec.temps, rec.n_ext + len(rec.fresh)):
             release(table[pos], bucket, value)
     return table, value
+
+
+def _issue(ctx: DeviceContext, rec: Recording, ext: list, table: list, queue: bool) -> int:
+    """Queue `rec` bound to `table` (``queue``: see ``submit``) or hand it to the device; the
+    timeline value it signals."""
+    value = ctx.submitted + 1
+    queued = ctx.queued
+    if queue and ctx.flushed > ctx.completed and len(queued) < SUBMIT_BATCH - 1 and not ctx.device.closed:
+        queued.append((rec.cb, table))
+    else:
+        _hand_over(ctx, [rec.cb], [table], value)
+    rec.last_table = table
+    rec.last_ext = ext
+    ctx.submitted = value
+    return value
 
 
 def submit_queued(ctx: DeviceContext) -> None:
