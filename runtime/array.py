@@ -260,10 +260,15 @@ def constant(value, dtype: _dt.DType, ctx: DeviceContext) -> Array:
                 host = np.array(value, dtype=dtype.storage)
         arr = upload(host, dtype, ctx)
         arr.params = host  # an evaluated array's params are free: the value, for folding (autodiff.py)
-        if len(cache) >= 4096:
-            cache.pop(next(iter(cache)))
-        cache[key] = arr
+        keep_constant(cache, key, arr)
     return arr
+
+
+def keep_constant(cache: dict, key, entry) -> None:
+    """Put `entry` in a context's constant cache, dropping its oldest entry at 4,096."""
+    if len(cache) >= 4096:
+        cache.pop(next(iter(cache)))
+    cache[key] = entry
 
 
 def as_context(device) -> DeviceContext:

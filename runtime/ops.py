@@ -8,7 +8,7 @@ import operator
 import numpy as np
 
 from . import dtypes as _dt
-from .array import Array, constant, new_node, new_view, upload
+from .array import Array, constant, keep_constant, new_node, new_view, upload
 from .device import context_for
 from .errors import InvalidTypeError, InvalidValueError, ScalarOverflowError
 from .shapes import (
@@ -138,9 +138,7 @@ def _scalar_operand(value, other: Array):
             if hit is None:
                 dt = _dt.weak_scalar_dtype(other.dtype, value)
                 hit = (constant(value, dt, ctx), dt)
-                if len(cache) >= 4096:
-                    cache.pop(next(iter(cache)))
-                cache[key] = hit
+                keep_constant(cache, key, hit)
             return hit
         dt = _dt.weak_scalar_dtype(other.dtype, value)
         return constant(value, dt, ctx), dt
