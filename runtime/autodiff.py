@@ -14,6 +14,8 @@ second derivative) turns the grad node into a view of its expansion first
 from __future__ import annotations
 
 import weakref
+from itertools import repeat
+from operator import is_
 
 import numpy as np
 
@@ -450,8 +452,11 @@ def protect(order: list) -> None:
     _handed_out.clear()
     pending = [g for g in alive if g is not None and g.op == GRAD and g.storage is None]
     if pending:
-        in_eval = set(map(id, order))  # in C: a set comprehension cost ~9 bytecodes a node
-        outside = [g for g in pending if id(g) not in in_eval]
+        if len(pending) == 1:  # the usual one gradient: looked for by identity in C, no set of the eval
+            outside = [] if any(map(is_, order, repeat(pending[0]))) else pending
+        else:
+            in_eval = set(map(id, order))  # in C: a set comprehension cost ~9 bytecodes a node
+            outside = [g for g in pending if id(g) not in in_eval]
         if outside:
             materialize(outside)
 

@@ -22,10 +22,13 @@ def enabled() -> bool:
 class GraphCache:
     """Maps a graph key to a Recording; evicts least recently used beyond entry/byte limits."""
 
-    __slots__ = ("_entries", "max_entries", "max_bytes", "bytes", "hits", "misses", "evictions")
+    __slots__ = ("_entries", "_newest", "max_entries", "max_bytes", "bytes", "hits", "misses", "evictions")
 
     def __init__(self, max_entries: int | None = None, max_bytes: int | None = None) -> None:
         self._entries: OrderedDict = OrderedDict()
+        #: The most recently used entry: a hit on it again (a loop evaluating one graph) leaves the
+        #: order as it is, sparing move_to_end's second hashing of the key (a nested tuple).
+        self._newest = None
         self.max_entries = max_entries if max_entries is not None else env.integer(
             "RUNTIME_GRAPH_CACHE_ENTRIES", 256)
         self.max_bytes = max_bytes if max_bytes is not None else env.integer(
@@ -40,7 +43,9 @@ class GraphCache:
         if entry is None:
             self.misses += 1
             return None
-        self._entries.move_to_end(key)
+        if entry is not self._newest:
+            self._entries.move_to_end(key)
+            self._newest = entry
         self.hits += 1
         return entry
 
@@ -49,6 +54,7 @@ class GraphCache:
         if old is not None:
             self.bytes -= old.footprint
         self._entries[key] = entry
+        self._newest = entry
         self.bytes += entry.footprint
         self._evict()
 
@@ -62,6 +68,8 @@ class GraphCache:
             if len(self._entries) == 1 and len(self._entries) <= self.max_entries:
                 break  # the newest entry always stays, even when alone it exceeds max_bytes
             _, victim = self._entries.popitem(last=False)
+            if victim is self._newest:
+                self._newest = None
             self.bytes -= victim.footprint
             self.evictions += 1
             _log.debug("graph cache evicts an entry of %d bytes (%d entries, %d bytes left)",
@@ -72,6 +80,7 @@ class GraphCache:
         for entry in self._entries.values():
             entry.drop()
         self._entries.clear()
+        self._newest = None
         self.bytes = 0
 
     def __len__(self) -> int:

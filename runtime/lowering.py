@@ -492,6 +492,50 @@ def live_mask(order: list, direct: list, viewed: set) -> int:
     return mask
 
 
+def _eval_key_python(targets: list, live: bool) -> tuple:
+    """eval_key by collect_key and live_mask."""
+    if not live:
+        order, key, externals, _ = collect_key(targets)
+        return order, key, externals, None
+    direct: list = []
+    order, key, externals, viewed = collect_key(targets, direct)
+    return order, key, externals, live_mask(order, direct, viewed) if order else None
+
+
+def _load_key_walk():
+    """runtime._keywalk.walk, the same walk in C (built at install where a C compiler is), unless
+    HAL_NATIVE=0 or it is missing; HAL_NATIVE=1 makes a missing one an error."""
+    from hal.drivers.native_calls import mode
+
+    wanted = mode()
+    if wanted == "off":
+        return None
+    try:
+        from . import _keywalk
+
+        _keywalk.setup(Array, _PLACEHOLDER)
+        return _keywalk.walk
+    except (ImportError, TypeError) as exc:
+        if wanted == "on":
+            raise hal.UnavailableError(f"HAL_NATIVE=1 but the runtime's native key walk cannot be used: {exc}") \
+                from exc
+        return None
+
+
+_native_walk = _load_key_walk()
+
+
+def eval_key(targets: list, live: bool) -> tuple:
+    """(order, key, externals, keep) of the pending graph behind `targets`: collect_key's order, key
+    and externals, and with `live` live_mask's bits (else None). The C walk where it is loaded (it
+    answers None for nodes not of type Array), collect_key otherwise."""
+    if _native_walk is not None:
+        got = _native_walk(targets, live)
+        if got is not None:
+            return got
+    return _eval_key_python(targets, live)
+
+
 @tracing.traced("rt.record", "runtime")
 def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = None,
            owned: bool = False) -> Recording:
@@ -754,18 +798,13 @@ def evaluate(arrays) -> None:
 
 
 def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
-    if not ctx.is_gpu or FUSION:  # nodes nothing reads afterwards: fused away, or scratch (owned on CPUs)
-        direct: list = []
-        order, parts, externals, viewed = collect_key(targets, direct)
-        if not order:
-            return
-        keep = live_mask(order, direct, viewed)
-        key = (parts, keep)
-    else:
-        order, key, externals, _ = collect_key(targets)
-        if not order:
-            return
-        keep = None
+    # Nodes nothing reads afterwards are fused away, or scratch (owned on CPUs): which ones is `keep`.
+    live = not ctx.is_gpu or FUSION
+    order, key, externals, keep = eval_key(targets, live)
+    if not order:
+        return
+    if live:
+        key = (key, keep)
     ctx.refresh()
     protect(order)
     try:

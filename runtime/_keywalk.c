@@ -1,0 +1,478 @@
+/*
+ * runtime._keywalk: the eager graph key walk (lowering.collect_key and live_mask) in C.
+ *
+ * Every eval walks the pending graph behind its targets to number its nodes, describe it as a
+ * key for the graph cache, list its external inputs, and find the nodes read after the eval.
+ * In Python that walk is about a hundred bytecodes a node; it was an eighth of an eager
+ * training step's host time. This is the same walk, node for node: the same depth-first
+ * post-order (a node after every pending input, inputs in order), views numbered as they are
+ * met, the same key tuples. Its stack is explicit, so any depth takes the one numbering.
+ *
+ * Array is a __slots__ class: its fields are read at the offsets of its member descriptors,
+ * found once (`setup`). A node of any other type makes `walk` return None, and the caller
+ * takes the Python walk.
+ *
+ * walk(targets, live) -> (order, (parts, views), externals, keep) or None
+ *   parts[i] = (op, params, shape, dtype, ins) of order[i]; an input is a pending node's index,
+ *   an external's (-1 - slot, dtype, shape), or a view's ("v", index); views[k] = (op, params,
+ *   shape, strides, offset, source). keep (live=True; else None): bit i set when node i may be
+ *   read afterwards, as lowering.live_mask computes it: referenced by more than `order` and its
+ *   consumers' input tuples, or read through a view.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+enum { S_OP, S_INPUTS, S_PARAMS, S_SHAPE, S_DTYPE, S_BASE, S_STRIDES, S_OFFSET, S_STORAGE, N_SLOTS };
+static const char *slot_names[N_SLOTS] = {"op", "inputs", "params", "shape", "dtype", "base", "strides",
+                                          "offset", "storage"};
+static Py_ssize_t slot_offset[N_SLOTS];
+static PyTypeObject *array_type = NULL;
+static PyObject *placeholder = NULL; /* the op of a traced placeholder (an external, not computed) */
+static PyObject *view_tag = NULL;    /* "v" */
+
+#define SLOT(o, s) (*(PyObject **)((char *)(o) + slot_offset[s]))
+
+static PyObject *setup(PyObject *self, PyObject *args) {
+    PyObject *type, *ph;
+    if (!PyArg_ParseTuple(args, "O!U:setup", &PyType_Type, &type, &ph))
+        return NULL;
+    for (int s = 0; s < N_SLOTS; s++) {
+        PyObject *d = PyDict_GetItemString(((PyTypeObject *)type)->tp_dict, slot_names[s]);
+        if (d == NULL || !PyObject_TypeCheck(d, &PyMemberDescr_Type) ||
+            ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a __slots__ field", ((PyTypeObject *)type)->tp_name,
+                         slot_names[s]);
+            return NULL;
+        }
+        slot_offset[s] = ((PyMemberDescrObject *)d)->d_member->offset;
+    }
+    Py_INCREF(type);
+    Py_XSETREF(array_type, (PyTypeObject *)type);
+    Py_INCREF(ph);
+    Py_XSETREF(placeholder, ph);
+    Py_RETURN_NONE;
+}
+
+/* A field, borrowed; NULL with AttributeError when unset (as reading it in Python would raise). */
+static inline PyObject *field(PyObject *o, int s) {
+    PyObject *v = SLOT(o, s);
+    if (v == NULL)
+        PyErr_Format(PyExc_AttributeError, "'Array' object has no attribute '%s'", slot_names[s]);
+    return v;
+}
+
+/* -1 error, 1 a node the eval computes (no storage, not a placeholder), 0 otherwise. */
+static int is_pending(PyObject *node) {
+    PyObject *storage = field(node, S_STORAGE);
+    if (storage == NULL)
+        return -1;
+    if (storage != Py_None)
+        return 0;
+    PyObject *op = field(node, S_OP);
+    if (op == NULL)
+        return -1;
+    if (op == placeholder)
+        return 0;
+    int ne = PyObject_RichCompareBool(op, placeholder, Py_NE);
+    return ne;
+}
+
+typedef struct {
+    PyObject *order, *parts, *views, *externals; /* lists */
+    PyObject *node_index, *ext_index, *view_index; /* dicts */
+    unsigned char *viewed;                         /* per node: read through a view */
+    Py_ssize_t *direct;                            /* per node: consumers' direct references */
+    Py_ssize_t cap;
+} Walk;
+
+static int grow(Walk *w, Py_ssize_t n) {
+    if (n < w->cap)
+        return 0;
+    Py_ssize_t cap = w->cap ? w->cap * 2 : 64;
+    while (cap <= n)
+        cap *= 2;
+    Py_ssize_t *d = PyMem_Realloc(w->direct, cap * sizeof(Py_ssize_t));
+    if (d == NULL)
+        goto nomem;
+    w->direct = d;
+    unsigned char *v = PyMem_Realloc(w->viewed, cap);
+    if (v == NULL)
+        goto nomem;
+    w->viewed = v;
+    w->cap = cap;
+    return 0;
+nomem:
+    PyErr_NoMemory();
+    return -1;
+}
+
+/* An external's reference (-1 - slot, dtype, shape), numbering it on first sight. New reference. */
+static PyObject *external_ref(Walk *w, PyObject *r) {
+    Py_ssize_t j;
+    PyObject *known = PyDict_GetItemWithError(w->ext_index, r);
+    if (known != NULL) {
+        j = PyLong_AsSsize_t(known);
+    } else {
+        if (PyErr_Occurred())
+            return NULL;
+        j = PyList_GET_SIZE(w->externals);
+        PyObject *jj = PyLong_FromSsize_t(j);
+        if (jj == NULL)
+            return NULL;
+        int bad = PyDict_SetItem(w->ext_index, r, jj) < 0 || PyList_Append(w->externals, r) < 0;
+        Py_DECREF(jj);
+        if (bad)
+            return NULL;
+    }
+    PyObject *dtype = field(r, S_DTYPE), *shape = dtype ? field(r, S_SHAPE) : NULL;
+    if (shape == NULL)
+        return NULL;
+    PyObject *slot = PyLong_FromSsize_t(-1 - j);
+    if (slot == NULL)
+        return NULL;
+    PyObject *ref = PyTuple_Pack(3, slot, dtype, shape);
+    Py_DECREF(slot);
+    return ref;
+}
+
+/* The reference to an input read through view `v`: the chain of views from its root, each
+   numbered once as met, and the root (a node's index or an external's reference). New reference. */
+static PyObject *view_ref(Walk *w, PyObject *v) {
+    PyObject *chain = PyList_New(0);
+    if (chain == NULL)
+        return NULL;
+    PyObject *src = NULL;
+    for (;;) {
+        PyObject *base = field(v, S_BASE);
+        if (base == NULL)
+            goto done;
+        if (base == Py_None)
+            break;
+        int known = PyDict_Contains(w->view_index, v);
+        if (known < 0)
+            goto done;
+        if (known)
+            break;
+        if (PyList_Append(chain, v) < 0)
+            goto done;
+        PyObject *inputs = field(v, S_INPUTS);
+        if (inputs == NULL)
+            goto done;
+        if (!PyTuple_Check(inputs)) {
+            PyErr_SetString(PyExc_TypeError, "a view's inputs are not a tuple");
+            goto done;
+        }
+        v = PyTuple_GET_SIZE(inputs) ? PyTuple_GET_ITEM(inputs, 0) : base;
+        if (Py_TYPE(v) != array_type) {
+            PyErr_SetString(PyExc_TypeError, "a view of a non-Array");
+            goto done;
+        }
+    }
+    if (SLOT(v, S_BASE) != Py_None) {
+        PyObject *k = PyDict_GetItemWithError(w->view_index, v);
+        if (k == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_KeyError, "view");
+            goto done;
+        }
+        src = PyTuple_Pack(2, view_tag, k);
+    } else {
+        PyObject *j = PyDict_GetItemWithError(w->node_index, v);
+        if (j != NULL) {
+            w->viewed[PyLong_AsSsize_t(j)] = 1;
+            Py_INCREF(j);
+            src = j;
+        } else if (!PyErr_Occurred()) {
+            src = external_ref(w, v);
+        }
+    }
+    if (src == NULL)
+        goto done;
+    for (Py_ssize_t i = PyList_GET_SIZE(chain) - 1; i >= 0; i--) {
+        PyObject *x = PyList_GET_ITEM(chain, i);
+        PyObject *k = PyLong_FromSsize_t(PyList_GET_SIZE(w->views));
+        if (k == NULL || PyDict_SetItem(w->view_index, x, k) < 0) {
+            Py_XDECREF(k);
+            Py_CLEAR(src);
+            goto done;
+        }
+        PyObject *f[5];
+        for (int s = 0, which[5] = {S_OP, S_PARAMS, S_SHAPE, S_STRIDES, S_OFFSET}; s < 5; s++) {
+            f[s] = field(x, which[s]);
+            if (f[s] == NULL) {
+                Py_DECREF(k);
+                Py_CLEAR(src);
+                goto done;
+            }
+        }
+        PyObject *entry = PyTuple_Pack(6, f[0], f[1], f[2], f[3], f[4], src);
+        Py_DECREF(src);
+        src = NULL;
+        if (entry == NULL || PyList_Append(w->views, entry) < 0) {
+            Py_XDECREF(entry);
+            Py_DECREF(k);
+            goto done;
+        }
+        Py_DECREF(entry);
+        src = PyTuple_Pack(2, view_tag, k);
+        Py_DECREF(k);
+        if (src == NULL)
+            goto done;
+    }
+done:
+    Py_DECREF(chain);
+    return src;
+}
+
+typedef struct {
+    PyObject *node;   /* borrowed: held by its consumer's inputs or the targets */
+    PyObject *inputs; /* borrowed, a tuple */
+    PyObject *ins;    /* owned: the key's input references, filled in order */
+    Py_ssize_t k;
+} Frame;
+
+/* Number `node` after every pending node it reads from (the recursive walk of collect_key). */
+static int visit(Walk *w, PyObject *target) {
+    Py_ssize_t depth = 0, cap = 32;
+    Frame *stack = PyMem_Malloc(cap * sizeof(Frame));
+    if (stack == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int rc = -1;
+    PyObject *next = target;
+    for (;;) {
+        if (next != NULL) { /* enter a node */
+            if (depth == cap) {
+                Frame *s = PyMem_Realloc(stack, 2 * cap * sizeof(Frame));
+                if (s == NULL) {
+                    PyErr_NoMemory();
+                    goto out;
+                }
+                stack = s;
+                cap *= 2;
+            }
+            PyObject *inputs = field(next, S_INPUTS);
+            if (inputs == NULL)
+                goto out;
+            if (!PyTuple_Check(inputs)) {
+                PyErr_SetString(PyExc_TypeError, "a node's inputs are not a tuple");
+                goto out;
+            }
+            PyObject *ins = PyTuple_New(PyTuple_GET_SIZE(inputs));
+            if (ins == NULL)
+                goto out;
+            stack[depth++] = (Frame){next, inputs, ins, 0};
+            next = NULL;
+        }
+        Frame *f = &stack[depth - 1];
+        Py_ssize_t n = PyTuple_GET_SIZE(f->inputs);
+        while (f->k < n) {
+            PyObject *inp = PyTuple_GET_ITEM(f->inputs, f->k);
+            if (Py_TYPE(inp) != array_type) {
+                PyErr_SetString(PyExc_TypeError, "an input is not an Array");
+                goto out;
+            }
+            PyObject *r = field(inp, S_BASE);
+            if (r == NULL)
+                goto out;
+            PyObject *ref;
+            if (r != Py_None) { /* a view: its root first, if pending */
+                if (Py_TYPE(r) != array_type) {
+                    PyErr_SetString(PyExc_TypeError, "a view of a non-Array");
+                    goto out;
+                }
+                int p = is_pending(r);
+                if (p < 0)
+                    goto out;
+                if (p) {
+                    int known = PyDict_Contains(w->node_index, r);
+                    if (known < 0)
+                        goto out;
+                    if (!known) {
+                        next = r; /* this input is looked at again once its root is numbered */
+                        break;
+                    }
+                }
+                ref = view_ref(w, inp);
+                if (ref == NULL)
+                    goto out;
+            } else {
+                PyObject *j = PyDict_GetItemWithError(w->node_index, inp);
+                if (j != NULL) {
+                    Py_INCREF(j);
+                    ref = j;
+                    w->direct[PyLong_AsSsize_t(j)] += 1;
+                } else {
+                    if (PyErr_Occurred())
+                        goto out;
+                    int p = is_pending(inp);
+                    if (p < 0)
+                        goto out;
+                    if (p) {
+                        next = inp;
+                        break;
+                    }
+                    ref = external_ref(w, inp);
+                    if (ref == NULL)
+                        goto out;
+                }
+            }
+            PyTuple_SET_ITEM(f->ins, f->k, ref);
+            f->k++;
+        }
+        if (next != NULL)
+            continue;
+        /* every input numbered: number the node */
+        PyObject *node = f->node;
+        Py_ssize_t j = PyList_GET_SIZE(w->order);
+        if (grow(w, j) < 0)
+            goto out;
+        w->direct[j] = 0;
+        w->viewed[j] = 0;
+        PyObject *jj = PyLong_FromSsize_t(j);
+        if (jj == NULL)
+            goto out;
+        int bad = PyDict_SetItem(w->node_index, node, jj) < 0 || PyList_Append(w->order, node) < 0;
+        Py_DECREF(jj);
+        if (bad)
+            goto out;
+        PyObject *op = field(node, S_OP), *params = op ? field(node, S_PARAMS) : NULL;
+        PyObject *shape = params ? field(node, S_SHAPE) : NULL, *dtype = shape ? field(node, S_DTYPE) : NULL;
+        if (dtype == NULL)
+            goto out;
+        PyObject *part = PyTuple_Pack(5, op, params, shape, dtype, f->ins);
+        if (part == NULL)
+            goto out;
+        Py_CLEAR(f->ins);
+        bad = PyList_Append(w->parts, part) < 0;
+        Py_DECREF(part);
+        if (bad)
+            goto out;
+        depth--;
+        if (depth == 0) {
+            rc = 0;
+            goto out;
+        }
+    }
+out:
+    for (Py_ssize_t i = 0; i < depth; i++)
+        Py_XDECREF(stack[i].ins);
+    PyMem_Free(stack);
+    return rc;
+}
+
+/* Whether order[i] may be read after the eval: read through a view, or held by more than `order`
+   (once) and its consumers' input tuples (`direct` times): the program, the targets list, later nodes. */
+static inline int is_live(Walk *w, Py_ssize_t i) {
+    return w->viewed[i] || Py_REFCNT(PyList_GET_ITEM(w->order, i)) - w->direct[i] > 1;
+}
+
+/* bit i set: order[i] may be read after the eval (lowering.live_mask). */
+static PyObject *keep_mask(Walk *w) {
+    Py_ssize_t n = PyList_GET_SIZE(w->order);
+    if (n <= 64) {
+        unsigned long long mask = 0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (is_live(w, i))
+                mask |= 1ull << i;
+        return PyLong_FromUnsignedLongLong(mask);
+    }
+    unsigned char *bits = PyMem_Calloc((size_t)(n + 7) / 8 + 1, 1);
+    if (bits == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (is_live(w, i))
+            bits[i / 8] |= (unsigned char)(1u << (i % 8));
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)bits, (n + 7) / 8);
+    PyMem_Free(bits);
+    if (raw == NULL)
+        return NULL;
+    PyObject *mask = PyObject_CallMethod((PyObject *)&PyLong_Type, "from_bytes", "Os", raw, "little");
+    Py_DECREF(raw);
+    return mask;
+}
+
+static PyObject *walk(PyObject *self, PyObject *args) {
+    PyObject *targets;
+    int live;
+    if (!PyArg_ParseTuple(args, "O!p:walk", &PyList_Type, &targets, &live))
+        return NULL;
+    if (array_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "runtime._keywalk.setup was not called");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(targets); i++)
+        if (Py_TYPE(PyList_GET_ITEM(targets, i)) != array_type)
+            Py_RETURN_NONE;
+    Walk w = {0};
+    PyObject *result = NULL, *keep = NULL, *key = NULL;
+    w.order = PyList_New(0);
+    w.parts = PyList_New(0);
+    w.views = PyList_New(0);
+    w.externals = PyList_New(0);
+    w.node_index = PyDict_New();
+    w.ext_index = PyDict_New();
+    w.view_index = PyDict_New();
+    if (!w.order || !w.parts || !w.views || !w.externals || !w.node_index || !w.ext_index || !w.view_index)
+        goto out;
+    if (grow(&w, 0) < 0)
+        goto out;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(targets); i++) {
+        PyObject *t = PyList_GET_ITEM(targets, i);
+        int known = PyDict_Contains(w.node_index, t);
+        if (known < 0)
+            goto out;
+        if (!known && visit(&w, t) < 0)
+            goto out;
+    }
+    /* The indexes hold every node: drop them before reference counts are read. */
+    Py_CLEAR(w.node_index);
+    Py_CLEAR(w.ext_index);
+    Py_CLEAR(w.view_index);
+    if (live) {
+        keep = keep_mask(&w);
+        if (keep == NULL)
+            goto out;
+    } else {
+        keep = Py_NewRef(Py_None);
+    }
+    PyObject *parts = PyList_AsTuple(w.parts), *views = parts ? PyList_AsTuple(w.views) : NULL;
+    if (views != NULL)
+        key = PyTuple_Pack(2, parts, views);
+    Py_XDECREF(parts);
+    Py_XDECREF(views);
+    if (key == NULL)
+        goto out;
+    result = PyTuple_Pack(4, w.order, key, w.externals, keep);
+out:
+    Py_XDECREF(key);
+    Py_XDECREF(keep);
+    Py_XDECREF(w.order);
+    Py_XDECREF(w.parts);
+    Py_XDECREF(w.views);
+    Py_XDECREF(w.externals);
+    Py_XDECREF(w.node_index);
+    Py_XDECREF(w.ext_index);
+    Py_XDECREF(w.view_index);
+    PyMem_Free(w.direct);
+    PyMem_Free(w.viewed);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"setup", setup, METH_VARARGS, "setup(Array, placeholder_op): the node type's field offsets."},
+    {"walk", walk, METH_VARARGS, "walk(targets, live) -> (order, key, externals, keep) or None."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "runtime._keywalk",
+                                    "The eager graph key walk in C (see runtime/lowering.py).", -1, methods};
+
+PyMODINIT_FUNC PyInit__keywalk(void) {
+    view_tag = PyUnicode_InternFromString("v");
+    if (view_tag == NULL)
+        return NULL;
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,184 @@
+"""The eager graph key walk in C (runtime._keywalk) against the Python walk it replaces.
+
+Both must number the same nodes in the same order, give equal keys, list the same externals and
+find the same live nodes, on graphs with views, shared subexpressions, repeated externals and
+intermediates still referenced; HAL_NATIVE selects between them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import hal
+import runtime as rt
+from runtime import lowering
+from runtime.array import Array
+
+native = pytest.mark.skipif(lowering._native_walk is None, reason="runtime._keywalk not built or HAL_NATIVE=0")
+
+
+def _summary(result) -> tuple:
+    """What a walk gave, with nodes by identity (the result itself is dropped: its lists would
+    count as references and change the next walk's live nodes)."""
+    order, key, externals, keep = result
+    return [id(n) for n in order], key, [id(e) for e in externals], keep
+
+
+def _both(targets: list, live: bool) -> tuple:
+    from_c = _summary(lowering._native_walk(targets, live))
+    from_python = _summary(lowering._eval_key_python(targets, live))
+    return from_c, from_python
+
+
+def _random_graph(rng: np.random.Generator, steps: int) -> tuple[list, list]:
+    """Pending arrays built by random ops over a few externals (views, broadcasts, reductions,
+    repeated operands); returns (every array made, the ones kept referenced)."""
+    dev = "local-sync"
+    pool = [rt.array(rng.standard_normal((4, 6)).astype(np.float32), device=dev),
+            rt.array(rng.standard_normal((6,)).astype(np.float32), device=dev),
+            rt.array(rng.standard_normal((4, 1)).astype(np.float32), device=dev)]
+    made = list(pool)
+    for _ in range(steps):
+        a = pool[rng.integers(len(pool))]
+        b = pool[rng.integers(len(pool))]
+        kind = rng.integers(9)
+        try:
+            if kind == 0:
+                c = rt.exp(a)
+            elif kind == 1:
+                c = a + b
+            elif kind == 2:
+                c = a * a  # one operand twice
+            elif kind == 3:
+                c = a.T if a.ndim == 2 else a.reshape((-1, 1))
+            elif kind == 4:
+                c = a[1:] if a.shape and a.shape[0] > 1 else -a
+            elif kind == 5:
+                c = a.sum(axis=0) if a.ndim else a + 1.5
+            elif kind == 6:
+                c = rt.maximum(a, 0.0)
+            elif kind == 7:
+                c = a.reshape((-1,))
+            else:
+                c = a - b * 2.0
+        except hal.HalError:  # shapes that do not broadcast
+            continue
+        pool.append(c)
+        made.append(c)
+    kept = [made[i] for i in rng.choice(len(made), size=min(4, len(made)), replace=False)]
+    return made, kept
+
+
+@native
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("live", [True, False])
+def test_c_walk_matches_the_python_walk(seed: int, live: bool) -> None:
+    rng = np.random.default_rng(seed)
+    made, kept = _random_graph(rng, int(rng.integers(3, 30)))
+    targets = []
+    for a in (made[-1], *kept):
+        r = a.root
+        if r.storage is None and all(r is not t for t in targets):
+            targets.append(r)
+    if not targets:
+        pytest.skip("the graph has nothing pending")
+    del made  # only the kept arrays reference intermediates: the live masks tell them apart
+    from_c, from_python = _both(targets, live)
+    assert from_c == from_python
+
+
+@native
+def test_c_walk_live_nodes_follow_references() -> None:
+    x = rt.array(np.arange(6, dtype=np.float32), device="local-sync")
+    t = x * 2
+    z = (t + 1).reshape((2, 3))  # t is held here; z's root is read through a view
+    u = z.sum()
+    from_c, from_python = _both([u.root], True)
+    assert from_c == from_python
+    held = from_c[3]
+    assert held & 1  # t (numbered first): referenced by this test
+    del t
+    from_c, from_python = _both([u.root], True)
+    assert from_c == from_python
+    assert not from_c[3] & 1
+    np.testing.assert_allclose(u.numpy(), (np.arange(6) * 2 + 1).sum())
+
+
+@native
+def test_c_walk_view_chains() -> None:
+    """Views of views of an external and of pending nodes, one view read twice, a view of a view
+    already numbered: the same numbering of views and roots as the Python walk."""
+    dev = "local-sync"
+    x_np = np.arange(24, dtype=np.float32).reshape(4, 6)
+    x = rt.array(x_np, device=dev)
+    xv = x.T.reshape((3, 8))[1:]  # external -> transpose -> reshape -> slice
+    p = rt.exp(x * 0.1)
+    pv = p.reshape((6, 4)).T  # pending -> reshape -> transpose
+    a = xv.sum(axis=0) + xv.sum(axis=0)  # the same view twice
+    b = pv[1:].sum() + pv.sum()  # a view of a view already numbered
+    c = (a.reshape((2, 4)) * b).reshape((-1,))
+    for live in (True, False):
+        from_c, from_python = _both([c.root], live)
+        assert from_c == from_python
+    assert len(from_c[1][1]) >= 6  # the views are part of the key
+    xv_np = x_np.T.reshape(3, 8)[1:]
+    pv_np = np.exp(x_np * np.float32(0.1)).reshape(6, 4).T
+    want = ((xv_np.sum(0) * 2).reshape(2, 4) * (pv_np[1:].sum() + pv_np.sum())).reshape(-1)
+    np.testing.assert_allclose(c.numpy(), want, rtol=1e-5)
+
+
+@native
+def test_c_walk_any_depth() -> None:
+    """The C walk's stack is its own: a chain far deeper than the recursive Python walk allows
+    gets the same post-order (the Python walk restarts iteratively past _MAX_KEY_DEPTH)."""
+    x = rt.array(np.ones(3, np.float32), device="local-sync")
+    y = x
+    for _ in range(5 * lowering._MAX_KEY_DEPTH):
+        y = y + 1.0
+    order, key, externals, keep = lowering._native_walk([y.root], True)
+    assert len(order) == 5 * lowering._MAX_KEY_DEPTH and order[-1] is y.root
+    assert all(p[4][0] == i - 1 for i, p in enumerate(key[0]) if i)  # each node reads the one before
+    del order, key, externals
+    np.testing.assert_allclose(y.numpy(), np.full(3, 1 + 5 * lowering._MAX_KEY_DEPTH))
+
+
+@native
+def test_c_walk_declines_other_node_types() -> None:
+    assert lowering._native_walk([object()], True) is None
+
+
+@native
+def test_setup_needs_a_slots_class() -> None:
+    from runtime import _keywalk
+
+    class NoSlots:
+        pass
+
+    with pytest.raises(TypeError, match="not a __slots__ field"):
+        _keywalk.setup(NoSlots, "placeholder")
+    _keywalk.setup(Array, lowering._PLACEHOLDER)  # restored for the other tests
+
+
+def test_hal_native_selects_the_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HAL_NATIVE", "0")
+    assert lowering._load_key_walk() is None
+    monkeypatch.setitem(sys.modules, "runtime._keywalk", None)  # as if it was not built
+    monkeypatch.delattr(rt, "_keywalk", raising=False)
+    monkeypatch.delenv("HAL_NATIVE")
+    assert lowering._load_key_walk() is None
+    monkeypatch.setenv("HAL_NATIVE", "1")
+    with pytest.raises(hal.UnavailableError, match="HAL_NATIVE=1"):
+        lowering._load_key_walk()
+
+
+def test_python_walk_evaluates_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback serves evals end to end (the whole suite runs on it with HAL_NATIVE=0)."""
+    monkeypatch.setattr(lowering, "_native_walk", None)
+    rng = np.random.default_rng(3)
+    x_np = rng.standard_normal((5, 4)).astype(np.float32)
+    x = rt.array(x_np, device="local-task")
+    y = (rt.exp(x.T) * 2.0).sum(axis=1) + x[0].reshape((-1,))
+    np.testing.assert_allclose(y.numpy(), (np.exp(x_np.T) * 2).sum(axis=1) + x_np[0], rtol=1e-5)
