@@ -30,6 +30,8 @@ static Py_ssize_t slot_offset[N_SLOTS];
 static PyTypeObject *array_type = NULL;
 static PyObject *placeholder = NULL; /* the op of a traced placeholder (an external, not computed) */
 static PyObject *view_tag = NULL;    /* "v" */
+static PyObject *zero = NULL;        /* a new node's offset */
+static Py_ssize_t ctx_offset;        /* Array.ctx, set by the node constructors only */
 
 #define SLOT(o, s) (*(PyObject **)((char *)(o) + slot_offset[s]))
 
@@ -47,6 +49,13 @@ static PyObject *setup(PyObject *self, PyObject *args) {
         }
         slot_offset[s] = ((PyMemberDescrObject *)d)->d_member->offset;
     }
+    PyObject *d = PyDict_GetItemString(((PyTypeObject *)type)->tp_dict, "ctx");
+    if (d == NULL || !PyObject_TypeCheck(d, &PyMemberDescr_Type) ||
+        ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX) {
+        PyErr_Format(PyExc_TypeError, "%s.ctx is not a __slots__ field", ((PyTypeObject *)type)->tp_name);
+        return NULL;
+    }
+    ctx_offset = ((PyMemberDescrObject *)d)->d_member->offset;
     Py_INCREF(type);
     Py_XSETREF(array_type, (PyTypeObject *)type);
     Py_INCREF(ph);
@@ -461,7 +470,96 @@ out:
     return result;
 }
 
+/* A fresh Array with every field set (each argument a new reference taken over by it). */
+static PyObject *make_array(PyObject *values[N_SLOTS]) {
+    PyObject *a = array_type->tp_alloc(array_type, 0);
+    if (a == NULL)
+        return NULL;
+    for (int s = 0; s < N_SLOTS; s++) {
+        Py_INCREF(values[s]);
+        SLOT(a, s) = values[s];
+    }
+    return a;
+}
+
+static PyObject *new_node(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (array_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "runtime._keywalk.setup was not called");
+        return NULL;
+    }
+    if (nargs != 6 && nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "new_node takes 6 or 7 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *values[N_SLOTS];
+    values[S_OP] = args[0];
+    values[S_INPUTS] = args[1];
+    values[S_PARAMS] = args[2];
+    values[S_SHAPE] = args[3];
+    values[S_DTYPE] = args[4];
+    PyObject *ctx = args[5];
+    values[S_BASE] = Py_None;
+    values[S_STRIDES] = Py_None;
+    values[S_OFFSET] = zero;
+    values[S_STORAGE] = nargs == 7 ? args[6] : Py_None;
+    PyObject *a = make_array(values);
+    if (a != NULL) {
+        /* ctx is not one of the walk's fields: set through its descriptor offset too */
+        Py_INCREF(ctx);
+        *(PyObject **)((char *)a + ctx_offset) = ctx;
+    }
+    return a;
+}
+
+static PyObject *new_view(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (array_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "runtime._keywalk.setup was not called");
+        return NULL;
+    }
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "new_view takes 6 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *src = args[1];
+    if (Py_TYPE(src) != array_type) {
+        PyErr_SetString(PyExc_TypeError, "new_view: the source is not an Array");
+        return NULL;
+    }
+    PyObject *base = field(src, S_BASE), *dtype = base ? field(src, S_DTYPE) : NULL;
+    PyObject *ctx = dtype ? *(PyObject **)((char *)src + ctx_offset) : NULL;
+    if (dtype == NULL)
+        return NULL;
+    if (ctx == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "'Array' object has no attribute 'ctx'");
+        return NULL;
+    }
+    PyObject *inputs = PyTuple_Pack(1, src);
+    if (inputs == NULL)
+        return NULL;
+    PyObject *values[N_SLOTS];
+    values[S_OP] = args[0];
+    values[S_INPUTS] = inputs;
+    values[S_PARAMS] = args[2];
+    values[S_SHAPE] = args[3];
+    values[S_DTYPE] = dtype;
+    values[S_BASE] = base == Py_None ? src : base; /* the root: src itself unless src is a view */
+    values[S_STRIDES] = args[4];
+    values[S_OFFSET] = args[5];
+    values[S_STORAGE] = Py_None;
+    PyObject *a = make_array(values);
+    Py_DECREF(inputs);
+    if (a != NULL) {
+        Py_INCREF(ctx);
+        *(PyObject **)((char *)a + ctx_offset) = ctx;
+    }
+    return a;
+}
+
 static PyMethodDef methods[] = {
+    {"new_node", (PyCFunction)(void (*)(void))new_node, METH_FASTCALL,
+     "new_node(op, inputs, params, shape, dtype, ctx, storage=None): array.new_node in C."},
+    {"new_view", (PyCFunction)(void (*)(void))new_view, METH_FASTCALL,
+     "new_view(op, src, params, shape, strides, offset): array.new_view in C."},
     {"setup", setup, METH_VARARGS, "setup(Array, placeholder_op): the node type's field offsets."},
     {"walk", walk, METH_VARARGS, "walk(targets, live) -> (order, key, externals, keep) or None."},
     {NULL, NULL, 0, NULL},
@@ -472,7 +570,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "runtime._keywalk",
 
 PyMODINIT_FUNC PyInit__keywalk(void) {
     view_tag = PyUnicode_InternFromString("v");
-    if (view_tag == NULL)
+    zero = PyLong_FromLong(0);
+    if (view_tag == NULL || zero == NULL)
         return NULL;
     return PyModule_Create(&module);
 }

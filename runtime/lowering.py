@@ -25,7 +25,7 @@ import hal
 from hal import env, tracing
 
 from . import cpu_program, graph_cache
-from .array import Array, new_node
+from .array import NATIVE, PLACEHOLDER, Array, new_node
 from .autodiff import GRAD, expand_noting, protect, resolved
 from .buffer_cache import BufferCache, bucket_size
 from .cpu_program import binding_bucket, program_executable
@@ -34,7 +34,7 @@ from .fusion import PLANNERS, schedule, want  # noqa: F401 - PLANNERS: the op ->
 from .kernels.source import executable
 from .shapes import contiguous_strides
 
-_PLACEHOLDER = "placeholder"
+_PLACEHOLDER = PLACEHOLDER
 _storage_buffer = attrgetter("storage.buffer")
 #: Recordings kept per graph key on GPUs, each replaying its own binding table unchanged (a step that
 #: alternates between two buffers, as `w = step(w)` does, then never patches a graph).
@@ -502,27 +502,7 @@ def _eval_key_python(targets: list, live: bool) -> tuple:
     return order, key, externals, live_mask(order, direct, viewed) if order else None
 
 
-def _load_key_walk():
-    """runtime._keywalk.walk, the same walk in C (built at install where a C compiler is), unless
-    HAL_NATIVE=0 or it is missing; HAL_NATIVE=1 makes a missing one an error."""
-    from hal.drivers.native_calls import mode
-
-    wanted = mode()
-    if wanted == "off":
-        return None
-    try:
-        from . import _keywalk
-
-        _keywalk.setup(Array, _PLACEHOLDER)
-        return _keywalk.walk
-    except (ImportError, TypeError) as exc:
-        if wanted == "on":
-            raise hal.UnavailableError(f"HAL_NATIVE=1 but the runtime's native key walk cannot be used: {exc}") \
-                from exc
-        return None
-
-
-_native_walk = _load_key_walk()
+_native_walk = NATIVE.walk if NATIVE is not None else None
 
 
 def eval_key(targets: list, live: bool) -> tuple:

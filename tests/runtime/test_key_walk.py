@@ -162,16 +162,45 @@ def test_setup_needs_a_slots_class() -> None:
     _keywalk.setup(Array, lowering._PLACEHOLDER)  # restored for the other tests
 
 
-def test_hal_native_selects_the_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hal_native_selects_the_c_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime import native as runtime_native
+
     monkeypatch.setenv("HAL_NATIVE", "0")
-    assert lowering._load_key_walk() is None
+    assert runtime_native.load(Array, lowering._PLACEHOLDER) is None
     monkeypatch.setitem(sys.modules, "runtime._keywalk", None)  # as if it was not built
     monkeypatch.delattr(rt, "_keywalk", raising=False)
     monkeypatch.delenv("HAL_NATIVE")
-    assert lowering._load_key_walk() is None
+    assert runtime_native.load(Array, lowering._PLACEHOLDER) is None
     monkeypatch.setenv("HAL_NATIVE", "1")
     with pytest.raises(hal.UnavailableError, match="HAL_NATIVE=1"):
-        lowering._load_key_walk()
+        runtime_native.load(Array, lowering._PLACEHOLDER)
+
+
+@native
+def test_c_constructors_match_the_python_ones() -> None:
+    """array.new_node / new_view in C set every field as the Python constructors do."""
+    from runtime import _keywalk
+
+    x = rt.array(np.arange(6, dtype=np.float32), device="local-sync")
+    t = x * 2
+    node = _keywalk.new_node("exp", (t,), rt.float32, (6,), rt.float32, t.ctx)
+    done = _keywalk.new_node(None, (), None, (6,), rt.float32, x.ctx, x.storage)
+    for a in (node, done):
+        assert type(a) is Array and a.base is None and a.strides is None and a.offset == 0
+    assert [getattr(node, f) for f in ("op", "inputs", "params", "shape", "dtype", "ctx", "storage")] == [
+        "exp", (t,), rt.float32, (6,), rt.float32, t.ctx, None]
+    assert done.storage is x.storage and done.op is None
+    np.testing.assert_allclose(node.numpy(), np.exp(np.arange(6) * 2), rtol=1e-6)
+    v = _keywalk.new_view("reshape", t, (2, 3), (2, 3), (3, 1), 0)
+    w = _keywalk.new_view("transpose", v, (1, 0), (3, 2), (1, 3), 0)
+    assert w.base is t and v.base is t and w.inputs[0] is v and len(w.inputs) == 1
+    assert [getattr(w, f) for f in ("op", "params", "shape", "dtype", "ctx", "strides", "offset", "storage")] == [
+        "transpose", (1, 0), (3, 2), t.dtype, t.ctx, (1, 3), 0, None]
+    np.testing.assert_allclose(w.numpy(), (np.arange(6) * 2).reshape(2, 3).T)
+    with pytest.raises(TypeError):
+        _keywalk.new_node("exp", (t,))
+    with pytest.raises(TypeError):
+        _keywalk.new_view("reshape", object(), (6,), (6,), (1,), 0)
 
 
 def test_python_walk_evaluates_alike(monkeypatch: pytest.MonkeyPatch) -> None:

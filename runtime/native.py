@@ -1,0 +1,30 @@
+"""The runtime's C code, ``runtime._keywalk``, where it was built and ``HAL_NATIVE`` allows it.
+
+It holds the eager graph key walk (``lowering.collect_key`` with ``live_mask``) and the node
+constructors (``array.new_node`` / ``new_view``): the Python each eval and each op runs. It is
+built at install where a C compiler is (``setup.py``); the Python code serves otherwise and with
+``HAL_NATIVE=0``; ``HAL_NATIVE=1`` makes a missing one an error.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import hal
+from hal.drivers.native_calls import mode
+
+
+def load(array_type: type, placeholder_op: str) -> ModuleType | None:
+    """``runtime._keywalk`` set up for ``array_type`` (a __slots__ class), or None."""
+    wanted = mode()
+    if wanted == "off":
+        return None
+    try:
+        from . import _keywalk
+
+        _keywalk.setup(array_type, placeholder_op)
+        return _keywalk
+    except (ImportError, TypeError) as exc:
+        if wanted == "on":
+            raise hal.UnavailableError(f"HAL_NATIVE=1 but the runtime's C code cannot be used: {exc}") from exc
+        return None
