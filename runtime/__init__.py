@@ -145,8 +145,11 @@ def array(data, dtype=None, device=None) -> Array:
 
 def eval(*arrays) -> None:  # noqa: A001
     """Evaluate arrays (and nested lists/tuples/dicts of arrays): one submission per device."""
-    from .lowering import evaluate
-    evaluate(_flatten(arrays))
+    for x in arrays:
+        if type(x) is not Array:  # containers: flattened (arrays alone, the usual call, need not be)
+            _evaluate(_flatten(arrays))
+            return
+    _evaluate(arrays)
 
 
 def _flatten(tree) -> list:
@@ -252,6 +255,7 @@ concatenate = concat
 from .autodiff import grad, value_and_grad  # noqa: E402,F401
 from .compile import compile  # noqa: E402,A001,F401
 from .interop import from_dlpack  # noqa: E402,F401
+from .lowering import evaluate as _evaluate  # noqa: E402 - rt.eval's (lowering needs the modules above)
 
 # Every public name: the op builders, the array API namespace, the dtypes, errors and utilities.
 __all__ = sorted(name for name, value in globals().items()

@@ -128,12 +128,12 @@ def _scalar_operand(value, other: Array):
     tv = type(value)
     if tv is float or tv is int or tv is bool:
         ctx = other.ctx
-        # ±0.0 are equal keys but different constants, and a NaN never finds its entry: neither is
-        # memoized. The memo shares the context's constant cache (its keys have four items, the
-        # constants' two or three), so one bound holds both.
-        if tv is not float or (value and value == value):
+        # A NaN never finds its entry: it is not memoized. ±0.0 are equal keys but different
+        # constants: a float zero is keyed by its hex form. The memo shares the context's constant
+        # cache (its keys have four items, the constants' two or three), so one bound holds both.
+        if tv is not float or value == value:
             cache = ctx.constants
-            key = (tv, value, other.dtype, None)
+            key = (tv, value, other.dtype, None) if value or tv is not float else (tv, value.hex(), other.dtype, None)
             hit = cache.get(key)
             if hit is None:
                 dt = _dt.weak_scalar_dtype(other.dtype, value)
