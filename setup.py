@@ -1,5 +1,5 @@
 """What pyproject.toml cannot say: the conformance suite ships as the package ``hal_cts``, and the
-optional C extensions ``hal.drivers._native`` (a driver library's hot calls) and ``runtime._keywalk``
+optional C extensions ``hal.drivers._native`` (a driver library's hot calls) and ``runtime._native``
 (the eager graph key walk).
 
 The suite's home in the repository stays tests/cts; installed, a driver author runs it with
@@ -17,5 +17,5 @@ setup(
     package_dir={"hal_cts": "tests/cts"},
     package_data={"hal": ["py.typed"], "runtime": ["py.typed"], "hal_cts": ["README.md"]},
     ext_modules=[Extension("hal.drivers._native", ["hal/drivers/_native.c"], optional=True),
-                 Extension("runtime._keywalk", ["runtime/_keywalk.c"], optional=True)],
+                 Extension("runtime._native", ["runtime/_native.c"], optional=True)],
 )

@@ -232,7 +232,7 @@ def new_view(op: str, src: Array, params, shape: tuple, strides: tuple, offset: 
 
 #: The op of a traced placeholder (rt.compile's inputs): no storage, and nothing computes it.
 PLACEHOLDER = "placeholder"
-#: runtime._keywalk where built and allowed (runtime/native.py): the constructors above in C.
+#: runtime._native where built and allowed (runtime/native.py): the constructors above in C.
 NATIVE = native.load(Array, PLACEHOLDER)
 if NATIVE is not None:
     new_node = NATIVE.new_node  # noqa: F811 - the same constructor, in C

@@ -1,4 +1,4 @@
-"""The runtime's C code, ``runtime._keywalk``, where it was built and ``HAL_NATIVE`` allows it.
+"""The runtime's C code, ``runtime._native``, where it was built and ``HAL_NATIVE`` allows it.
 
 It holds the eager graph key walk (``lowering.collect_key`` with ``live_mask``) and the node
 constructors (``array.new_node`` / ``new_view``): the Python each eval and each op runs. It is
@@ -15,15 +15,15 @@ from hal.drivers.native_calls import mode
 
 
 def load(array_type: type, placeholder_op: str) -> ModuleType | None:
-    """``runtime._keywalk`` set up for ``array_type`` (a __slots__ class), or None."""
+    """``runtime._native`` set up for ``array_type`` (a __slots__ class), or None."""
     wanted = mode()
     if wanted == "off":
         return None
     try:
-        from . import _keywalk
+        from . import _native
 
-        _keywalk.setup(array_type, placeholder_op)
-        return _keywalk
+        _native.setup(array_type, placeholder_op)
+        return _native
     except (ImportError, TypeError) as exc:
         if wanted == "on":
             raise hal.UnavailableError(f"HAL_NATIVE=1 but the runtime's C code cannot be used: {exc}") from exc

@@ -8,7 +8,7 @@ import operator
 import numpy as np
 
 from . import dtypes as _dt
-from .array import Array, constant, keep_constant, new_node, new_view, upload
+from .array import NATIVE, Array, constant, keep_constant, new_node, new_view, upload
 from .device import context_for
 from .errors import InvalidTypeError, InvalidValueError, ScalarOverflowError
 from .shapes import (
@@ -210,9 +210,18 @@ def binary_signature(op: str, dt: _dt.DType) -> tuple:
 
 
 _SIGNATURES: dict = {}
+if NATIVE is not None:
+    NATIVE.setup_ops(_PROMOTE, _SIGNATURES)
+    _native_binary = NATIVE.binary
+else:
+    _native_binary = None
 
 
 def _binary(op: str, a, b) -> Array:
+    if _native_binary is not None:  # two arrays of one shape and a known signature, in C
+        node = _native_binary(op, a, b)
+        if node is not None:
+            return node
     if type(a) is Array and type(b) is Array and a.ctx is b.ctx:
         dt = _PROMOTE[a.dtype, b.dtype]
     else:

@@ -1,5 +1,7 @@
 /*
- * runtime._keywalk: the eager graph key walk (lowering.collect_key and live_mask) in C.
+ * runtime._native: the runtime's per-eval and per-op Python in C, where it was measured to matter:
+ * the eager graph key walk (lowering.collect_key and live_mask), the node constructors
+ * (array.new_node / new_view) and the usual case of a binary op (ops._binary).
  *
  * Every eval walks the pending graph behind its targets to number its nodes, describe it as a
  * key for the graph cache, list its external inputs, and find the nodes read after the eval.
@@ -11,6 +13,11 @@
  * Array is a __slots__ class: its fields are read at the offsets of its member descriptors,
  * found once (`setup`). A node of any other type makes `walk` return None, and the caller
  * takes the Python walk.
+ *
+ * binary(op, a, b) -> the node of ops._binary for two Arrays of one context whose shapes are equal
+ *   (or one is 0-d), or an Array and a Python scalar whose constant ops._scalar_operand memoized,
+ *   when the (op, promoted dtype) signature is known; None for anything else, which the Python code
+ *   then handles (first uses, broadcasting, numpy scalars, other types, errors).
  *
  * walk(targets, live) -> (order, (parts, views), externals, keep) or None
  *   parts[i] = (op, params, shape, dtype, ins) of order[i]; an input is a pending node's index,
@@ -31,6 +38,7 @@ static PyTypeObject *array_type = NULL;
 static PyObject *placeholder = NULL; /* the op of a traced placeholder (an external, not computed) */
 static PyObject *view_tag = NULL;    /* "v" */
 static PyObject *zero = NULL;        /* a new node's offset */
+static PyObject *constants_name = NULL; /* "constants": a context's constant cache */
 static Py_ssize_t ctx_offset;        /* Array.ctx, set by the node constructors only */
 
 #define SLOT(o, s) (*(PyObject **)((char *)(o) + slot_offset[s]))
@@ -409,7 +417,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!p:walk", &PyList_Type, &targets, &live))
         return NULL;
     if (array_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "runtime._keywalk.setup was not called");
+        PyErr_SetString(PyExc_RuntimeError, "runtime._native.setup was not called");
         return NULL;
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(targets); i++)
@@ -484,7 +492,7 @@ static PyObject *make_array(PyObject *values[N_SLOTS]) {
 
 static PyObject *new_node(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (array_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "runtime._keywalk.setup was not called");
+        PyErr_SetString(PyExc_RuntimeError, "runtime._native.setup was not called");
         return NULL;
     }
     if (nargs != 6 && nargs != 7) {
@@ -513,7 +521,7 @@ static PyObject *new_node(PyObject *self, PyObject *const *args, Py_ssize_t narg
 
 static PyObject *new_view(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (array_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "runtime._keywalk.setup was not called");
+        PyErr_SetString(PyExc_RuntimeError, "runtime._native.setup was not called");
         return NULL;
     }
     if (nargs != 6) {
@@ -555,7 +563,152 @@ static PyObject *new_view(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return a;
 }
 
+static PyObject *promote_table = NULL, *signature_table = NULL; /* ops._PROMOTE, ops._SIGNATURES */
+
+static PyObject *setup_ops(PyObject *self, PyObject *args) {
+    PyObject *promote, *signatures;
+    if (!PyArg_ParseTuple(args, "O!O!:setup_ops", &PyDict_Type, &promote, &PyDict_Type, &signatures))
+        return NULL;
+    Py_INCREF(promote);
+    Py_XSETREF(promote_table, promote);
+    Py_INCREF(signatures);
+    Py_XSETREF(signature_table, signatures);
+    Py_RETURN_NONE;
+}
+
+/* A borrowed dict entry under the key (x, y); NULL without an error when absent. */
+static PyObject *lookup_pair(PyObject *dict, PyObject *x, PyObject *y) {
+    PyObject *key = PyTuple_Pack(2, x, y);
+    if (key == NULL)
+        return NULL;
+    PyObject *v = PyDict_GetItemWithError(dict, key);
+    Py_DECREF(key);
+    return v;
+}
+
+/* The memoized constant of a weak Python scalar operand of `other` (ops._scalar_operand's memo in
+   the context's constant cache, filled by the Python code): borrowed (constant array, result
+   dtype) in *dt, or NULL without an error when there is none (the Python code then decides). */
+static PyObject *memoized_scalar(PyObject *value, PyObject *other, PyObject *ctx, PyObject **dt) {
+    PyTypeObject *tv = Py_TYPE(value);
+    if (tv == &PyFloat_Type) {
+        double d = PyFloat_AS_DOUBLE(value);
+        if (d == 0.0 || d != d) /* ±0.0 are keyed by their hex form, a NaN is never memoized */
+            return NULL;
+    } else if (tv != &PyLong_Type && tv != &PyBool_Type) {
+        return NULL;
+    }
+    PyObject *dtype = SLOT(other, S_DTYPE);
+    PyObject *constants = PyObject_GetAttr(ctx, constants_name);
+    if (constants == NULL || !PyDict_Check(constants)) {
+        Py_XDECREF(constants);
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *key = dtype ? PyTuple_Pack(4, (PyObject *)tv, value, dtype, Py_None) : NULL;
+    PyObject *hit = key ? PyDict_GetItemWithError(constants, key) : NULL;
+    Py_XDECREF(key);
+    Py_DECREF(constants); /* the context keeps the dict, and the dict the entry */
+    if (hit == NULL || !PyTuple_Check(hit) || PyTuple_GET_SIZE(hit) != 2 ||
+        Py_TYPE(PyTuple_GET_ITEM(hit, 0)) != array_type) {
+        PyErr_Clear();
+        return NULL;
+    }
+    *dt = PyTuple_GET_ITEM(hit, 1);
+    return PyTuple_GET_ITEM(hit, 0);
+}
+
+static PyObject *binary(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "binary takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *op = args[0], *a = args[1], *b = args[2];
+    if (array_type == NULL || signature_table == NULL)
+        Py_RETURN_NONE;
+    int ta = Py_TYPE(a) == array_type, tb = Py_TYPE(b) == array_type;
+    PyObject *dt = NULL; /* the promoted dtype, known here for a scalar operand */
+    PyObject *ctx;
+    if (ta && tb) {
+        ctx = *(PyObject **)((char *)a + ctx_offset);
+        if (ctx == NULL || ctx != *(PyObject **)((char *)b + ctx_offset))
+            Py_RETURN_NONE;
+    } else if (ta || tb) {
+        /* a weak scalar operand (not for pow: integer powers have their own checks) */
+        if (PyUnicode_CompareWithASCIIString(op, "pow") == 0)
+            Py_RETURN_NONE;
+        PyObject *arr = ta ? a : b;
+        ctx = *(PyObject **)((char *)arr + ctx_offset);
+        if (ctx == NULL)
+            Py_RETURN_NONE;
+        PyObject *c = memoized_scalar(ta ? b : a, arr, ctx, &dt);
+        if (c == NULL)
+            Py_RETURN_NONE;
+        if (ta)
+            b = c;
+        else
+            a = c;
+    } else {
+        Py_RETURN_NONE;
+    }
+    PyObject *da = SLOT(a, S_DTYPE), *db = SLOT(b, S_DTYPE), *sa = SLOT(a, S_SHAPE), *sb = SLOT(b, S_SHAPE);
+    if (da == NULL || db == NULL || sa == NULL || sb == NULL || !PyTuple_Check(sa) || !PyTuple_Check(sb))
+        Py_RETURN_NONE;
+    PyObject *shape;
+    if (sa == sb || PyTuple_GET_SIZE(sb) == 0) {
+        shape = sa;
+    } else if (PyTuple_GET_SIZE(sa) == 0) {
+        shape = sb;
+    } else {
+        int eq = PyObject_RichCompareBool(sa, sb, Py_EQ);
+        if (eq < 0)
+            return NULL;
+        if (!eq)
+            Py_RETURN_NONE; /* broadcasting: the Python code */
+        shape = sa;
+    }
+    if (dt == NULL) {
+        dt = lookup_pair(promote_table, da, db);
+        if (dt == NULL) {
+            if (PyErr_Occurred())
+                return NULL;
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *sig = lookup_pair(signature_table, op, dt);
+    if (sig == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE; /* first use of this signature: validated in Python */
+    }
+    if (!PyTuple_Check(sig) || PyTuple_GET_SIZE(sig) != 2)
+        Py_RETURN_NONE;
+    PyObject *inputs = PyTuple_Pack(2, a, b);
+    if (inputs == NULL)
+        return NULL;
+    PyObject *values[N_SLOTS];
+    values[S_OP] = op;
+    values[S_INPUTS] = inputs;
+    values[S_PARAMS] = PyTuple_GET_ITEM(sig, 1); /* the compute dtype */
+    values[S_SHAPE] = shape;
+    values[S_DTYPE] = PyTuple_GET_ITEM(sig, 0); /* the result dtype */
+    values[S_BASE] = Py_None;
+    values[S_STRIDES] = Py_None;
+    values[S_OFFSET] = zero;
+    values[S_STORAGE] = Py_None;
+    PyObject *node = make_array(values);
+    Py_DECREF(inputs);
+    if (node != NULL) {
+        Py_INCREF(ctx);
+        *(PyObject **)((char *)node + ctx_offset) = ctx;
+    }
+    return node;
+}
+
 static PyMethodDef methods[] = {
+    {"setup_ops", setup_ops, METH_VARARGS, "setup_ops(promote, signatures): ops' dtype tables, for binary."},
+    {"binary", (PyCFunction)(void (*)(void))binary, METH_FASTCALL,
+     "binary(op, a, b): ops._binary's usual case in C, or None (see the module comment)."},
     {"new_node", (PyCFunction)(void (*)(void))new_node, METH_FASTCALL,
      "new_node(op, inputs, params, shape, dtype, ctx, storage=None): array.new_node in C."},
     {"new_view", (PyCFunction)(void (*)(void))new_view, METH_FASTCALL,
@@ -565,13 +718,14 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "runtime._keywalk",
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "runtime._native",
                                     "The eager graph key walk in C (see runtime/lowering.py).", -1, methods};
 
-PyMODINIT_FUNC PyInit__keywalk(void) {
+PyMODINIT_FUNC PyInit__native(void) {
     view_tag = PyUnicode_InternFromString("v");
     zero = PyLong_FromLong(0);
-    if (view_tag == NULL || zero == NULL)
+    constants_name = PyUnicode_InternFromString("constants");
+    if (view_tag == NULL || zero == NULL || constants_name == NULL)
         return NULL;
     return PyModule_Create(&module);
 }

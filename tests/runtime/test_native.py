@@ -1,8 +1,9 @@
-"""The eager graph key walk in C (runtime._keywalk) against the Python walk it replaces.
+"""The runtime's C code (runtime._native) against the Python it stands in for.
 
-Both must number the same nodes in the same order, give equal keys, list the same externals and
-find the same live nodes, on graphs with views, shared subexpressions, repeated externals and
-intermediates still referenced; HAL_NATIVE selects between them.
+The key walk must number the same nodes in the same order, give equal keys, list the same
+externals and find the same live nodes, on graphs with views, shared subexpressions, repeated
+externals and intermediates still referenced; the node constructors and the binary-op fast path
+must make the nodes the Python code makes. HAL_NATIVE selects between them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import runtime as rt
 from runtime import lowering
 from runtime.array import Array
 
-native = pytest.mark.skipif(lowering._native_walk is None, reason="runtime._keywalk not built or HAL_NATIVE=0")
+native = pytest.mark.skipif(lowering._native_walk is None, reason="runtime._native not built or HAL_NATIVE=0")
+
+FIELDS = ("op", "params", "shape", "dtype", "ctx", "base", "strides", "offset", "storage")
 
 
 def _summary(result) -> tuple:
@@ -152,14 +155,14 @@ def test_c_walk_declines_other_node_types() -> None:
 
 @native
 def test_setup_needs_a_slots_class() -> None:
-    from runtime import _keywalk
+    from runtime import _native
 
     class NoSlots:
         pass
 
     with pytest.raises(TypeError, match="not a __slots__ field"):
-        _keywalk.setup(NoSlots, "placeholder")
-    _keywalk.setup(Array, lowering._PLACEHOLDER)  # restored for the other tests
+        _native.setup(NoSlots, "placeholder")
+    _native.setup(Array, lowering._PLACEHOLDER)  # restored for the other tests
 
 
 def test_hal_native_selects_the_c_code(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,8 +170,8 @@ def test_hal_native_selects_the_c_code(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("HAL_NATIVE", "0")
     assert runtime_native.load(Array, lowering._PLACEHOLDER) is None
-    monkeypatch.setitem(sys.modules, "runtime._keywalk", None)  # as if it was not built
-    monkeypatch.delattr(rt, "_keywalk", raising=False)
+    monkeypatch.setitem(sys.modules, "runtime._native", None)  # as if it was not built
+    monkeypatch.delattr(rt, "_native", raising=False)
     monkeypatch.delenv("HAL_NATIVE")
     assert runtime_native.load(Array, lowering._PLACEHOLDER) is None
     monkeypatch.setenv("HAL_NATIVE", "1")
@@ -179,28 +182,28 @@ def test_hal_native_selects_the_c_code(monkeypatch: pytest.MonkeyPatch) -> None:
 @native
 def test_c_constructors_match_the_python_ones() -> None:
     """array.new_node / new_view in C set every field as the Python constructors do."""
-    from runtime import _keywalk
+    from runtime import _native
 
     x = rt.array(np.arange(6, dtype=np.float32), device="local-sync")
     t = x * 2
-    node = _keywalk.new_node("exp", (t,), rt.float32, (6,), rt.float32, t.ctx)
-    done = _keywalk.new_node(None, (), None, (6,), rt.float32, x.ctx, x.storage)
+    node = _native.new_node("exp", (t,), rt.float32, (6,), rt.float32, t.ctx)
+    done = _native.new_node(None, (), None, (6,), rt.float32, x.ctx, x.storage)
     for a in (node, done):
         assert type(a) is Array and a.base is None and a.strides is None and a.offset == 0
     assert [getattr(node, f) for f in ("op", "inputs", "params", "shape", "dtype", "ctx", "storage")] == [
         "exp", (t,), rt.float32, (6,), rt.float32, t.ctx, None]
     assert done.storage is x.storage and done.op is None
     np.testing.assert_allclose(node.numpy(), np.exp(np.arange(6) * 2), rtol=1e-6)
-    v = _keywalk.new_view("reshape", t, (2, 3), (2, 3), (3, 1), 0)
-    w = _keywalk.new_view("transpose", v, (1, 0), (3, 2), (1, 3), 0)
+    v = _native.new_view("reshape", t, (2, 3), (2, 3), (3, 1), 0)
+    w = _native.new_view("transpose", v, (1, 0), (3, 2), (1, 3), 0)
     assert w.base is t and v.base is t and w.inputs[0] is v and len(w.inputs) == 1
     assert [getattr(w, f) for f in ("op", "params", "shape", "dtype", "ctx", "strides", "offset", "storage")] == [
         "transpose", (1, 0), (3, 2), t.dtype, t.ctx, (1, 3), 0, None]
     np.testing.assert_allclose(w.numpy(), (np.arange(6) * 2).reshape(2, 3).T)
     with pytest.raises(TypeError):
-        _keywalk.new_node("exp", (t,))
+        _native.new_node("exp", (t,))
     with pytest.raises(TypeError):
-        _keywalk.new_view("reshape", object(), (6,), (6,), (1,), 0)
+        _native.new_view("reshape", object(), (6,), (6,), (1,), 0)
 
 
 def test_python_walk_evaluates_alike(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -211,3 +214,46 @@ def test_python_walk_evaluates_alike(monkeypatch: pytest.MonkeyPatch) -> None:
     x = rt.array(x_np, device="local-task")
     y = (rt.exp(x.T) * 2.0).sum(axis=1) + x[0].reshape((-1,))
     np.testing.assert_allclose(y.numpy(), (np.exp(x_np.T) * 2).sum(axis=1) + x_np[0], rtol=1e-5)
+
+
+def _fields(node: Array) -> tuple:
+    return tuple(getattr(node, f) for f in FIELDS) + (tuple(map(id, node.inputs)),)
+
+
+@native
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "pow", "maximum", "lt", "eq", "logical_and", "bitwise_and"])
+def test_c_binary_makes_the_python_node(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime import ops
+
+    dev = "local-sync"
+    f32 = rt.array(np.linspace(-1, 1, 6, dtype=np.float32), device=dev)
+    f64 = rt.array(np.linspace(-1, 1, 6), device=dev)
+    i32 = rt.array(np.arange(6, dtype=np.int32), device=dev)
+    b8 = rt.array(np.arange(6) % 2 == 0, device=dev)
+    mat = rt.array(np.ones((2, 6), np.float32), device=dev)
+    zero_d = rt.array(np.float32(2.0), device=dev)
+    operands = [f32, f64, i32, b8, mat, zero_d, 2.5, 3, True, -0.0, 0.0, float("nan"), np.float32(1.5), -2]
+    python_binary = ops._native_binary
+    compared = scalars = 0
+    for a in operands:
+        for b in operands:
+            if type(a) is not Array and type(b) is not Array:
+                continue
+            for _ in range(2):  # the second time, the Python code's memos are filled
+                try:
+                    monkeypatch.setattr(ops, "_native_binary", None)
+                    want = ops._binary(op, a, b)
+                except hal.HalError as exc:
+                    want = type(exc)
+                monkeypatch.setattr(ops, "_native_binary", python_binary)
+                got = python_binary(op, a, b)
+                if got is None:
+                    continue  # the Python code's case
+                compared += 1
+                scalars += type(a) is not Array or type(b) is not Array
+                assert not isinstance(want, type), (op, a, b)
+                got_fields, want_fields = _fields(got), _fields(want)
+                # a scalar's constant is the memoized one: the same object either way
+                assert got_fields == want_fields, (op, a, b)
+    assert compared > 0
+    assert (scalars > 0) == (op != "pow")  # pow's scalar operands always take the Python checks
