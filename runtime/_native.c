@@ -1,7 +1,8 @@
 /*
  * runtime._native: the runtime's per-eval and per-op Python in C, where it was measured to matter:
  * the eager graph key walk (lowering.collect_key and live_mask), the node constructors
- * (array.new_node / new_view) and the usual case of a binary op (ops._binary).
+ * (array.new_node / new_view), the usual cases of unary and binary ops (ops._unary, ops._binary)
+ * and handing an eval's results their storage (lowering.attach).
  *
  * Every eval walks the pending graph behind its targets to number its nodes, describe it as a
  * key for the graph cache, list its external inputs, and find the nodes read after the eval.
@@ -18,6 +19,10 @@
  *   (or one is 0-d), or an Array and a Python scalar whose constant ops._scalar_operand memoized,
  *   when the (op, promoted dtype) signature is known; None for anything else, which the Python code
  *   then handles (first uses, broadcasting, numpy scalars, other types, errors).
+ *
+ * unary(op, x) -> ops._unary's node for an Array whose (op, dtype) signature is known, or None.
+ *
+ * attach(ctx, fresh, n_ext, order, table, value): lowering.attach, the Storage objects made here.
  *
  * walk(targets, live) -> (order, (parts, views), externals, keep) or None
  *   parts[i] = (op, params, shape, dtype, ins) of order[i]; an input is a pending node's index,
@@ -39,31 +44,32 @@ static PyObject *placeholder = NULL; /* the op of a traced placeholder (an exter
 static PyObject *view_tag = NULL;    /* "v" */
 static PyObject *zero = NULL;        /* a new node's offset */
 static PyObject *constants_name = NULL; /* "constants": a context's constant cache */
-static Py_ssize_t ctx_offset;        /* Array.ctx, set by the node constructors only */
+static Py_ssize_t ctx_offset;        /* Array.ctx (not a field the walk reads) */
 
 #define SLOT(o, s) (*(PyObject **)((char *)(o) + slot_offset[s]))
 
-static PyObject *setup(PyObject *self, PyObject *args) {
-    PyObject *type, *ph;
-    if (!PyArg_ParseTuple(args, "O!U:setup", &PyType_Type, &type, &ph))
-        return NULL;
-    for (int s = 0; s < N_SLOTS; s++) {
-        PyObject *d = PyDict_GetItemString(((PyTypeObject *)type)->tp_dict, slot_names[s]);
+/* The offsets of a __slots__ class's fields, from their member descriptors. */
+static int slot_offsets(PyTypeObject *type, const char **names, int n, Py_ssize_t *offsets) {
+    for (int s = 0; s < n; s++) {
+        PyObject *d = PyDict_GetItemString(type->tp_dict, names[s]);
         if (d == NULL || !PyObject_TypeCheck(d, &PyMemberDescr_Type) ||
             ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX) {
-            PyErr_Format(PyExc_TypeError, "%s.%s is not a __slots__ field", ((PyTypeObject *)type)->tp_name,
-                         slot_names[s]);
-            return NULL;
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a __slots__ field", type->tp_name, names[s]);
+            return -1;
         }
-        slot_offset[s] = ((PyMemberDescrObject *)d)->d_member->offset;
+        offsets[s] = ((PyMemberDescrObject *)d)->d_member->offset;
     }
-    PyObject *d = PyDict_GetItemString(((PyTypeObject *)type)->tp_dict, "ctx");
-    if (d == NULL || !PyObject_TypeCheck(d, &PyMemberDescr_Type) ||
-        ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX) {
-        PyErr_Format(PyExc_TypeError, "%s.ctx is not a __slots__ field", ((PyTypeObject *)type)->tp_name);
+    return 0;
+}
+
+static PyObject *setup(PyObject *self, PyObject *args) {
+    PyObject *type, *ph;
+    static const char *ctx_name[1] = {"ctx"};
+    if (!PyArg_ParseTuple(args, "O!U:setup", &PyType_Type, &type, &ph))
         return NULL;
-    }
-    ctx_offset = ((PyMemberDescrObject *)d)->d_member->offset;
+    if (slot_offsets((PyTypeObject *)type, slot_names, N_SLOTS, slot_offset) < 0 ||
+        slot_offsets((PyTypeObject *)type, ctx_name, 1, &ctx_offset) < 0)
+        return NULL;
     Py_INCREF(type);
     Py_XSETREF(array_type, (PyTypeObject *)type);
     Py_INCREF(ph);
@@ -563,16 +569,20 @@ static PyObject *new_view(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return a;
 }
 
-static PyObject *promote_table = NULL, *signature_table = NULL; /* ops._PROMOTE, ops._SIGNATURES */
+/* ops._PROMOTE, ops._SIGNATURES, ops._UNARY_SIGNATURES */
+static PyObject *promote_table = NULL, *signature_table = NULL, *unary_table = NULL;
 
 static PyObject *setup_ops(PyObject *self, PyObject *args) {
-    PyObject *promote, *signatures;
-    if (!PyArg_ParseTuple(args, "O!O!:setup_ops", &PyDict_Type, &promote, &PyDict_Type, &signatures))
+    PyObject *promote, *signatures, *unary;
+    if (!PyArg_ParseTuple(args, "O!O!O!:setup_ops", &PyDict_Type, &promote, &PyDict_Type, &signatures,
+                          &PyDict_Type, &unary))
         return NULL;
     Py_INCREF(promote);
     Py_XSETREF(promote_table, promote);
     Py_INCREF(signatures);
     Py_XSETREF(signature_table, signatures);
+    Py_INCREF(unary);
+    Py_XSETREF(unary_table, unary);
     Py_RETURN_NONE;
 }
 
@@ -705,8 +715,156 @@ static PyObject *binary(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return node;
 }
 
+/* unary(op, x): ops._unary's node for an Array whose (op, dtype) signature is known, or None. */
+static PyObject *unary(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "unary takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *op = args[0], *x = args[1];
+    if (unary_table == NULL || array_type == NULL || Py_TYPE(x) != array_type)
+        Py_RETURN_NONE;
+    PyObject *ctx = *(PyObject **)((char *)x + ctx_offset), *dtype = SLOT(x, S_DTYPE), *shape = SLOT(x, S_SHAPE);
+    if (ctx == NULL || dtype == NULL || shape == NULL)
+        Py_RETURN_NONE;
+    PyObject *sig = lookup_pair(unary_table, op, dtype);
+    if (sig == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    if (!PyTuple_Check(sig) || PyTuple_GET_SIZE(sig) != 2)
+        Py_RETURN_NONE;
+    PyObject *inputs = PyTuple_Pack(1, x);
+    if (inputs == NULL)
+        return NULL;
+    PyObject *values[N_SLOTS];
+    values[S_OP] = op;
+    values[S_INPUTS] = inputs;
+    values[S_PARAMS] = PyTuple_GET_ITEM(sig, 1); /* the compute dtype */
+    values[S_SHAPE] = shape;
+    values[S_DTYPE] = PyTuple_GET_ITEM(sig, 0); /* the result dtype */
+    values[S_BASE] = Py_None;
+    values[S_STRIDES] = Py_None;
+    values[S_OFFSET] = zero;
+    values[S_STORAGE] = Py_None;
+    PyObject *node = make_array(values);
+    Py_DECREF(inputs);
+    if (node != NULL) {
+        Py_INCREF(ctx);
+        *(PyObject **)((char *)node + ctx_offset) = ctx;
+    }
+    return node;
+}
+
+/* ---- attach: the materialized nodes of an eval get their storage -------------------------- */
+
+enum { T_BUFFER, T_BUCKET, T_CTX, T_SEM, T_READY, T_NBYTES, N_STORAGE_SLOTS };
+static const char *storage_slot_names[N_STORAGE_SLOTS] = {"buffer", "bucket", "ctx", "sem", "ready", "nbytes"};
+static Py_ssize_t storage_offset[N_STORAGE_SLOTS];
+static PyTypeObject *storage_type = NULL;
+static PyObject *semaphore_name = NULL; /* "semaphore" */
+
+static PyObject *setup_storage(PyObject *self, PyObject *args) {
+    PyObject *type;
+    if (!PyArg_ParseTuple(args, "O!:setup_storage", &PyType_Type, &type))
+        return NULL;
+    if (slot_offsets((PyTypeObject *)type, storage_slot_names, N_STORAGE_SLOTS, storage_offset) < 0)
+        return NULL;
+    Py_INCREF(type);
+    Py_XSETREF(storage_type, (PyTypeObject *)type);
+    Py_RETURN_NONE;
+}
+
+/* Replace a slot's value (NULL when unset) with a new reference to `value`. */
+static inline void set_slot(PyObject *o, Py_ssize_t offset, PyObject *value) {
+    PyObject **at = (PyObject **)((char *)o + offset);
+    PyObject *old = *at;
+    Py_INCREF(value);
+    *at = value;
+    Py_XDECREF(old);
+}
+
+/* attach(ctx, fresh, n_ext, order, table, value): lowering.attach. For each (i, bucket, nbytes) of
+   `fresh`, k-th: order[i].storage = Storage(table[n_ext + k], bucket, ctx, value, nbytes) (its
+   semaphore, ctx.semaphore), and the node drops its op, inputs and params. */
+static PyObject *attach(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "attach takes 6 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *ctx = args[0], *fresh = args[1], *order = args[3], *table = args[4], *value = args[5];
+    Py_ssize_t n_ext = PyLong_AsSsize_t(args[2]);
+    if (n_ext == -1 && PyErr_Occurred())
+        return NULL;
+    if (storage_type == NULL || array_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "runtime._native.setup_storage was not called");
+        return NULL;
+    }
+    if (!PyList_Check(order) || !PyList_Check(table) || !(PyList_Check(fresh) || PyTuple_Check(fresh))) {
+        PyErr_SetString(PyExc_TypeError, "attach: order and table must be lists, fresh a list or tuple");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(fresh, "fresh");
+    if (seq == NULL)
+        return NULL;
+    PyObject *sem = PyObject_GetAttr(ctx, semaphore_name);
+    if (sem == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    PyObject *result = NULL, *empty = PyTuple_New(0);
+    if (empty == NULL)
+        goto out;
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(seq); k++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, k);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 3) {
+            PyErr_SetString(PyExc_TypeError, "attach: fresh entries are (index, bucket, nbytes)");
+            goto out;
+        }
+        Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 0)), pos = n_ext + k;
+        if (i == -1 && PyErr_Occurred())
+            goto out;
+        if (i < 0 || i >= PyList_GET_SIZE(order) || pos >= PyList_GET_SIZE(table)) {
+            PyErr_SetString(PyExc_IndexError, "attach: a fresh entry outside the order or the table");
+            goto out;
+        }
+        PyObject *node = PyList_GET_ITEM(order, i);
+        if (Py_TYPE(node) != array_type) {
+            PyErr_SetString(PyExc_TypeError, "attach: a node is not an Array");
+            goto out;
+        }
+        PyObject *storage = storage_type->tp_alloc(storage_type, 0);
+        if (storage == NULL)
+            goto out;
+        PyObject *fields[N_STORAGE_SLOTS] = {PyList_GET_ITEM(table, pos), PyTuple_GET_ITEM(item, 1), ctx, sem,
+                                             value, PyTuple_GET_ITEM(item, 2)};
+        for (int s = 0; s < N_STORAGE_SLOTS; s++)
+            set_slot(storage, storage_offset[s], fields[s]);
+        PyObject **at = (PyObject **)((char *)node + slot_offset[S_STORAGE]);
+        PyObject *old = *at;
+        *at = storage; /* the reference tp_alloc gave */
+        Py_XDECREF(old);
+        set_slot(node, slot_offset[S_OP], Py_None);
+        set_slot(node, slot_offset[S_INPUTS], empty);
+        set_slot(node, slot_offset[S_PARAMS], Py_None);
+    }
+    result = Py_NewRef(Py_None);
+out:
+    Py_XDECREF(empty);
+    Py_DECREF(sem);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef methods[] = {
-    {"setup_ops", setup_ops, METH_VARARGS, "setup_ops(promote, signatures): ops' dtype tables, for binary."},
+    {"setup_storage", setup_storage, METH_VARARGS, "setup_storage(Storage): its field offsets, for attach."},
+    {"attach", (PyCFunction)(void (*)(void))attach, METH_FASTCALL,
+     "attach(ctx, fresh, n_ext, order, table, value): lowering.attach in C."},
+    {"setup_ops", setup_ops, METH_VARARGS,
+     "setup_ops(promote, signatures, unary_signatures): ops' dtype tables, for binary and unary."},
+    {"unary", (PyCFunction)(void (*)(void))unary, METH_FASTCALL,
+     "unary(op, x): ops._unary's node for a known signature, or None."},
     {"binary", (PyCFunction)(void (*)(void))binary, METH_FASTCALL,
      "binary(op, a, b): ops._binary's usual case in C, or None (see the module comment)."},
     {"new_node", (PyCFunction)(void (*)(void))new_node, METH_FASTCALL,
@@ -725,7 +883,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     view_tag = PyUnicode_InternFromString("v");
     zero = PyLong_FromLong(0);
     constants_name = PyUnicode_InternFromString("constants");
-    if (view_tag == NULL || zero == NULL || constants_name == NULL)
+    semaphore_name = PyUnicode_InternFromString("semaphore");
+    if (view_tag == NULL || zero == NULL || constants_name == NULL || semaphore_name == NULL)
         return NULL;
     return PyModule_Create(&module);
 }

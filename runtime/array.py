@@ -233,7 +233,7 @@ def new_view(op: str, src: Array, params, shape: tuple, strides: tuple, offset: 
 #: The op of a traced placeholder (rt.compile's inputs): no storage, and nothing computes it.
 PLACEHOLDER = "placeholder"
 #: runtime._native where built and allowed (runtime/native.py): the constructors above in C.
-NATIVE = native.load(Array, PLACEHOLDER)
+NATIVE = native.load(Array, PLACEHOLDER, Storage)
 if NATIVE is not None:
     new_node = NATIVE.new_node  # noqa: F811 - the same constructor, in C
     new_view = NATIVE.new_view  # noqa: F811

@@ -503,6 +503,7 @@ def _eval_key_python(targets: list, live: bool) -> tuple:
 
 
 _native_walk = NATIVE.walk if NATIVE is not None else None
+_native_attach = NATIVE.attach if NATIVE is not None else None
 
 
 def eval_key(targets: list, live: bool) -> tuple:
@@ -912,6 +913,9 @@ def _hand_over(ctx: DeviceContext, command_buffers: list, tables: list, value: i
 def attach(ctx: DeviceContext, rec: Recording, order: list, table: list, value: int) -> None:
     """Hand the materialized nodes of an eval their buffers; nodes fused away keep their inputs
     (they are garbage unless referenced)."""
+    if _native_attach is not None:
+        _native_attach(ctx, rec.fresh, rec.n_ext, order, table, value)
+        return
     for pos, (i, bucket, nb) in enumerate(rec.fresh, rec.n_ext):
         node = order[i]
         node.storage = Storage(table[pos], bucket, ctx, value, nb)

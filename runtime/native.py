@@ -1,7 +1,8 @@
 """The runtime's C code, ``runtime._native``, where it was built and ``HAL_NATIVE`` allows it.
 
-It holds the eager graph key walk (``lowering.collect_key`` with ``live_mask``) and the node
-constructors (``array.new_node`` / ``new_view``): the Python each eval and each op runs. It is
+It holds the eager graph key walk (``lowering.collect_key`` with ``live_mask``), the node
+constructors (``array.new_node`` / ``new_view``), binary ops' usual case (``ops._binary``) and
+``lowering.attach``: the Python each eval and each op runs. It is
 built at install where a C compiler is (``setup.py``); the Python code serves otherwise and with
 ``HAL_NATIVE=0``; ``HAL_NATIVE=1`` makes a missing one an error.
 """
@@ -14,8 +15,8 @@ import hal
 from hal.drivers.native_calls import mode
 
 
-def load(array_type: type, placeholder_op: str) -> ModuleType | None:
-    """``runtime._native`` set up for ``array_type`` (a __slots__ class), or None."""
+def load(array_type: type, placeholder_op: str, storage_type: type) -> ModuleType | None:
+    """``runtime._native`` set up for ``array_type`` and ``storage_type`` (__slots__ classes), or None."""
     wanted = mode()
     if wanted == "off":
         return None
@@ -23,6 +24,7 @@ def load(array_type: type, placeholder_op: str) -> ModuleType | None:
         from . import _native
 
         _native.setup(array_type, placeholder_op)
+        _native.setup_storage(storage_type)
         return _native
     except (ImportError, TypeError) as exc:
         if wanted == "on":

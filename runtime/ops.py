@@ -210,11 +210,12 @@ def binary_signature(op: str, dt: _dt.DType) -> tuple:
 
 
 _SIGNATURES: dict = {}
-if NATIVE is not None:
-    NATIVE.setup_ops(_PROMOTE, _SIGNATURES)
-    _native_binary = NATIVE.binary
+_UNARY_SIGNATURES: dict = {}
+if NATIVE is not None:  # runtime/native.py: the usual cases of _binary and _unary in C
+    NATIVE.setup_ops(_PROMOTE, _SIGNATURES, _UNARY_SIGNATURES)
+    _native_binary, _native_unary = NATIVE.binary, NATIVE.unary
 else:
-    _native_binary = None
+    _native_binary = _native_unary = None
 
 
 def _binary(op: str, a, b) -> Array:
@@ -286,10 +287,11 @@ def unary_signature(op: str, d: _dt.DType) -> tuple:
     return d, d
 
 
-_UNARY_SIGNATURES: dict = {}
-
-
 def _unary(op: str, x, out: _dt.DType | None = None) -> Array:
+    if out is None and _native_unary is not None:  # an array and a known signature, in C
+        node = _native_unary(op, x)
+        if node is not None:
+            return node
     if type(x) is not Array:
         x = asarray(x)
     if out is None:

@@ -17,6 +17,7 @@ import hal
 import runtime as rt
 from runtime import lowering
 from runtime.array import Array
+from runtime.device import Storage
 
 native = pytest.mark.skipif(lowering._native_walk is None, reason="runtime._native not built or HAL_NATIVE=0")
 
@@ -169,14 +170,14 @@ def test_hal_native_selects_the_c_code(monkeypatch: pytest.MonkeyPatch) -> None:
     from runtime import native as runtime_native
 
     monkeypatch.setenv("HAL_NATIVE", "0")
-    assert runtime_native.load(Array, lowering._PLACEHOLDER) is None
+    assert runtime_native.load(Array, lowering._PLACEHOLDER, Storage) is None
     monkeypatch.setitem(sys.modules, "runtime._native", None)  # as if it was not built
     monkeypatch.delattr(rt, "_native", raising=False)
     monkeypatch.delenv("HAL_NATIVE")
-    assert runtime_native.load(Array, lowering._PLACEHOLDER) is None
+    assert runtime_native.load(Array, lowering._PLACEHOLDER, Storage) is None
     monkeypatch.setenv("HAL_NATIVE", "1")
     with pytest.raises(hal.UnavailableError, match="HAL_NATIVE=1"):
-        runtime_native.load(Array, lowering._PLACEHOLDER)
+        runtime_native.load(Array, lowering._PLACEHOLDER, Storage)
 
 
 @native
@@ -257,3 +258,57 @@ def test_c_binary_makes_the_python_node(op: str, monkeypatch: pytest.MonkeyPatch
                 assert got_fields == want_fields, (op, a, b)
     assert compared > 0
     assert (scalars > 0) == (op != "pow")  # pow's scalar operands always take the Python checks
+
+
+@native
+def test_c_attach_gives_the_python_storages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An eval's materialized nodes get the same Storage fields from the C attach as from the
+    Python one, and drop their op, inputs and params; a graph evaluated twice reads the same."""
+    from runtime.device import context_for
+
+    dev = "local-task"
+    x_np = np.linspace(-2, 2, 12, dtype=np.float32)
+    x = rt.array(x_np, device=dev)
+    ctx = context_for(dev)
+    seen = []
+    for attach in (lowering._native_attach, None):
+        monkeypatch.setattr(lowering, "_native_attach", attach)
+        t = rt.exp(x) * 2.0
+        u = (t + x).sum()
+        rt.eval(t, u)
+        for a in (t, u):
+            st = a.storage
+            assert type(st) is Storage and a.op is None and a.inputs == () and a.params is None
+            assert st.ctx is ctx and st.sem is ctx.semaphore and st.ready == ctx.submitted
+            seen.append((a.shape, st.bucket, st.nbytes, a.numpy().tobytes()))
+        del t, u  # their storages go back to the buffer cache (Storage.__del__)
+    assert seen[:2] == seen[2:]
+    np.testing.assert_allclose(np.frombuffer(seen[1][3], np.float32), (np.exp(x_np) * 2 + x_np).sum(), rtol=1e-5)
+
+
+@native
+@pytest.mark.parametrize("op", ["exp", "neg", "abs", "log", "logical_not", "isnan", "sign", "bitwise_invert"])
+def test_c_unary_makes_the_python_node(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime import ops
+
+    dev = "local-sync"
+    operands = [rt.array(np.linspace(-1, 1, 4, dtype=np.float32), device=dev),
+                rt.array(np.arange(4, dtype=np.int32), device=dev),
+                rt.array(np.arange(4) % 2 == 0, device=dev), rt.array(np.float64(2.0), device=dev), 1.5]
+    c_unary = ops._native_unary
+    compared = 0
+    for x in operands:
+        for _ in range(2):  # the second time, the Python code's signature memo is filled
+            monkeypatch.setattr(ops, "_native_unary", None)
+            try:
+                want = ops._unary(op, x)
+            except hal.HalError as exc:
+                want = type(exc)
+            monkeypatch.setattr(ops, "_native_unary", c_unary)
+            got = c_unary(op, x)
+            if got is None:
+                continue
+            compared += 1
+            assert not isinstance(want, type), (op, x)
+            assert _fields(got) == _fields(want), (op, x)
+    assert compared > 0
