@@ -70,10 +70,11 @@ class Allocator(abc.ABC):
 
     def statistics(self) -> AllocatorStatistics:
         """Bytes and buffers live now, and the peak; nothing is live once the device is closed."""
-        with self._stats_lock:
-            if self.device.closed:
-                return AllocatorStatistics(0, self._bytes_peak, 0)
-            return AllocatorStatistics(self._bytes_allocated, self._bytes_peak, self._live_buffers)
+        with self._stats_lock:  # (no object made inside: a finalizer run there may release a buffer)
+            allocated, peak, live = self._bytes_allocated, self._bytes_peak, self._live_buffers
+        if self.device.closed:
+            return AllocatorStatistics(0, peak, 0)
+        return AllocatorStatistics(allocated, peak, live)
 
     def _release_buffer(self, buffer: Buffer) -> None:
         if self.device.closed:

@@ -71,7 +71,9 @@ class GpuAllocator(Allocator):
         super().__init__(device)
         self.max_allocation_size = max(device_memory_bytes, physical_memory_bytes())
         self._live: set[Allocation] = set()
-        self._live_lock = threading.Lock()
+        # Re-entrant: finalizers free memory (free_now) and may run on a thread inside this lock
+        # (the cycle collector runs at allocations); a plain lock would wait for itself.
+        self._live_lock = threading.RLock()
 
     def _allocate(self, size: int, memory_type: MemoryType, usage: BufferUsage) -> tuple[Allocation, MemoryType]:
         device = self.device

@@ -48,8 +48,11 @@ class Completion:
         self.sequence = itertools.count(1)
         #: (sequence mark, release): run once every submission numbered below the mark retired.
         self._deferred: collections.deque[tuple[int, Callable[[], Any]]] = collections.deque()
-        #: Guards the deferred releases and the idle condition.
-        self._lock = threading.Lock()
+        #: Guards the deferred releases and the idle condition. Re-entrant: ``defer`` is reached
+        #: from finalizers (an array's storage collected as garbage gives its buffer back), which
+        #: the cycle collector may run on a thread inside this lock; a plain lock would wait for
+        #: itself forever.
+        self._lock = threading.RLock()
         self._idle = threading.Condition(self._lock)
         self.idle_waiters = 0
         self._inbox: queue_module.SimpleQueue = queue_module.SimpleQueue()

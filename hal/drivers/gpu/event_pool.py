@@ -20,7 +20,7 @@ class EventPool:
         self.api = api
         #: Events ready to be recorded (the issue path pops one directly).
         self.free: list[Any] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant, as every lock a finalizer's release may take
         self.closed = False
         self.created = 0
 

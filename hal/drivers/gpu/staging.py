@@ -17,7 +17,10 @@ class StagingPool:
         self.api = api
         self.keep_per_class = keep_per_class
         self._free: dict[int, list[int]] = {}
-        self._lock = threading.Lock()
+        # Re-entrant: blocks come back from finalizers (a command buffer collected as garbage),
+        # which the cycle collector may run on a thread inside this lock (at any allocation):
+        # with a plain lock that thread would wait for itself forever.
+        self._lock = threading.RLock()
         self._closed = False
 
     @staticmethod
@@ -36,7 +39,9 @@ class StagingPool:
     def release(self, host: int, capacity: int) -> None:
         with self._lock:
             if not self._closed:
-                blocks = self._free.setdefault(capacity, [])
+                blocks = self._free.get(capacity)
+                if blocks is None:
+                    blocks = self._free[capacity] = []
                 if len(blocks) < self.keep_per_class:
                     blocks.append(host)
                     return
