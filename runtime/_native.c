@@ -249,11 +249,19 @@ done:
 }
 
 typedef struct {
-    PyObject *node;   /* borrowed: held by its consumer's inputs or the targets */
-    PyObject *inputs; /* borrowed, a tuple */
-    PyObject *ins;    /* owned: the key's input references, filled in order */
+    /* Owned while the frame lives: the walk allocates, so the cycle collector may run finalizers
+       (Python code) in the middle of it, and nothing may then free what a frame reads. */
+    PyObject *node;
+    PyObject *inputs; /* a tuple */
+    PyObject *ins;    /* the key's input references, filled in order */
     Py_ssize_t k;
 } Frame;
+
+static void drop_frame(Frame *f) {
+    Py_XDECREF(f->ins);
+    Py_DECREF(f->inputs);
+    Py_DECREF(f->node);
+}
 
 /* Number `node` after every pending node it reads from (the recursive walk of collect_key). */
 static int visit(Walk *w, PyObject *target) {
@@ -286,6 +294,8 @@ static int visit(Walk *w, PyObject *target) {
             PyObject *ins = PyTuple_New(PyTuple_GET_SIZE(inputs));
             if (ins == NULL)
                 goto out;
+            Py_INCREF(next);
+            Py_INCREF(inputs);
             stack[depth++] = (Frame){next, inputs, ins, 0};
             next = NULL;
         }
@@ -368,11 +378,11 @@ static int visit(Walk *w, PyObject *target) {
         PyObject *part = PyTuple_Pack(5, op, params, shape, dtype, f->ins);
         if (part == NULL)
             goto out;
-        Py_CLEAR(f->ins);
         bad = PyList_Append(w->parts, part) < 0;
         Py_DECREF(part);
         if (bad)
             goto out;
+        drop_frame(f); /* `order` holds the node now */
         depth--;
         if (depth == 0) {
             rc = 0;
@@ -381,7 +391,7 @@ static int visit(Walk *w, PyObject *target) {
     }
 out:
     for (Py_ssize_t i = 0; i < depth; i++)
-        Py_XDECREF(stack[i].ins);
+        drop_frame(&stack[i]);
     PyMem_Free(stack);
     return rc;
 }
@@ -597,8 +607,9 @@ static PyObject *lookup_pair(PyObject *dict, PyObject *x, PyObject *y) {
 }
 
 /* The memoized constant of a weak Python scalar operand of `other` (ops._scalar_operand's memo in
-   the context's constant cache, filled by the Python code): borrowed (constant array, result
-   dtype) in *dt, or NULL without an error when there is none (the Python code then decides). */
+   the context's constant cache, filled by the Python code): new references to the constant array,
+   and to the result dtype in *dt; NULL without an error when there is none (the Python code then
+   decides). */
 static PyObject *memoized_scalar(PyObject *value, PyObject *other, PyObject *ctx, PyObject **dt) {
     PyTypeObject *tv = Py_TYPE(value);
     if (tv == &PyFloat_Type) {
@@ -624,8 +635,8 @@ static PyObject *memoized_scalar(PyObject *value, PyObject *other, PyObject *ctx
         PyErr_Clear();
         return NULL;
     }
-    *dt = PyTuple_GET_ITEM(hit, 1);
-    return PyTuple_GET_ITEM(hit, 0);
+    *dt = Py_NewRef(PyTuple_GET_ITEM(hit, 1));
+    return Py_NewRef(PyTuple_GET_ITEM(hit, 0));
 }
 
 static PyObject *binary(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -637,33 +648,33 @@ static PyObject *binary(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (array_type == NULL || signature_table == NULL)
         Py_RETURN_NONE;
     int ta = Py_TYPE(a) == array_type, tb = Py_TYPE(b) == array_type;
-    PyObject *dt = NULL; /* the promoted dtype, known here for a scalar operand */
-    PyObject *ctx;
+    PyObject *ctx, *constant = NULL, *dt = NULL; /* a scalar operand's constant and the promoted dtype: owned */
+    PyObject *result = NULL;
     if (ta && tb) {
         ctx = *(PyObject **)((char *)a + ctx_offset);
         if (ctx == NULL || ctx != *(PyObject **)((char *)b + ctx_offset))
-            Py_RETURN_NONE;
+            goto decline;
     } else if (ta || tb) {
         /* a weak scalar operand (not for pow: integer powers have their own checks) */
         if (PyUnicode_CompareWithASCIIString(op, "pow") == 0)
-            Py_RETURN_NONE;
+            goto decline;
         PyObject *arr = ta ? a : b;
         ctx = *(PyObject **)((char *)arr + ctx_offset);
         if (ctx == NULL)
-            Py_RETURN_NONE;
-        PyObject *c = memoized_scalar(ta ? b : a, arr, ctx, &dt);
-        if (c == NULL)
-            Py_RETURN_NONE;
+            goto decline;
+        constant = memoized_scalar(ta ? b : a, arr, ctx, &dt);
+        if (constant == NULL)
+            goto decline;
         if (ta)
-            b = c;
+            b = constant;
         else
-            a = c;
+            a = constant;
     } else {
-        Py_RETURN_NONE;
+        goto decline;
     }
     PyObject *da = SLOT(a, S_DTYPE), *db = SLOT(b, S_DTYPE), *sa = SLOT(a, S_SHAPE), *sb = SLOT(b, S_SHAPE);
     if (da == NULL || db == NULL || sa == NULL || sb == NULL || !PyTuple_Check(sa) || !PyTuple_Check(sb))
-        Py_RETURN_NONE;
+        goto decline;
     PyObject *shape;
     if (sa == sb || PyTuple_GET_SIZE(sb) == 0) {
         shape = sa;
@@ -672,30 +683,25 @@ static PyObject *binary(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     } else {
         int eq = PyObject_RichCompareBool(sa, sb, Py_EQ);
         if (eq < 0)
-            return NULL;
+            goto done;
         if (!eq)
-            Py_RETURN_NONE; /* broadcasting: the Python code */
+            goto decline; /* broadcasting: the Python code */
         shape = sa;
     }
     if (dt == NULL) {
         dt = lookup_pair(promote_table, da, db);
-        if (dt == NULL) {
-            if (PyErr_Occurred())
-                return NULL;
-            Py_RETURN_NONE;
-        }
+        if (dt == NULL)
+            goto declined_lookup;
+        Py_INCREF(dt);
     }
     PyObject *sig = lookup_pair(signature_table, op, dt);
-    if (sig == NULL) {
-        if (PyErr_Occurred())
-            return NULL;
-        Py_RETURN_NONE; /* first use of this signature: validated in Python */
-    }
+    if (sig == NULL)
+        goto declined_lookup; /* first use of this signature: validated in Python */
     if (!PyTuple_Check(sig) || PyTuple_GET_SIZE(sig) != 2)
-        Py_RETURN_NONE;
+        goto decline;
     PyObject *inputs = PyTuple_Pack(2, a, b);
     if (inputs == NULL)
-        return NULL;
+        goto done;
     PyObject *values[N_SLOTS];
     values[S_OP] = op;
     values[S_INPUTS] = inputs;
@@ -706,13 +712,22 @@ static PyObject *binary(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     values[S_STRIDES] = Py_None;
     values[S_OFFSET] = zero;
     values[S_STORAGE] = Py_None;
-    PyObject *node = make_array(values);
+    result = make_array(values);
     Py_DECREF(inputs);
-    if (node != NULL) {
+    if (result != NULL) {
         Py_INCREF(ctx);
-        *(PyObject **)((char *)node + ctx_offset) = ctx;
+        *(PyObject **)((char *)result + ctx_offset) = ctx;
     }
-    return node;
+    goto done;
+declined_lookup:
+    if (PyErr_Occurred())
+        goto done;
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(constant);
+    Py_XDECREF(dt);
+    return result;
 }
 
 /* unary(op, x): ops._unary's node for an Array whose (op, dtype) signature is known, or None. */
