@@ -56,9 +56,13 @@ def test_one_device_span_per_submission(fake_driver, tmp_path):
     host = {e["name"]: e for e in events if e.get("cat") == "hal"}
     first_submit = min(e["ts"] for e in events if e.get("name") == "queue_execute")
     last_host = max(e["ts"] + e["dur"] for e in events if e.get("cat") == "hal")
+    # Device time maps onto the host clock through an anchor event read right after it synchronised:
+    # the read can come late on a loaded machine (the waiting thread has to be scheduled), which
+    # shifts every device span later by as much. The slack allows for that, not for a wrong mapping.
+    slack_us = 25_000.0
     for span in device:
         assert span["dur"] >= 0
-        assert first_submit <= span["ts"] and span["ts"] + span["dur"] <= last_host + 1000.0  # µs of slack
+        assert first_submit <= span["ts"] and span["ts"] + span["dur"] <= last_host + slack_us
     assert "semaphore.wait" in host and "wait_idle" in host
     assert [e["args"]["seq"] for e in device] == sorted(e["args"]["seq"] for e in device)
     assert not tracing.ENABLED
