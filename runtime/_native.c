@@ -494,8 +494,8 @@ out:
     return result;
 }
 
-/* A fresh Array with every field set (each argument a new reference taken over by it). */
-static PyObject *make_array(PyObject *values[N_SLOTS]) {
+/* A fresh Array with every field set, `ctx` too (each gets a new reference). */
+static PyObject *make_array(PyObject *values[N_SLOTS], PyObject *ctx) {
     PyObject *a = array_type->tp_alloc(array_type, 0);
     if (a == NULL)
         return NULL;
@@ -503,7 +503,18 @@ static PyObject *make_array(PyObject *values[N_SLOTS]) {
         Py_INCREF(values[s]);
         SLOT(a, s) = values[s];
     }
+    Py_INCREF(ctx);
+    *(PyObject **)((char *)a + ctx_offset) = ctx;
     return a;
+}
+
+/* A root node one kernel computes (array.new_node): no view fields. */
+static PyObject *make_node(PyObject *op, PyObject *inputs, PyObject *params, PyObject *shape, PyObject *dtype,
+                           PyObject *ctx, PyObject *storage) {
+    PyObject *values[N_SLOTS] = {[S_OP] = op, [S_INPUTS] = inputs, [S_PARAMS] = params, [S_SHAPE] = shape,
+                                 [S_DTYPE] = dtype, [S_BASE] = Py_None, [S_STRIDES] = Py_None,
+                                 [S_OFFSET] = zero, [S_STORAGE] = storage};
+    return make_array(values, ctx);
 }
 
 static PyObject *new_node(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -515,24 +526,7 @@ static PyObject *new_node(PyObject *self, PyObject *const *args, Py_ssize_t narg
         PyErr_Format(PyExc_TypeError, "new_node takes 6 or 7 arguments (%zd given)", nargs);
         return NULL;
     }
-    PyObject *values[N_SLOTS];
-    values[S_OP] = args[0];
-    values[S_INPUTS] = args[1];
-    values[S_PARAMS] = args[2];
-    values[S_SHAPE] = args[3];
-    values[S_DTYPE] = args[4];
-    PyObject *ctx = args[5];
-    values[S_BASE] = Py_None;
-    values[S_STRIDES] = Py_None;
-    values[S_OFFSET] = zero;
-    values[S_STORAGE] = nargs == 7 ? args[6] : Py_None;
-    PyObject *a = make_array(values);
-    if (a != NULL) {
-        /* ctx is not one of the walk's fields: set through its descriptor offset too */
-        Py_INCREF(ctx);
-        *(PyObject **)((char *)a + ctx_offset) = ctx;
-    }
-    return a;
+    return make_node(args[0], args[1], args[2], args[3], args[4], args[5], nargs == 7 ? args[6] : Py_None);
 }
 
 static PyObject *new_view(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -560,22 +554,12 @@ static PyObject *new_view(PyObject *self, PyObject *const *args, Py_ssize_t narg
     PyObject *inputs = PyTuple_Pack(1, src);
     if (inputs == NULL)
         return NULL;
-    PyObject *values[N_SLOTS];
-    values[S_OP] = args[0];
-    values[S_INPUTS] = inputs;
-    values[S_PARAMS] = args[2];
-    values[S_SHAPE] = args[3];
-    values[S_DTYPE] = dtype;
-    values[S_BASE] = base == Py_None ? src : base; /* the root: src itself unless src is a view */
-    values[S_STRIDES] = args[4];
-    values[S_OFFSET] = args[5];
-    values[S_STORAGE] = Py_None;
-    PyObject *a = make_array(values);
+    PyObject *values[N_SLOTS] = {[S_OP] = args[0], [S_INPUTS] = inputs, [S_PARAMS] = args[2], [S_SHAPE] = args[3],
+                                 [S_DTYPE] = dtype, [S_STRIDES] = args[4], [S_OFFSET] = args[5],
+                                 [S_STORAGE] = Py_None,
+                                 [S_BASE] = base == Py_None ? src : base}; /* the root: src unless a view */
+    PyObject *a = make_array(values, ctx);
     Py_DECREF(inputs);
-    if (a != NULL) {
-        Py_INCREF(ctx);
-        *(PyObject **)((char *)a + ctx_offset) = ctx;
-    }
     return a;
 }
 
@@ -702,22 +686,9 @@ static PyObject *binary(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *inputs = PyTuple_Pack(2, a, b);
     if (inputs == NULL)
         goto done;
-    PyObject *values[N_SLOTS];
-    values[S_OP] = op;
-    values[S_INPUTS] = inputs;
-    values[S_PARAMS] = PyTuple_GET_ITEM(sig, 1); /* the compute dtype */
-    values[S_SHAPE] = shape;
-    values[S_DTYPE] = PyTuple_GET_ITEM(sig, 0); /* the result dtype */
-    values[S_BASE] = Py_None;
-    values[S_STRIDES] = Py_None;
-    values[S_OFFSET] = zero;
-    values[S_STORAGE] = Py_None;
-    result = make_array(values);
+    /* params: the compute dtype; dtype: the result's (ops._binary) */
+    result = make_node(op, inputs, PyTuple_GET_ITEM(sig, 1), shape, PyTuple_GET_ITEM(sig, 0), ctx, Py_None);
     Py_DECREF(inputs);
-    if (result != NULL) {
-        Py_INCREF(ctx);
-        *(PyObject **)((char *)result + ctx_offset) = ctx;
-    }
     goto done;
 declined_lookup:
     if (PyErr_Occurred())
@@ -753,22 +724,8 @@ static PyObject *unary(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     PyObject *inputs = PyTuple_Pack(1, x);
     if (inputs == NULL)
         return NULL;
-    PyObject *values[N_SLOTS];
-    values[S_OP] = op;
-    values[S_INPUTS] = inputs;
-    values[S_PARAMS] = PyTuple_GET_ITEM(sig, 1); /* the compute dtype */
-    values[S_SHAPE] = shape;
-    values[S_DTYPE] = PyTuple_GET_ITEM(sig, 0); /* the result dtype */
-    values[S_BASE] = Py_None;
-    values[S_STRIDES] = Py_None;
-    values[S_OFFSET] = zero;
-    values[S_STORAGE] = Py_None;
-    PyObject *node = make_array(values);
+    PyObject *node = make_node(op, inputs, PyTuple_GET_ITEM(sig, 1), shape, PyTuple_GET_ITEM(sig, 0), ctx, Py_None);
     Py_DECREF(inputs);
-    if (node != NULL) {
-        Py_INCREF(ctx);
-        *(PyObject **)((char *)node + ctx_offset) = ctx;
-    }
     return node;
 }
 
