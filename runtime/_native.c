@@ -34,6 +34,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <math.h>
 
 enum { S_OP, S_INPUTS, S_PARAMS, S_SHAPE, S_DTYPE, S_BASE, S_STRIDES, S_OFFSET, S_STORAGE, N_SLOTS };
 static const char *slot_names[N_SLOTS] = {"op", "inputs", "params", "shape", "dtype", "base", "strides",
@@ -44,6 +45,7 @@ static PyObject *placeholder = NULL; /* the op of a traced placeholder (an exter
 static PyObject *view_tag = NULL;    /* "v" */
 static PyObject *zero = NULL;        /* a new node's offset */
 static PyObject *constants_name = NULL; /* "constants": a context's constant cache */
+static PyObject *zero_hex = NULL, *negative_zero_hex = NULL; /* (0.0).hex(), (-0.0).hex() */
 static Py_ssize_t ctx_offset;        /* Array.ctx (not a field the walk reads) */
 
 #define SLOT(o, s) (*(PyObject **)((char *)(o) + slot_offset[s]))
@@ -596,10 +598,13 @@ static PyObject *lookup_pair(PyObject *dict, PyObject *x, PyObject *y) {
    decides). */
 static PyObject *memoized_scalar(PyObject *value, PyObject *other, PyObject *ctx, PyObject **dt) {
     PyTypeObject *tv = Py_TYPE(value);
+    PyObject *keyed = value; /* the value as the memo's key holds it */
     if (tv == &PyFloat_Type) {
         double d = PyFloat_AS_DOUBLE(value);
-        if (d == 0.0 || d != d) /* ±0.0 are keyed by their hex form, a NaN is never memoized */
+        if (d != d) /* a NaN is never memoized */
             return NULL;
+        if (d == 0.0) /* ±0.0 are keyed by their hex form (float.hex), which tells them apart */
+            keyed = signbit(d) ? negative_zero_hex : zero_hex;
     } else if (tv != &PyLong_Type && tv != &PyBool_Type) {
         return NULL;
     }
@@ -610,7 +615,7 @@ static PyObject *memoized_scalar(PyObject *value, PyObject *other, PyObject *ctx
         PyErr_Clear();
         return NULL;
     }
-    PyObject *key = dtype ? PyTuple_Pack(4, (PyObject *)tv, value, dtype, Py_None) : NULL;
+    PyObject *key = dtype ? PyTuple_Pack(4, (PyObject *)tv, keyed, dtype, Py_None) : NULL;
     PyObject *hit = key ? PyDict_GetItemWithError(constants, key) : NULL;
     Py_XDECREF(key);
     Py_DECREF(constants); /* the context keeps the dict, and the dict the entry */
@@ -856,6 +861,10 @@ PyMODINIT_FUNC PyInit__native(void) {
     zero = PyLong_FromLong(0);
     constants_name = PyUnicode_InternFromString("constants");
     semaphore_name = PyUnicode_InternFromString("semaphore");
+    zero_hex = PyUnicode_FromString("0x0.0p+0");
+    negative_zero_hex = PyUnicode_FromString("-0x0.0p+0");
+    if (zero_hex == NULL || negative_zero_hex == NULL)
+        return NULL;
     if (view_tag == NULL || zero == NULL || constants_name == NULL || semaphore_name == NULL)
         return NULL;
     return PyModule_Create(&module);
