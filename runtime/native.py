@@ -1,10 +1,10 @@
 """The runtime's C code, ``runtime._native``, where it was built and ``HAL_NATIVE`` allows it.
 
-It holds the eager graph key walk (``lowering.collect_key`` with ``live_mask``), the node
-constructors (``array.new_node`` / ``new_view``), binary ops' usual case (``ops._binary``) and
-``lowering.attach``: the Python each eval and each op runs. It is
-built at install where a C compiler is (``setup.py``); the Python code serves otherwise and with
-``HAL_NATIVE=0``; ``HAL_NATIVE=1`` makes a missing one an error.
+It holds the Python each op and each eval runs, in C: the eager graph key walk
+(``lowering.collect_key`` with ``live_mask``), the node constructors (``array.new_node`` /
+``new_view``), the usual cases of binary and unary ops (``ops._binary`` / ``_unary``) and
+``lowering.attach``. It is built at install where a C compiler is (``setup.py``); the Python code
+serves otherwise and with ``HAL_NATIVE=0``, and ``HAL_NATIVE=1`` makes a missing one an error.
 """
 
 from __future__ import annotations
