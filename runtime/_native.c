@@ -2,7 +2,8 @@
  * runtime._native: the runtime's per-eval and per-op Python in C, where it was measured to matter:
  * the eager graph key walk (lowering.collect_key and live_mask), the node constructors
  * (array.new_node / new_view), the usual cases of unary and binary ops (ops._unary, ops._binary)
- * and handing an eval's results their storage (lowering.attach).
+ * and handing an eval's results their storage (lowering.attach); and the destructor of DLPack
+ * capsules (interop), which a consumer may run with its error pending.
  *
  * Every eval walks the pending graph behind its targets to number its nodes, describe it as a
  * key for the graph cache, list its external inputs, and find the nodes read after the eval.
@@ -23,6 +24,9 @@
  * unary(op, x) -> ops._unary's node for an Array whose (op, dtype) signature is known, or None.
  *
  * attach(ctx, fresh, n_ext, order, table, value): lowering.attach, the Storage objects made here.
+ *
+ * setup_dlpack(alive) -> the address of the destructor of interop's DLPack capsules, which keeps
+ *   a consumer's pending error aside while it drops the tensor's entry from `alive`.
  *
  * walk(targets, live) -> (order, (parts, views), externals, keep) or None
  *   parts[i] = (op, params, shape, dtype, ins) of order[i]; an input is a pending node's index,
@@ -834,7 +838,43 @@ out:
     return result;
 }
 
+/* ---- DLPack: the destructor of the capsules runtime.interop hands out --------------------- */
+
+static PyObject *dlpack_alive = NULL; /* interop._alive: a tensor's address -> what it points into */
+
+/* An unconsumed capsule still owns its tensor (a consumer renames the capsule "used_dltensor" and
+   calls the tensor's deleter itself). A consumer that refused the capsule (numpy, for a device it
+   cannot read) releases it with its error still pending: that error is kept aside meanwhile. */
+static void dlpack_capsule_destructor(PyObject *capsule) {
+    if (!PyCapsule_IsValid(capsule, "dltensor"))
+        return;
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    void *tensor = PyCapsule_GetPointer(capsule, "dltensor");
+    if (tensor != NULL && dlpack_alive != NULL) {
+        PyObject *key = PyLong_FromVoidPtr(tensor);
+        if (key != NULL) {
+            if (PyDict_DelItem(dlpack_alive, key) < 0)
+                PyErr_Clear(); /* already gone */
+            Py_DECREF(key);
+        }
+    }
+    PyErr_Clear();
+    PyErr_Restore(type, value, traceback);
+}
+
+static PyObject *setup_dlpack(PyObject *self, PyObject *args) {
+    PyObject *alive;
+    if (!PyArg_ParseTuple(args, "O!:setup_dlpack", &PyDict_Type, &alive))
+        return NULL;
+    Py_INCREF(alive);
+    Py_XSETREF(dlpack_alive, alive);
+    return PyLong_FromVoidPtr((void *)dlpack_capsule_destructor);
+}
+
 static PyMethodDef methods[] = {
+    {"setup_dlpack", setup_dlpack, METH_VARARGS,
+     "setup_dlpack(alive) -> the address of the DLPack capsule destructor (see interop.make_capsule)."},
     {"setup_storage", setup_storage, METH_VARARGS, "setup_storage(Storage): its field offsets, for attach."},
     {"attach", (PyCFunction)(void (*)(void))attach, METH_FASTCALL,
      "attach(ctx, fresh, n_ext, order, table, value): lowering.attach in C."},

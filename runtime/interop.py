@@ -14,6 +14,7 @@ import numpy as np
 import hal
 
 from . import dtypes as _dt
+from .array import NATIVE
 
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_ROCM = 1, 2, 3, 10
 _DL_CODE = {"i": 0, "u": 1, "f": 2, "b": 6}
@@ -71,6 +72,12 @@ def _capsule_destructor(capsule) -> None:
         _alive.pop(ptr, None)
 
 
+# A consumer that refuses a capsule (numpy, for a CUDA device) releases it with its error pending;
+# the ctypes destructor above then fails to convert its argument (a SystemError in the consumer, and
+# the tensor's entry stays in _alive). runtime._native's destructor keeps that error aside.
+_DESTRUCTOR = NATIVE.setup_dlpack(_alive) if NATIVE is not None else ctypes.cast(_capsule_destructor, ctypes.c_void_p)
+
+
 def make_capsule(data_ptr: int, device: tuple, shape: tuple, strides_elems: tuple, dtype, keepalive):
     """A legacy DLPack capsule over existing memory; `keepalive` lives until the consumer deletes it."""
     ndim = len(shape)
@@ -89,7 +96,7 @@ def make_capsule(data_ptr: int, device: tuple, shape: tuple, strides_elems: tupl
     managed.deleter = _delete
     addr = ctypes.addressof(managed)
     _alive[addr] = (managed, shape_arr, strides_arr, keepalive)
-    return _PyCapsule_New(addr, b"dltensor", ctypes.cast(_capsule_destructor, ctypes.c_void_p))
+    return _PyCapsule_New(addr, b"dltensor", _DESTRUCTOR)
 
 
 def _cuda_ordinal(ctx) -> int | None:

@@ -100,3 +100,31 @@ def test_host_read_path_for_device_local_memory(device, monkeypatch):
     np.testing.assert_array_equal((x[:, ::-1].T * 2).numpy(), np.arange(12).reshape(3, 4)[:, ::-1].T * 2)
     b = rt.array(np.array([True, False]), device=device)
     np.testing.assert_array_equal(b.numpy(), [True, False])
+
+
+@pytest.mark.skipif(interop.NATIVE is None, reason="the DLPack capsule destructor is runtime._native's (not built)")
+def test_a_refused_capsule_gives_the_consumers_error_and_frees_its_tensor():
+    """A consumer that refuses a capsule (numpy, for a CUDA device) releases it with its error
+    pending: the consumer's own error comes out (not a SystemError), and the tensor the capsule
+    still owned is dropped."""
+    host = np.arange(4, dtype=np.float32)
+
+    class OnCuda:  # host memory announced as CUDA memory: numpy refuses it
+        def __dlpack_device__(self):
+            return (interop.KDL_CUDA, 0)
+
+        def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+            return interop.make_capsule(host.ctypes.data, (interop.KDL_CUDA, 0), (4,), (1,), rt.float32, host)
+
+    before = len(interop._alive)
+    for _ in range(3):
+        with pytest.raises((RuntimeError, BufferError)) as caught:
+            np.from_dlpack(OnCuda())
+        assert not isinstance(caught.value, SystemError)
+    gc.collect()
+    assert len(interop._alive) == before
+    # an unconsumed capsule dropped without any error frees its tensor too
+    capsule = interop.make_capsule(host.ctypes.data, (interop.KDL_CPU, 0), (4,), (1,), rt.float32, host)
+    assert len(interop._alive) == before + 1
+    del capsule
+    assert len(interop._alive) == before
