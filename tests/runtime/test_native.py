@@ -2,8 +2,9 @@
 
 The key walk must number the same nodes in the same order, give equal keys, list the same
 externals and find the same live nodes, on graphs with views, shared subexpressions, repeated
-externals and intermediates still referenced; the node constructors and the binary-op fast path
-must make the nodes the Python code makes. HAL_NATIVE selects between them.
+externals and intermediates still referenced; the node constructors and the unary and binary
+fast paths must make the nodes the Python code makes, and attach the same storages. HAL_NATIVE
+selects between them (the DLPack capsule destructor is tested in test_interop.py).
 """
 
 from __future__ import annotations
