@@ -136,6 +136,18 @@ nomem:
     return -1;
 }
 
+/* Give `o` the next number of `list`: index[o] = len(list), then list.append(o). The number, or -1
+   with an error. */
+static Py_ssize_t number(PyObject *index, PyObject *list, PyObject *o) {
+    Py_ssize_t j = PyList_GET_SIZE(list);
+    PyObject *jj = PyLong_FromSsize_t(j);
+    if (jj == NULL)
+        return -1;
+    int bad = PyDict_SetItem(index, o, jj) < 0 || PyList_Append(list, o) < 0;
+    Py_DECREF(jj);
+    return bad ? -1 : j;
+}
+
 /* An external's reference (-1 - slot, dtype, shape), numbering it on first sight. New reference. */
 static PyObject *external_ref(Walk *w, PyObject *r) {
     Py_ssize_t j;
@@ -145,13 +157,8 @@ static PyObject *external_ref(Walk *w, PyObject *r) {
     } else {
         if (PyErr_Occurred())
             return NULL;
-        j = PyList_GET_SIZE(w->externals);
-        PyObject *jj = PyLong_FromSsize_t(j);
-        if (jj == NULL)
-            return NULL;
-        int bad = PyDict_SetItem(w->ext_index, r, jj) < 0 || PyList_Append(w->externals, r) < 0;
-        Py_DECREF(jj);
-        if (bad)
+        j = number(w->ext_index, w->externals, r);
+        if (j < 0)
             return NULL;
     }
     PyObject *dtype = field(r, S_DTYPE), *shape = dtype ? field(r, S_SHAPE) : NULL;
@@ -370,12 +377,7 @@ static int visit(Walk *w, PyObject *target) {
             goto out;
         w->direct[j] = 0;
         w->viewed[j] = 0;
-        PyObject *jj = PyLong_FromSsize_t(j);
-        if (jj == NULL)
-            goto out;
-        int bad = PyDict_SetItem(w->node_index, node, jj) < 0 || PyList_Append(w->order, node) < 0;
-        Py_DECREF(jj);
-        if (bad)
+        if (number(w->node_index, w->order, node) < 0)
             goto out;
         PyObject *op = field(node, S_OP), *params = op ? field(node, S_PARAMS) : NULL;
         PyObject *shape = params ? field(node, S_SHAPE) : NULL, *dtype = shape ? field(node, S_DTYPE) : NULL;
@@ -384,7 +386,7 @@ static int visit(Walk *w, PyObject *target) {
         PyObject *part = PyTuple_Pack(5, op, params, shape, dtype, f->ins);
         if (part == NULL)
             goto out;
-        bad = PyList_Append(w->parts, part) < 0;
+        int bad = PyList_Append(w->parts, part) < 0;
         Py_DECREF(part);
         if (bad)
             goto out;

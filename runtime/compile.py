@@ -31,11 +31,10 @@ from operator import attrgetter, itemgetter
 import hal
 from hal import env, tracing
 
-from .array import Array, new_evaluated, new_node
+from .array import PLACEHOLDER, Array, new_evaluated, new_node
 from .autodiff import GRAD, materialize, resolved
 from .device import Storage
 from .lowering import (
-    _PLACEHOLDER,
     MAX_VARIANTS,
     Variants,
     collect,
@@ -93,23 +92,23 @@ class _Traced:
         self.ctx = ctx
         leaves: list = []
         spec_in = _flatten((tuple(args), kwargs), leaves)
-        placeholders = [new_node(_PLACEHOLDER, (), i, a.shape, a.dtype, a.ctx) for i, a in enumerate(leaves)]
+        placeholders = [new_node(PLACEHOLDER, (), i, a.shape, a.dtype, a.ctx) for i, a in enumerate(leaves)]
         t_args, t_kwargs = _unflatten(spec_in, placeholders)
         result = fn(*t_args, **t_kwargs)
         out_leaves: list = []
         self.out_spec = _flatten(result, out_leaves)
-        roots = [o.root for o in out_leaves if o.root.storage is None and o.root.op != _PLACEHOLDER]
+        roots = [o.root for o in out_leaves if o.root.storage is None and o.root.op != PLACEHOLDER]
         order = collect(roots)
         grads = [n for n in order if n.op == GRAD]
         if grads:  # the trace is recorded once per binding-table variant: build backward graphs once
             materialize(grads)
             resolved(grads)
-            roots = [o.root for o in out_leaves if o.root.storage is None and o.root.op != _PLACEHOLDER]
+            roots = [o.root for o in out_leaves if o.root.storage is None and o.root.op != PLACEHOLDER]
             order = collect(roots)
         _, found, _ = graph_key(order)
         # Table order: the arguments the graph reads, in argument order, then captured arrays.
-        args_read = sorted((r for r in found if r.op == _PLACEHOLDER), key=lambda r: r.params)
-        captured = [r for r in found if r.op != _PLACEHOLDER]
+        args_read = sorted((r for r in found if r.op == PLACEHOLDER), key=lambda r: r.params)
+        captured = [r for r in found if r.op != PLACEHOLDER]
         externals = args_read + captured
         self.arg_index = [r.params for r in args_read]
         self.all_args = self.arg_index == list(range(len(leaves)))
@@ -126,7 +125,7 @@ class _Traced:
                 i = node_index[id(r)]
                 keep |= 1 << i
                 self.outputs.append(("node", i, view))
-            elif r.op == _PLACEHOLDER:
+            elif r.op == PLACEHOLDER:
                 self.outputs.append(("arg", r.params, view))
             else:
                 self.outputs.append(("const", o, None))
@@ -327,7 +326,7 @@ def _traced_through(leaves: list) -> bool:
         if id(a) in seen:
             continue
         seen.add(id(a))
-        if a.op in ("alias", GRAD, _PLACEHOLDER):
+        if a.op in ("alias", GRAD, PLACEHOLDER):
             return True
         stack.extend(x for x in a.inputs if x.storage is None or x.base is not None)
     return False

@@ -34,7 +34,6 @@ from .fusion import PLANNERS, schedule, want  # noqa: F401 - PLANNERS: the op ->
 from .kernels.source import executable
 from .shapes import contiguous_strides
 
-_PLACEHOLDER = PLACEHOLDER
 _storage_buffer = attrgetter("storage.buffer")
 #: Recordings kept per graph key on GPUs, each replaying its own binding table unchanged (a step that
 #: alternates between two buffers, as `w = step(w)` does, then never patches a graph).
@@ -245,7 +244,7 @@ def collect(targets: list) -> list:
             r = inp.base
             if r is None:
                 r = inp
-            if r.storage is None and r.op != _PLACEHOLDER and id(r) not in done:
+            if r.storage is None and r.op != PLACEHOLDER and id(r) not in done:
                 push((r, False))
     return order
 
@@ -375,13 +374,13 @@ def _collect_key_recursive(targets: list, direct: list | None):
         for inp in node.inputs:
             r = inp.base
             if r is not None:  # a view: its root first, if pending
-                if r.storage is None and r.op != _PLACEHOLDER and r not in node_index:
+                if r.storage is None and r.op != PLACEHOLDER and r not in node_index:
                     visit(r, depth + 1)
                 ins.append(view_ref(inp))
                 continue
             j = node_index.get(inp)
             if j is None:
-                if inp.storage is None and inp.op != _PLACEHOLDER:
+                if inp.storage is None and inp.op != PLACEHOLDER:
                     j = visit(inp, depth + 1)
                 else:
                     j = ext_index.get(inp)
@@ -438,7 +437,7 @@ def _collect_key_iterative(targets: list, direct: list | None = None):
                 r = inp.base
                 if r is None:
                     r = inp
-                if r.storage is None and r.op != _PLACEHOLDER and r not in node_index:
+                if r.storage is None and r.op != PLACEHOLDER and r not in node_index:
                     push((r, False))
             continue
         ins = []
@@ -749,7 +748,7 @@ def _pending_after(root: Array, placed: set) -> list:
         stack.append((node, True))
         for inp in reversed(node.inputs):
             r = inp.root
-            if r.storage is None and r.op != _PLACEHOLDER and id(r) not in placed:
+            if r.storage is None and r.op != PLACEHOLDER and id(r) not in placed:
                 stack.append((r, False))
     return out
 
@@ -765,7 +764,7 @@ def evaluate(arrays) -> None:
             r = a
         st = r.storage
         if st is None:
-            if r.op == _PLACEHOLDER:
+            if r.op == PLACEHOLDER:
                 raise hal.FailedPreconditionError("cannot evaluate a traced placeholder outside rt.compile")
             by_ctx.setdefault(r.ctx, []).append(r)
         elif st.ctx is not None and st.ready > st.ctx.flushed:  # a queued replay computes it: start it now

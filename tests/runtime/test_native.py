@@ -17,7 +17,7 @@ import pytest
 import hal
 import runtime as rt
 from runtime import lowering
-from runtime.array import Array
+from runtime.array import PLACEHOLDER, Array
 from runtime.device import Storage
 
 native = pytest.mark.skipif(lowering._native_walk is None, reason="runtime._native not built or HAL_NATIVE=0")
@@ -164,21 +164,21 @@ def test_setup_needs_a_slots_class() -> None:
 
     with pytest.raises(TypeError, match="not a __slots__ field"):
         _native.setup(NoSlots, "placeholder")
-    _native.setup(Array, lowering._PLACEHOLDER)  # restored for the other tests
+    _native.setup(Array, PLACEHOLDER)  # restored for the other tests
 
 
 def test_hal_native_selects_the_c_code(monkeypatch: pytest.MonkeyPatch) -> None:
     from runtime import native as runtime_native
 
     monkeypatch.setenv("HAL_NATIVE", "0")
-    assert runtime_native.load(Array, lowering._PLACEHOLDER, Storage) is None
+    assert runtime_native.load(Array, PLACEHOLDER, Storage) is None
     monkeypatch.setitem(sys.modules, "runtime._native", None)  # as if it was not built
     monkeypatch.delattr(rt, "_native", raising=False)
     monkeypatch.delenv("HAL_NATIVE")
-    assert runtime_native.load(Array, lowering._PLACEHOLDER, Storage) is None
+    assert runtime_native.load(Array, PLACEHOLDER, Storage) is None
     monkeypatch.setenv("HAL_NATIVE", "1")
     with pytest.raises(hal.UnavailableError, match="HAL_NATIVE=1"):
-        runtime_native.load(Array, lowering._PLACEHOLDER, Storage)
+        runtime_native.load(Array, PLACEHOLDER, Storage)
 
 
 @native
