@@ -1,6 +1,7 @@
 """What pyproject.toml cannot say: the conformance suite ships as the package ``hal_cts``, and the
-optional C extensions ``hal.drivers._native`` (a driver library's hot calls) and ``runtime._native``
-(the eager graph key walk).
+optional C extensions ``hal.drivers._native`` (a driver library's hot calls),
+``hal.drivers.gpu._replay`` (a GPU device's repeat of a validated submission) and ``runtime._native``
+(the eager graph key walk and node constructors).
 
 The suite's home in the repository stays tests/cts; installed, a driver author runs it with
 ``python -m hal_cts --driver NAME`` (see tests/cts/README.md).
@@ -17,5 +18,6 @@ setup(
     package_dir={"hal_cts": "tests/cts"},
     package_data={"hal": ["py.typed"], "runtime": ["py.typed"], "hal_cts": ["README.md"]},
     ext_modules=[Extension("hal.drivers._native", ["hal/drivers/_native.c"], optional=True),
+                 Extension("hal.drivers.gpu._replay", ["hal/drivers/gpu/_replay.c"], optional=True),
                  Extension("runtime._native", ["runtime/_native.c"], optional=True)],
 )

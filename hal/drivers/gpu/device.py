@@ -39,6 +39,8 @@ from hal.drivers.gpu.executable_cache import ExecutableCache
 from hal.drivers.gpu.graph_command_buffer import INDIRECT_AFTER_REBINDS, JOIN_KINDS, GraphCommandBuffer
 from hal.drivers.gpu.pending_queue import PendingQueue
 from hal.drivers.gpu.queue import GpuQueue
+from hal.drivers.gpu.replay import install as install_replay
+from hal.drivers.gpu.replay import uninstall as uninstall_replay
 from hal.drivers.gpu.staging import StagingPool
 from hal.drivers.gpu.status import DeviceLostError
 from hal.drivers.gpu.stream_command_buffer import StreamCommandBuffer
@@ -118,6 +120,8 @@ class GpuDevice(Device):
         self.graph_resources: weakref.WeakSet = weakref.WeakSet()
         self._lost_lock = threading.Lock()
         self.completion.start()
+        #: Whether queue_execute's repeat of a validated submission runs in C (hal/drivers/gpu/replay.py).
+        self.native_replay = install_replay(self)
 
     # -- context -----------------------------------------------------------------------
     def make_current(self) -> None:
@@ -325,6 +329,7 @@ class GpuDevice(Device):
         self._modules.append(module)
 
     def _close(self) -> None:
+        uninstall_replay(self)
         self.pending.close(FailedPreconditionError(f"device {self.info.uri} was closed"))
         self.completion.stop()
         api = self.api

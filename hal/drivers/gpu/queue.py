@@ -91,10 +91,8 @@ class GpuQueue:
                 sub.event = event
                 inflight = self.inflight
                 inflight.append(sub)
-        except BaseException as exc:  # nothing of it runs: its signals carry the failure
-            if isinstance(exc, AbortedError) and exc.__cause__ is not None:
-                exc = exc.__cause__  # a failed wait: the original failure travels on
-            self.completion.finish(sub, device.fault(exc))
+        except BaseException as exc:
+            self.issue_failed(sub, exc)
             return
         listened = False
         for sem, value in sub.signals:
@@ -105,6 +103,12 @@ class GpuQueue:
             completion.wake_for(listened, len(inflight))
         if completion.idle_waiters:
             completion.notify_idle()
+
+    def issue_failed(self, sub: Submission, exc: BaseException) -> None:
+        """Issuing ``sub`` raised ``exc``: nothing of it runs, its signals carry the failure."""
+        if isinstance(exc, AbortedError) and exc.__cause__ is not None:
+            exc = exc.__cause__  # a failed wait: the original failure travels on
+        self.completion.finish(sub, self.device.fault(exc))
 
     # -- retirement ----------------------------------------------------------------------------
     def retire_through(self, sub: Submission) -> None:

@@ -1,0 +1,841 @@
+/*
+ * hal.drivers.gpu._replay: a GPU device's repeat of a validated submission, from C.
+ *
+ * A training loop or a runtime graph-cache hit submits the same reusable command buffer with
+ * the same binding table again and again. `Device.queue_execute` recognises such a repeat with a
+ * few identity checks (hal/device.py `recall`, hal/validation.py `check_signal_fences`) and the GPU
+ * device issues it (`GpuDevice._queue_execute`, `GpuQueue.issue`, the graph command buffer's
+ * `issue`, `EventSemaphore.add_timepoint`): some 550 bytecodes of Python around three driver
+ * calls, which cost as much host time as the graph launch itself. `Replay` makes the same steps
+ * from C for the usual shape of that call and nothing else:
+ *
+ *   queue_execute([cb], wait=() or [(sem, v)] already ordered on the queue, signal=[(sem, v)],
+ *                 binding_tables=None or [table], queue=0)
+ *
+ * where `cb` was validated before with an equal table (`cb.validated` or `cb.validated_before`
+ * at the device's current release count), the signal is a well-formed pair above its
+ * semaphore's value, and tracing is off. Anything else, at any check, calls the Python method
+ * (`fallback`), which validates and reports exactly as without this module; every check is made
+ * before anything changes, so the fallback starts from the same state. After the checks, the
+ * steps that are not the usual case (a lost device, a closed queue, a stream command buffer, a
+ * graph command buffer whose table must be bound, a semaphore with waiters or out-of-order
+ * timepoints) call the Python method of that step, so each rule has one Python definition.
+ *
+ * It reads and writes the same attributes, under the same locks, in the same order as the
+ * Python code it mirrors; `GpuDevice` binds it as its instance's `queue_execute` (see
+ * hal/drivers/gpu/replay.py) and `HAL_NATIVE=0` leaves the Python method alone.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *device;
+    PyObject *fallback;          /* the class's queue_execute(device, ...) */
+    PyTypeObject *command_buffer_type;
+    PyTypeObject *semaphore_type;
+    PyObject *graph_type;        /* the graph command buffer class: launched inline when bound */
+    PyObject *submission_type;
+    PyObject *executable_state;  /* CommandBufferState.EXECUTABLE */
+    PyObject *tracing;           /* hal.tracing: ENABLED is read on every call */
+    PyObject *max_u64;
+    Py_ssize_t prune_at;         /* event_semaphore.PRUNE_AT */
+} Replay;
+
+/* Interned attribute names. */
+static PyObject *s_sem_lock, *s_closed, *s_queue_closed, *s_release_count, *s_device, *s_validated, *s_validated_before, *s_state, *s_value,
+    *s_failure, *s_queues, *s_completion, *s_sequence, *s_outstanding, *s_lost, *s_api, *s_activate, *s_context,
+    *s_lock, *s_acquire, *s_release, *s_stream, *s_issue, *s_uses_slots, *s_issue_lock, *s_bound_table,
+    *s_launch_exec, *s_graph_launch, *s_events, *s_free, *s_event_record, *s_event, *s_inflight, *s_append,
+    *s_issue_failed, *s_add_timepoint, *s_timepoints, *s_waiters, *s_issuable, *s_parked, *s_idle, *s_wake_for,
+    *s_idle_waiters, *s_notify_idle, *s_gate, *s_enabled, *s_queue, *s_wait, *s_signal, *s_binding_tables,
+    *s_command_buffers;
+
+/* Outcome of the checks: not the usual case (take the Python method), or an error to raise. */
+enum { NOT_USUAL = 0, USUAL = 1, FAILED = -1 };
+
+/* obj.name is `expected` (1), is not (0), or the read failed (-1, error cleared: not usual). */
+static int attr_is(PyObject *obj, PyObject *name, PyObject *expected) {
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    int same = value == expected;
+    Py_DECREF(value);
+    return same;
+}
+
+/* a == b as Python's `==` tests it, a failing comparison counting as unequal (hal.device._same). */
+static int same(PyObject *a, PyObject *b) {
+    int equal = PyObject_RichCompareBool(a, b, Py_EQ);
+    if (equal < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return equal;
+}
+
+/* The checked table of a remembered validation `entry` = (count, given, checked) made at the
+   release count `count` with a table equal to `given`; NULL (no error) otherwise. Borrowed. */
+static PyObject *entry_matches(PyObject *entry, PyObject *count, PyObject *given) {
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 3)
+        return NULL;
+    if (!same(PyTuple_GET_ITEM(entry, 0), count) || !same(PyTuple_GET_ITEM(entry, 1), given))
+        return NULL;
+    return PyTuple_GET_ITEM(entry, 2);
+}
+
+/* hal.device.recall: the checked table of `cb`'s validation with an equal table at the current
+   release count, moving an earlier one to the front as recall does; NULL when there is none. New
+   reference. */
+static PyObject *recall(Replay *self, PyObject *cb, PyObject *given) {
+    PyObject *count = PyObject_GetAttr(self->device, s_release_count);
+    PyObject *last = count ? PyObject_GetAttr(cb, s_validated) : NULL;
+    PyObject *found = NULL, *before = NULL;
+    if (last == NULL)
+        goto done;
+    found = entry_matches(last, count, given);
+    if (found != NULL) {
+        Py_INCREF(found);
+        goto done;
+    }
+    before = PyObject_GetAttr(cb, s_validated_before);
+    if (before == NULL || !PyList_CheckExact(before) || PyList_GET_SIZE(before) == 0)
+        goto done;
+    if (attr_is(cb, s_state, self->executable_state) != 1)
+        goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(before); i++) {
+        PyObject *entry = PyList_GET_ITEM(before, i);
+        Py_INCREF(entry);
+        PyObject *checked = entry_matches(entry, count, given);
+        if (checked == NULL) {
+            Py_DECREF(entry);
+            continue;
+        }
+        if (i >= PyList_GET_SIZE(before) || PyList_GET_ITEM(before, i) != entry) {
+            Py_DECREF(entry);  /* the list changed under the comparisons: not the usual case */
+            break;
+        }
+        if (last != Py_None) {
+            Py_INCREF(last);
+            PyList_SET_ITEM(before, i, last);  /* the slot's reference to entry is now ours */
+            Py_DECREF(entry);
+        }
+        if (PyObject_SetAttr(cb, s_validated, entry) == 0) {
+            found = checked;
+            Py_INCREF(found);
+        }
+        Py_DECREF(entry);
+        break;
+    }
+done:
+    if (PyErr_Occurred())
+        PyErr_Clear();
+    Py_XDECREF(before);
+    Py_XDECREF(last);
+    Py_XDECREF(count);
+    return found;
+}
+
+/* A (semaphore, int) pair of this device: the semaphore (borrowed) and the value, else NULL. */
+static PyObject *fence_semaphore(Replay *self, PyObject *pair, PyObject **value) {
+    if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2)
+        return NULL;
+    PyObject *sem = PyTuple_GET_ITEM(pair, 0);
+    *value = PyTuple_GET_ITEM(pair, 1);
+    if (!PyLong_CheckExact(*value) || !PyObject_TypeCheck(sem, self->semaphore_type))
+        return NULL;
+    if (attr_is(sem, s_device, self->device) != 1)
+        return NULL;
+    return sem;
+}
+
+/* `a op b` for ints, a failure counting as false. */
+static int compare(PyObject *a, PyObject *b, int op) {
+    int result = PyObject_RichCompareBool(a, b, op);
+    if (result < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return result;
+}
+
+/* EventSemaphore.ordered_on: the wait (sem, value) needs nothing from work issued on `queue`. */
+static int ordered_on(PyObject *sem, PyObject *value, PyObject *queue) {
+    int result = 0;
+    if (attr_is(sem, s_failure, Py_None) != 1)
+        return 0;
+    PyObject *current = PyObject_GetAttr(sem, s_value);
+    if (current == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (compare(current, value, Py_GE)) {
+        Py_DECREF(current);
+        return 1;
+    }
+    Py_DECREF(current);
+    PyObject *timepoints = PyObject_GetAttr(sem, s_timepoints);
+    if (timepoints == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (PyList_CheckExact(timepoints) && PyList_GET_SIZE(timepoints) > 0) {
+        PyObject *latest = PyList_GET_ITEM(timepoints, PyList_GET_SIZE(timepoints) - 1);
+        Py_INCREF(latest);
+        if (PyTuple_CheckExact(latest) && PyTuple_GET_SIZE(latest) == 2 &&
+            compare(PyTuple_GET_ITEM(latest, 0), value, Py_GE))
+            result = attr_is(PyTuple_GET_ITEM(latest, 1), s_queue, queue) == 1;
+        Py_DECREF(latest);
+    }
+    Py_DECREF(timepoints);
+    return result;
+}
+
+/* The signal list of one well-formed pair above its semaphore's value (check_signal_fences). */
+static int usual_signal(Replay *self, PyObject *signal, PyObject **sem, PyObject **value) {
+    if (!PyList_CheckExact(signal) || PyList_GET_SIZE(signal) != 1)
+        return 0;
+    *sem = fence_semaphore(self, PyList_GET_ITEM(signal, 0), value);
+    if (*sem == NULL || !compare(*value, self->max_u64, Py_LE) || attr_is(*sem, s_failure, Py_None) != 1)
+        return 0;
+    PyObject *current = PyObject_GetAttr(*sem, s_value);
+    if (current == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int above = compare(current, *value, Py_LT);
+    Py_DECREF(current);
+    return above;
+}
+
+/* A wait list of nothing, or of one pair that work issued on `queue` needs no wait for. */
+static int usual_wait(Replay *self, PyObject *wait, PyObject *queue) {
+    if (wait == NULL)
+        return 1;
+    if (!PyTuple_CheckExact(wait) && !PyList_CheckExact(wait))
+        return 0;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(wait);
+    if (n == 0)
+        return 1;
+    if (n != 1)
+        return 0;
+    PyObject *value;
+    PyObject *sem = fence_semaphore(self, PySequence_Fast_ITEMS(wait)[0], &value);
+    if (sem == NULL || compare(value, self->max_u64, Py_GT))
+        return 0;
+    if (PyLong_AsUnsignedLongLong(value) == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear(); /* negative */
+        return 0;
+    }
+    return ordered_on(sem, value, queue);
+}
+
+static int call_method0(PyObject *obj, PyObject *name) {
+    PyObject *result = PyObject_CallMethodNoArgs(obj, name);
+    if (result == NULL)
+        return -1;
+    Py_DECREF(result);
+    return 0;
+}
+
+static int call_method(PyObject *obj, PyObject *name, PyObject *const *args, size_t nargs) {
+    PyObject *stack[4];
+    stack[0] = obj;
+    for (size_t i = 0; i < nargs; i++)
+        stack[i + 1] = args[i];
+    PyObject *result = PyObject_VectorcallMethod(name, stack, (nargs + 1) | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (result == NULL)
+        return -1;
+    Py_DECREF(result);
+    return 0;
+}
+
+/* Release `lock` keeping a pending exception (a release that fails too replaces it). */
+static int release(PyObject *lock) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    int status = call_method0(lock, s_release);
+    if (type != NULL) {
+        if (status < 0) {
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+        } else {
+            PyErr_Restore(type, value, tb);
+        }
+        return -1;
+    }
+    return status;
+}
+
+/* The graph command buffer's issue when `table` is the one it has bound (nothing to rebind):
+   1 launched (or nothing to launch), 0 not that case, -1 error. */
+static int launch_bound_graph(Replay *self, PyObject *cb, PyObject *table, PyObject *api, PyObject *stream) {
+    if ((PyObject *)Py_TYPE(cb) != self->graph_type || attr_is(cb, s_uses_slots, Py_True) != 1)
+        return 0;
+    PyObject *lock = PyObject_GetAttr(cb, s_issue_lock);
+    if (lock == NULL || call_method0(lock, s_acquire) < 0) {
+        Py_XDECREF(lock);
+        return -1;
+    }
+    int result = 0;
+    PyObject *bound = PyObject_GetAttr(cb, s_bound_table);
+    if (bound == NULL) {
+        result = -1;
+    } else if (bound == table) {
+        PyObject *launch = PyObject_GetAttr(cb, s_launch_exec);
+        if (launch == NULL) {
+            result = -1;
+        } else {
+            result = 1;
+            if (launch != Py_None) {
+                PyObject *args[2] = {launch, stream};
+                result = call_method(api, s_graph_launch, args, 2) < 0 ? -1 : 1;
+            }
+            Py_DECREF(launch);
+        }
+    }
+    Py_XDECREF(bound);
+    if (release(lock) < 0)
+        result = -1;
+    Py_DECREF(lock);
+    return result;
+}
+
+/* GpuQueue.issue's locked part: the commands and the event after them. -1 with an error set. */
+static int issue_locked(Replay *self, PyObject *queue, PyObject *sub, PyObject *cb, PyObject *table,
+                        PyObject *api, Py_ssize_t *inflight_count) {
+    PyObject *stream = PyObject_GetAttr(queue, s_stream);
+    if (stream == NULL)
+        return -1;
+    int status = -1;
+    PyObject *events = NULL, *free = NULL, *event = NULL, *inflight = NULL;
+    int launched = launch_bound_graph(self, cb, table, api, stream);
+    if (launched < 0)
+        goto done;
+    if (launched == 0) {
+        PyObject *args[3] = {queue, table, sub};
+        if (call_method(cb, s_issue, args, 3) < 0)
+            goto done;
+    }
+    events = PyObject_GetAttr(queue, s_events);
+    free = events ? PyObject_GetAttr(events, s_free) : NULL;
+    if (free == NULL)
+        goto done;
+    if (PyList_CheckExact(free) && PyList_GET_SIZE(free) > 0) {
+        Py_ssize_t last = PyList_GET_SIZE(free) - 1;
+        event = PyList_GET_ITEM(free, last);
+        Py_INCREF(event);
+        if (PyList_SetSlice(free, last, last + 1, NULL) < 0)
+            goto done;
+    } else {
+        event = PyObject_CallMethodNoArgs(events, s_acquire);
+        if (event == NULL)
+            goto done;
+    }
+    PyObject *record[2] = {event, stream};
+    if (call_method(api, s_event_record, record, 2) < 0) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (call_method(events, s_release, &event, 1) < 0) {
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+        } else {
+            PyErr_Restore(type, value, tb);
+        }
+        goto done;
+    }
+    if (PyObject_SetAttr(sub, s_event, event) < 0)
+        goto done;
+    inflight = PyObject_GetAttr(queue, s_inflight);
+    if (inflight == NULL || call_method(inflight, s_append, &sub, 1) < 0)
+        goto done;
+    *inflight_count = PyObject_Size(inflight);
+    if (*inflight_count < 0)
+        goto done;
+    status = 0;
+done:
+    Py_XDECREF(inflight);
+    Py_XDECREF(event);
+    Py_XDECREF(free);
+    Py_XDECREF(events);
+    Py_DECREF(stream);
+    return status;
+}
+
+/* EventSemaphore.add_timepoint for the usual case (a later value than every timepoint, no host
+   waiter, nothing parked on the semaphore to wake); else the Python method. 1/0: whether a host
+   listener waits on the semaphore; -1: error. */
+static int add_timepoint(Replay *self, PyObject *sem, PyObject *value, PyObject *sub) {
+    PyObject *lock = PyObject_GetAttr(sem, s_sem_lock);
+    if (lock == NULL || call_method0(lock, s_acquire) < 0) {
+        Py_XDECREF(lock);
+        return -1;
+    }
+    int usual = 0, listened = 0, failed = 0;
+    PyObject *current = NULL, *timepoints = NULL, *waiters = NULL, *issuable = NULL, *parked = NULL;
+    current = PyObject_GetAttr(sem, s_value);
+    if (current == NULL)
+        goto unlock;
+    int failure_none = attr_is(sem, s_failure, Py_None);
+    if (failure_none < 0)
+        goto unlock;
+    if (!failure_none || compare(value, current, Py_LE)) {
+        usual = 1;  /* passed or failed already: no timepoint, nobody to tell */
+        goto unlock;
+    }
+    timepoints = PyObject_GetAttr(sem, s_timepoints);
+    waiters = PyObject_GetAttr(sem, s_waiters);
+    issuable = PyObject_GetAttr(sem, s_issuable);
+    parked = PyObject_GetAttr(sem, s_parked);
+    if (timepoints == NULL || waiters == NULL || issuable == NULL || parked == NULL || !PyList_CheckExact(timepoints))
+        goto unlock;
+    int waited = PyObject_IsTrue(waiters), queued = PyObject_IsTrue(issuable);
+    if (waited != 0 || queued != 0)
+        goto unlock;  /* host waiters to notify or parked work to issue: the Python method */
+    Py_ssize_t n = PyList_GET_SIZE(timepoints);
+    int clear = 0;
+    if (n > 0) {
+        PyObject *first = PyList_GET_ITEM(timepoints, 0), *latest = PyList_GET_ITEM(timepoints, n - 1);
+        if (!PyTuple_CheckExact(first) || !PyTuple_CheckExact(latest) || PyTuple_GET_SIZE(latest) != 2 ||
+            PyTuple_GET_SIZE(first) != 2)
+            goto unlock;
+        if (n >= self->prune_at && compare(PyTuple_GET_ITEM(first, 0), current, Py_LE)) {
+            if (!compare(PyTuple_GET_ITEM(latest, 0), current, Py_LE))
+                goto unlock;  /* a partial prune: the Python method */
+            clear = 1;
+        } else if (!compare(PyTuple_GET_ITEM(latest, 0), value, Py_LE)) {
+            goto unlock;  /* out of order: the Python method inserts it */
+        }
+    }
+    PyObject *pair = PyTuple_Pack(2, value, sub);
+    if (pair == NULL || (clear && PyList_SetSlice(timepoints, 0, n, NULL) < 0) || PyList_Append(timepoints, pair) < 0) {
+        Py_XDECREF(pair);
+        failed = 1;
+        goto unlock;
+    }
+    Py_DECREF(pair);
+    listened = PyObject_IsTrue(parked);
+    if (listened < 0) {
+        failed = 1;
+        goto unlock;
+    }
+    usual = 1;
+unlock:
+    if (PyErr_Occurred() && !failed) {
+        failed = 1;
+    }
+    if (release(lock) < 0)
+        failed = 1;
+    Py_DECREF(lock);
+    Py_XDECREF(parked);
+    Py_XDECREF(issuable);
+    Py_XDECREF(waiters);
+    Py_XDECREF(timepoints);
+    Py_XDECREF(current);
+    if (failed)
+        return -1;
+    if (usual)
+        return listened;
+    PyObject *stack[3] = {sem, value, sub};
+    PyObject *result = PyObject_VectorcallMethod(s_add_timepoint, stack, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (result == NULL)
+        return -1;
+    int truth = PyObject_IsTrue(result);
+    Py_DECREF(result);
+    return truth;
+}
+
+/* GpuQueue.issue of `sub` (one command buffer, no device waits, no action). -1 with an error set. */
+static int issue(Replay *self, PyObject *queue, PyObject *sub, PyObject *cb, PyObject *table, PyObject *sem,
+                 PyObject *value, PyObject *completion) {
+    int lost_none = attr_is(self->device, s_lost, Py_None);
+    if (lost_none != 1)  /* a lost device (or an unreadable one): the Python method fails the work */
+        return call_method(queue, s_issue, &sub, 1);
+    PyObject *api = PyObject_GetAttr(queue, s_api);
+    PyObject *context = api ? PyObject_GetAttr(self->device, s_context) : NULL;
+    PyObject *lock = context ? PyObject_GetAttr(queue, s_lock) : NULL;
+    if (lock == NULL) {
+        Py_XDECREF(context);
+        Py_XDECREF(api);
+        return -1;
+    }
+    Py_ssize_t inflight = 0;
+    int status = 0, locked = 0;
+    if (call_method(api, s_activate, &context, 1) < 0 || call_method0(lock, s_acquire) < 0)
+        goto failed;
+    locked = 1;
+    int open = attr_is(queue, s_queue_closed, Py_False);
+    if (open != 1) {  /* closed since: the Python method fails the work with the reason */
+        locked = 0;
+        if (release(lock) < 0)
+            goto failed;
+        status = call_method(queue, s_issue, &sub, 1);
+        goto done;
+    }
+    if (issue_locked(self, queue, sub, cb, table, api, &inflight) < 0)
+        goto failed;
+    locked = 0;
+    if (release(lock) < 0)
+        goto failed;
+    int listened = add_timepoint(self, sem, value, sub);
+    if (listened < 0) {
+        status = -1;
+        goto done;
+    }
+    PyObject *idle = PyObject_GetAttr(completion, s_idle);
+    if (idle == NULL) {
+        status = -1;
+        goto done;
+    }
+    int sleeping = PyObject_IsTrue(idle);
+    Py_DECREF(idle);
+    if (sleeping) {
+        PyObject *count = PyLong_FromSsize_t(inflight);
+        if (count == NULL) {
+            status = -1;
+            goto done;
+        }
+        PyObject *args[2] = {listened ? Py_True : Py_False, count};
+        status = call_method(completion, s_wake_for, args, 2);
+        Py_DECREF(count);
+        if (status < 0)
+            goto done;
+    }
+    PyObject *idle_waiters = PyObject_GetAttr(completion, s_idle_waiters);
+    if (idle_waiters == NULL) {
+        status = -1;
+        goto done;
+    }
+    int notify = PyObject_IsTrue(idle_waiters);
+    Py_DECREF(idle_waiters);
+    if (notify)
+        status = call_method0(completion, s_notify_idle);
+    goto done;
+failed: {
+    /* As GpuQueue.issue: nothing of the submission runs, its signals carry the failure. */
+    PyObject *type, *exc, *tb;
+    PyErr_Fetch(&type, &exc, &tb);
+    PyErr_NormalizeException(&type, &exc, &tb);
+    if (tb != NULL && exc != NULL)
+        PyException_SetTraceback(exc, tb);
+    if (locked && call_method0(lock, s_release) < 0)
+        PyErr_Clear();
+    PyObject *args[2] = {sub, exc ? exc : Py_None};
+    status = call_method(queue, s_issue_failed, args, 2);
+    Py_XDECREF(type);
+    Py_XDECREF(exc);
+    Py_XDECREF(tb);
+}
+done:
+    Py_DECREF(lock);
+    Py_DECREF(context);
+    Py_DECREF(api);
+    return status;
+}
+
+/* Everything after the checks, under the device's gate: USUAL, NOT_USUAL (closed meanwhile) or FAILED. */
+static int submit(Replay *self, PyObject *cb, PyObject *checked, PyObject *signal_pair, PyObject *sem,
+                  PyObject *value, PyObject *queue, PyObject *completion) {
+    PyObject *gate = PyObject_GetAttr(self->device, s_gate);
+    if (gate == NULL || call_method0(gate, s_acquire) < 0) {
+        Py_XDECREF(gate);
+        return FAILED;
+    }
+    int result = FAILED;
+    PyObject *sequence = NULL, *seq = NULL, *sub = NULL, *outstanding = NULL;
+    PyObject *command_buffers = NULL, *tables = NULL, *waits = NULL, *signals = NULL;
+    int open = attr_is(self->device, s_closed, Py_False);
+    if (open != 1) {
+        result = NOT_USUAL;  /* closed while this thread checked: the Python method says so */
+        goto done;
+    }
+    sequence = PyObject_GetAttr(completion, s_sequence);
+    seq = sequence ? PyIter_Next(sequence) : NULL;
+    if (seq == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "the submission sequence ended");
+        goto done;
+    }
+    command_buffers = PyList_New(1);
+    tables = PyList_New(1);
+    waits = PyList_New(0);
+    signals = PyList_New(1);
+    if (command_buffers == NULL || tables == NULL || waits == NULL || signals == NULL)
+        goto done;
+    Py_INCREF(cb);
+    PyList_SET_ITEM(command_buffers, 0, cb);
+    Py_INCREF(checked);
+    PyList_SET_ITEM(tables, 0, checked);
+    Py_INCREF(signal_pair);
+    PyList_SET_ITEM(signals, 0, signal_pair);
+    PyObject *args[7] = {queue, command_buffers, tables, waits, signals, Py_None, seq};
+    sub = PyObject_Vectorcall(self->submission_type, args, 7, NULL);
+    outstanding = sub ? PyObject_GetAttr(completion, s_outstanding) : NULL;
+    if (outstanding == NULL || PyObject_SetItem(outstanding, seq, sub) < 0)
+        goto done;
+    if (issue(self, queue, sub, cb, checked, sem, value, completion) == 0)
+        result = USUAL;
+done:
+    if (release(gate) < 0)
+        result = FAILED;
+    Py_DECREF(gate);
+    Py_XDECREF(signals);
+    Py_XDECREF(waits);
+    Py_XDECREF(tables);
+    Py_XDECREF(command_buffers);
+    Py_XDECREF(outstanding);
+    Py_XDECREF(sub);
+    Py_XDECREF(seq);
+    Py_XDECREF(sequence);
+    return result;
+}
+
+/* The usual replay, from the arguments of queue_execute (NULL: not given). */
+static int replay(Replay *self, PyObject *command_buffers, PyObject *wait, PyObject *signal, PyObject *tables,
+                  PyObject *queue_index) {
+    PyObject *device = self->device;
+    if (attr_is(device, s_closed, Py_False) != 1)
+        return NOT_USUAL;
+    if (queue_index != NULL && (!PyLong_CheckExact(queue_index) || PyLong_AsLong(queue_index) != 0)) {
+        PyErr_Clear();
+        return NOT_USUAL;
+    }
+    if (!PyList_CheckExact(command_buffers) || PyList_GET_SIZE(command_buffers) != 1)
+        return NOT_USUAL;
+    PyObject *given = Py_None;
+    if (tables != NULL && tables != Py_None) {
+        if (!PyList_CheckExact(tables) || PyList_GET_SIZE(tables) != 1)
+            return NOT_USUAL;
+        given = PyList_GET_ITEM(tables, 0);
+    }
+    if (signal == NULL)
+        return NOT_USUAL;
+    PyObject *cb = PyList_GET_ITEM(command_buffers, 0);
+    Py_INCREF(cb);
+    Py_INCREF(given);
+    Py_INCREF(signal);
+    int result = NOT_USUAL;
+    PyObject *checked = NULL, *queues = NULL, *queue = NULL, *completion = NULL, *enabled = NULL;
+    PyObject *signal_pair = NULL;
+    if (!PyObject_TypeCheck(cb, self->command_buffer_type) || attr_is(cb, s_device, device) != 1)
+        goto done;
+    checked = recall(self, cb, given);
+    if (checked == NULL)
+        goto done;
+    PyObject *sem, *value;
+    if (!usual_signal(self, signal, &sem, &value))
+        goto done;
+    signal_pair = PyList_GET_ITEM(signal, 0);
+    Py_INCREF(signal_pair);
+    enabled = PyObject_GetAttr(self->tracing, s_enabled);
+    if (enabled != Py_False)
+        goto done;
+    queues = PyObject_GetAttr(device, s_queues);
+    if (queues == NULL || !PyList_CheckExact(queues) || PyList_GET_SIZE(queues) < 1)
+        goto done;
+    queue = PyList_GET_ITEM(queues, 0);
+    Py_INCREF(queue);
+    if (!usual_wait(self, wait, queue))
+        goto done;
+    completion = PyObject_GetAttr(device, s_completion);
+    if (completion == NULL)
+        goto done;
+    /* The pair holds the semaphore and the value for the rest of the call. */
+    sem = PyTuple_GET_ITEM(signal_pair, 0);
+    value = PyTuple_GET_ITEM(signal_pair, 1);
+    result = submit(self, cb, checked, signal_pair, sem, value, queue, completion);
+done:
+    if (result == NOT_USUAL && PyErr_Occurred())
+        PyErr_Clear();
+    Py_XDECREF(enabled);
+    Py_XDECREF(completion);
+    Py_XDECREF(queue);
+    Py_XDECREF(queues);
+    Py_XDECREF(signal_pair);
+    Py_XDECREF(checked);
+    Py_DECREF(signal);
+    Py_DECREF(given);
+    Py_DECREF(cb);
+    return result;
+}
+
+/* queue_execute(command_buffers, wait=(), signal=(), binding_tables=None, *, queue=0) */
+static PyObject *Replay_vectorcall(Replay *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject *slots[5] = {NULL, NULL, NULL, NULL, NULL}; /* command_buffers, wait, signal, tables, queue */
+    int usual = nargs >= 1 && nargs <= 4;
+    for (Py_ssize_t i = 0; usual && i < nargs; i++)
+        slots[i] = args[i];
+    for (Py_ssize_t i = 0; usual && i < nkw; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        int at = name == s_wait ? 1 : name == s_signal ? 2 : name == s_binding_tables ? 3 : name == s_queue ? 4
+                 : name == s_command_buffers ? 0 : -1;
+        if (at < 0 || slots[at] != NULL)
+            usual = 0;  /* an unknown, non-interned or repeated keyword: the Python method reports it */
+        else
+            slots[at] = args[nargs + i];
+    }
+    if (usual) {
+        int result = slots[0] == NULL ? NOT_USUAL : replay(self, slots[0], slots[1], slots[2], slots[3], slots[4]);
+        if (result == USUAL)
+            Py_RETURN_NONE;
+        if (result == FAILED)
+            return NULL;
+    }
+    /* The Python method, with the device as its first argument. */
+    Py_ssize_t total = nargs + nkw;
+    PyObject *small[16];
+    PyObject **stack = total + 1 <= 16 ? small : PyMem_Malloc((total + 1) * sizeof(PyObject *));
+    if (stack == NULL)
+        return PyErr_NoMemory();
+    stack[0] = self->device;
+    for (Py_ssize_t i = 0; i < total; i++)
+        stack[i + 1] = args[i];
+    PyObject *result = PyObject_Vectorcall(self->fallback, stack, nargs + 1, kwnames);
+    if (stack != small)
+        PyMem_Free(stack);
+    return result;
+}
+
+static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *keywords[] = {"device", "fallback", "command_buffer_type", "semaphore_type", "graph_type",
+                               "submission_type", "executable_state", "tracing", "prune_at", NULL};
+    PyObject *device, *fallback, *cb_type, *sem_type, *graph_type, *submission_type, *state, *tracing;
+    Py_ssize_t prune_at;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!O!OOOOn", keywords, &device, &fallback, &PyType_Type, &cb_type,
+                                     &PyType_Type, &sem_type, &graph_type, &submission_type, &state, &tracing,
+                                     &prune_at))
+        return NULL;
+    if (!PyCallable_Check(fallback) || !PyCallable_Check(submission_type)) {
+        PyErr_SetString(PyExc_TypeError, "Replay: fallback and submission_type must be callable");
+        return NULL;
+    }
+    Replay *self = (Replay *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->max_u64 = PyLong_FromUnsignedLongLong(0xFFFFFFFFFFFFFFFFull);
+    if (self->max_u64 == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->vectorcall = (vectorcallfunc)Replay_vectorcall;
+    self->device = Py_NewRef(device);
+    self->fallback = Py_NewRef(fallback);
+    self->command_buffer_type = (PyTypeObject *)Py_NewRef(cb_type);
+    self->semaphore_type = (PyTypeObject *)Py_NewRef(sem_type);
+    self->graph_type = Py_NewRef(graph_type);
+    self->submission_type = Py_NewRef(submission_type);
+    self->executable_state = Py_NewRef(state);
+    self->tracing = Py_NewRef(tracing);
+    self->prune_at = prune_at;
+    return (PyObject *)self;
+}
+
+static int Replay_traverse(Replay *self, visitproc visit, void *arg) {
+    Py_VISIT(self->device);
+    Py_VISIT(self->fallback);
+    Py_VISIT(self->command_buffer_type);
+    Py_VISIT(self->semaphore_type);
+    Py_VISIT(self->graph_type);
+    Py_VISIT(self->submission_type);
+    Py_VISIT(self->executable_state);
+    Py_VISIT(self->tracing);
+    return 0;
+}
+
+static int Replay_clear(Replay *self) {
+    Py_CLEAR(self->device);
+    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->command_buffer_type);
+    Py_CLEAR(self->semaphore_type);
+    Py_CLEAR(self->graph_type);
+    Py_CLEAR(self->submission_type);
+    Py_CLEAR(self->executable_state);
+    Py_CLEAR(self->tracing);
+    Py_CLEAR(self->max_u64);
+    return 0;
+}
+
+static void Replay_dealloc(Replay *self) {
+    PyObject_GC_UnTrack(self);
+    Replay_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Replay_call(PyObject *self, PyObject *args, PyObject *kwargs) {
+    if (((Replay *)self)->device == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Replay was cleared");
+        return NULL;
+    }
+    return PyVectorcall_Call(self, args, kwargs);
+}
+
+static PyTypeObject ReplayType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "hal.drivers.gpu._replay.Replay",
+    .tp_basicsize = sizeof(Replay),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Replay(device, fallback, command_buffer_type, semaphore_type, graph_type, submission_type, "
+              "executable_state, tracing, prune_at): a GPU device's queue_execute for the repeat of a validated "
+              "submission; every other call goes to fallback(device, ...).",
+    .tp_new = Replay_new,
+    .tp_traverse = (traverseproc)Replay_traverse,
+    .tp_clear = (inquiry)Replay_clear,
+    .tp_dealloc = (destructor)Replay_dealloc,
+    .tp_vectorcall_offset = offsetof(Replay, vectorcall),
+    .tp_call = Replay_call,
+};
+
+static struct PyModuleDef replay_module = {
+    PyModuleDef_HEAD_INIT, "hal.drivers.gpu._replay", "A GPU device's repeat of a validated submission, from C.",
+    -1, NULL,
+};
+
+static int intern(PyObject **slot, const char *name) {
+    *slot = PyUnicode_InternFromString(name);
+    return *slot == NULL ? -1 : 0;
+}
+
+PyMODINIT_FUNC PyInit__replay(void) {
+    struct {
+        PyObject **slot;
+        const char *name;
+    } names[] = {
+        {&s_sem_lock, "_lock"}, {&s_closed, "_closed"}, {&s_queue_closed, "closed"}, {&s_release_count, "_release_count"}, {&s_device, "device"},
+        {&s_validated, "validated"}, {&s_validated_before, "validated_before"}, {&s_state, "state"},
+        {&s_value, "_value"}, {&s_failure, "_failure"}, {&s_queues, "queues"}, {&s_completion, "completion"},
+        {&s_sequence, "sequence"}, {&s_outstanding, "outstanding"}, {&s_lost, "lost"}, {&s_api, "api"},
+        {&s_activate, "activate"}, {&s_context, "context"}, {&s_lock, "lock"}, {&s_acquire, "acquire"},
+        {&s_release, "release"}, {&s_stream, "stream"}, {&s_issue, "issue"}, {&s_uses_slots, "uses_slots"},
+        {&s_issue_lock, "issue_lock"}, {&s_bound_table, "_bound_table"}, {&s_launch_exec, "_launch_exec"},
+        {&s_graph_launch, "graph_launch"}, {&s_events, "events"}, {&s_free, "free"},
+        {&s_event_record, "event_record"}, {&s_event, "event"}, {&s_inflight, "inflight"}, {&s_append, "append"},
+        {&s_issue_failed, "issue_failed"}, {&s_add_timepoint, "add_timepoint"}, {&s_timepoints, "_timepoints"},
+        {&s_waiters, "_waiters"}, {&s_issuable, "_issuable"}, {&s_parked, "_parked"}, {&s_idle, "idle"},
+        {&s_wake_for, "wake_for"}, {&s_idle_waiters, "idle_waiters"}, {&s_notify_idle, "notify_idle"},
+        {&s_gate, "_gate"}, {&s_enabled, "ENABLED"}, {&s_queue, "queue"}, {&s_wait, "wait"}, {&s_signal, "signal"},
+        {&s_binding_tables, "binding_tables"}, {&s_command_buffers, "command_buffers"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (intern(names[i].slot, names[i].name) < 0)
+            return NULL;
+    if (PyType_Ready(&ReplayType) < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&replay_module);
+    if (module == NULL)
+        return NULL;
+    Py_INCREF(&ReplayType);
+    if (PyModule_AddObject(module, "Replay", (PyObject *)&ReplayType) < 0) {
+        Py_DECREF(&ReplayType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

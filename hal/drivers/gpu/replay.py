@@ -1,0 +1,69 @@
+"""The repeat of a validated submission made from C (``_replay.c``), where it was built and is allowed.
+
+A loop that submits the same reusable command buffer with the same binding table (a training
+step, a runtime graph-cache hit) spends most of its host time in the Python around three driver
+calls: recognising the repeat (``hal.device.recall``, ``check_signal_fences``), numbering the
+``Submission``, issuing it (``GpuQueue.issue``, the graph command buffer's launch, the event),
+and the semaphore's timepoint. ``hal.drivers.gpu._replay.Replay`` makes those same steps from C
+for the usual shape of that call, reading the same attributes under the same locks, and hands
+every other call, and every step that is not the usual case, to the Python code, which stays the
+definition of each rule (see the C file's header).
+
+``install`` binds it as the device instance's ``queue_execute`` (an instance attribute in front of
+the class's method): a call then enters C with no Python frame at all. ``HAL_NATIVE`` decides as for
+the native driver calls (``hal/drivers/native_calls.py``): unset, it serves where the extension
+loads; ``HAL_NATIVE=0`` leaves the Python method; ``HAL_NATIVE=1`` makes a missing extension an error.
+A device whose class overrides a step the C code makes (its own ``queue_execute``,
+``_queue_execute``, queue or submission class) keeps the Python method.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from hal import tracing
+from hal.command_buffer import CommandBuffer, CommandBufferState
+from hal.device import Device
+from hal.drivers import native_calls
+from hal.drivers.gpu import event_semaphore
+from hal.drivers.gpu.graph_command_buffer import GraphCommandBuffer
+from hal.drivers.gpu.queue import GpuQueue
+from hal.drivers.gpu.submission import Submission
+from hal.errors import UnavailableError
+from hal.semaphore import Semaphore
+
+if TYPE_CHECKING:
+    from hal.drivers.gpu.device import GpuDevice
+
+_log = logging.getLogger(__name__)
+
+
+def install(device: GpuDevice) -> bool:
+    """Bind the C replay as ``device.queue_execute``; False where it is off, not built, or the
+    device's classes change a step it makes (then the Python method serves)."""
+    from hal.drivers.gpu.device import GpuDevice
+
+    wanted = native_calls.mode()
+    if wanted == "off":
+        return False
+    cls = type(device)
+    if cls.queue_execute is not Device.queue_execute or cls._queue_execute is not GpuDevice._queue_execute \
+            or any(type(q) is not GpuQueue for q in device.queues):
+        return False
+    try:
+        from hal.drivers.gpu import _replay
+    except ImportError as exc:
+        if wanted == "on":
+            raise UnavailableError(f"HAL_NATIVE=1 but the native replay cannot be used: {exc}") from exc
+        _log.info("native replay not used (%s): the Python submission path serves", exc)
+        return False
+    device.queue_execute = _replay.Replay(  # type: ignore[method-assign]
+        device, Device.queue_execute, CommandBuffer, Semaphore, GraphCommandBuffer, Submission,
+        CommandBufferState.EXECUTABLE, tracing, event_semaphore.PRUNE_AT)
+    return True
+
+
+def uninstall(device: GpuDevice) -> None:
+    """Back to the Python method (device close: the replay refers to the device)."""
+    device.__dict__.pop("queue_execute", None)
