@@ -28,6 +28,18 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
+#include <structmember.h>
+
+/* Submission's __slots__, in the order of its constructor's arguments and then the attributes it
+   starts as None / False; the replay makes a submission by writing them directly (as __init__ does). */
+static const char *const SUBMISSION_FIELDS[] = {"queue", "command_buffers", "tables", "waits", "signals", "action",
+                                                "seq", "event", "resources", "retired"};
+enum { SUB_QUEUE, SUB_COMMAND_BUFFERS, SUB_TABLES, SUB_WAITS, SUB_SIGNALS, SUB_ACTION, SUB_SEQ, SUB_EVENT,
+       SUB_RESOURCES, SUB_RETIRED, SUBMISSION_SLOTS };
+
+/* threading.Lock's type and its acquire / release, called without a method look-up. */
+static PyTypeObject *lock_type;
+static PyObject *lock_acquire, *lock_release;
 
 typedef struct {
     PyObject_HEAD
@@ -42,15 +54,28 @@ typedef struct {
     PyObject *tracing;           /* hal.tracing: ENABLED is read on every call */
     PyObject *max_u64;
     Py_ssize_t prune_at;         /* event_semaphore.PRUNE_AT */
+    /* What stays the same while the device is open (the replay is removed at close): read once. */
+    PyObject *queue;             /* device.queues[0] */
+    PyObject *completion;
+    PyObject *gate_acquire, *gate_release;   /* device._gate's bound methods */
+    PyObject *queue_acquire, *queue_release; /* queue.lock's */
+    PyObject *api;               /* queue.api (its methods are looked up on every call: they may be replaced) */
+    PyObject *context;
+    PyObject *stream;
+    PyObject *events;            /* the queue's EventPool */
+    PyObject *inflight_append;   /* queue.inflight.append */
+    PyObject *inflight;
+    PyObject *sequence;          /* completion.sequence */
+    PyObject *outstanding;       /* completion.outstanding */
+    Py_ssize_t slot[SUBMISSION_SLOTS]; /* byte offsets of Submission's __slots__ */
 } Replay;
 
 /* Interned attribute names. */
-static PyObject *s_sem_lock, *s_closed, *s_queue_closed, *s_release_count, *s_device, *s_validated, *s_validated_before, *s_state, *s_value,
-    *s_failure, *s_queues, *s_completion, *s_sequence, *s_outstanding, *s_lost, *s_api, *s_activate, *s_context,
-    *s_lock, *s_acquire, *s_release, *s_stream, *s_issue, *s_uses_slots, *s_issue_lock, *s_bound_table,
-    *s_launch_exec, *s_graph_launch, *s_events, *s_free, *s_event_record, *s_event, *s_inflight, *s_append,
+static PyObject *s_sem_lock, *s_closed, *s_queue_closed, *s_release_count, *s_device, *s_validated,
+    *s_validated_before, *s_state, *s_value, *s_failure, *s_lost, *s_activate, *s_acquire, *s_release, *s_issue,
+    *s_uses_slots, *s_issue_lock, *s_bound_table, *s_launch_exec, *s_graph_launch, *s_free, *s_event_record,
     *s_issue_failed, *s_add_timepoint, *s_timepoints, *s_waiters, *s_issuable, *s_parked, *s_idle, *s_wake_for,
-    *s_idle_waiters, *s_notify_idle, *s_gate, *s_enabled, *s_queue, *s_wait, *s_signal, *s_binding_tables,
+    *s_idle_waiters, *s_notify_idle, *s_enabled, *s_queue, *s_wait, *s_signal, *s_binding_tables,
     *s_command_buffers;
 
 /* Outcome of the checks: not the usual case (take the Python method), or an error to raise. */
@@ -254,11 +279,30 @@ static int call_method(PyObject *obj, PyObject *name, PyObject *const *args, siz
     return 0;
 }
 
-/* Release `lock` keeping a pending exception (a release that fails too replaces it). */
-static int release(PyObject *lock) {
+/* callable() or callable(arg). */
+static int invoke(PyObject *callable, PyObject *arg) {
+    PyObject *result = PyObject_Vectorcall(callable, arg ? &arg : NULL, arg ? 1 : 0, NULL);
+    if (result == NULL)
+        return -1;
+    Py_DECREF(result);
+    return 0;
+}
+
+/* lock.acquire() / lock.release(): a threading.Lock's without a method look-up. */
+static int acquire(PyObject *lock) {
+    return Py_TYPE(lock) == lock_type ? invoke(lock_acquire, lock) : call_method0(lock, s_acquire);
+}
+
+static int unlock(PyObject *lock) {
+    return Py_TYPE(lock) == lock_type ? invoke(lock_release, lock) : call_method0(lock, s_release);
+}
+
+/* unlock(lock), or the bound release() when lock is NULL, keeping a pending exception (a release
+   that fails too replaces it): -1 when an exception is pending afterwards. */
+static int unlock_keeping(PyObject *lock, PyObject *bound_release) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
-    int status = call_method0(lock, s_release);
+    int status = lock != NULL ? unlock(lock) : invoke(bound_release, NULL);
     if (type != NULL) {
         if (status < 0) {
             Py_XDECREF(type);
@@ -274,11 +318,11 @@ static int release(PyObject *lock) {
 
 /* The graph command buffer's issue when `table` is the one it has bound (nothing to rebind):
    1 launched (or nothing to launch), 0 not that case, -1 error. */
-static int launch_bound_graph(Replay *self, PyObject *cb, PyObject *table, PyObject *api, PyObject *stream) {
+static int launch_bound_graph(Replay *self, PyObject *cb, PyObject *table) {
     if ((PyObject *)Py_TYPE(cb) != self->graph_type || attr_is(cb, s_uses_slots, Py_True) != 1)
         return 0;
     PyObject *lock = PyObject_GetAttr(cb, s_issue_lock);
-    if (lock == NULL || call_method0(lock, s_acquire) < 0) {
+    if (lock == NULL || acquire(lock) < 0) {
         Py_XDECREF(lock);
         return -1;
     }
@@ -293,55 +337,52 @@ static int launch_bound_graph(Replay *self, PyObject *cb, PyObject *table, PyObj
         } else {
             result = 1;
             if (launch != Py_None) {
-                PyObject *args[2] = {launch, stream};
-                result = call_method(api, s_graph_launch, args, 2) < 0 ? -1 : 1;
+                PyObject *args[2] = {launch, self->stream};
+                result = call_method(self->api, s_graph_launch, args, 2) < 0 ? -1 : 1;
             }
             Py_DECREF(launch);
         }
     }
     Py_XDECREF(bound);
-    if (release(lock) < 0)
+    if (unlock_keeping(lock, NULL) < 0)
         result = -1;
     Py_DECREF(lock);
     return result;
 }
 
 /* GpuQueue.issue's locked part: the commands and the event after them. -1 with an error set. */
-static int issue_locked(Replay *self, PyObject *queue, PyObject *sub, PyObject *cb, PyObject *table,
-                        PyObject *api, Py_ssize_t *inflight_count) {
-    PyObject *stream = PyObject_GetAttr(queue, s_stream);
-    if (stream == NULL)
-        return -1;
-    int status = -1;
-    PyObject *events = NULL, *free = NULL, *event = NULL, *inflight = NULL;
-    int launched = launch_bound_graph(self, cb, table, api, stream);
+static int issue_locked(Replay *self, PyObject *sub, PyObject *cb, PyObject *table, Py_ssize_t *inflight_count) {
+    int launched = launch_bound_graph(self, cb, table);
     if (launched < 0)
-        goto done;
+        return -1;
     if (launched == 0) {
-        PyObject *args[3] = {queue, table, sub};
+        PyObject *args[3] = {self->queue, table, sub};
         if (call_method(cb, s_issue, args, 3) < 0)
-            goto done;
+            return -1;
     }
-    events = PyObject_GetAttr(queue, s_events);
-    free = events ? PyObject_GetAttr(events, s_free) : NULL;
+    PyObject *free = PyObject_GetAttr(self->events, s_free), *event;
     if (free == NULL)
-        goto done;
+        return -1;
     if (PyList_CheckExact(free) && PyList_GET_SIZE(free) > 0) {
         Py_ssize_t last = PyList_GET_SIZE(free) - 1;
         event = PyList_GET_ITEM(free, last);
         Py_INCREF(event);
-        if (PyList_SetSlice(free, last, last + 1, NULL) < 0)
-            goto done;
+        if (PyList_SetSlice(free, last, last + 1, NULL) < 0) {
+            Py_DECREF(event);
+            event = NULL;
+        }
     } else {
-        event = PyObject_CallMethodNoArgs(events, s_acquire);
-        if (event == NULL)
-            goto done;
+        event = PyObject_CallMethodNoArgs(self->events, s_acquire);
     }
-    PyObject *record[2] = {event, stream};
-    if (call_method(api, s_event_record, record, 2) < 0) {
+    Py_DECREF(free);
+    if (event == NULL)
+        return -1;
+    int status = -1;
+    PyObject *record[2] = {event, self->stream};
+    if (call_method(self->api, s_event_record, record, 2) < 0) {
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
-        if (call_method(events, s_release, &event, 1) < 0) {
+        if (call_method(self->events, s_release, &event, 1) < 0) {
             Py_XDECREF(type);
             Py_XDECREF(value);
             Py_XDECREF(tb);
@@ -350,21 +391,16 @@ static int issue_locked(Replay *self, PyObject *queue, PyObject *sub, PyObject *
         }
         goto done;
     }
-    if (PyObject_SetAttr(sub, s_event, event) < 0)
+    PyObject **slot = (PyObject **)((char *)sub + self->slot[SUB_EVENT]);
+    Py_INCREF(event);
+    Py_XSETREF(*slot, event);
+    if (invoke(self->inflight_append, sub) < 0)
         goto done;
-    inflight = PyObject_GetAttr(queue, s_inflight);
-    if (inflight == NULL || call_method(inflight, s_append, &sub, 1) < 0)
-        goto done;
-    *inflight_count = PyObject_Size(inflight);
-    if (*inflight_count < 0)
-        goto done;
-    status = 0;
+    *inflight_count = PyObject_Size(self->inflight);
+    if (*inflight_count >= 0)
+        status = 0;
 done:
-    Py_XDECREF(inflight);
-    Py_XDECREF(event);
-    Py_XDECREF(free);
-    Py_XDECREF(events);
-    Py_DECREF(stream);
+    Py_DECREF(event);
     return status;
 }
 
@@ -373,7 +409,7 @@ done:
    listener waits on the semaphore; -1: error. */
 static int add_timepoint(Replay *self, PyObject *sem, PyObject *value, PyObject *sub) {
     PyObject *lock = PyObject_GetAttr(sem, s_sem_lock);
-    if (lock == NULL || call_method0(lock, s_acquire) < 0) {
+    if (lock == NULL || acquire(lock) < 0) {
         Py_XDECREF(lock);
         return -1;
     }
@@ -427,10 +463,9 @@ static int add_timepoint(Replay *self, PyObject *sem, PyObject *value, PyObject 
     }
     usual = 1;
 unlock:
-    if (PyErr_Occurred() && !failed) {
+    if (PyErr_Occurred())
         failed = 1;
-    }
-    if (release(lock) < 0)
+    if (unlock_keeping(lock, NULL) < 0)
         failed = 1;
     Py_DECREF(lock);
     Py_XDECREF(parked);
@@ -451,72 +486,57 @@ unlock:
     return truth;
 }
 
-/* GpuQueue.issue of `sub` (one command buffer, no device waits, no action). -1 with an error set. */
-static int issue(Replay *self, PyObject *queue, PyObject *sub, PyObject *cb, PyObject *table, PyObject *sem,
-                 PyObject *value, PyObject *completion) {
-    int lost_none = attr_is(self->device, s_lost, Py_None);
-    if (lost_none != 1)  /* a lost device (or an unreadable one): the Python method fails the work */
-        return call_method(queue, s_issue, &sub, 1);
-    PyObject *api = PyObject_GetAttr(queue, s_api);
-    PyObject *context = api ? PyObject_GetAttr(self->device, s_context) : NULL;
-    PyObject *lock = context ? PyObject_GetAttr(queue, s_lock) : NULL;
-    if (lock == NULL) {
-        Py_XDECREF(context);
-        Py_XDECREF(api);
+/* Completion's wake-up after an issue, as GpuQueue.issue ends. */
+static int wake_completion(Replay *self, int listened, Py_ssize_t inflight) {
+    PyObject *idle = PyObject_GetAttr(self->completion, s_idle);
+    if (idle == NULL)
         return -1;
-    }
-    Py_ssize_t inflight = 0;
-    int status = 0, locked = 0;
-    if (call_method(api, s_activate, &context, 1) < 0 || call_method0(lock, s_acquire) < 0)
-        goto failed;
-    locked = 1;
-    int open = attr_is(queue, s_queue_closed, Py_False);
-    if (open != 1) {  /* closed since: the Python method fails the work with the reason */
-        locked = 0;
-        if (release(lock) < 0)
-            goto failed;
-        status = call_method(queue, s_issue, &sub, 1);
-        goto done;
-    }
-    if (issue_locked(self, queue, sub, cb, table, api, &inflight) < 0)
-        goto failed;
-    locked = 0;
-    if (release(lock) < 0)
-        goto failed;
-    int listened = add_timepoint(self, sem, value, sub);
-    if (listened < 0) {
-        status = -1;
-        goto done;
-    }
-    PyObject *idle = PyObject_GetAttr(completion, s_idle);
-    if (idle == NULL) {
-        status = -1;
-        goto done;
-    }
     int sleeping = PyObject_IsTrue(idle);
     Py_DECREF(idle);
+    if (sleeping < 0)
+        return -1;
     if (sleeping) {
         PyObject *count = PyLong_FromSsize_t(inflight);
-        if (count == NULL) {
-            status = -1;
-            goto done;
-        }
+        if (count == NULL)
+            return -1;
         PyObject *args[2] = {listened ? Py_True : Py_False, count};
-        status = call_method(completion, s_wake_for, args, 2);
+        int status = call_method(self->completion, s_wake_for, args, 2);
         Py_DECREF(count);
         if (status < 0)
-            goto done;
+            return -1;
     }
-    PyObject *idle_waiters = PyObject_GetAttr(completion, s_idle_waiters);
-    if (idle_waiters == NULL) {
-        status = -1;
-        goto done;
-    }
+    PyObject *idle_waiters = PyObject_GetAttr(self->completion, s_idle_waiters);
+    if (idle_waiters == NULL)
+        return -1;
     int notify = PyObject_IsTrue(idle_waiters);
     Py_DECREF(idle_waiters);
-    if (notify)
-        status = call_method0(completion, s_notify_idle);
-    goto done;
+    if (notify < 0)
+        return -1;
+    return notify ? call_method0(self->completion, s_notify_idle) : 0;
+}
+
+/* GpuQueue.issue of `sub` (one command buffer, no device waits, no action). -1 with an error set. */
+static int issue(Replay *self, PyObject *sub, PyObject *cb, PyObject *table, PyObject *sem, PyObject *value) {
+    if (attr_is(self->device, s_lost, Py_None) != 1)  /* lost (or unreadable): the Python method fails the work */
+        return call_method(self->queue, s_issue, &sub, 1);
+    Py_ssize_t inflight = 0;
+    if (call_method(self->api, s_activate, &self->context, 1) < 0)
+        goto failed;
+    if (invoke(self->queue_acquire, NULL) < 0)
+        goto failed;
+    int open = attr_is(self->queue, s_queue_closed, Py_False);
+    if (open != 1) {  /* closed since: the Python method fails the work with the reason */
+        if (invoke(self->queue_release, NULL) < 0)
+            goto failed;
+        return call_method(self->queue, s_issue, &sub, 1);
+    }
+    int issued = issue_locked(self, sub, cb, table, &inflight);
+    if (unlock_keeping(NULL, self->queue_release) < 0 || issued < 0)
+        goto failed;
+    int listened = add_timepoint(self, sem, value, sub);
+    if (listened < 0)
+        return -1;
+    return wake_completion(self, listened, inflight);
 failed: {
     /* As GpuQueue.issue: nothing of the submission runs, its signals carry the failure. */
     PyObject *type, *exc, *tb;
@@ -524,75 +544,66 @@ failed: {
     PyErr_NormalizeException(&type, &exc, &tb);
     if (tb != NULL && exc != NULL)
         PyException_SetTraceback(exc, tb);
-    if (locked && call_method0(lock, s_release) < 0)
-        PyErr_Clear();
     PyObject *args[2] = {sub, exc ? exc : Py_None};
-    status = call_method(queue, s_issue_failed, args, 2);
+    int status = call_method(self->queue, s_issue_failed, args, 2);
     Py_XDECREF(type);
     Py_XDECREF(exc);
     Py_XDECREF(tb);
-}
-done:
-    Py_DECREF(lock);
-    Py_DECREF(context);
-    Py_DECREF(api);
     return status;
+}
+}
+
+/* A new Submission(queue, [cb], [checked], [], [signal_pair], None, seq), its slots written as
+   its __init__ writes them. */
+static PyObject *new_submission(Replay *self, PyObject *cb, PyObject *checked, PyObject *signal_pair, PyObject *seq) {
+    PyTypeObject *type = (PyTypeObject *)self->submission_type;
+    PyObject *values[SUBMISSION_SLOTS] = {self->queue, PyList_New(1), PyList_New(1), PyList_New(0), PyList_New(1),
+                                          Py_None, seq, Py_None, Py_None, Py_False};
+    PyObject *sub = NULL;
+    for (int i = SUB_COMMAND_BUFFERS; i <= SUB_SIGNALS; i++)
+        if (values[i] == NULL)
+            goto done;
+    PyList_SET_ITEM(values[SUB_COMMAND_BUFFERS], 0, Py_NewRef(cb));
+    PyList_SET_ITEM(values[SUB_TABLES], 0, Py_NewRef(checked));
+    PyList_SET_ITEM(values[SUB_SIGNALS], 0, Py_NewRef(signal_pair));
+    sub = type->tp_alloc(type, 0);
+    if (sub == NULL)
+        goto done;
+    for (int i = 0; i < SUBMISSION_SLOTS; i++)
+        *(PyObject **)((char *)sub + self->slot[i]) = Py_NewRef(values[i]);
+done:
+    for (int i = SUB_COMMAND_BUFFERS; i <= SUB_SIGNALS; i++)
+        Py_XDECREF(values[i]);
+    return sub;
 }
 
 /* Everything after the checks, under the device's gate: USUAL, NOT_USUAL (closed meanwhile) or FAILED. */
-static int submit(Replay *self, PyObject *cb, PyObject *checked, PyObject *signal_pair, PyObject *sem,
-                  PyObject *value, PyObject *queue, PyObject *completion) {
-    PyObject *gate = PyObject_GetAttr(self->device, s_gate);
-    if (gate == NULL || call_method0(gate, s_acquire) < 0) {
-        Py_XDECREF(gate);
+static int submit(Replay *self, PyObject *cb, PyObject *checked, PyObject *signal_pair) {
+    if (invoke(self->gate_acquire, NULL) < 0)
         return FAILED;
-    }
     int result = FAILED;
-    PyObject *sequence = NULL, *seq = NULL, *sub = NULL, *outstanding = NULL;
-    PyObject *command_buffers = NULL, *tables = NULL, *waits = NULL, *signals = NULL;
+    PyObject *seq = NULL, *sub = NULL;
     int open = attr_is(self->device, s_closed, Py_False);
     if (open != 1) {
         result = NOT_USUAL;  /* closed while this thread checked: the Python method says so */
         goto done;
     }
-    sequence = PyObject_GetAttr(completion, s_sequence);
-    seq = sequence ? PyIter_Next(sequence) : NULL;
+    seq = PyIter_Next(self->sequence);
     if (seq == NULL) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_RuntimeError, "the submission sequence ended");
         goto done;
     }
-    command_buffers = PyList_New(1);
-    tables = PyList_New(1);
-    waits = PyList_New(0);
-    signals = PyList_New(1);
-    if (command_buffers == NULL || tables == NULL || waits == NULL || signals == NULL)
+    sub = new_submission(self, cb, checked, signal_pair, seq);
+    if (sub == NULL || PyDict_SetItem(self->outstanding, seq, sub) < 0)
         goto done;
-    Py_INCREF(cb);
-    PyList_SET_ITEM(command_buffers, 0, cb);
-    Py_INCREF(checked);
-    PyList_SET_ITEM(tables, 0, checked);
-    Py_INCREF(signal_pair);
-    PyList_SET_ITEM(signals, 0, signal_pair);
-    PyObject *args[7] = {queue, command_buffers, tables, waits, signals, Py_None, seq};
-    sub = PyObject_Vectorcall(self->submission_type, args, 7, NULL);
-    outstanding = sub ? PyObject_GetAttr(completion, s_outstanding) : NULL;
-    if (outstanding == NULL || PyObject_SetItem(outstanding, seq, sub) < 0)
-        goto done;
-    if (issue(self, queue, sub, cb, checked, sem, value, completion) == 0)
+    if (issue(self, sub, cb, checked, PyTuple_GET_ITEM(signal_pair, 0), PyTuple_GET_ITEM(signal_pair, 1)) == 0)
         result = USUAL;
 done:
-    if (release(gate) < 0)
+    if (unlock_keeping(NULL, self->gate_release) < 0)
         result = FAILED;
-    Py_DECREF(gate);
-    Py_XDECREF(signals);
-    Py_XDECREF(waits);
-    Py_XDECREF(tables);
-    Py_XDECREF(command_buffers);
-    Py_XDECREF(outstanding);
     Py_XDECREF(sub);
     Py_XDECREF(seq);
-    Py_XDECREF(sequence);
     return result;
 }
 
@@ -606,7 +617,7 @@ static int replay(Replay *self, PyObject *command_buffers, PyObject *wait, PyObj
         PyErr_Clear();
         return NOT_USUAL;
     }
-    if (!PyList_CheckExact(command_buffers) || PyList_GET_SIZE(command_buffers) != 1)
+    if (!PyList_CheckExact(command_buffers) || PyList_GET_SIZE(command_buffers) != 1 || signal == NULL)
         return NOT_USUAL;
     PyObject *given = Py_None;
     if (tables != NULL && tables != Py_None) {
@@ -614,15 +625,11 @@ static int replay(Replay *self, PyObject *command_buffers, PyObject *wait, PyObj
             return NOT_USUAL;
         given = PyList_GET_ITEM(tables, 0);
     }
-    if (signal == NULL)
-        return NOT_USUAL;
-    PyObject *cb = PyList_GET_ITEM(command_buffers, 0);
-    Py_INCREF(cb);
+    PyObject *cb = Py_NewRef(PyList_GET_ITEM(command_buffers, 0));
     Py_INCREF(given);
     Py_INCREF(signal);
     int result = NOT_USUAL;
-    PyObject *checked = NULL, *queues = NULL, *queue = NULL, *completion = NULL, *enabled = NULL;
-    PyObject *signal_pair = NULL;
+    PyObject *checked = NULL, *enabled = NULL, *signal_pair = NULL;
     if (!PyObject_TypeCheck(cb, self->command_buffer_type) || attr_is(cb, s_device, device) != 1)
         goto done;
     checked = recall(self, cb, given);
@@ -631,32 +638,15 @@ static int replay(Replay *self, PyObject *command_buffers, PyObject *wait, PyObj
     PyObject *sem, *value;
     if (!usual_signal(self, signal, &sem, &value))
         goto done;
-    signal_pair = PyList_GET_ITEM(signal, 0);
-    Py_INCREF(signal_pair);
+    signal_pair = Py_NewRef(PyList_GET_ITEM(signal, 0));  /* holds the semaphore and the value from here on */
     enabled = PyObject_GetAttr(self->tracing, s_enabled);
-    if (enabled != Py_False)
+    if (enabled != Py_False || !usual_wait(self, wait, self->queue))
         goto done;
-    queues = PyObject_GetAttr(device, s_queues);
-    if (queues == NULL || !PyList_CheckExact(queues) || PyList_GET_SIZE(queues) < 1)
-        goto done;
-    queue = PyList_GET_ITEM(queues, 0);
-    Py_INCREF(queue);
-    if (!usual_wait(self, wait, queue))
-        goto done;
-    completion = PyObject_GetAttr(device, s_completion);
-    if (completion == NULL)
-        goto done;
-    /* The pair holds the semaphore and the value for the rest of the call. */
-    sem = PyTuple_GET_ITEM(signal_pair, 0);
-    value = PyTuple_GET_ITEM(signal_pair, 1);
-    result = submit(self, cb, checked, signal_pair, sem, value, queue, completion);
+    result = submit(self, cb, checked, signal_pair);
 done:
     if (result == NOT_USUAL && PyErr_Occurred())
         PyErr_Clear();
     Py_XDECREF(enabled);
-    Py_XDECREF(completion);
-    Py_XDECREF(queue);
-    Py_XDECREF(queues);
     Py_XDECREF(signal_pair);
     Py_XDECREF(checked);
     Py_DECREF(signal);
@@ -670,7 +660,7 @@ static PyObject *Replay_vectorcall(Replay *self, PyObject *const *args, size_t n
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     PyObject *slots[5] = {NULL, NULL, NULL, NULL, NULL}; /* command_buffers, wait, signal, tables, queue */
-    int usual = nargs >= 1 && nargs <= 4;
+    int usual = nargs >= 1 && nargs <= 4 && self->device != NULL;
     for (Py_ssize_t i = 0; usual && i < nargs; i++)
         slots[i] = args[i];
     for (Py_ssize_t i = 0; usual && i < nkw; i++) {
@@ -683,11 +673,15 @@ static PyObject *Replay_vectorcall(Replay *self, PyObject *const *args, size_t n
             slots[at] = args[nargs + i];
     }
     if (usual) {
-        int result = slots[0] == NULL ? NOT_USUAL : replay(self, slots[0], slots[1], slots[2], slots[3], slots[4]);
+        int result = replay(self, slots[0], slots[1], slots[2], slots[3], slots[4]);
         if (result == USUAL)
             Py_RETURN_NONE;
         if (result == FAILED)
             return NULL;
+    }
+    if (self->device == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the replay was cleared");
+        return NULL;
     }
     /* The Python method, with the device as its first argument. */
     Py_ssize_t total = nargs + nkw;
@@ -704,27 +698,52 @@ static PyObject *Replay_vectorcall(Replay *self, PyObject *const *args, size_t n
     return result;
 }
 
+/* self->field = obj.name (a new reference); -1 with an error set. */
+static int read_into(PyObject **field, PyObject *obj, const char *name) {
+    *field = obj == NULL ? NULL : PyObject_GetAttrString(obj, name);
+    return *field == NULL ? -1 : 0;
+}
+
+/* The byte offsets of Submission's __slots__ (each a member descriptor holding an object). */
+static int submission_offsets(Replay *self) {
+    for (int i = 0; i < SUBMISSION_SLOTS; i++) {
+        PyObject *descr = PyObject_GetAttrString(self->submission_type, SUBMISSION_FIELDS[i]);
+        if (descr == NULL)
+            return -1;
+        int usable = Py_TYPE(descr) == &PyMemberDescr_Type &&
+                     ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+        if (usable)
+            self->slot[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
+        Py_DECREF(descr);
+        if (!usable) {
+            PyErr_Format(PyExc_TypeError, "Replay: Submission.%s is not a __slots__ member", SUBMISSION_FIELDS[i]);
+            return -1;
+        }
+    }
+    PyTypeObject *type = (PyTypeObject *)self->submission_type;
+    if (type->tp_alloc == NULL || type->tp_init == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Replay: Submission cannot be allocated");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *keywords[] = {"device", "fallback", "command_buffer_type", "semaphore_type", "graph_type",
                                "submission_type", "executable_state", "tracing", "prune_at", NULL};
     PyObject *device, *fallback, *cb_type, *sem_type, *graph_type, *submission_type, *state, *tracing;
     Py_ssize_t prune_at;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!O!OOOOn", keywords, &device, &fallback, &PyType_Type, &cb_type,
-                                     &PyType_Type, &sem_type, &graph_type, &submission_type, &state, &tracing,
-                                     &prune_at))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!O!OO!OOn", keywords, &device, &fallback, &PyType_Type, &cb_type,
+                                     &PyType_Type, &sem_type, &graph_type, &PyType_Type, &submission_type, &state,
+                                     &tracing, &prune_at))
         return NULL;
-    if (!PyCallable_Check(fallback) || !PyCallable_Check(submission_type)) {
-        PyErr_SetString(PyExc_TypeError, "Replay: fallback and submission_type must be callable");
+    if (!PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "Replay: fallback must be callable");
         return NULL;
     }
     Replay *self = (Replay *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    self->max_u64 = PyLong_FromUnsignedLongLong(0xFFFFFFFFFFFFFFFFull);
-    if (self->max_u64 == NULL) {
-        Py_DECREF(self);
-        return NULL;
-    }
     self->vectorcall = (vectorcallfunc)Replay_vectorcall;
     self->device = Py_NewRef(device);
     self->fallback = Py_NewRef(fallback);
@@ -735,31 +754,54 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     self->executable_state = Py_NewRef(state);
     self->tracing = Py_NewRef(tracing);
     self->prune_at = prune_at;
+    self->max_u64 = PyLong_FromUnsignedLongLong(0xFFFFFFFFFFFFFFFFull);
+    PyObject *queues = NULL, *gate = NULL, *lock = NULL;
+    int failed = self->max_u64 == NULL || submission_offsets(self) < 0 || read_into(&queues, device, "queues") < 0;
+    if (!failed) {
+        self->queue = PySequence_GetItem(queues, 0);
+        failed = self->queue == NULL || read_into(&self->completion, device, "completion") < 0 ||
+                 read_into(&gate, device, "_gate") < 0 || read_into(&self->gate_acquire, gate, "acquire") < 0 ||
+                 read_into(&self->gate_release, gate, "release") < 0 || read_into(&lock, self->queue, "lock") < 0 ||
+                 read_into(&self->queue_acquire, lock, "acquire") < 0 ||
+                 read_into(&self->queue_release, lock, "release") < 0 || read_into(&self->api, self->queue, "api") < 0 ||
+                 read_into(&self->context, device, "context") < 0 || read_into(&self->stream, self->queue, "stream") < 0 ||
+                 read_into(&self->events, self->queue, "events") < 0 ||
+                 read_into(&self->inflight, self->queue, "inflight") < 0 ||
+                 read_into(&self->inflight_append, self->inflight, "append") < 0 ||
+                 read_into(&self->sequence, self->completion, "sequence") < 0 ||
+                 read_into(&self->outstanding, self->completion, "outstanding") < 0;
+    }
+    if (!failed && (!PyDict_CheckExact(self->outstanding) || !PyIter_Check(self->sequence))) {
+        PyErr_SetString(PyExc_TypeError, "Replay: completion.outstanding must be a dict, .sequence an iterator");
+        failed = 1;
+    }
+    Py_XDECREF(lock);
+    Py_XDECREF(gate);
+    Py_XDECREF(queues);
+    if (failed) {
+        Py_DECREF(self);
+        return NULL;
+    }
     return (PyObject *)self;
 }
 
+#define REPLAY_FIELDS(X)                                                                                           \
+    X(device) X(fallback) X(command_buffer_type) X(semaphore_type) X(graph_type) X(submission_type)               \
+    X(executable_state) X(tracing) X(max_u64) X(queue) X(completion) X(gate_acquire) X(gate_release)               \
+    X(queue_acquire) X(queue_release) X(api) X(context) X(stream) X(events) X(inflight_append) X(inflight)          \
+    X(sequence) X(outstanding)
+
 static int Replay_traverse(Replay *self, visitproc visit, void *arg) {
-    Py_VISIT(self->device);
-    Py_VISIT(self->fallback);
-    Py_VISIT(self->command_buffer_type);
-    Py_VISIT(self->semaphore_type);
-    Py_VISIT(self->graph_type);
-    Py_VISIT(self->submission_type);
-    Py_VISIT(self->executable_state);
-    Py_VISIT(self->tracing);
+#define VISIT(field) Py_VISIT(self->field);
+    REPLAY_FIELDS(VISIT)
+#undef VISIT
     return 0;
 }
 
 static int Replay_clear(Replay *self) {
-    Py_CLEAR(self->device);
-    Py_CLEAR(self->fallback);
-    Py_CLEAR(self->command_buffer_type);
-    Py_CLEAR(self->semaphore_type);
-    Py_CLEAR(self->graph_type);
-    Py_CLEAR(self->submission_type);
-    Py_CLEAR(self->executable_state);
-    Py_CLEAR(self->tracing);
-    Py_CLEAR(self->max_u64);
+#define CLEAR(field) Py_CLEAR(self->field);
+    REPLAY_FIELDS(CLEAR)
+#undef CLEAR
     return 0;
 }
 
@@ -767,14 +809,6 @@ static void Replay_dealloc(Replay *self) {
     PyObject_GC_UnTrack(self);
     Replay_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyObject *Replay_call(PyObject *self, PyObject *args, PyObject *kwargs) {
-    if (((Replay *)self)->device == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "Replay was cleared");
-        return NULL;
-    }
-    return PyVectorcall_Call(self, args, kwargs);
 }
 
 static PyTypeObject ReplayType = {
@@ -790,7 +824,7 @@ static PyTypeObject ReplayType = {
     .tp_clear = (inquiry)Replay_clear,
     .tp_dealloc = (destructor)Replay_dealloc,
     .tp_vectorcall_offset = offsetof(Replay, vectorcall),
-    .tp_call = Replay_call,
+    .tp_call = PyVectorcall_Call,
 };
 
 static struct PyModuleDef replay_module = {
@@ -803,30 +837,42 @@ static int intern(PyObject **slot, const char *name) {
     return *slot == NULL ? -1 : 0;
 }
 
+/* threading.Lock's type and its acquire / release descriptors. */
+static int find_lock_type(void) {
+    PyObject *thread = PyImport_ImportModule("_thread");
+    PyObject *lock = thread ? PyObject_CallMethod(thread, "allocate_lock", NULL) : NULL;
+    Py_XDECREF(thread);
+    if (lock == NULL)
+        return -1;
+    lock_type = (PyTypeObject *)Py_NewRef((PyObject *)Py_TYPE(lock));
+    Py_DECREF(lock);
+    lock_acquire = PyObject_GetAttrString((PyObject *)lock_type, "acquire");
+    lock_release = lock_acquire ? PyObject_GetAttrString((PyObject *)lock_type, "release") : NULL;
+    return lock_release == NULL ? -1 : 0;
+}
+
 PyMODINIT_FUNC PyInit__replay(void) {
     struct {
         PyObject **slot;
         const char *name;
     } names[] = {
-        {&s_sem_lock, "_lock"}, {&s_closed, "_closed"}, {&s_queue_closed, "closed"}, {&s_release_count, "_release_count"}, {&s_device, "device"},
-        {&s_validated, "validated"}, {&s_validated_before, "validated_before"}, {&s_state, "state"},
-        {&s_value, "_value"}, {&s_failure, "_failure"}, {&s_queues, "queues"}, {&s_completion, "completion"},
-        {&s_sequence, "sequence"}, {&s_outstanding, "outstanding"}, {&s_lost, "lost"}, {&s_api, "api"},
-        {&s_activate, "activate"}, {&s_context, "context"}, {&s_lock, "lock"}, {&s_acquire, "acquire"},
-        {&s_release, "release"}, {&s_stream, "stream"}, {&s_issue, "issue"}, {&s_uses_slots, "uses_slots"},
-        {&s_issue_lock, "issue_lock"}, {&s_bound_table, "_bound_table"}, {&s_launch_exec, "_launch_exec"},
-        {&s_graph_launch, "graph_launch"}, {&s_events, "events"}, {&s_free, "free"},
-        {&s_event_record, "event_record"}, {&s_event, "event"}, {&s_inflight, "inflight"}, {&s_append, "append"},
-        {&s_issue_failed, "issue_failed"}, {&s_add_timepoint, "add_timepoint"}, {&s_timepoints, "_timepoints"},
-        {&s_waiters, "_waiters"}, {&s_issuable, "_issuable"}, {&s_parked, "_parked"}, {&s_idle, "idle"},
-        {&s_wake_for, "wake_for"}, {&s_idle_waiters, "idle_waiters"}, {&s_notify_idle, "notify_idle"},
-        {&s_gate, "_gate"}, {&s_enabled, "ENABLED"}, {&s_queue, "queue"}, {&s_wait, "wait"}, {&s_signal, "signal"},
-        {&s_binding_tables, "binding_tables"}, {&s_command_buffers, "command_buffers"},
+        {&s_sem_lock, "_lock"}, {&s_closed, "_closed"}, {&s_queue_closed, "closed"},
+        {&s_release_count, "_release_count"}, {&s_device, "device"}, {&s_validated, "validated"},
+        {&s_validated_before, "validated_before"}, {&s_state, "state"}, {&s_value, "_value"},
+        {&s_failure, "_failure"}, {&s_lost, "lost"}, {&s_activate, "activate"}, {&s_acquire, "acquire"},
+        {&s_release, "release"}, {&s_issue, "issue"}, {&s_uses_slots, "uses_slots"}, {&s_issue_lock, "issue_lock"},
+        {&s_bound_table, "_bound_table"}, {&s_launch_exec, "_launch_exec"}, {&s_graph_launch, "graph_launch"},
+        {&s_free, "free"}, {&s_event_record, "event_record"}, {&s_issue_failed, "issue_failed"},
+        {&s_add_timepoint, "add_timepoint"}, {&s_timepoints, "_timepoints"}, {&s_waiters, "_waiters"},
+        {&s_issuable, "_issuable"}, {&s_parked, "_parked"}, {&s_idle, "idle"}, {&s_wake_for, "wake_for"},
+        {&s_idle_waiters, "idle_waiters"}, {&s_notify_idle, "notify_idle"}, {&s_enabled, "ENABLED"},
+        {&s_queue, "queue"}, {&s_wait, "wait"}, {&s_signal, "signal"}, {&s_binding_tables, "binding_tables"},
+        {&s_command_buffers, "command_buffers"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (intern(names[i].slot, names[i].name) < 0)
             return NULL;
-    if (PyType_Ready(&ReplayType) < 0)
+    if (find_lock_type() < 0 || PyType_Ready(&ReplayType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&replay_module);
     if (module == NULL)
