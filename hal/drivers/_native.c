@@ -49,6 +49,9 @@ typedef struct {
     wait_fn stream_wait_event;
     PyObject *on_failure; /* fail(status, call name): raises the HalError (set_failure) */
     int not_ready;        /* the status event_query returns for work still running */
+    PyObject *make_current; /* the shim's activate(context) (set_activate), called on a switch */
+    Py_tss_t current;       /* per thread: the context activate() made current last (a strong reference) */
+    int has_current;
 } Calls;
 
 /* A handle: an int (the fast path: the shim hands out its handles as ints), None (NULL), or a
@@ -129,8 +132,12 @@ static int Calls_init(Calls *self, PyObject *args, PyObject *kwds) {
 
 static void Calls_dealloc(Calls *self) {
     /* The library stays loaded: the vendor bindings hold it too, and a handle closed while
-       another thread is inside one of its functions would unmap it. */
+       another thread is inside one of its functions would unmap it. (Each thread's remembered
+       context keeps its reference: contexts live as long as their driver.) */
     Py_CLEAR(self->on_failure);
+    Py_CLEAR(self->make_current);
+    if (self->has_current)
+        PyThread_tss_delete(&self->current);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -297,6 +304,50 @@ static PyObject *Calls_set_failure(Calls *self, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
+/* set_activate(make_current): activate(context) calls make_current(context) only when `context` is
+   not the one it made current last on this thread (the shim's own activate, which makes the switch
+   and records it for the shim's other calls). */
+static PyObject *Calls_set_activate(Calls *self, PyObject *make_current) {
+    if (!PyCallable_Check(make_current)) {
+        PyErr_SetString(PyExc_TypeError, "set_activate(make_current) takes a callable");
+        return NULL;
+    }
+    if (!self->has_current) {
+        if (PyThread_tss_create(&self->current) != 0) {
+            PyErr_SetString(PyExc_RuntimeError, "cannot create the thread-local current context");
+            return NULL;
+        }
+        self->has_current = 1;
+    }
+    Py_INCREF(make_current);
+    Py_XSETREF(self->make_current, make_current);
+    Py_RETURN_NONE;
+}
+
+/* activate(context): make `context` current on the calling thread; one thread-local read and an
+   identity check when it already is (GpuApi.activate is called before every batch of calls). */
+static PyObject *Calls_activate(Calls *self, PyObject *context) {
+    if (self->make_current == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "activate() before set_activate()");
+        return NULL;
+    }
+    PyObject *current = (PyObject *)PyThread_tss_get(&self->current);
+    if (current == context)
+        Py_RETURN_NONE;
+    PyObject *result = PyObject_CallOneArg(self->make_current, context);
+    if (result == NULL)
+        return NULL;
+    Py_DECREF(result);
+    Py_INCREF(context);
+    if (PyThread_tss_set(&self->current, context) != 0) {
+        Py_DECREF(context);
+        PyErr_SetString(PyExc_RuntimeError, "cannot record the thread's current context");
+        return NULL;
+    }
+    Py_XDECREF(current);
+    Py_RETURN_NONE;
+}
+
 /* The result of a checked call: None for success, else whatever the failure handler raises. */
 static PyObject *checked(Calls *self, PyObject *status, const char *call) {
     if (status == NULL)
@@ -359,6 +410,10 @@ static PyMethodDef Calls_methods[] = {
     {"event_synchronize", (PyCFunction)Calls_event_synchronize, METH_O, "event_synchronize(event) -> status"},
     {"stream_wait_event", (PyCFunction)(void (*)(void))Calls_stream_wait_event, METH_FASTCALL,
      "stream_wait_event(stream, event, flags) -> status"},
+    {"set_activate", (PyCFunction)Calls_set_activate, METH_O,
+     "set_activate(make_current): the call activate() makes when the thread's context changes"},
+    {"activate", (PyCFunction)Calls_activate, METH_O,
+     "activate(context) -> None: make_current(context) unless it is this thread's current one already"},
     {"set_failure", (PyCFunction)(void (*)(void))Calls_set_failure, METH_FASTCALL,
      "set_failure(fail, not_ready): the handler the checked_* methods call on a failing status"},
     {"checked_graph_launch", (PyCFunction)(void (*)(void))Calls_checked_graph_launch, METH_FASTCALL,

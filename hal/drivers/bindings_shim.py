@@ -128,6 +128,10 @@ class BindingsShim:
         self.event_synchronize = calls.checked_event_synchronize  # type: ignore[method-assign]
         wait = calls.checked_stream_wait_event
         self.stream_wait_event = lambda stream, event: wait(stream, event, 0)  # type: ignore[method-assign]
+        # The per-thread check of activate in C; a switch still runs the method below (which records
+        # the context for the calls that take it explicitly).
+        calls.set_activate(self.activate)
+        self.activate = calls.activate  # type: ignore[method-assign]
 
     def _native_fail(self, status: int, function: Any) -> NoReturn:
         self.fail(self._status_of(status), function)

@@ -373,3 +373,47 @@ def test_run_survives_a_bindings_call_that_changes_the_list(calls, fake_driver):
     prepared.extend([(clear, ()), *[_native.pack_launch(i, 1, 1, 1, 1, 1, 1, 0, 7, 0) for i in range(50)]])
     assert calls.run(prepared) is None
     assert fake_driver.log() == []  # nothing was left to launch once the list was emptied
+
+
+def test_activate_switches_only_when_the_threads_context_changes(calls):
+    import threading
+
+    made = []
+
+    def make_current(context):
+        if context == "broken":
+            raise hal.InternalError("cannot make it current")
+        made.append((threading.get_ident(), context))
+
+    with pytest.raises(RuntimeError, match="set_activate"):
+        calls.activate("a")
+    calls.set_activate(make_current)
+    for context in ("a", "a", "b", "b", "a"):
+        calls.activate(context)
+    assert [c for _, c in made] == ["a", "b", "a"]
+    with pytest.raises(hal.InternalError):
+        calls.activate("broken")  # a failed switch is not recorded: "a" is still the current one
+    calls.activate("a")
+    assert [c for _, c in made] == ["a", "b", "a"]
+    other = threading.Thread(target=lambda: (calls.activate("a"), calls.activate("a")))
+    other.start()
+    other.join()
+    assert len(made) == 4 and made[-1][0] != made[0][0] and made[-1][1] == "a"  # each thread its own
+    with pytest.raises(TypeError):
+        calls.set_activate(42)
+
+
+def test_the_shim_activates_through_c_and_records_the_context(shim):
+    switches = []
+    original = shim._make_current
+
+    def counting(context):
+        switches.append(context)
+        return original(context)
+
+    shim._make_current = counting
+    first, second = Handle(1), Handle(2)
+    for context in (first, first, second, first, first):
+        shim.activate(context)
+    assert switches == [first, second, first]
+    assert shim._current.context is first  # the calls that take the context explicitly read it here

@@ -369,3 +369,25 @@ def test_tracing_takes_the_python_path(pair, tmp_path):
         path = tracing.stop()
     sem.wait(2, timeout=30)
     assert "queue_execute" in path.read_text()
+
+
+def test_the_submission_made_in_c_is_the_one_python_makes(pair):
+    subs = []
+    for dev in pair:
+        exe = kernels(dev)
+        (buf,) = zeroed(dev, 1)
+        cb = counting_cb(dev, exe)
+        sem = dev.create_semaphore(0)
+        table = [buf]
+        dev.queue_execute([cb], signal=[(sem, 1)], binding_tables=[table])
+        dev.queue_execute([cb], signal=[(sem, 2)], binding_tables=[table])
+        sub = sem._timepoints[-1][1]
+        fields = {name: getattr(sub, name) for name in type(sub).__slots__}
+        sem.wait(2, timeout=30)
+        assert fields.pop("queue") is dev.queues[0] and fields.pop("event") is not None
+        assert type(fields.pop("seq")) is int
+        assert fields.pop("command_buffers") == [cb]
+        assert [list(t) for t in fields.pop("tables")] == [table]
+        assert fields.pop("signals") == [(sem, 2)]
+        subs.append(fields)
+    assert subs[0] == subs[1] == {"waits": [], "action": None, "resources": None, "retired": False}

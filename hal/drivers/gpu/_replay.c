@@ -54,6 +54,7 @@ typedef struct {
     PyObject *tracing;           /* hal.tracing: ENABLED is read on every call */
     PyObject *max_u64;
     Py_ssize_t prune_at;         /* event_semaphore.PRUNE_AT */
+    Py_ssize_t wake_inflight;    /* completion.WAKE_INFLIGHT */
     /* What stays the same while the device is open (the replay is removed at close): read once. */
     PyObject *queue;             /* device.queues[0] */
     PyObject *completion;
@@ -74,7 +75,7 @@ typedef struct {
 static PyObject *s_sem_lock, *s_closed, *s_queue_closed, *s_release_count, *s_device, *s_validated,
     *s_validated_before, *s_state, *s_value, *s_failure, *s_lost, *s_activate, *s_acquire, *s_release, *s_issue,
     *s_uses_slots, *s_issue_lock, *s_bound_table, *s_launch_exec, *s_graph_launch, *s_free, *s_event_record,
-    *s_issue_failed, *s_add_timepoint, *s_timepoints, *s_waiters, *s_issuable, *s_parked, *s_idle, *s_wake_for,
+    *s_issue_failed, *s_add_timepoint, *s_timepoints, *s_waiters, *s_issuable, *s_parked, *s_idle, *s_wake, *s_deferred,
     *s_idle_waiters, *s_notify_idle, *s_enabled, *s_queue, *s_wait, *s_signal, *s_binding_tables,
     *s_command_buffers;
 
@@ -495,14 +496,16 @@ static int wake_completion(Replay *self, int listened, Py_ssize_t inflight) {
     Py_DECREF(idle);
     if (sleeping < 0)
         return -1;
-    if (sleeping) {
-        PyObject *count = PyLong_FromSsize_t(inflight);
-        if (count == NULL)
-            return -1;
-        PyObject *args[2] = {listened ? Py_True : Py_False, count};
-        int status = call_method(self->completion, s_wake_for, args, 2);
-        Py_DECREF(count);
-        if (status < 0)
+    if (sleeping) {  /* Completion.wake_for: wake it if a listener or enough work needs it */
+        int wake = listened || inflight >= self->wake_inflight;
+        if (!wake) {
+            PyObject *deferred = PyObject_GetAttr(self->completion, s_deferred);
+            wake = deferred == NULL ? -1 : PyObject_IsTrue(deferred);
+            Py_XDECREF(deferred);
+            if (wake < 0)
+                return -1;
+        }
+        if (wake && call_method0(self->completion, s_wake) < 0)
             return -1;
     }
     PyObject *idle_waiters = PyObject_GetAttr(self->completion, s_idle_waiters);
@@ -730,12 +733,12 @@ static int submission_offsets(Replay *self) {
 
 static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *keywords[] = {"device", "fallback", "command_buffer_type", "semaphore_type", "graph_type",
-                               "submission_type", "executable_state", "tracing", "prune_at", NULL};
+                               "submission_type", "executable_state", "tracing", "prune_at", "wake_inflight", NULL};
     PyObject *device, *fallback, *cb_type, *sem_type, *graph_type, *submission_type, *state, *tracing;
-    Py_ssize_t prune_at;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!O!OO!OOn", keywords, &device, &fallback, &PyType_Type, &cb_type,
+    Py_ssize_t prune_at, wake_inflight;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!O!OO!OOnn", keywords, &device, &fallback, &PyType_Type, &cb_type,
                                      &PyType_Type, &sem_type, &graph_type, &PyType_Type, &submission_type, &state,
-                                     &tracing, &prune_at))
+                                     &tracing, &prune_at, &wake_inflight))
         return NULL;
     if (!PyCallable_Check(fallback)) {
         PyErr_SetString(PyExc_TypeError, "Replay: fallback must be callable");
@@ -754,6 +757,7 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     self->executable_state = Py_NewRef(state);
     self->tracing = Py_NewRef(tracing);
     self->prune_at = prune_at;
+    self->wake_inflight = wake_inflight;
     self->max_u64 = PyLong_FromUnsignedLongLong(0xFFFFFFFFFFFFFFFFull);
     PyObject *queues = NULL, *gate = NULL, *lock = NULL;
     int failed = self->max_u64 == NULL || submission_offsets(self) < 0 || read_into(&queues, device, "queues") < 0;
@@ -817,7 +821,7 @@ static PyTypeObject ReplayType = {
     .tp_basicsize = sizeof(Replay),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "Replay(device, fallback, command_buffer_type, semaphore_type, graph_type, submission_type, "
-              "executable_state, tracing, prune_at): a GPU device's queue_execute for the repeat of a validated "
+              "executable_state, tracing, prune_at, wake_inflight): a GPU device's queue_execute for the repeat of a validated "
               "submission; every other call goes to fallback(device, ...).",
     .tp_new = Replay_new,
     .tp_traverse = (traverseproc)Replay_traverse,
@@ -864,7 +868,7 @@ PyMODINIT_FUNC PyInit__replay(void) {
         {&s_bound_table, "_bound_table"}, {&s_launch_exec, "_launch_exec"}, {&s_graph_launch, "graph_launch"},
         {&s_free, "free"}, {&s_event_record, "event_record"}, {&s_issue_failed, "issue_failed"},
         {&s_add_timepoint, "add_timepoint"}, {&s_timepoints, "_timepoints"}, {&s_waiters, "_waiters"},
-        {&s_issuable, "_issuable"}, {&s_parked, "_parked"}, {&s_idle, "idle"}, {&s_wake_for, "wake_for"},
+        {&s_issuable, "_issuable"}, {&s_parked, "_parked"}, {&s_idle, "idle"}, {&s_wake, "wake"}, {&s_deferred, "_deferred"},
         {&s_idle_waiters, "idle_waiters"}, {&s_notify_idle, "notify_idle"}, {&s_enabled, "ENABLED"},
         {&s_queue, "queue"}, {&s_wait, "wait"}, {&s_signal, "signal"}, {&s_binding_tables, "binding_tables"},
         {&s_command_buffers, "command_buffers"},

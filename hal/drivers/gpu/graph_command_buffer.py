@@ -447,7 +447,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
                 if table is not self._bound_table:  # the same table as last time: nothing to rebind
                     if resources.graph is None:
                         self._build(table)
-                    else:
+                    elif self._slot_nodes:  # (none: every slot is read from the device table)
                         self._rebind(table)
                     if self._image_slots is not None:
                         self._bind_image(table, queue.stream, submission)

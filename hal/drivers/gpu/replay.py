@@ -26,7 +26,7 @@ from hal import tracing
 from hal.command_buffer import CommandBuffer, CommandBufferState
 from hal.device import Device
 from hal.drivers import native_calls
-from hal.drivers.gpu import event_semaphore
+from hal.drivers.gpu import completion, event_semaphore
 from hal.drivers.gpu.graph_command_buffer import GraphCommandBuffer
 from hal.drivers.gpu.queue import GpuQueue
 from hal.drivers.gpu.submission import Submission
@@ -60,7 +60,7 @@ def install(device: GpuDevice) -> bool:
         return False
     device.queue_execute = _replay.Replay(  # type: ignore[method-assign]
         device, Device.queue_execute, CommandBuffer, Semaphore, GraphCommandBuffer, Submission,
-        CommandBufferState.EXECUTABLE, tracing, event_semaphore.PRUNE_AT)
+        CommandBufferState.EXECUTABLE, tracing, event_semaphore.PRUNE_AT, completion.WAKE_INFLIGHT)
     return True
 
 
