@@ -110,6 +110,9 @@ class DeviceContext:
                 buffers = self.buffers
                 if value > buffers.completed:  # (BufferCache.retire, without the call)
                     buffers.completed = value
+                in_flight = self.in_flight
+                if in_flight and in_flight[-1] <= value:  # a synced loop: nothing is in flight any more
+                    in_flight.clear()
 
     def wait_storage(self, st: Storage) -> None:
         """Wait until a storage's contents are written; AbortedError if the work writing it failed."""

@@ -785,7 +785,8 @@ def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
         return
     if live:
         key = (key, keep)
-    ctx.refresh()
+    if ctx.completed < ctx.submitted or ctx.retired_programs:  # (else the timeline has nothing newer to say)
+        ctx.refresh()
     protect(order)
     try:
         ext = list(map(_storage_buffer, externals))  # in C: ~9 bytecodes an input as a comprehension

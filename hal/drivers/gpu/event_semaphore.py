@@ -202,7 +202,8 @@ class EventSemaphore(Semaphore):
     @property
     def value(self) -> int:
         """The current value, counting device work that completed since the last retirement."""
-        if self._timepoints:
+        timepoints = self._timepoints
+        if timepoints and timepoints[-1][0] > self._value:  # (else nothing issued can raise it further)
             self.device.retire_completed(blocking=False)
         return Semaphore.value.fget(self)  # type: ignore[attr-defined]
 
