@@ -755,6 +755,16 @@ def _pending_after(root: Array, placed: set) -> list:
 
 def evaluate(arrays) -> None:
     """Evaluate the given arrays (and everything pending they depend on): one submission per device."""
+    if len(arrays) == 1:  # the usual call, one array not yet computed, without the grouping below
+        r = arrays[0]
+        if type(r) is Array and r.storage is None and r.base is None and r.op != PLACEHOLDER:
+            ctx = r.ctx
+            with ctx.lock:
+                if tracing.ENABLED:
+                    tracing.call("rt.eval", _evaluate_on, ctx, [r], category="runtime", arrays=1)
+                else:
+                    _evaluate_on(ctx, [r])
+            return
     by_ctx: dict = {}
     for a in arrays:
         if type(a) is not Array:
