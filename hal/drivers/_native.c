@@ -21,6 +21,10 @@
  *
  * The GIL is released around every call that may block (launches can wait for room in a full
  * launch queue, synchronize waits for the device); event_record and event_query do not block.
+ *
+ * `activate(context)` is the shim's activate with its per-thread check in C: it calls the shim's
+ * own method (`set_activate`), which makes the switch and records it, only when `context` is not
+ * the one this thread made current last (a thread-specific slot holding a reference to it).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -5,7 +5,9 @@ call; on the calls every submission makes (a stream command buffer's kernel laun
 launch, event record / query / synchronize, stream waits) that costs about as much as the
 driver's own work. ``hal.drivers._native`` (``_native.c``, built at install when a C compiler
 is there) resolves those functions from the driver library with ``dlopen``/``dlsym`` at run
-time and takes handles as integers, so nothing vendor-specific is needed to build it.
+time and takes handles as integers, so nothing vendor-specific is needed to build it. It also
+keeps ``activate``'s per-thread "is this context current already" check, which every batch of
+calls makes, in C; a switch still runs the shim's own method.
 
 Unset, the native calls serve where the extension loads and the Python calls elsewhere;
 ``HAL_NATIVE=0`` turns them off (the pure-Python calls, which pass the same CTS); ``HAL_NATIVE=1``
