@@ -62,6 +62,18 @@ def counting_cb(dev, exe):
     return cb
 
 
+def validated(dev):
+    """A counting command buffer submitted once (so validated) with a one-buffer table and
+    completed: (the buffer, the command buffer, the semaphore at 1)."""
+    exe = kernels(dev)
+    (buf,) = zeroed(dev, 1)
+    cb = counting_cb(dev, exe)
+    sem = dev.create_semaphore(0)
+    dev.queue_execute([cb], signal=[(sem, 1)], binding_tables=[[buf]])
+    sem.wait(1, timeout=30)
+    return buf, cb, sem
+
+
 def test_install_follows_hal_native_and_close_removes_it(fake_driver, monkeypatch):
     dev = fake_driver.create_device()
     assert dev.native_replay and "queue_execute" in vars(dev)
@@ -237,12 +249,7 @@ def raising_once(error):
 @pytest.mark.parametrize("call", ["graph_launch", "event_record"])
 def test_a_failing_driver_call_fails_the_signal_not_the_call(pair, call):
     def check(dev):
-        exe = kernels(dev)
-        (buf,) = zeroed(dev, 1)
-        cb = counting_cb(dev, exe)
-        sem = dev.create_semaphore(0)
-        dev.queue_execute([cb], signal=[(sem, 1)], binding_tables=[[buf]])
-        sem.wait(1, timeout=30)
+        buf, cb, sem = validated(dev)
         api = dev.api
         error = api.conventions.status.error(api.conventions.invalid_value, call)
         free_events = dev.events.available
@@ -268,12 +275,7 @@ def test_a_failing_driver_call_fails_the_signal_not_the_call(pair, call):
 
 def test_host_waiters_listeners_and_out_of_order_values_take_the_python_steps(pair):
     def check(dev):
-        exe = kernels(dev)
-        (buf,) = zeroed(dev, 1)
-        cb = counting_cb(dev, exe)
-        sem = dev.create_semaphore(0)
-        dev.queue_execute([cb], signal=[(sem, 1)], binding_tables=[[buf]])
-        sem.wait(1, timeout=30)
+        buf, cb, sem = validated(dev)
         # A host thread blocked on a value before any work signals it.
         woke = []
         waiter = threading.Thread(target=lambda: woke.append(sem.wait(3, timeout=30)))

@@ -487,32 +487,27 @@ unlock:
     return truth;
 }
 
+/* bool(obj.name): 1, 0, or -1 with an error set. */
+static int attr_true(PyObject *obj, PyObject *name) {
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL)
+        return -1;
+    int truth = PyObject_IsTrue(value);
+    Py_DECREF(value);
+    return truth;
+}
+
 /* Completion's wake-up after an issue, as GpuQueue.issue ends. */
 static int wake_completion(Replay *self, int listened, Py_ssize_t inflight) {
-    PyObject *idle = PyObject_GetAttr(self->completion, s_idle);
-    if (idle == NULL)
-        return -1;
-    int sleeping = PyObject_IsTrue(idle);
-    Py_DECREF(idle);
+    int sleeping = attr_true(self->completion, s_idle);
     if (sleeping < 0)
         return -1;
     if (sleeping) {  /* Completion.wake_for: wake it if a listener or enough work needs it */
-        int wake = listened || inflight >= self->wake_inflight;
-        if (!wake) {
-            PyObject *deferred = PyObject_GetAttr(self->completion, s_deferred);
-            wake = deferred == NULL ? -1 : PyObject_IsTrue(deferred);
-            Py_XDECREF(deferred);
-            if (wake < 0)
-                return -1;
-        }
-        if (wake && call_method0(self->completion, s_wake) < 0)
+        int wake = listened || inflight >= self->wake_inflight ? 1 : attr_true(self->completion, s_deferred);
+        if (wake < 0 || (wake && call_method0(self->completion, s_wake) < 0))
             return -1;
     }
-    PyObject *idle_waiters = PyObject_GetAttr(self->completion, s_idle_waiters);
-    if (idle_waiters == NULL)
-        return -1;
-    int notify = PyObject_IsTrue(idle_waiters);
-    Py_DECREF(idle_waiters);
+    int notify = attr_true(self->completion, s_idle_waiters);
     if (notify < 0)
         return -1;
     return notify ? call_method0(self->completion, s_notify_idle) : 0;
