@@ -221,19 +221,18 @@ static int ordered_on(PyObject *sem, PyObject *value, PyObject *queue) {
     return result;
 }
 
-/* The signal list of one well-formed pair above its semaphore's value (check_signal_fences). */
-static int usual_signal(Replay *self, PyObject *signal, PyObject **sem, PyObject **value) {
-    if (!PyList_CheckExact(signal) || PyList_GET_SIZE(signal) != 1)
+/* A signal pair (the one item of the signal list, held by the caller) that is well-formed and
+   above its semaphore's value (check_signal_fences). */
+static int usual_signal(Replay *self, PyObject *pair) {
+    PyObject *value, *sem = fence_semaphore(self, pair, &value);
+    if (sem == NULL || !compare(value, self->max_u64, Py_LE) || attr_is(sem, s_failure, Py_None) != 1)
         return 0;
-    *sem = fence_semaphore(self, PyList_GET_ITEM(signal, 0), value);
-    if (*sem == NULL || !compare(*value, self->max_u64, Py_LE) || attr_is(*sem, s_failure, Py_None) != 1)
-        return 0;
-    PyObject *current = PyObject_GetAttr(*sem, s_value);
+    PyObject *current = PyObject_GetAttr(sem, s_value);
     if (current == NULL) {
         PyErr_Clear();
         return 0;
     }
-    int above = compare(current, *value, Py_LT);
+    int above = compare(current, value, Py_LT);
     Py_DECREF(current);
     return above;
 }
@@ -249,15 +248,16 @@ static int usual_wait(Replay *self, PyObject *wait, PyObject *queue) {
         return 1;
     if (n != 1)
         return 0;
-    PyObject *value;
-    PyObject *sem = fence_semaphore(self, PySequence_Fast_ITEMS(wait)[0], &value);
-    if (sem == NULL || compare(value, self->max_u64, Py_GT))
-        return 0;
-    if (PyLong_AsUnsignedLongLong(value) == (unsigned long long)-1 && PyErr_Occurred()) {
+    PyObject *value, *pair = Py_NewRef(PySequence_Fast_ITEMS(wait)[0]); /* the caller's list may change */
+    PyObject *sem = fence_semaphore(self, pair, &value);
+    int usual = sem != NULL && !compare(value, self->max_u64, Py_GT);
+    if (usual && PyLong_AsUnsignedLongLong(value) == (unsigned long long)-1 && PyErr_Occurred()) {
         PyErr_Clear(); /* negative */
-        return 0;
+        usual = 0;
     }
-    return ordered_on(sem, value, queue);
+    usual = usual && ordered_on(sem, value, queue);
+    Py_DECREF(pair);
+    return usual;
 }
 
 static int call_method0(PyObject *obj, PyObject *name) {
@@ -633,10 +633,11 @@ static int replay(Replay *self, PyObject *command_buffers, PyObject *wait, PyObj
     checked = recall(self, cb, given);
     if (checked == NULL)
         goto done;
-    PyObject *sem, *value;
-    if (!usual_signal(self, signal, &sem, &value))
+    if (!PyList_CheckExact(signal) || PyList_GET_SIZE(signal) != 1)
         goto done;
     signal_pair = Py_NewRef(PyList_GET_ITEM(signal, 0));  /* holds the semaphore and the value from here on */
+    if (!usual_signal(self, signal_pair))
+        goto done;
     enabled = PyObject_GetAttr(self->tracing, s_enabled);
     if (enabled != Py_False || !usual_wait(self, wait, self->queue))
         goto done;
