@@ -348,6 +348,9 @@ def bytecodes(fn) -> dict:
             counts["runtime" if frame.f_code.co_filename.startswith(runtime_dir) else "other"] += 1
         return tracer
 
+    from opcode_tracing import prime  # (beside this script; imported here: tests load it by path)
+
+    prime()
     sys.settrace(tracer)
     try:
         fn()
