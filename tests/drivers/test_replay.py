@@ -393,3 +393,42 @@ def test_the_submission_made_in_c_is_the_one_python_makes(pair):
         assert fields.pop("signals") == [(sem, 2)]
         subs.append(fields)
     assert subs[0] == subs[1] == {"waits": [], "action": None, "resources": None, "retired": False}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_repeats_racing_a_close_complete_or_are_refused(fake_driver, mode):
+    dev = fake_driver.create_device(command_buffer=mode)
+    exe = kernels(dev)
+    bufs = zeroed(dev, 4)
+    started = threading.Barrier(len(bufs) + 1)
+    outcomes = [[] for _ in bufs]
+
+    def loop(i):
+        cb = counting_cb(dev, exe)
+        sem = dev.create_semaphore(0)
+        started.wait()
+        for value in range(1, 100_000):
+            try:
+                dev.queue_execute([cb], signal=[(sem, value)], binding_tables=[[bufs[i]]])
+            except hal.FailedPreconditionError as exc:
+                outcomes[i].append(("refused", value, str(exc)))
+                return
+            outcomes[i].append(("submitted", value, sem))
+
+    workers = [threading.Thread(target=loop, args=(i,)) for i in range(len(bufs))]
+    for w in workers:
+        w.start()
+    started.wait()
+    threading.Event().wait(0.05)
+    dev.close()
+    for w in workers:
+        w.join(30)
+    assert not any(w.is_alive() for w in workers)
+    for runs in outcomes:
+        kind, value, detail = runs[-1]
+        assert kind == "refused" and "closed" in detail
+        submitted = [r for r in runs if r[0] == "submitted"]
+        assert len(submitted) == value - 1
+        if submitted:  # everything accepted before the close ran (close waits for it) or failed
+            sem = submitted[-1][2]
+            assert sem.current_value == value - 1 or sem.failure is not None
