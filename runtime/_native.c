@@ -840,6 +840,326 @@ out:
     return result;
 }
 
+/* ---- The submission of a recording (lowering.submit's usual case) ------------------------- */
+
+/* lowering.submit for an eval (not rt.compile's queued replays) whose recording ran before and
+   whose buffers the cache has free: the buffers of its last table taken again (or others of their
+   buckets), the table, the queue_execute of lowering._hand_over, the bookkeeping of _issue, and
+   the scratch given back. Anything else returns None before changing anything, and the Python
+   code runs. */
+enum { R_CB, R_N_EXT, R_FRESH, R_TEMPS, R_BUCKETS, R_LAST_TABLE, R_LAST_EXT, R_MOVED, R_TAIL, N_REC_SLOTS };
+static const char *rec_slot_names[N_REC_SLOTS] = {"cb", "n_ext", "fresh", "temps", "buckets", "last_table",
+                                                  "last_ext", "moved", "tail"};
+enum { C_DEVICE, C_SEMAPHORE, C_SUBMITTED, C_COMPLETED, C_FLUSHED, C_QUEUED, C_IN_FLIGHT, C_BUFFERS, N_CTX_SLOTS };
+static const char *ctx_slot_names[N_CTX_SLOTS] = {"device", "semaphore", "submitted", "completed", "flushed",
+                                                  "queued", "in_flight", "buffers"};
+enum { B_FREE, B_FREE_BYTES, B_LIMIT_BYTES, B_HITS, N_CACHE_SLOTS };
+static const char *cache_slot_names[N_CACHE_SLOTS] = {"_free", "free_bytes", "limit_bytes", "hits"};
+static Py_ssize_t rec_offset[N_REC_SLOTS], context_offset[N_CTX_SLOTS], cache_offset[N_CACHE_SLOTS];
+static PyTypeObject *recording_type = NULL, *context_type = NULL, *cache_type = NULL;
+static Py_ssize_t max_in_flight = 0;
+static PyObject *execute_kwnames = NULL; /* ("wait", "signal", "binding_tables") */
+static PyObject *queue_execute_name = NULL, *throttle_name = NULL, *release_name = NULL, *popitem_name = NULL,
+                *append_name = NULL;
+
+static PyObject *setup_submit(PyObject *self, PyObject *args) {
+    PyObject *rec_t, *ctx_t, *cache_t;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "O!O!O!n", &PyType_Type, &rec_t, &PyType_Type, &ctx_t, &PyType_Type, &cache_t,
+                          &limit))
+        return NULL;
+    if (slot_offsets((PyTypeObject *)rec_t, rec_slot_names, N_REC_SLOTS, rec_offset) < 0 ||
+        slot_offsets((PyTypeObject *)ctx_t, ctx_slot_names, N_CTX_SLOTS, context_offset) < 0 ||
+        slot_offsets((PyTypeObject *)cache_t, cache_slot_names, N_CACHE_SLOTS, cache_offset) < 0)
+        return NULL;
+    if (execute_kwnames == NULL) {
+        /* interned, as the names of a call in Python source are (a callee may compare them by identity) */
+        PyObject *wait = PyUnicode_InternFromString("wait"), *signal = PyUnicode_InternFromString("signal");
+        PyObject *tables = PyUnicode_InternFromString("binding_tables");
+        execute_kwnames = wait && signal && tables ? PyTuple_Pack(3, wait, signal, tables) : NULL;
+        Py_XDECREF(wait);
+        Py_XDECREF(signal);
+        Py_XDECREF(tables);
+        queue_execute_name = PyUnicode_InternFromString("queue_execute");
+        throttle_name = PyUnicode_InternFromString("throttle");
+        release_name = PyUnicode_InternFromString("release");
+        popitem_name = PyUnicode_InternFromString("popitem");
+        append_name = PyUnicode_InternFromString("append");
+        if (execute_kwnames == NULL || queue_execute_name == NULL || throttle_name == NULL || release_name == NULL ||
+            popitem_name == NULL || append_name == NULL)
+            return NULL;
+    }
+    Py_INCREF(rec_t);
+    Py_INCREF(ctx_t);
+    Py_INCREF(cache_t);
+    Py_XSETREF(recording_type, (PyTypeObject *)rec_t);
+    Py_XSETREF(context_type, (PyTypeObject *)ctx_t);
+    Py_XSETREF(cache_type, (PyTypeObject *)cache_t);
+    max_in_flight = limit;
+    Py_RETURN_NONE;
+}
+
+static inline PyObject *slot_of(PyObject *o, Py_ssize_t offset) {
+    return *(PyObject **)((char *)o + offset); /* borrowed; NULL when unset */
+}
+
+/* An int slot plus `delta` (a new int stored); -1 on error. */
+static int add_to_slot(PyObject *o, Py_ssize_t offset, PyObject *delta, int subtract) {
+    PyObject *old = slot_of(o, offset);
+    if (old == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "an unset counter");
+        return -1;
+    }
+    PyObject *now = subtract ? PyNumber_Subtract(old, delta) : PyNumber_Add(old, delta);
+    if (now == NULL)
+        return -1;
+    set_slot(o, offset, now);
+    Py_DECREF(now);
+    return 0;
+}
+
+/* Whether each bucket's free buffers are enough for the buckets taken from it. */
+static int buffers_free(PyObject *free_map, PyObject *buckets) {
+    Py_ssize_t n = PyList_GET_SIZE(buckets);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *bucket = PyList_GET_ITEM(buckets, k);
+        PyObject *entries = PyDict_GetItemWithError(free_map, bucket);
+        if (entries == NULL || !PyDict_CheckExact(entries)) {
+            PyErr_Clear();
+            return 0;
+        }
+        Py_ssize_t wanted = 0;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            int equal = PyObject_RichCompareBool(PyList_GET_ITEM(buckets, j), bucket, Py_EQ);
+            if (equal < 0) {
+                PyErr_Clear();
+                return 0;
+            }
+            wanted += equal;
+        }
+        if (PyDict_GET_SIZE(entries) < wanted)
+            return 0;
+    }
+    return 1;
+}
+
+/* BufferCache.take(bucket, prefer) when the bucket has free buffers: a new reference. */
+static PyObject *take_free(PyObject *cache, PyObject *free_map, PyObject *bucket, PyObject *prefer) {
+    PyObject *entries = PyDict_GetItemWithError(free_map, bucket); /* borrowed; checked non-empty */
+    if (entries == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_KeyError, "a bucket emptied under the submission");
+        return NULL;
+    }
+    PyObject *one = PyLong_FromLong(1);
+    if (one == NULL || add_to_slot(cache, cache_offset[B_HITS], one, 0) < 0 ||
+        add_to_slot(cache, cache_offset[B_FREE_BYTES], bucket, 1) < 0) {
+        Py_XDECREF(one);
+        return NULL;
+    }
+    Py_DECREF(one);
+    PyObject *key = PyLong_FromVoidPtr(prefer), *entry = NULL;
+    if (key == NULL)
+        return NULL;
+    entry = PyDict_GetItemWithError(entries, key);
+    if (entry != NULL) {
+        Py_INCREF(entry);
+        if (PyDict_DelItem(entries, key) < 0) {
+            Py_DECREF(entry);
+            entry = NULL;
+        }
+    } else if (!PyErr_Occurred()) {
+        PyObject *item = PyObject_CallMethodNoArgs(entries, popitem_name); /* (id, (buffer, fence)) */
+        if (item != NULL && PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 2)
+            entry = Py_NewRef(PyTuple_GET_ITEM(item, 1));
+        else if (item != NULL)
+            PyErr_SetString(PyExc_TypeError, "a free entry is not (id, (buffer, fence))");
+        Py_XDECREF(item);
+    }
+    Py_DECREF(key);
+    if (entry == NULL)
+        return NULL;
+    PyObject *buffer = NULL;
+    if (PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) == 2)
+        buffer = Py_NewRef(PyTuple_GET_ITEM(entry, 0));
+    else
+        PyErr_SetString(PyExc_TypeError, "a free entry is not (buffer, fence)");
+    Py_DECREF(entry);
+    return buffer;
+}
+
+/* BufferCache.release(buffer, bucket, fence) while the cache has room; else the Python method. */
+static int give_back(PyObject *cache, PyObject *free_map, PyObject *buffer, PyObject *bucket, PyObject *fence) {
+    PyObject *free_bytes = slot_of(cache, cache_offset[B_FREE_BYTES]), *limit = slot_of(cache, cache_offset[B_LIMIT_BYTES]);
+    PyObject *after = free_bytes ? PyNumber_Add(free_bytes, bucket) : NULL;
+    int room = after && limit ? PyObject_RichCompareBool(after, limit, Py_LE) : -1;
+    Py_XDECREF(after);
+    if (room < 0)
+        return -1;
+    if (!room) {
+        PyObject *r = PyObject_CallMethodObjArgs(cache, release_name, buffer, bucket, fence, NULL);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    PyObject *empty = PyDict_New();
+    if (empty == NULL)
+        return -1;
+    PyObject *entries = PyDict_SetDefault(free_map, bucket, empty); /* borrowed */
+    Py_DECREF(empty);
+    PyObject *key = entries ? PyLong_FromVoidPtr(buffer) : NULL;
+    PyObject *entry = key ? PyTuple_Pack(2, buffer, fence) : NULL;
+    int status = entry ? PyDict_SetItem(entries, key, entry) : -1;
+    Py_XDECREF(entry);
+    Py_XDECREF(key);
+    if (status < 0)
+        return -1;
+    return add_to_slot(cache, cache_offset[B_FREE_BYTES], bucket, 0);
+}
+
+static PyObject *submit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "submit takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (recording_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "runtime._native.setup_submit was not called");
+        return NULL;
+    }
+    PyObject *ctx = args[0], *rec = args[1], *ext = args[2];
+    if (Py_TYPE(ctx) != context_type || Py_TYPE(rec) != recording_type || !PyList_CheckExact(ext))
+        Py_RETURN_NONE;
+    PyObject *last = slot_of(rec, rec_offset[R_LAST_TABLE]), *buckets = slot_of(rec, rec_offset[R_BUCKETS]);
+    PyObject *tail = slot_of(rec, rec_offset[R_TAIL]), *temps = slot_of(rec, rec_offset[R_TEMPS]);
+    PyObject *fresh_nodes = slot_of(rec, rec_offset[R_FRESH]), *n_ext_o = slot_of(rec, rec_offset[R_N_EXT]);
+    PyObject *cb = slot_of(rec, rec_offset[R_CB]), *queued = slot_of(ctx, context_offset[C_QUEUED]);
+    PyObject *cache = slot_of(ctx, context_offset[C_BUFFERS]), *device = slot_of(ctx, context_offset[C_DEVICE]);
+    PyObject *sem = slot_of(ctx, context_offset[C_SEMAPHORE]), *in_flight = slot_of(ctx, context_offset[C_IN_FLIGHT]);
+    if (last == NULL || !PyList_CheckExact(last) || buckets == NULL || !PyList_CheckExact(buckets) || tail == NULL ||
+        !PyList_CheckExact(tail) || PyList_GET_SIZE(tail) != 0 || temps == NULL || !PyList_CheckExact(temps) ||
+        fresh_nodes == NULL || !PyList_CheckExact(fresh_nodes) || n_ext_o == NULL || !PyLong_CheckExact(n_ext_o) ||
+        cb == NULL || queued == NULL || !PyList_CheckExact(queued) || PyList_GET_SIZE(queued) != 0 || cache == NULL ||
+        Py_TYPE(cache) != cache_type || device == NULL || sem == NULL || in_flight == NULL ||
+        PyList_GET_SIZE(ext) != PyLong_AsSsize_t(n_ext_o))
+        Py_RETURN_NONE;
+    Py_ssize_t n_ext = PyLong_AsSsize_t(n_ext_o), nb = PyList_GET_SIZE(buckets);
+    Py_ssize_t temps_at = n_ext + PyList_GET_SIZE(fresh_nodes);
+    PyObject *free_map = slot_of(cache, cache_offset[B_FREE]);
+    if (PyList_GET_SIZE(last) < n_ext + nb || temps_at + PyList_GET_SIZE(temps) != n_ext + nb || free_map == NULL ||
+        !PyDict_CheckExact(free_map) || !buffers_free(free_map, buckets))
+        Py_RETURN_NONE;
+    /* From here on the submission is made (or fails as the Python code fails). */
+    PyObject *objects[] = {ctx, rec, ext, last, buckets, temps, cb, cache, device, in_flight, free_map};
+    Py_INCREF(sem);
+    for (size_t i = 0; i < sizeof(objects) / sizeof(objects[0]); i++)
+        Py_INCREF(objects[i]);
+    PyObject *result = NULL, *table = NULL, *value = NULL, *one = NULL, *wait = NULL, *signal = NULL;
+    PyObject *cbs = NULL, *tables = NULL, *pair = NULL;
+    Py_ssize_t taken = 0;
+    table = PyList_New(n_ext + nb);
+    if (table == NULL)
+        goto out;
+    for (Py_ssize_t i = 0; i < n_ext; i++)
+        PyList_SET_ITEM(table, i, Py_NewRef(PyList_GET_ITEM(ext, i)));
+    for (Py_ssize_t i = n_ext; i < n_ext + nb; i++)
+        PyList_SET_ITEM(table, i, Py_NewRef(Py_None));
+    int moved = 0;
+    for (; taken < nb; taken++) {
+        PyObject *prefer = PyList_GET_ITEM(last, n_ext + taken);
+        PyObject *buffer = take_free(cache, free_map, PyList_GET_ITEM(buckets, taken), prefer);
+        if (buffer == NULL)
+            goto give_back_taken;
+        moved |= buffer != prefer;
+        PyList_SetItem(table, n_ext + taken, buffer); /* steals; drops the None */
+    }
+    if (moved)
+        set_slot(rec, rec_offset[R_MOVED], Py_True);
+    /* _issue and _hand_over */
+    one = PyLong_FromLong(1);
+    PyObject *submitted = slot_of(ctx, context_offset[C_SUBMITTED]);
+    value = one && submitted ? PyNumber_Add(submitted, one) : NULL;
+    if (value == NULL)
+        goto give_back_taken;
+    Py_ssize_t flying = PyObject_Size(in_flight);
+    if (flying < 0)
+        goto give_back_taken;
+    if (flying >= max_in_flight) {
+        PyObject *r = PyObject_CallMethodNoArgs(ctx, throttle_name);
+        if (r == NULL)
+            goto give_back_taken;
+        Py_DECREF(r);
+    }
+    /* Read after the throttle, as _hand_over does (a failed wait there moves to a new semaphore). */
+    Py_SETREF(sem, Py_NewRef(slot_of(ctx, context_offset[C_SEMAPHORE])));
+    PyObject *flushed = slot_of(ctx, context_offset[C_FLUSHED]), *completed = slot_of(ctx, context_offset[C_COMPLETED]);
+    int behind = flushed && completed ? PyObject_RichCompareBool(flushed, completed, Py_GT) : -1;
+    if (behind < 0)
+        goto give_back_taken;
+    if (behind) {
+        pair = PyTuple_Pack(2, sem, flushed);
+        wait = pair ? PyList_New(1) : NULL;
+        if (wait != NULL)
+            PyList_SET_ITEM(wait, 0, Py_NewRef(pair));
+        Py_CLEAR(pair);
+    } else {
+        wait = PyTuple_New(0);
+    }
+    pair = wait ? PyTuple_Pack(2, sem, value) : NULL;
+    signal = pair ? PyList_New(1) : NULL;
+    cbs = signal ? PyList_New(1) : NULL;
+    tables = cbs ? PyList_New(1) : NULL;
+    if (tables == NULL)
+        goto give_back_taken;
+    PyList_SET_ITEM(signal, 0, Py_NewRef(pair));
+    PyList_SET_ITEM(cbs, 0, Py_NewRef(cb));
+    PyList_SET_ITEM(tables, 0, Py_NewRef(table));
+    PyObject *call[5] = {device, cbs, wait, signal, tables};
+    PyObject *r = PyObject_VectorcallMethod(queue_execute_name, call, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                            execute_kwnames);
+    if (r == NULL)
+        goto give_back_taken;
+    Py_DECREF(r);
+    set_slot(ctx, context_offset[C_FLUSHED], value);
+    r = PyObject_CallMethodOneArg(in_flight, append_name, value);
+    if (r == NULL)
+        goto out;
+    Py_DECREF(r);
+    set_slot(rec, rec_offset[R_LAST_TABLE], table);
+    set_slot(rec, rec_offset[R_LAST_EXT], ext);
+    set_slot(ctx, context_offset[C_SUBMITTED], value);
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(temps); k++) { /* scratch: later submissions run after it */
+        if (give_back(cache, free_map, PyList_GET_ITEM(table, temps_at + k), PyList_GET_ITEM(temps, k), value) < 0)
+            goto out;
+    }
+    result = PyTuple_Pack(2, table, value);
+    goto out;
+give_back_taken: {
+    /* As submit's except: the buffers taken go back (fence 0), and the error travels on. */
+    PyObject *type, *exc, *tb;
+    PyErr_Fetch(&type, &exc, &tb);
+    for (Py_ssize_t k = 0; k < taken; k++) {
+        PyObject *r = PyObject_CallMethodObjArgs(cache, release_name, PyList_GET_ITEM(table, n_ext + k),
+                                                 PyList_GET_ITEM(buckets, k), NULL);
+        if (r == NULL)
+            PyErr_Clear();
+        Py_XDECREF(r);
+    }
+    PyErr_Restore(type, exc, tb);
+}
+out:
+    Py_XDECREF(tables);
+    Py_XDECREF(cbs);
+    Py_XDECREF(signal);
+    Py_XDECREF(pair);
+    Py_XDECREF(wait);
+    Py_XDECREF(value);
+    Py_XDECREF(one);
+    Py_XDECREF(table);
+    for (size_t i = 0; i < sizeof(objects) / sizeof(objects[0]); i++)
+        Py_DECREF(objects[i]);
+    Py_DECREF(sem);
+    return result;
+}
+
 /* ---- DLPack: the destructor of the capsules runtime.interop hands out --------------------- */
 
 static PyObject *dlpack_alive = NULL; /* interop._alive: a tensor's address -> what it points into */
@@ -891,6 +1211,10 @@ static PyMethodDef methods[] = {
     {"new_view", (PyCFunction)(void (*)(void))new_view, METH_FASTCALL,
      "new_view(op, src, params, shape, strides, offset): array.new_view in C."},
     {"setup", setup, METH_VARARGS, "setup(Array, placeholder_op): the node type's field offsets."},
+    {"setup_submit", setup_submit, METH_VARARGS,
+     "setup_submit(Recording, DeviceContext, BufferCache, max_in_flight): their field offsets, for submit."},
+    {"submit", (PyCFunction)(void (*)(void))submit, METH_FASTCALL,
+     "submit(ctx, rec, ext) -> (table, value), or None where lowering.submit's Python must run."},
     {"walk", walk, METH_VARARGS, "walk(targets, live) -> (order, key, externals, keep) or None."},
     {NULL, NULL, 0, NULL},
 };

@@ -502,6 +502,10 @@ def _eval_key_python(targets: list, live: bool) -> tuple:
 
 
 _native_walk = NATIVE.walk if NATIVE is not None else None
+_native_submit = None
+if NATIVE is not None:
+    NATIVE.setup_submit(Recording, DeviceContext, BufferCache, MAX_IN_FLIGHT)
+    _native_submit = NATIVE.submit
 _native_attach = NATIVE.attach if NATIVE is not None else None
 
 
@@ -852,6 +856,10 @@ def submit(ctx: DeviceContext, rec: Recording, ext: list, queue: bool = False) -
     (a closed one refuses it at once), and any wait for a queued value hands the queue over
     first (``DeviceContext.flush``).
     """
+    if not queue and _native_submit is not None:  # the usual case in C, else None and the code below
+        done = _native_submit(ctx, rec, ext)
+        if done is not None:
+            return done
     last = rec.last_table
     if last is None:
         table = ext + list(map(ctx.buffers.take, rec.buckets, rec.no_prefer))

@@ -16,6 +16,7 @@ import pytest
 
 import hal
 from hal.device import Device
+from hal.drivers import native_calls
 from hal.drivers.gpu import event_semaphore, replay
 from hal.drivers.gpu.device import GpuDevice
 from hal.drivers.gpu.status import DeviceLostError
@@ -23,6 +24,8 @@ from hal.drivers.gpu.status import DeviceLostError
 from .test_gpu_generic import boom, kernels, words, zeroed
 
 pytest.importorskip("hal.drivers.gpu._replay", reason="the C replay is not built here (no C compiler at install)")
+if native_calls.mode() == "off":
+    pytest.skip("HAL_NATIVE=0: the C replay is off", allow_module_level=True)
 
 MODES = ["graph", "stream"]
 

@@ -3,7 +3,8 @@
 The key walk must number the same nodes in the same order, give equal keys, list the same
 externals and find the same live nodes, on graphs with views, shared subexpressions, repeated
 externals and intermediates still referenced; the node constructors and the unary and binary
-fast paths must make the nodes the Python code makes, and attach the same storages. HAL_NATIVE
+fast paths must make the nodes the Python code makes, attach the same storages, and a
+recording's submission must take and give back the buffers the Python code does. HAL_NATIVE
 selects between them (the DLPack capsule destructor is tested in test_interop.py).
 """
 
@@ -313,3 +314,130 @@ def test_c_unary_makes_the_python_node(op: str, monkeypatch: pytest.MonkeyPatch)
             assert not isinstance(want, type), (op, x)
             assert _fields(got) == _fields(want), (op, x)
     assert compared > 0
+
+
+def _submit_program(device) -> tuple[list, dict]:
+    """A fixed sequence of evals on a fresh context of `device`: repeats of one graph (its table
+    unchanged), results held across evals (its buffers busy: another one, `moved`), a pipelined
+    run without waits, reductions with scratch in the table; what each eval gave and the
+    context's counters."""
+    rng = np.random.default_rng(7)
+    a_np = rng.standard_normal((64, 33)).astype(np.float32)
+    b_np = rng.standard_normal((64, 33)).astype(np.float32)
+    ctx = rt.device.context_for(device)  # a context of its own for this device object
+    a, b = rt.array(a_np, device=ctx), rt.array(b_np, device=ctx)
+    results, held = [], []
+    for step in range(12):
+        c = (a + b) * float(step % 3)
+        s = c.sum()
+        if step % 4 == 1:
+            held.append(c)  # kept: the next eval of the graph finds its buffer busy
+        rt.eval(s)
+        results.append(float(s))
+    for _ in range(6):  # queued without a wait in between
+        rt.eval(a * b)
+    results.append(float((a - b).sum()))
+    big = rt.array(rng.standard_normal((512, 4096)).astype(np.float32), device=ctx)
+    for _ in range(3):  # scratch through the binding table (large reductions' partials on a CPU)
+        results.append((rt.exp(big * 0.1).max(axis=0) + big.mean()).numpy().tolist())
+    cache = ctx.buffers
+    counters = {"hits": cache.hits, "misses": cache.misses, "free_bytes": cache.free_bytes,
+                "allocated_bytes": cache.allocated_bytes, "submitted": ctx.submitted,
+                "moved": sorted(rec.moved for entry in ctx.graphs._entries.values() for rec in entry.recs)}
+    return results, counters
+
+
+@native
+@pytest.mark.parametrize("driver", ["local-task", "fake-gpu"])
+def test_c_submit_makes_the_python_submissions(driver: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    outcomes = []
+    for use_c in (True, False):
+        if driver == "fake-gpu":
+            fake_gpu = pytest.importorskip("drivers.fake_gpu")
+            device = fake_gpu.FakeGpuDriver().create_device(command_buffer="graph")
+        else:
+            device = hal.create_device(driver)
+        calls = []
+        if use_c:
+            monkeypatch.setattr(lowering, "_native_submit", _counting(lowering._native_submit, calls))
+        else:
+            monkeypatch.setattr(lowering, "_native_submit", None)
+        try:
+            outcomes.append(_submit_program(device))
+        finally:
+            device.close()
+        if use_c:
+            assert any(calls) and not all(calls)  # the C code made the repeats, Python the first runs
+    assert outcomes[0] == outcomes[1]
+
+
+def _counting(fn, calls: list):
+    """`fn` noting in `calls` whether it made the submission (True), declined it (False) or raised."""
+    def counted(*args):
+        try:
+            result = fn(*args)
+        except BaseException:
+            calls.append("raised")
+            raise
+        calls.append(result is not None)
+        return result
+    return counted
+
+
+def _refused_program(device) -> tuple:
+    """A graph run twice, then again with the device refusing the submission: the error, and the
+    buffer cache before and after (the buffers taken for it go back)."""
+    ctx = rt.device.context_for(device)
+    a = rt.array(np.arange(4096, dtype=np.float32), device=ctx)
+    for _ in range(2):
+        rt.eval(rt.exp(a))
+    cache = ctx.buffers
+    before = (cache.free_bytes, cache.hits)
+
+    def refuse(*args, **kwargs):
+        raise hal.ResourceExhaustedError("refused")
+
+    device.queue_execute = refuse
+    try:
+        with pytest.raises(hal.HalError) as info:
+            rt.eval(rt.exp(a))
+    finally:
+        del device.queue_execute
+        device.close()
+    return type(info.value), before, (cache.free_bytes, cache.hits), ctx.submitted
+
+
+@native
+def test_c_submit_gives_the_buffers_back_when_the_device_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list = []
+    monkeypatch.setattr(lowering, "_native_submit", _counting(lowering._native_submit, calls))
+    from_c = _refused_program(hal.create_device("local-task"))
+    assert calls == [False, True, "raised"]  # recorded, repeated in C, refused in C
+    monkeypatch.setattr(lowering, "_native_submit", None)
+    from_python = _refused_program(hal.create_device("local-task"))
+    assert from_c == from_python
+    assert from_c[0] is hal.ResourceExhaustedError and from_c[2][0] == from_c[1][0]
+
+
+@native
+def test_c_submit_declines_what_is_not_its_case() -> None:
+    from runtime.array import NATIVE
+
+    ctx = rt.device.context_for(hal.create_device("local-task"))
+    a = rt.array(np.ones(8, np.float32), device=ctx)
+    rt.eval(a + 1.0)
+    rec = next(r for entry in ctx.graphs._entries.values() for r in entry.recs)
+    ext = list(rec.last_ext)
+    assert NATIVE.submit(object(), rec, ext) is None and NATIVE.submit(ctx, object(), ext) is None
+    assert NATIVE.submit(ctx, rec, tuple(ext)) is None  # not a list
+    assert NATIVE.submit(ctx, rec, ext + ext) is None  # not its externals' count
+    ctx.queued.append((rec.cb, rec.last_table))  # queued replays go first: the Python code
+    assert NATIVE.submit(ctx, rec, ext) is None
+    ctx.queued.clear()
+    submitted = ctx.submitted
+    table, value = NATIVE.submit(ctx, rec, ext)
+    assert value == submitted + 1 == ctx.submitted and table[:len(ext)] == ext
+    ctx.wait(value)
+    with pytest.raises(TypeError):
+        NATIVE.submit(ctx, rec)
+    ctx.device.close()

@@ -654,6 +654,21 @@ done:
     return result;
 }
 
+/* The argument slot of a keyword of queue_execute, or -1: by identity (names in Python source are
+   interned), else by value. */
+static int keyword_index(PyObject *name) {
+    PyObject *names[5] = {s_command_buffers, s_wait, s_signal, s_binding_tables, s_queue};
+    for (int i = 0; i < 5; i++)
+        if (name == names[i])
+            return i;
+    if (!PyUnicode_Check(name))
+        return -1;
+    for (int i = 0; i < 5; i++)
+        if (PyUnicode_Compare(name, names[i]) == 0)
+            return i;
+    return -1;
+}
+
 /* queue_execute(command_buffers, wait=(), signal=(), binding_tables=None, *, queue=0) */
 static PyObject *Replay_vectorcall(Replay *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -664,8 +679,7 @@ static PyObject *Replay_vectorcall(Replay *self, PyObject *const *args, size_t n
         slots[i] = args[i];
     for (Py_ssize_t i = 0; usual && i < nkw; i++) {
         PyObject *name = PyTuple_GET_ITEM(kwnames, i);
-        int at = name == s_wait ? 1 : name == s_signal ? 2 : name == s_binding_tables ? 3 : name == s_queue ? 4
-                 : name == s_command_buffers ? 0 : -1;
+        int at = keyword_index(name);
         if (at < 0 || slots[at] != NULL)
             usual = 0;  /* an unknown, non-interned or repeated keyword: the Python method reports it */
         else
