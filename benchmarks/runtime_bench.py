@@ -447,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="HAL device URI (default: the best available)")
     parser.add_argument("--elements", type=int, default=64 * 1024 * 1024)
     parser.add_argument("--steps", type=int, default=200, help="training steps per timing round")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=25,
+                        help="samples of each one-op and copy timing, the best kept (a few read high on a busy host)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the logistic regression")
     parser.add_argument("--only", choices=["logistic", "bandwidth"], help="run one part only")
     parser.add_argument("--out", help="also write the JSON here")
