@@ -847,9 +847,10 @@ out:
    buckets), the table, the queue_execute of lowering._hand_over, the bookkeeping of _issue, and
    the scratch given back. Anything else returns None before changing anything, and the Python
    code runs. */
-enum { R_CB, R_N_EXT, R_FRESH, R_TEMPS, R_BUCKETS, R_LAST_TABLE, R_LAST_EXT, R_MOVED, R_TAIL, N_REC_SLOTS };
+enum { R_CB, R_N_EXT, R_FRESH, R_TEMPS, R_BUCKETS, R_LAST_TABLE, R_LAST_EXT, R_MOVED, R_TAIL, R_HELD,
+       R_FRESH_BUCKETS, N_REC_SLOTS };
 static const char *rec_slot_names[N_REC_SLOTS] = {"cb", "n_ext", "fresh", "temps", "buckets", "last_table",
-                                                  "last_ext", "moved", "tail"};
+                                                  "last_ext", "moved", "tail", "held", "fresh_buckets"};
 enum { C_DEVICE, C_SEMAPHORE, C_SUBMITTED, C_COMPLETED, C_FLUSHED, C_QUEUED, C_IN_FLIGHT, C_BUFFERS, N_CTX_SLOTS };
 static const char *ctx_slot_names[N_CTX_SLOTS] = {"device", "semaphore", "submitted", "completed", "flushed",
                                                   "queued", "in_flight", "buffers"};
@@ -1014,6 +1015,81 @@ static int give_back(PyObject *cache, PyObject *free_map, PyObject *buffer, PyOb
     if (status < 0)
         return -1;
     return add_to_slot(cache, cache_offset[B_FREE_BYTES], bucket, 0);
+}
+
+/* BufferCache.all_free(table, start, buckets): 1, 0, or -1 (not the usual shapes). */
+static int all_free(PyObject *free_map, PyObject *table, Py_ssize_t start, PyObject *buckets) {
+    if (!PyList_CheckExact(table) || !PyList_CheckExact(buckets) ||
+        PyList_GET_SIZE(table) - start < PyList_GET_SIZE(buckets))
+        return -1;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(buckets); k++) {
+        PyObject *entries = PyDict_GetItemWithError(free_map, PyList_GET_ITEM(buckets, k));
+        if (entries == NULL) {
+            if (PyErr_Occurred()) {
+                PyErr_Clear();
+                return -1;
+            }
+            return 0;
+        }
+        PyObject *key = PyLong_FromVoidPtr(PyList_GET_ITEM(table, start + k));
+        int has = key ? PyDict_Contains(entries, key) : -1;
+        Py_XDECREF(key);
+        if (has <= 0) {
+            PyErr_Clear();
+            return has < 0 ? -1 : 0;
+        }
+    }
+    return 1;
+}
+
+/* pick(recs, ext, buffers): Variants.pick's usual answer, the first recording that last ran with
+   these externals and whose buffers are free again, when every recording before it last ran with
+   others; None where the Python method must decide (a recording never run, guards, a held
+   result, busy buffers, no match). */
+static PyObject *pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "pick takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (recording_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "runtime._native.setup_submit was not called");
+        return NULL;
+    }
+    PyObject *recs = args[0], *ext = args[1], *cache = args[2];
+    if (!PyList_CheckExact(recs) || !PyList_CheckExact(ext) || Py_TYPE(cache) != cache_type)
+        Py_RETURN_NONE;
+    PyObject *free_map = slot_of(cache, cache_offset[B_FREE]);
+    if (free_map == NULL || !PyDict_CheckExact(free_map))
+        Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(recs); i++) {
+        PyObject *rec = PyList_GET_ITEM(recs, i);
+        if (Py_TYPE(rec) != recording_type)
+            Py_RETURN_NONE;
+        PyObject *last = slot_of(rec, rec_offset[R_LAST_EXT]);
+        if (last == NULL || !PyList_CheckExact(last))
+            Py_RETURN_NONE;
+        Py_INCREF(rec);
+        int equal = PyObject_RichCompareBool(last, ext, Py_EQ);
+        if (equal <= 0) {
+            Py_DECREF(rec);
+            if (equal < 0)
+                return NULL;
+            continue;
+        }
+        PyObject *moved = slot_of(rec, rec_offset[R_MOVED]), *held = slot_of(rec, rec_offset[R_HELD]);
+        int usable = moved == Py_False ? 1 : -1;
+        if (moved == Py_True && held == Py_None) {
+            PyObject *n_ext = slot_of(rec, rec_offset[R_N_EXT]);
+            Py_ssize_t start = n_ext && PyLong_CheckExact(n_ext) ? PyLong_AsSsize_t(n_ext) : -1;
+            usable = start < 0 ? -1 : all_free(free_map, slot_of(rec, rec_offset[R_LAST_TABLE]), start,
+                                               slot_of(rec, rec_offset[R_FRESH_BUCKETS]));
+        }
+        if (usable == 1)
+            return rec;
+        Py_DECREF(rec);
+        Py_RETURN_NONE; /* busy buffers, a held result, or unusual fields: the Python method */
+    }
+    Py_RETURN_NONE;
 }
 
 static PyObject *submit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -1213,6 +1289,8 @@ static PyMethodDef methods[] = {
     {"setup", setup, METH_VARARGS, "setup(Array, placeholder_op): the node type's field offsets."},
     {"setup_submit", setup_submit, METH_VARARGS,
      "setup_submit(Recording, DeviceContext, BufferCache, max_in_flight): their field offsets, for submit."},
+    {"pick", (PyCFunction)(void (*)(void))pick, METH_FASTCALL,
+     "pick(recs, ext, buffers) -> the usual recording Variants.pick returns, or None: ask it."},
     {"submit", (PyCFunction)(void (*)(void))submit, METH_FASTCALL,
      "submit(ctx, rec, ext) -> (table, value), or None where lowering.submit's Python must run."},
     {"walk", walk, METH_VARARGS, "walk(targets, live) -> (order, key, externals, keep) or None."},

@@ -150,6 +150,10 @@ class Variants:
         Only a recording that once found its buffers busy (``moved``) is checked.
         """
         recs = self.recs
+        if _native_pick is not None:  # the usual answer in C, else None and the loop below
+            rec = _native_pick(recs, ext, buffers)
+            if rec is not None:
+                return rec
         same_inputs = None
         for rec in recs:
             last = rec.last_ext
@@ -502,10 +506,10 @@ def _eval_key_python(targets: list, live: bool) -> tuple:
 
 
 _native_walk = NATIVE.walk if NATIVE is not None else None
-_native_submit = None
+_native_submit = _native_pick = None
 if NATIVE is not None:
     NATIVE.setup_submit(Recording, DeviceContext, BufferCache, MAX_IN_FLIGHT)
-    _native_submit = NATIVE.submit
+    _native_submit, _native_pick = NATIVE.submit, NATIVE.pick
 _native_attach = NATIVE.attach if NATIVE is not None else None
 
 

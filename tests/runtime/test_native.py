@@ -350,24 +350,29 @@ def _submit_program(device) -> tuple[list, dict]:
 @native
 @pytest.mark.parametrize("driver", ["local-task", "fake-gpu"])
 def test_c_submit_makes_the_python_submissions(driver: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """lowering.submit and Variants.pick: the C code's usual cases against the Python code."""
     outcomes = []
+    c_submit, c_pick = lowering._native_submit, lowering._native_pick
     for use_c in (True, False):
         if driver == "fake-gpu":
             fake_gpu = pytest.importorskip("drivers.fake_gpu")
             device = fake_gpu.FakeGpuDriver().create_device(command_buffer="graph")
         else:
             device = hal.create_device(driver)
-        calls = []
+        calls, picks = [], []
         if use_c:
-            monkeypatch.setattr(lowering, "_native_submit", _counting(lowering._native_submit, calls))
+            monkeypatch.setattr(lowering, "_native_submit", _counting(c_submit, calls))
+            monkeypatch.setattr(lowering, "_native_pick", _counting(c_pick, picks))
         else:
             monkeypatch.setattr(lowering, "_native_submit", None)
+            monkeypatch.setattr(lowering, "_native_pick", None)
         try:
             outcomes.append(_submit_program(device))
         finally:
             device.close()
         if use_c:
             assert any(calls) and not all(calls)  # the C code made the repeats, Python the first runs
+            assert any(picks) and not all(picks)  # and picked the usual recordings, Python the rest
     assert outcomes[0] == outcomes[1]
 
 
@@ -440,4 +445,12 @@ def test_c_submit_declines_what_is_not_its_case() -> None:
     ctx.wait(value)
     with pytest.raises(TypeError):
         NATIVE.submit(ctx, rec)
+    # pick: the recording that last ran with these externals, its buffers free; else ask Python
+    assert NATIVE.pick([rec], rec.last_ext, ctx.buffers) is rec
+    assert NATIVE.pick([rec], ext + ext, ctx.buffers) is None  # no recording ran with these
+    assert NATIVE.pick((rec,), ext, ctx.buffers) is None and NATIVE.pick([rec], ext, object()) is None
+    rec.moved = True  # its buffers are checked now: the submission above kept its result's buffer
+    assert NATIVE.pick([rec], rec.last_ext, ctx.buffers) is None
+    ctx.buffers.release(rec.last_table[rec.n_ext], rec.buckets[0])  # free again
+    assert NATIVE.pick([rec], rec.last_ext, ctx.buffers) is rec
     ctx.device.close()
