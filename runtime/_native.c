@@ -844,8 +844,8 @@ out:
 
 /* lowering.submit for an eval (not rt.compile's queued replays) whose recording ran before and
    whose buffers the cache has free: the buffers of its last table taken again (or others of their
-   buckets), the table, the queue_execute of lowering._hand_over, the bookkeeping of _issue, and
-   the scratch given back. Anything else returns None before changing anything, and the Python
+   buckets), the table (with the scratch the recording owns at its end), the queue_execute of
+   lowering._hand_over, the bookkeeping of _issue, and the scratch given back. Anything else returns None before changing anything, and the Python
    code runs. */
 enum { R_CB, R_N_EXT, R_FRESH, R_TEMPS, R_BUCKETS, R_LAST_TABLE, R_LAST_EXT, R_MOVED, R_TAIL, R_HELD,
        R_FRESH_BUCKETS, N_REC_SLOTS };
@@ -1111,7 +1111,7 @@ static PyObject *submit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *cache = slot_of(ctx, context_offset[C_BUFFERS]), *device = slot_of(ctx, context_offset[C_DEVICE]);
     PyObject *sem = slot_of(ctx, context_offset[C_SEMAPHORE]), *in_flight = slot_of(ctx, context_offset[C_IN_FLIGHT]);
     if (last == NULL || !PyList_CheckExact(last) || buckets == NULL || !PyList_CheckExact(buckets) || tail == NULL ||
-        !PyList_CheckExact(tail) || PyList_GET_SIZE(tail) != 0 || temps == NULL || !PyList_CheckExact(temps) ||
+        !PyList_CheckExact(tail) || temps == NULL || !PyList_CheckExact(temps) ||
         fresh_nodes == NULL || !PyList_CheckExact(fresh_nodes) || n_ext_o == NULL || !PyLong_CheckExact(n_ext_o) ||
         cb == NULL || queued == NULL || !PyList_CheckExact(queued) || PyList_GET_SIZE(queued) != 0 || cache == NULL ||
         Py_TYPE(cache) != cache_type || device == NULL || sem == NULL || in_flight == NULL ||
@@ -1124,20 +1124,23 @@ static PyObject *submit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         !PyDict_CheckExact(free_map) || !buffers_free(free_map, buckets))
         Py_RETURN_NONE;
     /* From here on the submission is made (or fails as the Python code fails). */
-    PyObject *objects[] = {ctx, rec, ext, last, buckets, temps, cb, cache, device, in_flight, free_map};
+    PyObject *objects[] = {ctx, rec, ext, last, buckets, temps, tail, cb, cache, device, in_flight, free_map};
     Py_INCREF(sem);
     for (size_t i = 0; i < sizeof(objects) / sizeof(objects[0]); i++)
         Py_INCREF(objects[i]);
     PyObject *result = NULL, *table = NULL, *value = NULL, *one = NULL, *wait = NULL, *signal = NULL;
     PyObject *cbs = NULL, *tables = NULL, *pair = NULL;
     Py_ssize_t taken = 0;
-    table = PyList_New(n_ext + nb);
+    Py_ssize_t n_tail = PyList_GET_SIZE(tail);
+    table = PyList_New(n_ext + nb + n_tail); /* externals, the buffers taken, the owned scratch (`tail`) */
     if (table == NULL)
         goto out;
     for (Py_ssize_t i = 0; i < n_ext; i++)
         PyList_SET_ITEM(table, i, Py_NewRef(PyList_GET_ITEM(ext, i)));
     for (Py_ssize_t i = n_ext; i < n_ext + nb; i++)
         PyList_SET_ITEM(table, i, Py_NewRef(Py_None));
+    for (Py_ssize_t i = 0; i < n_tail; i++)
+        PyList_SET_ITEM(table, n_ext + nb + i, Py_NewRef(PyList_GET_ITEM(tail, i)));
     int moved = 0;
     for (; taken < nb; taken++) {
         PyObject *prefer = PyList_GET_ITEM(last, n_ext + taken);
