@@ -1017,6 +1017,19 @@ static int give_back(PyObject *cache, PyObject *free_map, PyObject *buffer, PyOb
     return add_to_slot(cache, cache_offset[B_FREE_BYTES], bucket, 0);
 }
 
+/* pick's and submit's arguments: three, after setup_submit. */
+static int check_submit_call(const char *name, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "%s takes 3 arguments (%zd given)", name, nargs);
+        return -1;
+    }
+    if (recording_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "runtime._native.setup_submit was not called");
+        return -1;
+    }
+    return 0;
+}
+
 /* BufferCache.all_free(table, start, buckets): 1, 0, or -1 (not the usual shapes). */
 static int all_free(PyObject *free_map, PyObject *table, Py_ssize_t start, PyObject *buckets) {
     if (!PyList_CheckExact(table) || !PyList_CheckExact(buckets) ||
@@ -1047,14 +1060,8 @@ static int all_free(PyObject *free_map, PyObject *table, Py_ssize_t start, PyObj
    others; None where the Python method must decide (a recording never run, guards, a held
    result, busy buffers, no match). */
 static PyObject *pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "pick takes 3 arguments (%zd given)", nargs);
+    if (check_submit_call("pick", nargs) < 0)
         return NULL;
-    }
-    if (recording_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "runtime._native.setup_submit was not called");
-        return NULL;
-    }
     PyObject *recs = args[0], *ext = args[1], *cache = args[2];
     if (!PyList_CheckExact(recs) || !PyList_CheckExact(ext) || Py_TYPE(cache) != cache_type)
         Py_RETURN_NONE;
@@ -1093,14 +1100,8 @@ static PyObject *pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 static PyObject *submit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "submit takes 3 arguments (%zd given)", nargs);
+    if (check_submit_call("submit", nargs) < 0)
         return NULL;
-    }
-    if (recording_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "runtime._native.setup_submit was not called");
-        return NULL;
-    }
     PyObject *ctx = args[0], *rec = args[1], *ext = args[2];
     if (Py_TYPE(ctx) != context_type || Py_TYPE(rec) != recording_type || !PyList_CheckExact(ext))
         Py_RETURN_NONE;
