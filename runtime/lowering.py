@@ -766,12 +766,7 @@ def evaluate(arrays) -> None:
     if len(arrays) == 1:  # the usual call, one array not yet computed, without the grouping below
         r = arrays[0]
         if type(r) is Array and r.storage is None and r.base is None and r.op != PLACEHOLDER:
-            ctx = r.ctx
-            with ctx.lock:
-                if tracing.ENABLED:
-                    tracing.call("rt.eval", _evaluate_on, ctx, [r], category="runtime", arrays=1)
-                else:
-                    _evaluate_on(ctx, [r])
+            _evaluate_locked(r.ctx, [r])
             return
     by_ctx: dict = {}
     for a in arrays:
@@ -788,11 +783,15 @@ def evaluate(arrays) -> None:
         elif st.ctx is not None and st.ready > st.ctx.flushed:  # a queued replay computes it: start it now
             st.ctx.flush()
     for ctx, targets in by_ctx.items():
-        with ctx.lock:
-            if tracing.ENABLED:
-                tracing.call("rt.eval", _evaluate_on, ctx, targets, category="runtime", arrays=len(targets))
-            else:
-                _evaluate_on(ctx, targets)
+        _evaluate_locked(ctx, targets)
+
+
+def _evaluate_locked(ctx: DeviceContext, targets: list) -> None:
+    with ctx.lock:
+        if tracing.ENABLED:
+            tracing.call("rt.eval", _evaluate_on, ctx, targets, category="runtime", arrays=len(targets))
+        else:
+            _evaluate_on(ctx, targets)
 
 
 def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
