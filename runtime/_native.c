@@ -1302,7 +1302,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "runtime._native",
-                                    "The eager graph key walk in C (see runtime/lowering.py).", -1, methods};
+                                    "The runtime's per-op and per-eval Python in C (see runtime/native.py).", -1, methods};
 
 PyMODINIT_FUNC PyInit__native(void) {
     view_tag = PyUnicode_InternFromString("v");

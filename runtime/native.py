@@ -4,9 +4,9 @@ It holds the Python each op and each eval runs, in C: the eager graph key walk
 (``lowering.collect_key`` with ``live_mask``), the node constructors (``array.new_node`` /
 ``new_view``), the usual cases of binary and unary ops (``ops._binary`` / ``_unary``), the usual
 choice and submission of a recording that ran before (``Variants.pick``, ``lowering.submit``, set
-up there with ``setup_submit``), ``lowering.attach``, and the destructor of DLPack capsules (``interop``). It is built at install
-where a C compiler is (``setup.py``); the Python code serves otherwise and with ``HAL_NATIVE=0``,
-and ``HAL_NATIVE=1`` makes a missing one an error.
+up there with ``setup_submit``), ``lowering.attach``, and the destructor of DLPack capsules
+(``interop``). It is built at install where a C compiler is (``setup.py``); the Python code serves
+otherwise and with ``HAL_NATIVE=0``, and ``HAL_NATIVE=1`` makes a missing one an error.
 """
 
 from __future__ import annotations
