@@ -13,22 +13,16 @@ from __future__ import annotations
 
 from types import ModuleType
 
-import hal
-from hal.drivers.native_calls import mode
+from hal.drivers.native_calls import optional
 
 
 def load(array_type: type, placeholder_op: str, storage_type: type) -> ModuleType | None:
     """``runtime._native`` set up for ``array_type`` and ``storage_type`` (__slots__ classes), or None."""
-    wanted = mode()
-    if wanted == "off":
-        return None
-    try:
+    def make() -> ModuleType:
         from . import _native
 
         _native.setup(array_type, placeholder_op)
         _native.setup_storage(storage_type)
         return _native
-    except (ImportError, TypeError) as exc:
-        if wanted == "on":
-            raise hal.UnavailableError(f"HAL_NATIVE=1 but the runtime's C code cannot be used: {exc}") from exc
-        return None
+
+    return optional("the runtime's C code", make, (ImportError, TypeError))

@@ -18,12 +18,14 @@ Which one a device uses is in its ``DeviceInfo.properties["native_calls"]``.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from hal import env
 from hal.errors import UnavailableError
 
 _log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: The shared calls, in the order of ``_native.Calls``' arguments.
 CALLS = ("launch", "graph_launch", "event_record", "event_query", "event_synchronize", "stream_wait_event")
@@ -37,18 +39,28 @@ def mode() -> str:
     return "on" if env.parse_switch(value, "HAL_NATIVE") else "off"
 
 
-def load(library: str, functions: dict[str, str]) -> Any | None:
-    """The native ``Calls`` of ``library`` (``functions``: each of ``CALLS`` -> its symbol), or None
-    where it is turned off, not built or cannot resolve them (then the reason is logged)."""
+def optional(what: str, make: Callable[[], T], errors: tuple[type[BaseException], ...] = (ImportError,)) -> T | None:
+    """``make()`` (a C extension's object, set up), or None where ``HAL_NATIVE`` turns it off or
+    ``make`` raises one of ``errors`` (then the reason is logged; with ``HAL_NATIVE=1`` it is an
+    UnavailableError naming ``what``). Every optional C part of the HAL and the runtime loads so."""
     wanted = mode()
     if wanted == "off":
         return None
     try:
+        return make()
+    except errors as exc:
+        if wanted == "on":
+            raise UnavailableError(f"HAL_NATIVE=1 but {what} cannot be used: {exc}") from exc
+        _log.info("%s not used (%s): the Python code serves", what, exc)
+        return None
+
+
+def load(library: str, functions: dict[str, str]) -> Any | None:
+    """The native ``Calls`` of ``library`` (``functions``: each of ``CALLS`` -> its symbol), or None
+    where it is turned off, not built or cannot resolve them (then the reason is logged)."""
+    def make() -> Any:
         from hal.drivers import _native
 
         return _native.Calls(library, **{name: functions[name] for name in CALLS})
-    except (ImportError, OSError) as exc:
-        if wanted == "on":
-            raise UnavailableError(f"HAL_NATIVE=1 but the native calls cannot be used: {exc}") from exc
-        _log.info("native driver calls not used (%s): the Python calls serve", exc)
-        return None
+
+    return optional("the native calls", make, (ImportError, OSError))

@@ -19,7 +19,6 @@ A device whose class overrides a step the C code makes (its own ``queue_execute`
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 from hal import tracing
@@ -30,13 +29,10 @@ from hal.drivers.gpu import completion, event_semaphore
 from hal.drivers.gpu.graph_command_buffer import GraphCommandBuffer
 from hal.drivers.gpu.queue import GpuQueue
 from hal.drivers.gpu.submission import Submission
-from hal.errors import UnavailableError
 from hal.semaphore import Semaphore
 
 if TYPE_CHECKING:
     from hal.drivers.gpu.device import GpuDevice
-
-_log = logging.getLogger(__name__)
 
 
 def install(device: GpuDevice) -> bool:
@@ -44,23 +40,22 @@ def install(device: GpuDevice) -> bool:
     device's classes change a step it makes (then the Python method serves)."""
     from hal.drivers.gpu.device import GpuDevice
 
-    wanted = native_calls.mode()
-    if wanted == "off":
-        return False
     cls = type(device)
     if cls.queue_execute is not Device.queue_execute or cls._queue_execute is not GpuDevice._queue_execute \
             or any(type(q) is not GpuQueue for q in device.queues):
         return False
-    try:
+
+    def make() -> object:
         from hal.drivers.gpu import _replay
-    except ImportError as exc:
-        if wanted == "on":
-            raise UnavailableError(f"HAL_NATIVE=1 but the native replay cannot be used: {exc}") from exc
-        _log.info("native replay not used (%s): the Python submission path serves", exc)
+
+        return _replay.Replay(device, Device.queue_execute, CommandBuffer, Semaphore, GraphCommandBuffer, Submission,
+                              CommandBufferState.EXECUTABLE, tracing, event_semaphore.PRUNE_AT,
+                              completion.WAKE_INFLIGHT)
+
+    replay = native_calls.optional("the native replay", make)
+    if replay is None:
         return False
-    device.queue_execute = _replay.Replay(  # type: ignore[method-assign]
-        device, Device.queue_execute, CommandBuffer, Semaphore, GraphCommandBuffer, Submission,
-        CommandBufferState.EXECUTABLE, tracing, event_semaphore.PRUNE_AT, completion.WAKE_INFLIGHT)
+    device.queue_execute = replay  # type: ignore[method-assign]
     return True
 
 
