@@ -435,11 +435,8 @@ static PyObject *keep_mask(Walk *w) {
     return mask;
 }
 
-static PyObject *walk(PyObject *self, PyObject *args) {
-    PyObject *targets;
-    int live;
-    if (!PyArg_ParseTuple(args, "O!p:walk", &PyList_Type, &targets, &live))
-        return NULL;
+/* walk's answer for a list of targets: a new reference (None: a target is not an Array). */
+static PyObject *walk_targets(PyObject *targets, int live) {
     if (array_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "runtime._native.setup was not called");
         return NULL;
@@ -500,6 +497,14 @@ out:
     PyMem_Free(w.direct);
     PyMem_Free(w.viewed);
     return result;
+}
+
+static PyObject *walk(PyObject *self, PyObject *args) {
+    PyObject *targets;
+    int live;
+    if (!PyArg_ParseTuple(args, "O!p:walk", &PyList_Type, &targets, &live))
+        return NULL;
+    return walk_targets(targets, live);
 }
 
 /* A fresh Array with every field set, `ctx` too (each gets a new reference). */
@@ -771,15 +776,8 @@ static inline void set_slot(PyObject *o, Py_ssize_t offset, PyObject *value) {
 /* attach(ctx, fresh, n_ext, order, table, value): lowering.attach. For each (i, bucket, nbytes) of
    `fresh`, k-th: order[i].storage = Storage(table[n_ext + k], bucket, ctx, value, nbytes) (its
    semaphore, ctx.semaphore), and the node drops its op, inputs and params. */
-static PyObject *attach(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "attach takes 6 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    PyObject *ctx = args[0], *fresh = args[1], *order = args[3], *table = args[4], *value = args[5];
-    Py_ssize_t n_ext = PyLong_AsSsize_t(args[2]);
-    if (n_ext == -1 && PyErr_Occurred())
-        return NULL;
+static PyObject *attach_fresh(PyObject *ctx, PyObject *fresh, Py_ssize_t n_ext, PyObject *order, PyObject *table,
+                              PyObject *value) {
     if (storage_type == NULL || array_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "runtime._native.setup_storage was not called");
         return NULL;
@@ -840,6 +838,17 @@ out:
     return result;
 }
 
+static PyObject *attach(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "attach takes 6 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    Py_ssize_t n_ext = PyLong_AsSsize_t(args[2]);
+    if (n_ext == -1 && PyErr_Occurred())
+        return NULL;
+    return attach_fresh(args[0], args[1], n_ext, args[3], args[4], args[5]);
+}
+
 /* ---- The submission of a recording (lowering.submit's usual case) ------------------------- */
 
 /* lowering.submit for an eval (not rt.compile's queued replays) whose recording ran before and
@@ -848,12 +857,13 @@ out:
    lowering._hand_over, the bookkeeping of _issue, and the scratch given back. Anything else returns None before changing anything, and the Python
    code runs. */
 enum { R_CB, R_N_EXT, R_FRESH, R_TEMPS, R_BUCKETS, R_LAST_TABLE, R_LAST_EXT, R_MOVED, R_TAIL, R_HELD,
-       R_FRESH_BUCKETS, N_REC_SLOTS };
+       R_FRESH_BUCKETS, R_DEFERRED, N_REC_SLOTS };
 static const char *rec_slot_names[N_REC_SLOTS] = {"cb", "n_ext", "fresh", "temps", "buckets", "last_table",
-                                                  "last_ext", "moved", "tail", "held", "fresh_buckets"};
-enum { C_DEVICE, C_SEMAPHORE, C_SUBMITTED, C_COMPLETED, C_FLUSHED, C_QUEUED, C_IN_FLIGHT, C_BUFFERS, N_CTX_SLOTS };
+                                                  "last_ext", "moved", "tail", "held", "fresh_buckets", "deferred"};
+enum { C_DEVICE, C_SEMAPHORE, C_SUBMITTED, C_COMPLETED, C_FLUSHED, C_QUEUED, C_IN_FLIGHT, C_BUFFERS, C_GRAPHS,
+       C_RETIRED_PROGRAMS, N_CTX_SLOTS };
 static const char *ctx_slot_names[N_CTX_SLOTS] = {"device", "semaphore", "submitted", "completed", "flushed",
-                                                  "queued", "in_flight", "buffers"};
+                                                  "queued", "in_flight", "buffers", "graphs", "retired_programs"};
 enum { B_FREE, B_FREE_BYTES, B_LIMIT_BYTES, B_HITS, N_CACHE_SLOTS };
 static const char *cache_slot_names[N_CACHE_SLOTS] = {"_free", "free_bytes", "limit_bytes", "hits"};
 static Py_ssize_t rec_offset[N_REC_SLOTS], context_offset[N_CTX_SLOTS], cache_offset[N_CACHE_SLOTS];
@@ -1059,10 +1069,7 @@ static int all_free(PyObject *free_map, PyObject *table, Py_ssize_t start, PyObj
    these externals and whose buffers are free again, when every recording before it last ran with
    others; None where the Python method must decide (a recording never run, guards, a held
    result, busy buffers, no match). */
-static PyObject *pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (check_submit_call("pick", nargs) < 0)
-        return NULL;
-    PyObject *recs = args[0], *ext = args[1], *cache = args[2];
+static PyObject *pick_usual(PyObject *recs, PyObject *ext, PyObject *cache) {
     if (!PyList_CheckExact(recs) || !PyList_CheckExact(ext) || Py_TYPE(cache) != cache_type)
         Py_RETURN_NONE;
     PyObject *free_map = slot_of(cache, cache_offset[B_FREE]);
@@ -1099,10 +1106,13 @@ static PyObject *pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
 }
 
-static PyObject *submit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (check_submit_call("submit", nargs) < 0)
+static PyObject *pick(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (check_submit_call("pick", nargs) < 0)
         return NULL;
-    PyObject *ctx = args[0], *rec = args[1], *ext = args[2];
+    return pick_usual(args[0], args[1], args[2]);
+}
+
+static PyObject *submit_usual(PyObject *ctx, PyObject *rec, PyObject *ext) {
     if (Py_TYPE(ctx) != context_type || Py_TYPE(rec) != recording_type || !PyList_CheckExact(ext))
         Py_RETURN_NONE;
     PyObject *last = slot_of(rec, rec_offset[R_LAST_TABLE]), *buckets = slot_of(rec, rec_offset[R_BUCKETS]);
@@ -1240,6 +1250,270 @@ out:
     return result;
 }
 
+static PyObject *submit(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (check_submit_call("submit", nargs) < 0)
+        return NULL;
+    return submit_usual(args[0], args[1], args[2]);
+}
+
+/* ---- An eval whose graph the cache holds (lowering._evaluate_on's usual case) --------------- */
+
+/* evaluate(ctx, targets, live) -> True, False or walk's (order, key, externals, keep).
+   lowering._evaluate_on from the walk to attach when the graph cache holds the graph and a
+   recording of it that pick and submit take in C: True, done. False: the walk was not made (a
+   node not of type Array), the Python code does everything. The walk's tuple: the Python code
+   goes on from it (a graph the cache lacks, a recording pick or submit leave to Python, one with
+   fused kernels due, an input with no storage, the cache off); nothing was submitted and the
+   cache's counters are as they were (the timeline poll and autodiff's protect may have run: both
+   are idempotent). */
+enum { G_ENTRIES, G_NEWEST, G_HITS, N_GRAPH_SLOTS };
+static const char *graph_slot_names[N_GRAPH_SLOTS] = {"_entries", "_newest", "hits"};
+static Py_ssize_t graph_offset[N_GRAPH_SLOTS], variants_recs_offset;
+static PyTypeObject *graph_cache_type = NULL, *variants_type = NULL;
+static PyObject *graph_cache_globals = NULL; /* graph_cache's module dict: ENABLED, read at each eval */
+static PyObject *handed_out = NULL, *protect_fn = NULL; /* autodiff._handed_out, autodiff.protect */
+static PyObject *refresh_name = NULL, *move_to_end_name = NULL, *enabled_name = NULL;
+
+static PyObject *setup_evaluate(PyObject *self, PyObject *args) {
+    PyObject *variants_t, *cache_t, *globals, *handed, *protect;
+    static const char *recs_name[1] = {"recs"};
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O:setup_evaluate", &PyType_Type, &variants_t, &PyType_Type, &cache_t,
+                          &PyDict_Type, &globals, &PyDict_Type, &handed, &protect))
+        return NULL;
+    if (slot_offsets((PyTypeObject *)variants_t, recs_name, 1, &variants_recs_offset) < 0 ||
+        slot_offsets((PyTypeObject *)cache_t, graph_slot_names, N_GRAPH_SLOTS, graph_offset) < 0)
+        return NULL;
+    if (refresh_name == NULL) {
+        refresh_name = PyUnicode_InternFromString("refresh");
+        move_to_end_name = PyUnicode_InternFromString("move_to_end");
+        enabled_name = PyUnicode_InternFromString("ENABLED");
+        if (refresh_name == NULL || move_to_end_name == NULL || enabled_name == NULL)
+            return NULL;
+    }
+    Py_XSETREF(variants_type, (PyTypeObject *)Py_NewRef(variants_t));
+    Py_XSETREF(graph_cache_type, (PyTypeObject *)Py_NewRef(cache_t));
+    Py_XSETREF(graph_cache_globals, Py_NewRef(globals));
+    Py_XSETREF(handed_out, Py_NewRef(handed));
+    Py_XSETREF(protect_fn, Py_NewRef(protect));
+    Py_RETURN_NONE;
+}
+
+/* The external inputs' buffers (a new list), or None (a new reference) when one has no storage. */
+static PyObject *external_buffers(PyObject *externals) {
+    Py_ssize_t n = PyList_GET_SIZE(externals);
+    PyObject *ext = PyList_New(n);
+    if (ext == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyList_GET_ITEM(externals, i);
+        PyObject *st = Py_TYPE(x) == array_type ? SLOT(x, S_STORAGE) : NULL;
+        PyObject *buffer = st != NULL && Py_TYPE(st) == storage_type ? slot_of(st, storage_offset[T_BUFFER]) : NULL;
+        if (buffer == NULL) {
+            Py_DECREF(ext);
+            Py_RETURN_NONE;
+        }
+        PyList_SET_ITEM(ext, i, Py_NewRef(buffer));
+    }
+    return ext;
+}
+
+/* The timeline poll of _evaluate_on: ctx.refresh() when it has something newer to say. */
+static int refresh_if_behind(PyObject *ctx) {
+    PyObject *completed = slot_of(ctx, context_offset[C_COMPLETED]), *submitted = slot_of(ctx, context_offset[C_SUBMITTED]);
+    PyObject *retired = slot_of(ctx, context_offset[C_RETIRED_PROGRAMS]);
+    int behind = completed && submitted ? PyObject_RichCompareBool(completed, submitted, Py_LT) : 1;
+    if (behind < 0)
+        return -1;
+    if (!behind && retired != NULL) {
+        behind = PyObject_IsTrue(retired);
+        if (behind < 0)
+            return -1;
+    }
+    if (!behind)
+        return 0;
+    PyObject *r = PyObject_CallMethodNoArgs(ctx, refresh_name);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* GraphCache.get's bookkeeping of a hit on `entry` (found under `key`). */
+static int count_hit(PyObject *graphs, PyObject *entries, PyObject *key, PyObject *entry) {
+    if (slot_of(graphs, graph_offset[G_NEWEST]) != entry) {
+        PyObject *r = PyObject_CallMethodOneArg(entries, move_to_end_name, key);
+        if (r == NULL)
+            return -1;
+        Py_DECREF(r);
+        set_slot(graphs, graph_offset[G_NEWEST], entry);
+    }
+    PyObject *one = PyLong_FromLong(1);
+    int status = one ? add_to_slot(graphs, graph_offset[G_HITS], one, 0) : -1;
+    Py_XDECREF(one);
+    return status;
+}
+
+static PyObject *evaluate(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "evaluate takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (variants_type == NULL || recording_type == NULL || storage_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "runtime._native.setup_evaluate was not called");
+        return NULL;
+    }
+    PyObject *ctx = args[0], *targets = args[1];
+    int live = PyObject_IsTrue(args[2]);
+    if (live < 0)
+        return NULL;
+    if (!PyList_CheckExact(targets) || Py_TYPE(ctx) != context_type)
+        Py_RETURN_FALSE;
+    PyObject *walked = walk_targets(targets, live);
+    if (walked == NULL)
+        return NULL;
+    if (walked == Py_None) {
+        Py_DECREF(walked);
+        Py_RETURN_FALSE;
+    }
+    PyObject *order = PyTuple_GET_ITEM(walked, 0), *externals = PyTuple_GET_ITEM(walked, 2);
+    if (PyList_GET_SIZE(order) == 0) {
+        Py_DECREF(walked);
+        Py_RETURN_TRUE;
+    }
+    Py_INCREF(ctx);
+    PyObject *result = NULL, *key = NULL, *ext = NULL, *entry = NULL, *rec = NULL, *submitted = NULL;
+    PyObject *graphs = NULL;
+    if (refresh_if_behind(ctx) < 0)
+        goto out;
+    if (PyDict_GET_SIZE(handed_out)) { /* grad nodes handed out: autodiff.protect decides */
+        PyObject *r = PyObject_CallOneArg(protect_fn, order);
+        if (r == NULL)
+            goto out;
+        Py_DECREF(r);
+    }
+    ext = external_buffers(externals);
+    if (ext == NULL)
+        goto out;
+    PyObject *enabled = PyDict_GetItemWithError(graph_cache_globals, enabled_name);
+    PyObject *cache_of_graphs = slot_of(ctx, context_offset[C_GRAPHS]);
+    if (enabled != Py_True || ext == Py_None || cache_of_graphs == NULL || Py_TYPE(cache_of_graphs) != graph_cache_type)
+        goto python;
+    graphs = Py_NewRef(cache_of_graphs);
+    PyObject *entries = slot_of(graphs, graph_offset[G_ENTRIES]);
+    if (entries == NULL || !PyDict_Check(entries))
+        goto python;
+    key = live ? PyTuple_Pack(2, PyTuple_GET_ITEM(walked, 1), PyTuple_GET_ITEM(walked, 3))
+               : Py_NewRef(PyTuple_GET_ITEM(walked, 1));
+    if (key == NULL)
+        goto out;
+    entry = Py_XNewRef(PyDict_GetItemWithError(entries, key));
+    if (entry == NULL) {
+        if (PyErr_Occurred())
+            goto out;
+        goto python; /* a miss: counted and recorded by the Python code */
+    }
+    PyObject *recs = Py_TYPE(entry) == variants_type ? slot_of(entry, variants_recs_offset) : NULL;
+    PyObject *buffers = slot_of(ctx, context_offset[C_BUFFERS]);
+    if (recs == NULL || buffers == NULL)
+        goto python;
+    rec = pick_usual(recs, ext, buffers);
+    if (rec == NULL)
+        goto out;
+    if (rec == Py_None)
+        goto python;
+    PyObject *deferred = slot_of(rec, rec_offset[R_DEFERRED]);
+    int due = deferred == NULL ? 1 : PyObject_IsTrue(deferred);
+    if (due < 0)
+        goto out;
+    if (due) /* fused kernels it runs without: whether they are due is the Python code's question */
+        goto python;
+    submitted = submit_usual(ctx, rec, ext);
+    if (submitted == Py_None)
+        goto python;
+    if (submitted == NULL) { /* the device refused it: the cache saw a hit all the same */
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);
+        if (count_hit(graphs, entries, key, entry) < 0)
+            PyErr_Clear();
+        PyErr_Restore(type, exc, tb);
+        goto out;
+    }
+    if (count_hit(graphs, entries, key, entry) < 0)
+        goto out;
+    PyObject *fresh = slot_of(rec, rec_offset[R_FRESH]), *n_ext = slot_of(rec, rec_offset[R_N_EXT]);
+    Py_ssize_t start = PyLong_AsSsize_t(n_ext);
+    if (start == -1 && PyErr_Occurred())
+        goto out;
+    PyObject *attached = attach_fresh(ctx, fresh, start, order, PyTuple_GET_ITEM(submitted, 0),
+                                      PyTuple_GET_ITEM(submitted, 1));
+    if (attached == NULL)
+        goto out;
+    Py_DECREF(attached);
+    result = Py_NewRef(Py_True);
+    goto out;
+python:
+    if (!PyErr_Occurred())
+        result = Py_NewRef(walked);
+out:
+    Py_XDECREF(submitted);
+    Py_XDECREF(rec);
+    Py_XDECREF(entry);
+    Py_XDECREF(key);
+    Py_XDECREF(ext);
+    Py_XDECREF(graphs);
+    Py_DECREF(ctx);
+    Py_DECREF(walked);
+    return result;
+}
+
+/* ---- A storage's buffer back to its context's cache (Storage.__del__) ------------------------ */
+
+/* Storage.__del__ in C: the buffer goes back to the cache with the context's latest submission as
+   its fence (give_back). Anything unusual (fields of other types) calls the Python method; errors
+   are dropped as that method drops them (interpreter shutdown, a closed device). */
+static PyObject *python_storage_del = NULL;
+
+static PyObject *storage_del(PyObject *st, PyObject *unused) {
+    PyObject *ctx = slot_of(st, storage_offset[T_CTX]);
+    if (ctx == NULL || ctx == Py_None)
+        Py_RETURN_NONE;
+    PyObject *cache = slot_of(ctx, context_offset[C_BUFFERS]), *submitted = slot_of(ctx, context_offset[C_SUBMITTED]);
+    PyObject *buffer = slot_of(st, storage_offset[T_BUFFER]), *bucket = slot_of(st, storage_offset[T_BUCKET]);
+    if (Py_TYPE(ctx) != context_type || cache == NULL || Py_TYPE(cache) != cache_type || submitted == NULL ||
+        buffer == NULL || bucket == NULL || !PyLong_CheckExact(bucket)) {
+        PyObject *r = PyObject_CallOneArg(python_storage_del, st);
+        Py_XDECREF(r);
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *free_map = slot_of(cache, cache_offset[B_FREE]);
+    if (free_map == NULL || !PyDict_CheckExact(free_map)) {
+        PyObject *r = PyObject_CallMethodObjArgs(cache, release_name, buffer, bucket, submitted, NULL);
+        Py_XDECREF(r);
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *held[] = {ctx, cache, free_map, buffer, bucket, submitted};
+    for (size_t i = 0; i < sizeof(held) / sizeof(held[0]); i++)
+        Py_INCREF(held[i]);
+    if (give_back(cache, free_map, buffer, bucket, submitted) < 0)
+        PyErr_Clear();
+    for (size_t i = 0; i < sizeof(held) / sizeof(held[0]); i++)
+        Py_DECREF(held[i]);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef storage_del_def = {"__del__", storage_del, METH_NOARGS,
+                                      "Give the storage's buffer back to its context's buffer cache."};
+
+/* storage_del_method(python_del) -> a method descriptor of Storage: its __del__ in C. */
+static PyObject *storage_del_method(PyObject *self, PyObject *python_del) {
+    if (storage_type == NULL || cache_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "runtime._native.setup_storage and setup_submit come first");
+        return NULL;
+    }
+    Py_XSETREF(python_storage_del, Py_NewRef(python_del));
+    return PyDescr_NewMethod(storage_type, &storage_del_def);
+}
+
 /* ---- DLPack: the destructor of the capsules runtime.interop hands out --------------------- */
 
 static PyObject *dlpack_alive = NULL; /* interop._alive: a tensor's address -> what it points into */
@@ -1297,6 +1571,12 @@ static PyMethodDef methods[] = {
      "pick(recs, ext, buffers) -> the usual recording Variants.pick returns, or None: ask it."},
     {"submit", (PyCFunction)(void (*)(void))submit, METH_FASTCALL,
      "submit(ctx, rec, ext) -> (table, value), or None where lowering.submit's Python must run."},
+    {"setup_evaluate", setup_evaluate, METH_VARARGS,
+     "setup_evaluate(Variants, GraphCache, graph_cache_globals, autodiff_handed_out, autodiff_protect)."},
+    {"evaluate", (PyCFunction)(void (*)(void))evaluate, METH_FASTCALL,
+     "evaluate(ctx, targets, live) -> True (done), False or the walk's tuple: the Python code goes on."},
+    {"storage_del_method", storage_del_method, METH_O,
+     "storage_del_method(python_del) -> Storage.__del__ in C (python_del: for unusual fields)."},
     {"walk", walk, METH_VARARGS, "walk(targets, live) -> (order, key, externals, keep) or None."},
     {NULL, NULL, 0, NULL},
 };

@@ -506,10 +506,16 @@ def _eval_key_python(targets: list, live: bool) -> tuple:
 
 
 _native_walk = NATIVE.walk if NATIVE is not None else None
-_native_submit = _native_pick = None
+_python_storage_del = Storage.__del__
+_native_submit = _native_pick = _native_evaluate = None
 if NATIVE is not None:
+    from . import autodiff
+
     NATIVE.setup_submit(Recording, DeviceContext, BufferCache, MAX_IN_FLIGHT)
-    _native_submit, _native_pick = NATIVE.submit, NATIVE.pick
+    NATIVE.setup_evaluate(Variants, graph_cache.GraphCache, vars(graph_cache), autodiff._handed_out, protect)
+    _native_submit, _native_pick, _native_evaluate = NATIVE.submit, NATIVE.pick, NATIVE.evaluate
+    # A dying array hands its buffer back from C (~50 bytecodes a storage in Python).
+    Storage.__del__ = NATIVE.storage_del_method(_python_storage_del)  # type: ignore[method-assign]
 _native_attach = NATIVE.attach if NATIVE is not None else None
 
 
@@ -797,7 +803,13 @@ def _evaluate_locked(ctx: DeviceContext, targets: list) -> None:
 def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
     # Nodes nothing reads afterwards are fused away, or scratch (owned on CPUs): which ones is `keep`.
     live = not ctx.is_gpu or FUSION
-    order, key, externals, keep = eval_key(targets, live)
+    if _native_evaluate is not None and not tracing.ENABLED:  # a graph the cache holds: all in C
+        walked = _native_evaluate(ctx, targets, live)
+        if walked is True:
+            return
+        order, key, externals, keep = walked or _eval_key_python(targets, live)
+    else:
+        order, key, externals, keep = eval_key(targets, live)
     if not order:
         return
     if live:

@@ -340,10 +340,13 @@ def _submit_program(device) -> tuple[list, dict]:
     big = rt.array(rng.standard_normal((512, 4096)).astype(np.float32), device=ctx)
     for _ in range(3):  # scratch through the binding table (large reductions' partials on a CPU)
         results.append((rt.exp(big * 0.1).max(axis=0) + big.mean()).numpy().tolist())
+    del c, s, held  # their storages give their buffers back
     cache = ctx.buffers
     counters = {"hits": cache.hits, "misses": cache.misses, "free_bytes": cache.free_bytes,
                 "allocated_bytes": cache.allocated_bytes, "submitted": ctx.submitted,
-                "moved": sorted(rec.moved for entry in ctx.graphs._entries.values() for rec in entry.recs)}
+                "moved": sorted(rec.moved for entry in ctx.graphs._entries.values() for rec in entry.recs),
+                "graph_cache": ctx.graphs.stats(), "newest": list(ctx.graphs._entries).index(
+                    next(k for k, v in ctx.graphs._entries.items() if v is ctx.graphs._newest))}
     return results, counters
 
 
@@ -353,6 +356,7 @@ def test_c_submit_makes_the_python_submissions(driver: str, monkeypatch: pytest.
     """lowering.submit and Variants.pick: the C code's usual cases against the Python code."""
     outcomes = []
     c_submit, c_pick = lowering._native_submit, lowering._native_pick
+    monkeypatch.setattr(lowering, "_native_evaluate", None)  # (it submits and picks without these calls)
     for use_c in (True, False):
         if driver == "fake-gpu":
             fake_gpu = pytest.importorskip("drivers.fake_gpu")
@@ -415,13 +419,17 @@ def _refused_program(device) -> tuple:
 @native
 def test_c_submit_gives_the_buffers_back_when_the_device_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list = []
+    c_evaluate = lowering._native_evaluate
+    from_c_evaluate = _refused_program(hal.create_device("local-task"))  # refused inside the C evaluate
+    monkeypatch.setattr(lowering, "_native_evaluate", None)
     monkeypatch.setattr(lowering, "_native_submit", _counting(lowering._native_submit, calls))
     from_c = _refused_program(hal.create_device("local-task"))
     assert calls == [False, True, "raised"]  # recorded, repeated in C, refused in C
     monkeypatch.setattr(lowering, "_native_submit", None)
     from_python = _refused_program(hal.create_device("local-task"))
-    assert from_c == from_python
+    assert from_c == from_python == from_c_evaluate
     assert from_c[0] is hal.ResourceExhaustedError and from_c[2][0] == from_c[1][0]
+    assert c_evaluate is not None
 
 
 @native
@@ -453,4 +461,100 @@ def test_c_submit_declines_what_is_not_its_case() -> None:
     assert NATIVE.pick([rec], rec.last_ext, ctx.buffers) is None
     ctx.buffers.release(rec.last_table[rec.n_ext], rec.buckets[0])  # free again
     assert NATIVE.pick([rec], rec.last_ext, ctx.buffers) is rec
+    ctx.device.close()
+
+
+def _python_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every eval step in Python: the walk, pick, submit, attach, evaluate and Storage.__del__."""
+    for name in ("_native_walk", "_native_pick", "_native_submit", "_native_attach", "_native_evaluate"):
+        monkeypatch.setattr(lowering, name, None)
+    monkeypatch.setattr(Storage, "__del__", lowering._python_storage_del)
+
+
+def _noting(evaluate, seen: list):
+    """The C evaluate noting in `seen` whether it made the eval, walked only, or declined."""
+    def noted(*args):
+        result = evaluate(*args)
+        seen.append("done" if result is True else "declined" if result is False else "walked")
+        return result
+    return noted
+
+
+@native
+@pytest.mark.parametrize("driver", ["local-task", "fake-gpu"])
+def test_c_evaluate_makes_the_python_evals(driver: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The eval of a graph the cache holds, all in C (and a storage's buffer given back in C),
+    against the Python code: the same results, buffer-cache and graph-cache counters, recordings."""
+    outcomes = []
+    for use_c in (True, False):
+        if driver == "fake-gpu":
+            fake_gpu = pytest.importorskip("drivers.fake_gpu")
+            device = fake_gpu.FakeGpuDriver().create_device(command_buffer="graph")
+        else:
+            device = hal.create_device(driver)
+        seen: list = []
+        with monkeypatch.context() as patch:
+            if use_c:
+                patch.setattr(lowering, "_native_evaluate", _noting(lowering._native_evaluate, seen))
+            else:
+                _python_only(patch)
+            try:
+                outcomes.append(_submit_program(device))
+            finally:
+                device.close()
+        if use_c:  # first runs and busy buffers went on in Python, the repeats were made in C
+            assert "done" in seen and "walked" in seen
+    assert outcomes[0] == outcomes[1]
+
+
+@native
+def test_c_evaluate_goes_on_in_python_where_it_must(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime import graph_cache
+    from runtime.array import NATIVE
+
+    ctx = rt.device.context_for(hal.create_device("local-task"))
+    a = rt.array(np.arange(8, dtype=np.float32), device=ctx)
+    with pytest.raises(TypeError):
+        NATIVE.evaluate(ctx, [a])
+    assert NATIVE.evaluate(object(), [a + 1.0], True) is False and NATIVE.evaluate(ctx, (a + 1.0,), True) is False
+
+    def walked(result) -> bool:
+        return isinstance(result, tuple) and len(result) == 4
+
+    first = a + 1.0
+    assert walked(NATIVE.evaluate(ctx, [first], True))  # a miss: the Python code records it
+    assert first.storage is None and ctx.graphs.stats()["misses"] == 0 == ctx.graphs.stats()["hits"]
+    rt.eval(first)
+    del first  # its buffer is free again: the recording's table stays as it was
+    hits = ctx.graphs.stats()["hits"]
+    again = a + 1.0
+    assert NATIVE.evaluate(ctx, [again], True) is True and again.storage is not None
+    assert ctx.graphs.stats()["hits"] == hits + 1
+    np.testing.assert_array_equal(again.numpy(), np.arange(8, dtype=np.float32) + 1)
+    monkeypatch.setattr(graph_cache, "ENABLED", False)
+    assert walked(NATIVE.evaluate(ctx, [a + 1.0], True))
+    monkeypatch.setattr(graph_cache, "ENABLED", True)
+    rec = next(r for entry in ctx.graphs._entries.values() for r in entry.recs)
+    rec.deferred.append("a fused kernel")  # due or not: the Python code's question
+    try:
+        assert walked(NATIVE.evaluate(ctx, [a + 1.0], True))
+    finally:
+        rec.deferred.clear()
+    ctx.device.close()
+
+
+@native
+def test_c_storage_release_gives_the_buffer_back() -> None:
+    ctx = rt.device.context_for(hal.create_device("local-task"))
+    x = rt.exp(rt.array(np.ones(1000, np.float32), device=ctx))
+    rt.eval(x)
+    st = x.root.storage
+    buffer, bucket = st.buffer, st.bucket
+    free = ctx.buffers.free_bytes
+    del x, st
+    assert ctx.buffers.free_bytes == free + bucket
+    assert ctx.buffers._free[bucket][id(buffer)] == (buffer, ctx.submitted)
+    orphan = Storage.__new__(Storage)  # no fields: nothing to give back, and no error
+    orphan.ctx = None
+    del orphan
     ctx.device.close()
