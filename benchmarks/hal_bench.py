@@ -339,9 +339,9 @@ def bench_stream_dispatch(device, raw: Raw, exe, rounds: int, count: int = 1000)
 
 # -- 100 dispatches in 10 levels ----------------------------------------------------------------
 
-def measure_launches(raw: Raw, launches: dict, rounds: int) -> dict:
-    """Per name: (median host µs of its launch(), median GPU µs of what it enqueued on its stream),
-    the launches taken in turn. ``launches`` maps a name to (stream, launch)."""
+def measure_launches(raw: Raw, launches: dict, rounds: int, gpu: bool = True) -> dict:
+    """Per name: (median host µs of its launch(), median GPU µs of what it enqueued on its stream,
+    None with ``gpu=False``), the launches taken in turn. ``launches`` maps a name to (stream, launch)."""
     for stream, launch in launches.values():
         for _ in range(3):
             launch()
@@ -355,6 +355,8 @@ def measure_launches(raw: Raw, launches: dict, rounds: int) -> dict:
         return elapsed
 
     hosts = interleaved({name: lambda s=s, f=f: host(s, f) for name, (s, f) in launches.items()}, rounds)
+    if not gpu:
+        return {name: (hosts[name], None) for name in launches}
     gpus = interleaved({name: lambda s=s, f=f: raw.gpu_ms(s, f) * 1e3 for name, (s, f) in launches.items()}, rounds)
     return {name: (hosts[name], gpus[name]) for name in launches}
 
@@ -397,14 +399,7 @@ def bench_graph_resubmit(backend: Backend, raw: Raw, rounds: int, levels: int = 
         # measured against re-submitting the same table on the same graph (new / same host cost),
         # since the driver's own launch of 100 nodes costs more than of 10 (raw graphs too), whatever
         # the rebinding costs; the totals are kept for reference.
-        small = bench_lowering(backend, raw, "auto", 1, width, rounds, baselines)
-        large = results["hal"]["auto"]
-        added = [entry["new_table"]["host_us"] / entry["same_table"]["host_us"] for entry in (large, small)]
-        results["new_table_10_vs_100"] = max(added) / min(added)
-        results["new_table_added_100_and_10"] = added
-        totals = (large["new_table"]["host_us"], small["new_table"]["host_us"])
-        results["new_table_total_host_10_vs_100"] = max(totals) / min(totals)
-        results["hal"]["auto_10_dispatches"] = small
+        results.update(bench_table_cost(backend, raw, levels, width, rounds))
     finally:
         for _, destroy in graphs.values():
             destroy()
@@ -414,6 +409,40 @@ def bench_graph_resubmit(backend: Backend, raw: Raw, rounds: int, levels: int = 
     results["raw"] = results["hal"]["auto"]["same_table"]["raw"]
     results["raw_best"] = results["hal"]["auto"]["same_table"]["raw_best"]
     return results
+
+
+def bench_table_cost(backend: Backend, raw: Raw, levels: int, width: int, rounds: int) -> dict:
+    """What a new binding table adds to a re-submit, for ``levels`` x ``width`` dispatches against
+    one level of ``width``: the four submits (each size, same and new table) on one device, taken in
+    turn in one set of rounds, so that the ratio of ratios rests on medians of the same moments
+    (measured one size after the other, one slow stretch of the host moved it by 0.5)."""
+    device = backend.create_device(barrier_lowering="auto")
+    try:
+        exe = backend.exe_for(device)
+        stream = device_stream(device)
+        launches = {}
+        for size, size_levels in (("large", levels), ("small", 1)):
+            cb, tables = levels_command_buffer(device, exe, size_levels, width)
+            sem = device.create_semaphore(0)
+            state = {"value": 0, "which": 0}
+
+            def submit(new_table: bool, cb=cb, tables=tables, sem=sem, state=state) -> None:
+                if new_table:
+                    state["which"] ^= 1
+                state["value"] += 1
+                device.queue_execute([cb], signal=[(sem, state["value"])], binding_tables=[tables[state["which"]]])
+
+            launches[f"{size}_same"] = (stream, lambda submit=submit: submit(False))
+            launches[f"{size}_new"] = (stream, lambda submit=submit: submit(True))
+        host = {name: h for name, (h, _) in measure_launches(raw, launches, rounds, gpu=False).items()}
+    finally:
+        device.close()
+    added = [host[f"{size}_new"] / host[f"{size}_same"] for size in ("large", "small")]
+    totals = (host["large_new"], host["small_new"])
+    return {"new_table_10_vs_100": max(added) / min(added), "new_table_added_100_and_10": added,
+            "new_table_total_host_10_vs_100": max(totals) / min(totals),
+            "new_table_host_us": {f"{levels * width if size == 'large' else width}_dispatches_{table}": host[
+                f"{size}_{table}"] for size in ("large", "small") for table in ("same", "new")}}
 
 
 def bench_lowering(backend: Backend, raw: Raw, lowering: str, levels: int, width: int, rounds: int,
