@@ -861,9 +861,10 @@ enum { R_CB, R_N_EXT, R_FRESH, R_TEMPS, R_BUCKETS, R_LAST_TABLE, R_LAST_EXT, R_M
 static const char *rec_slot_names[N_REC_SLOTS] = {"cb", "n_ext", "fresh", "temps", "buckets", "last_table",
                                                   "last_ext", "moved", "tail", "held", "fresh_buckets", "deferred"};
 enum { C_DEVICE, C_SEMAPHORE, C_SUBMITTED, C_COMPLETED, C_FLUSHED, C_QUEUED, C_IN_FLIGHT, C_BUFFERS, C_GRAPHS,
-       C_RETIRED_PROGRAMS, N_CTX_SLOTS };
+       C_RETIRED_PROGRAMS, C_LOCK, C_IS_GPU, N_CTX_SLOTS };
 static const char *ctx_slot_names[N_CTX_SLOTS] = {"device", "semaphore", "submitted", "completed", "flushed",
-                                                  "queued", "in_flight", "buffers", "graphs", "retired_programs"};
+                                                  "queued", "in_flight", "buffers", "graphs", "retired_programs",
+                                                  "lock", "is_gpu"};
 enum { B_FREE, B_FREE_BYTES, B_LIMIT_BYTES, B_HITS, N_CACHE_SLOTS };
 static const char *cache_slot_names[N_CACHE_SLOTS] = {"_free", "free_bytes", "limit_bytes", "hits"};
 static Py_ssize_t rec_offset[N_REC_SLOTS], context_offset[N_CTX_SLOTS], cache_offset[N_CACHE_SLOTS];
@@ -1272,13 +1273,17 @@ static Py_ssize_t graph_offset[N_GRAPH_SLOTS], variants_recs_offset;
 static PyTypeObject *graph_cache_type = NULL, *variants_type = NULL;
 static PyObject *graph_cache_globals = NULL; /* graph_cache's module dict: ENABLED, read at each eval */
 static PyObject *handed_out = NULL, *protect_fn = NULL; /* autodiff._handed_out, autodiff.protect */
-static PyObject *refresh_name = NULL, *move_to_end_name = NULL, *enabled_name = NULL;
+static PyObject *tracing_globals = NULL, *lowering_globals = NULL; /* tracing.ENABLED, lowering.FUSION */
+static PyObject *evaluate_walked = NULL; /* lowering._evaluate_walked(ctx, targets, live, walked) */
+static PyObject *refresh_name = NULL, *move_to_end_name = NULL, *enabled_name = NULL, *fusion_name = NULL,
+                *acquire_name = NULL, *release_lock_name = NULL;
 
 static PyObject *setup_evaluate(PyObject *self, PyObject *args) {
-    PyObject *variants_t, *cache_t, *globals, *handed, *protect;
+    PyObject *variants_t, *cache_t, *globals, *handed, *protect, *tracing_g, *lowering_g, *walked_fn;
     static const char *recs_name[1] = {"recs"};
-    if (!PyArg_ParseTuple(args, "O!O!O!O!O:setup_evaluate", &PyType_Type, &variants_t, &PyType_Type, &cache_t,
-                          &PyDict_Type, &globals, &PyDict_Type, &handed, &protect))
+    if (!PyArg_ParseTuple(args, "O!O!O!O!OO!O!O:setup_evaluate", &PyType_Type, &variants_t, &PyType_Type, &cache_t,
+                          &PyDict_Type, &globals, &PyDict_Type, &handed, &protect, &PyDict_Type, &tracing_g,
+                          &PyDict_Type, &lowering_g, &walked_fn))
         return NULL;
     if (slot_offsets((PyTypeObject *)variants_t, recs_name, 1, &variants_recs_offset) < 0 ||
         slot_offsets((PyTypeObject *)cache_t, graph_slot_names, N_GRAPH_SLOTS, graph_offset) < 0)
@@ -1287,9 +1292,16 @@ static PyObject *setup_evaluate(PyObject *self, PyObject *args) {
         refresh_name = PyUnicode_InternFromString("refresh");
         move_to_end_name = PyUnicode_InternFromString("move_to_end");
         enabled_name = PyUnicode_InternFromString("ENABLED");
-        if (refresh_name == NULL || move_to_end_name == NULL || enabled_name == NULL)
+        fusion_name = PyUnicode_InternFromString("FUSION");
+        acquire_name = PyUnicode_InternFromString("acquire");
+        release_lock_name = PyUnicode_InternFromString("release");
+        if (refresh_name == NULL || move_to_end_name == NULL || enabled_name == NULL || fusion_name == NULL ||
+            acquire_name == NULL || release_lock_name == NULL)
             return NULL;
     }
+    Py_XSETREF(tracing_globals, Py_NewRef(tracing_g));
+    Py_XSETREF(lowering_globals, Py_NewRef(lowering_g));
+    Py_XSETREF(evaluate_walked, Py_NewRef(walked_fn));
     Py_XSETREF(variants_type, (PyTypeObject *)Py_NewRef(variants_t));
     Py_XSETREF(graph_cache_type, (PyTypeObject *)Py_NewRef(cache_t));
     Py_XSETREF(graph_cache_globals, Py_NewRef(globals));
@@ -1351,19 +1363,7 @@ static int count_hit(PyObject *graphs, PyObject *entries, PyObject *key, PyObjec
     return status;
 }
 
-static PyObject *evaluate(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "evaluate takes 3 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    if (variants_type == NULL || recording_type == NULL || storage_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "runtime._native.setup_evaluate was not called");
-        return NULL;
-    }
-    PyObject *ctx = args[0], *targets = args[1];
-    int live = PyObject_IsTrue(args[2]);
-    if (live < 0)
-        return NULL;
+static PyObject *evaluate_targets(PyObject *ctx, PyObject *targets, int live) {
     if (!PyList_CheckExact(targets) || Py_TYPE(ctx) != context_type)
         Py_RETURN_FALSE;
     PyObject *walked = walk_targets(targets, live);
@@ -1461,6 +1461,129 @@ out:
     Py_XDECREF(graphs);
     Py_DECREF(ctx);
     Py_DECREF(walked);
+    return result;
+}
+
+static int evaluate_ready(void) {
+    if (variants_type == NULL || recording_type == NULL || storage_type == NULL || evaluate_walked == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "runtime._native.setup_evaluate was not called");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *evaluate(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "evaluate takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (!evaluate_ready())
+        return NULL;
+    int live = PyObject_IsTrue(args[2]);
+    if (live < 0)
+        return NULL;
+    return evaluate_targets(args[0], args[1], live);
+}
+
+/* The pending roots of `arrays` when each is an Array whose root is pending (not a traced
+   placeholder) and all are of one context (*ctx, borrowed); else None. New reference. */
+static PyObject *pending_roots(PyObject *arrays, PyObject **ctx) {
+    Py_ssize_t n = PyTuple_GET_SIZE(arrays);
+    PyObject *targets = PyList_New(n);
+    if (targets == NULL)
+        return NULL;
+    *ctx = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *a = PyTuple_GET_ITEM(arrays, i);
+        if (Py_TYPE(a) != array_type)
+            goto other;
+        PyObject *root = SLOT(a, S_BASE);
+        if (root == NULL)
+            goto other;
+        if (root == Py_None)
+            root = a;
+        if (Py_TYPE(root) != array_type || SLOT(root, S_STORAGE) != Py_None || SLOT(root, S_OP) == NULL)
+            goto other;
+        int traced = PyObject_RichCompareBool(SLOT(root, S_OP), placeholder, Py_EQ);
+        PyObject *of = *(PyObject **)((char *)root + ctx_offset);
+        if (traced != 0 || of == NULL || (*ctx != NULL && of != *ctx)) {
+            PyErr_Clear();
+            goto other;
+        }
+        *ctx = of;
+        PyList_SET_ITEM(targets, i, Py_NewRef(root));
+    }
+    if (n > 0)
+        return targets;
+other:
+    Py_DECREF(targets);
+    Py_RETURN_NONE;
+}
+
+/* eval_arrays(arrays) -> True: rt.eval of a tuple of Arrays whose roots are pending, of one
+   context, with tracing off: lowering.evaluate's grouping and _evaluate_locked's lock, the eval
+   made by `evaluate`, the Python code going on from its walk where it must. False: anything else
+   (containers, computed arrays, several contexts), for lowering.evaluate. */
+static PyObject *eval_arrays(PyObject *self, PyObject *arrays) {
+    if (!evaluate_ready())
+        return NULL;
+    if (!PyTuple_CheckExact(arrays))
+        Py_RETURN_FALSE;
+    PyObject *enabled = PyDict_GetItemWithError(tracing_globals, enabled_name);
+    if (enabled != Py_False) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_FALSE;
+    }
+    PyObject *ctx, *targets = pending_roots(arrays, &ctx);
+    if (targets == NULL)
+        return NULL;
+    if (targets == Py_None) {
+        Py_DECREF(targets);
+        Py_RETURN_FALSE;
+    }
+    Py_INCREF(ctx);
+    PyObject *result = NULL, *lock = NULL, *walked = NULL;
+    PyObject *is_gpu = slot_of(ctx, context_offset[C_IS_GPU]), *fusion = PyDict_GetItemWithError(lowering_globals, fusion_name);
+    if (Py_TYPE(ctx) != context_type || is_gpu == NULL || fusion == NULL) {
+        if (!PyErr_Occurred())
+            result = Py_NewRef(Py_False);
+        goto out;
+    }
+    int live = is_gpu == Py_False ? 1 : PyObject_IsTrue(fusion);
+    if (live < 0)
+        goto out;
+    lock = Py_NewRef(slot_of(ctx, context_offset[C_LOCK]));
+    PyObject *r = PyObject_CallMethodNoArgs(lock, acquire_name);
+    if (r == NULL)
+        goto out;
+    Py_DECREF(r);
+    walked = evaluate_targets(ctx, targets, live);
+    if (walked != NULL && walked != Py_True) { /* the Python code goes on from the walk (False: walks itself) */
+        PyObject *call[4] = {ctx, targets, live ? Py_True : Py_False, walked};
+        PyObject *done = PyObject_Vectorcall(evaluate_walked, call, 4, NULL);
+        Py_XDECREF(done);
+        Py_SETREF(walked, done ? Py_NewRef(Py_True) : NULL);
+    }
+    PyObject *type, *exc, *tb;
+    PyErr_Fetch(&type, &exc, &tb); /* pending when the eval failed (walked is NULL) */
+    PyObject *released = PyObject_CallMethodNoArgs(lock, release_lock_name);
+    if (released == NULL) { /* the release's error travels on */
+        Py_XDECREF(type);
+        Py_XDECREF(exc);
+        Py_XDECREF(tb);
+    } else {
+        Py_DECREF(released);
+        if (type != NULL)
+            PyErr_Restore(type, exc, tb);
+        else
+            result = Py_NewRef(Py_True);
+    }
+out:
+    Py_XDECREF(walked);
+    Py_XDECREF(lock);
+    Py_DECREF(targets);
+    Py_DECREF(ctx);
     return result;
 }
 
@@ -1572,7 +1695,10 @@ static PyMethodDef methods[] = {
     {"submit", (PyCFunction)(void (*)(void))submit, METH_FASTCALL,
      "submit(ctx, rec, ext) -> (table, value), or None where lowering.submit's Python must run."},
     {"setup_evaluate", setup_evaluate, METH_VARARGS,
-     "setup_evaluate(Variants, GraphCache, graph_cache_globals, autodiff_handed_out, autodiff_protect)."},
+     "setup_evaluate(Variants, GraphCache, graph_cache_globals, autodiff_handed_out, autodiff_protect, "
+     "tracing_globals, lowering_globals, evaluate_walked)."},
+    {"eval_arrays", eval_arrays, METH_O,
+     "eval_arrays(arrays) -> True (rt.eval of pending arrays of one context, made) or False: lowering.evaluate."},
     {"evaluate", (PyCFunction)(void (*)(void))evaluate, METH_FASTCALL,
      "evaluate(ctx, targets, live) -> True (done), False or the walk's tuple: the Python code goes on."},
     {"storage_del_method", storage_del_method, METH_O,

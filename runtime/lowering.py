@@ -507,13 +507,11 @@ def _eval_key_python(targets: list, live: bool) -> tuple:
 
 _native_walk = NATIVE.walk if NATIVE is not None else None
 _python_storage_del = Storage.__del__
-_native_submit = _native_pick = _native_evaluate = None
+_native_submit = _native_pick = _native_evaluate = _native_eval_arrays = None
 if NATIVE is not None:
-    from . import autodiff
-
     NATIVE.setup_submit(Recording, DeviceContext, BufferCache, MAX_IN_FLIGHT)
-    NATIVE.setup_evaluate(Variants, graph_cache.GraphCache, vars(graph_cache), autodiff._handed_out, protect)
     _native_submit, _native_pick, _native_evaluate = NATIVE.submit, NATIVE.pick, NATIVE.evaluate
+    _native_eval_arrays = NATIVE.eval_arrays
     # A dying array hands its buffer back from C (~50 bytecodes a storage in Python).
     Storage.__del__ = NATIVE.storage_del_method(_python_storage_del)  # type: ignore[method-assign]
 _native_attach = NATIVE.attach if NATIVE is not None else None
@@ -769,6 +767,8 @@ def _pending_after(root: Array, placed: set) -> list:
 
 def evaluate(arrays) -> None:
     """Evaluate the given arrays (and everything pending they depend on): one submission per device."""
+    if _native_eval_arrays is not None and type(arrays) is tuple and _native_eval_arrays(arrays):
+        return  # pending arrays of one context, the usual call: grouped, locked and evaluated in C
     if len(arrays) == 1:  # the usual call, one array not yet computed, without the grouping below
         r = arrays[0]
         if type(r) is Array and r.storage is None and r.base is None and r.op != PLACEHOLDER:
@@ -803,13 +803,21 @@ def _evaluate_locked(ctx: DeviceContext, targets: list) -> None:
 def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
     # Nodes nothing reads afterwards are fused away, or scratch (owned on CPUs): which ones is `keep`.
     live = not ctx.is_gpu or FUSION
+    walked = None
     if _native_evaluate is not None and not tracing.ENABLED:  # a graph the cache holds: all in C
         walked = _native_evaluate(ctx, targets, live)
         if walked is True:
             return
-        order, key, externals, keep = walked or _eval_key_python(targets, live)
+    _evaluate_walked(ctx, targets, live, walked)
+
+
+def _evaluate_walked(ctx: DeviceContext, targets: list, live: bool, walked: tuple | bool | None) -> None:
+    """The eval from the C walk's tuple (``runtime._native.evaluate`` left the rest to this code),
+    or walking here: the C walk (None) or the Python walk (False: the C walk declined)."""
+    if walked:
+        order, key, externals, keep = walked  # type: ignore[misc]
     else:
-        order, key, externals, keep = eval_key(targets, live)
+        order, key, externals, keep = eval_key(targets, live) if walked is None else _eval_key_python(targets, live)
     if not order:
         return
     if live:
@@ -955,3 +963,10 @@ def attach(ctx: DeviceContext, rec: Recording, order: list, table: list, value: 
         node.op = None
         node.inputs = ()
         node.params = None
+
+
+if NATIVE is not None:
+    from . import autodiff
+
+    NATIVE.setup_evaluate(Variants, graph_cache.GraphCache, vars(graph_cache), autodiff._handed_out, protect,
+                          vars(tracing), globals(), _evaluate_walked)

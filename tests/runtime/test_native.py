@@ -357,6 +357,7 @@ def test_c_submit_makes_the_python_submissions(driver: str, monkeypatch: pytest.
     outcomes = []
     c_submit, c_pick = lowering._native_submit, lowering._native_pick
     monkeypatch.setattr(lowering, "_native_evaluate", None)  # (it submits and picks without these calls)
+    monkeypatch.setattr(lowering, "_native_eval_arrays", None)
     for use_c in (True, False):
         if driver == "fake-gpu":
             fake_gpu = pytest.importorskip("drivers.fake_gpu")
@@ -422,6 +423,7 @@ def test_c_submit_gives_the_buffers_back_when_the_device_refuses(monkeypatch: py
     c_evaluate = lowering._native_evaluate
     from_c_evaluate = _refused_program(hal.create_device("local-task"))  # refused inside the C evaluate
     monkeypatch.setattr(lowering, "_native_evaluate", None)
+    monkeypatch.setattr(lowering, "_native_eval_arrays", None)
     monkeypatch.setattr(lowering, "_native_submit", _counting(lowering._native_submit, calls))
     from_c = _refused_program(hal.create_device("local-task"))
     assert calls == [False, True, "raised"]  # recorded, repeated in C, refused in C
@@ -466,7 +468,8 @@ def test_c_submit_declines_what_is_not_its_case() -> None:
 
 def _python_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every eval step in Python: the walk, pick, submit, attach, evaluate and Storage.__del__."""
-    for name in ("_native_walk", "_native_pick", "_native_submit", "_native_attach", "_native_evaluate"):
+    for name in ("_native_walk", "_native_pick", "_native_submit", "_native_attach", "_native_evaluate",
+                 "_native_eval_arrays"):
         monkeypatch.setattr(lowering, name, None)
     monkeypatch.setattr(Storage, "__del__", lowering._python_storage_del)
 
@@ -481,11 +484,16 @@ def _noting(evaluate, seen: list):
 
 
 @native
+@pytest.mark.parametrize("entry", ["evaluate", "eval_arrays"])
 @pytest.mark.parametrize("driver", ["local-task", "fake-gpu"])
-def test_c_evaluate_makes_the_python_evals(driver: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_c_evaluate_makes_the_python_evals(driver: str, entry: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The eval of a graph the cache holds, all in C (and a storage's buffer given back in C),
-    against the Python code: the same results, buffer-cache and graph-cache counters, recordings."""
+    against the Python code: the same results, buffer-cache and graph-cache counters, recordings.
+    ``evaluate``: entered from lowering._evaluate_on (noting what it did); ``eval_arrays``: from
+    rt.eval, grouping and locking in C too."""
     outcomes = []
+    if entry == "evaluate":
+        monkeypatch.setattr(lowering, "_native_eval_arrays", None)
     for use_c in (True, False):
         if driver == "fake-gpu":
             fake_gpu = pytest.importorskip("drivers.fake_gpu")
@@ -502,7 +510,7 @@ def test_c_evaluate_makes_the_python_evals(driver: str, monkeypatch: pytest.Monk
                 outcomes.append(_submit_program(device))
             finally:
                 device.close()
-        if use_c:  # first runs and busy buffers went on in Python, the repeats were made in C
+        if use_c and entry == "evaluate":  # first runs and busy buffers went on in Python, repeats in C
             assert "done" in seen and "walked" in seen
     assert outcomes[0] == outcomes[1]
 
@@ -558,3 +566,54 @@ def test_c_storage_release_gives_the_buffer_back() -> None:
     orphan.ctx = None
     del orphan
     ctx.device.close()
+
+
+@native
+def test_c_eval_arrays_takes_the_usual_call_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rt.eval's usual call (pending arrays of one context) in C; anything else is lowering.evaluate's."""
+    import threading
+
+    from hal import tracing
+
+    eval_arrays = lowering._native_eval_arrays
+    ctx = rt.device.context_for(hal.create_device("local-task"))
+    other = rt.device.context_for(hal.create_device("local-sync"))
+    a = rt.array(np.arange(6, dtype=np.float32), device=ctx)
+    b = rt.array(np.ones(6, np.float32), device=other)
+    assert eval_arrays([a + 1.0]) is False  # a list: the Python code flattens containers
+    assert eval_arrays(()) is False and eval_arrays((a,)) is False  # nothing, or computed already
+    assert eval_arrays((a + 1.0, b * 2.0)) is False  # two contexts
+    assert eval_arrays((a + 1.0, [a])) is False
+    monkeypatch.setattr(tracing, "ENABLED", True)
+    assert eval_arrays((a + 1.0,)) is False
+    monkeypatch.setattr(tracing, "ENABLED", False)
+    x, y = a + 1.0, (a * 3.0)[2:]  # a view: its root is evaluated
+    assert eval_arrays((x, y, x)) is True
+    np.testing.assert_array_equal(x.numpy(), np.arange(6) + 1.0)
+    np.testing.assert_array_equal(y.numpy(), (np.arange(6) * 3.0)[2:])
+    for _ in range(3):  # repeats: made in C from the walk to attach
+        z = rt.exp(a)
+        assert eval_arrays((z,)) is True
+    np.testing.assert_allclose(z.numpy(), np.exp(np.arange(6, dtype=np.float32)), rtol=1e-6)
+
+    def refuse(*args, **kwargs):
+        raise hal.ResourceExhaustedError("refused")
+
+    ctx.device.queue_execute = refuse
+    with pytest.raises(hal.ResourceExhaustedError):
+        eval_arrays((rt.exp(a),))
+    del ctx.device.queue_execute
+    got = []
+
+    def take_the_lock() -> None:
+        got.append(ctx.lock.acquire(timeout=5))
+        if got[-1]:
+            ctx.lock.release()
+
+    thread = threading.Thread(target=take_the_lock)
+    thread.start()
+    thread.join()
+    assert got == [True]  # the failed eval let the context's lock go
+    np.testing.assert_allclose(rt.exp(a).numpy(), np.exp(np.arange(6, dtype=np.float32)), rtol=1e-6)
+    ctx.device.close()
+    other.device.close()
