@@ -25,84 +25,22 @@
  * Python code it mirrors; `GpuDevice` binds it as its instance's `queue_execute` (see
  * hal/drivers/gpu/replay.py) and `HAL_NATIVE=0` leaves the Python method alone.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stddef.h>
-#include <structmember.h>
+#include "_replay.h"
 
 /* Submission's __slots__, in the order of its constructor's arguments and then the attributes it
    starts as None / False; the replay makes a submission by writing them directly (as __init__ does). */
 static const char *const SUBMISSION_FIELDS[] = {"queue", "command_buffers", "tables", "waits", "signals", "action",
                                                 "seq", "event", "resources", "retired"};
-enum { SUB_QUEUE, SUB_COMMAND_BUFFERS, SUB_TABLES, SUB_WAITS, SUB_SIGNALS, SUB_ACTION, SUB_SEQ, SUB_EVENT,
-       SUB_RESOURCES, SUB_RETIRED, SUBMISSION_SLOTS };
 
-/* threading.Lock's type and its acquire / release, called without a method look-up. */
-static PyTypeObject *lock_type;
-static PyObject *lock_acquire, *lock_release;
-
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    PyObject *device;
-    PyObject *fallback;          /* the class's queue_execute(device, ...) */
-    PyTypeObject *command_buffer_type;
-    PyTypeObject *semaphore_type;
-    PyObject *graph_type;        /* the graph command buffer class: launched inline when bound */
-    PyObject *submission_type;
-    PyObject *executable_state;  /* CommandBufferState.EXECUTABLE */
-    PyObject *tracing;           /* hal.tracing: ENABLED is read on every call */
-    PyObject *max_u64;
-    Py_ssize_t prune_at;         /* event_semaphore.PRUNE_AT */
-    Py_ssize_t wake_inflight;    /* completion.WAKE_INFLIGHT */
-    /* What stays the same while the device is open (the replay is removed at close): read once. */
-    PyObject *queue;             /* device.queues[0] */
-    PyObject *completion;
-    PyObject *gate_acquire, *gate_release;   /* device._gate's bound methods */
-    PyObject *queue_acquire, *queue_release; /* queue.lock's */
-    PyObject *api;               /* queue.api (its methods are looked up on every call: they may be replaced) */
-    PyObject *context;
-    PyObject *stream;
-    PyObject *events;            /* the queue's EventPool */
-    PyObject *inflight_append;   /* queue.inflight.append */
-    PyObject *inflight;
-    PyObject *sequence;          /* completion.sequence */
-    PyObject *outstanding;       /* completion.outstanding */
-    Py_ssize_t slot[SUBMISSION_SLOTS]; /* byte offsets of Submission's __slots__ */
-} Replay;
-
-/* Interned attribute names. */
-static PyObject *s_sem_lock, *s_closed, *s_queue_closed, *s_release_count, *s_device, *s_validated,
+PyTypeObject *lock_type;
+PyObject *lock_acquire, *lock_release;
+PyObject *s_sem_lock, *s_closed, *s_queue_closed, *s_release_count, *s_device, *s_validated,
     *s_validated_before, *s_state, *s_value, *s_failure, *s_lost, *s_activate, *s_acquire, *s_release, *s_issue,
     *s_uses_slots, *s_issue_lock, *s_bound_table, *s_launch_exec, *s_graph_launch, *s_free, *s_event_record,
     *s_issue_failed, *s_add_timepoint, *s_timepoints, *s_waiters, *s_issuable, *s_parked, *s_idle, *s_wake, *s_deferred,
     *s_idle_waiters, *s_notify_idle, *s_enabled, *s_queue, *s_wait, *s_signal, *s_binding_tables,
-    *s_command_buffers;
-
-/* Outcome of the checks: not the usual case (take the Python method), or an error to raise. */
-enum { NOT_USUAL = 0, USUAL = 1, FAILED = -1 };
-
-/* obj.name is `expected` (1), is not (0), or the read failed (-1, error cleared: not usual). */
-static int attr_is(PyObject *obj, PyObject *name, PyObject *expected) {
-    PyObject *value = PyObject_GetAttr(obj, name);
-    if (value == NULL) {
-        PyErr_Clear();
-        return -1;
-    }
-    int same = value == expected;
-    Py_DECREF(value);
-    return same;
-}
-
-/* a == b as Python's `==` tests it, a failing comparison counting as unequal (hal.device._same). */
-static int same(PyObject *a, PyObject *b) {
-    int equal = PyObject_RichCompareBool(a, b, Py_EQ);
-    if (equal < 0) {
-        PyErr_Clear();
-        return 0;
-    }
-    return equal;
-}
+    *s_command_buffers, *s_closed_for_good, *s_event_synchronize, *s_one_shot, *s_listeners, *s_advance, *s_finish,
+    *s_run_deferred, *s_timeout;
 
 /* The checked table of a remembered validation `entry` = (count, given, checked) made at the
    release count `count` with a table equal to `given`; NULL (no error) otherwise. Borrowed. */
@@ -179,15 +117,6 @@ static PyObject *fence_semaphore(Replay *self, PyObject *pair, PyObject **value)
     return sem;
 }
 
-/* `a op b` for ints, a failure counting as false. */
-static int compare(PyObject *a, PyObject *b, int op) {
-    int result = PyObject_RichCompareBool(a, b, op);
-    if (result < 0) {
-        PyErr_Clear();
-        return 0;
-    }
-    return result;
-}
 
 /* EventSemaphore.ordered_on: the wait (sem, value) needs nothing from work issued on `queue`. */
 static int ordered_on(PyObject *sem, PyObject *value, PyObject *queue) {
@@ -260,62 +189,11 @@ static int usual_wait(Replay *self, PyObject *wait, PyObject *queue) {
     return usual;
 }
 
-static int call_method0(PyObject *obj, PyObject *name) {
-    PyObject *result = PyObject_CallMethodNoArgs(obj, name);
-    if (result == NULL)
-        return -1;
-    Py_DECREF(result);
-    return 0;
-}
 
-static int call_method(PyObject *obj, PyObject *name, PyObject *const *args, size_t nargs) {
-    PyObject *stack[4];
-    stack[0] = obj;
-    for (size_t i = 0; i < nargs; i++)
-        stack[i + 1] = args[i];
-    PyObject *result = PyObject_VectorcallMethod(name, stack, (nargs + 1) | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-    if (result == NULL)
-        return -1;
-    Py_DECREF(result);
-    return 0;
-}
 
-/* callable() or callable(arg). */
-static int invoke(PyObject *callable, PyObject *arg) {
-    PyObject *result = PyObject_Vectorcall(callable, arg ? &arg : NULL, arg ? 1 : 0, NULL);
-    if (result == NULL)
-        return -1;
-    Py_DECREF(result);
-    return 0;
-}
 
-/* lock.acquire() / lock.release(): a threading.Lock's without a method look-up. */
-static int acquire(PyObject *lock) {
-    return Py_TYPE(lock) == lock_type ? invoke(lock_acquire, lock) : call_method0(lock, s_acquire);
-}
 
-static int unlock(PyObject *lock) {
-    return Py_TYPE(lock) == lock_type ? invoke(lock_release, lock) : call_method0(lock, s_release);
-}
 
-/* unlock(lock), or the bound release() when lock is NULL, keeping a pending exception (a release
-   that fails too replaces it): -1 when an exception is pending afterwards. */
-static int unlock_keeping(PyObject *lock, PyObject *bound_release) {
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    int status = lock != NULL ? unlock(lock) : invoke(bound_release, NULL);
-    if (type != NULL) {
-        if (status < 0) {
-            Py_XDECREF(type);
-            Py_XDECREF(value);
-            Py_XDECREF(tb);
-        } else {
-            PyErr_Restore(type, value, tb);
-        }
-        return -1;
-    }
-    return status;
-}
 
 /* The graph command buffer's issue when `table` is the one it has bound (nothing to rebind):
    1 launched (or nothing to launch), 0 not that case, -1 error. */
@@ -487,15 +365,6 @@ unlock:
     return truth;
 }
 
-/* bool(obj.name): 1, 0, or -1 with an error set. */
-static int attr_true(PyObject *obj, PyObject *name) {
-    PyObject *value = PyObject_GetAttr(obj, name);
-    if (value == NULL)
-        return -1;
-    int truth = PyObject_IsTrue(value);
-    Py_DECREF(value);
-    return truth;
-}
 
 /* Completion's wake-up after an issue, as GpuQueue.issue ends. */
 static int wake_completion(Replay *self, int listened, Py_ssize_t inflight) {
@@ -743,15 +612,18 @@ static int submission_offsets(Replay *self) {
 
 static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *keywords[] = {"device", "fallback", "command_buffer_type", "semaphore_type", "graph_type",
-                               "submission_type", "executable_state", "tracing", "prune_at", "wake_inflight", NULL};
+                               "submission_type", "executable_state", "tracing", "prune_at", "wake_inflight",
+                               "event_semaphore_type", "python_wait", "hal_error", NULL};
     PyObject *device, *fallback, *cb_type, *sem_type, *graph_type, *submission_type, *state, *tracing;
+    PyObject *event_sem_type, *python_wait, *hal_error;
     Py_ssize_t prune_at, wake_inflight;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!O!OO!OOnn", keywords, &device, &fallback, &PyType_Type, &cb_type,
-                                     &PyType_Type, &sem_type, &graph_type, &PyType_Type, &submission_type, &state,
-                                     &tracing, &prune_at, &wake_inflight))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!O!OO!OOnnO!OO!", keywords, &device, &fallback, &PyType_Type,
+                                     &cb_type, &PyType_Type, &sem_type, &graph_type, &PyType_Type, &submission_type,
+                                     &state, &tracing, &prune_at, &wake_inflight, &PyType_Type, &event_sem_type,
+                                     &python_wait, &PyType_Type, &hal_error))
         return NULL;
-    if (!PyCallable_Check(fallback)) {
-        PyErr_SetString(PyExc_TypeError, "Replay: fallback must be callable");
+    if (!PyCallable_Check(fallback) || !PyCallable_Check(python_wait)) {
+        PyErr_SetString(PyExc_TypeError, "Replay: fallback and python_wait must be callable");
         return NULL;
     }
     Replay *self = (Replay *)type->tp_alloc(type, 0);
@@ -768,6 +640,9 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     self->tracing = Py_NewRef(tracing);
     self->prune_at = prune_at;
     self->wake_inflight = wake_inflight;
+    self->event_semaphore_type = (PyTypeObject *)Py_NewRef(event_sem_type);
+    self->python_wait = Py_NewRef(python_wait);
+    self->hal_error = Py_NewRef(hal_error);
     self->max_u64 = PyLong_FromUnsignedLongLong(0xFFFFFFFFFFFFFFFFull);
     PyObject *queues = NULL, *gate = NULL, *lock = NULL;
     int failed = self->max_u64 == NULL || submission_offsets(self) < 0 || read_into(&queues, device, "queues") < 0;
@@ -783,7 +658,9 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
                  read_into(&self->inflight, self->queue, "inflight") < 0 ||
                  read_into(&self->inflight_append, self->inflight, "append") < 0 ||
                  read_into(&self->sequence, self->completion, "sequence") < 0 ||
-                 read_into(&self->outstanding, self->completion, "outstanding") < 0;
+                 read_into(&self->outstanding, self->completion, "outstanding") < 0 ||
+                 read_into(&self->retire_lock, self->queue, "retire_lock") < 0 ||
+                 read_into(&self->inflight_popleft, self->inflight, "popleft") < 0;
     }
     if (!failed && (!PyDict_CheckExact(self->outstanding) || !PyIter_Check(self->sequence))) {
         PyErr_SetString(PyExc_TypeError, "Replay: completion.outstanding must be a dict, .sequence an iterator");
@@ -803,7 +680,8 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     X(device) X(fallback) X(command_buffer_type) X(semaphore_type) X(graph_type) X(submission_type)               \
     X(executable_state) X(tracing) X(max_u64) X(queue) X(completion) X(gate_acquire) X(gate_release)               \
     X(queue_acquire) X(queue_release) X(api) X(context) X(stream) X(events) X(inflight_append) X(inflight)          \
-    X(sequence) X(outstanding)
+    X(sequence) X(outstanding) X(event_semaphore_type) X(python_wait) X(hal_error) X(retire_lock)                \
+    X(inflight_popleft)
 
 static int Replay_traverse(Replay *self, visitproc visit, void *arg) {
 #define VISIT(field) Py_VISIT(self->field);
@@ -825,19 +703,27 @@ static void Replay_dealloc(Replay *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static PyMethodDef Replay_methods[] = {
+    {"wait_on", (PyCFunction)(void (*)(void))Replay_wait_on, METH_FASTCALL | METH_KEYWORDS,
+     "wait_on(sem, value, timeout=None): sem.wait(value, timeout) of one of the device's semaphores, the "
+     "usual wait (for the latest signal, no timeout) from C; every other through python_wait."},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyTypeObject ReplayType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "hal.drivers.gpu._replay.Replay",
     .tp_basicsize = sizeof(Replay),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "Replay(device, fallback, command_buffer_type, semaphore_type, graph_type, submission_type, "
-              "executable_state, tracing, prune_at, wake_inflight): a GPU device's queue_execute for the repeat of a validated "
+              "executable_state, tracing, prune_at, wake_inflight, event_semaphore_type, python_wait, hal_error): a GPU device's queue_execute for the repeat of a validated "
               "submission; every other call goes to fallback(device, ...).",
     .tp_new = Replay_new,
     .tp_traverse = (traverseproc)Replay_traverse,
     .tp_clear = (inquiry)Replay_clear,
     .tp_dealloc = (destructor)Replay_dealloc,
     .tp_vectorcall_offset = offsetof(Replay, vectorcall),
+    .tp_methods = Replay_methods,
     .tp_call = PyVectorcall_Call,
 };
 
@@ -881,7 +767,9 @@ PyMODINIT_FUNC PyInit__replay(void) {
         {&s_issuable, "_issuable"}, {&s_parked, "_parked"}, {&s_idle, "idle"}, {&s_wake, "wake"}, {&s_deferred, "_deferred"},
         {&s_idle_waiters, "idle_waiters"}, {&s_notify_idle, "notify_idle"}, {&s_enabled, "ENABLED"},
         {&s_queue, "queue"}, {&s_wait, "wait"}, {&s_signal, "signal"}, {&s_binding_tables, "binding_tables"},
-        {&s_command_buffers, "command_buffers"},
+        {&s_command_buffers, "command_buffers"}, {&s_closed_for_good, "closed_for_good"},
+        {&s_event_synchronize, "event_synchronize"}, {&s_one_shot, "one_shot"}, {&s_listeners, "_listeners"},
+        {&s_advance, "advance"}, {&s_finish, "finish"}, {&s_run_deferred, "_run_deferred"}, {&s_timeout, "timeout"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (intern(names[i].slot, names[i].name) < 0)

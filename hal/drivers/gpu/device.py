@@ -39,6 +39,7 @@ from hal.drivers.gpu.executable_cache import ExecutableCache
 from hal.drivers.gpu.graph_command_buffer import INDIRECT_AFTER_REBINDS, JOIN_KINDS, GraphCommandBuffer
 from hal.drivers.gpu.pending_queue import PendingQueue
 from hal.drivers.gpu.queue import GpuQueue
+from hal.drivers.gpu.replay import bind_wait as bind_replay_wait
 from hal.drivers.gpu.replay import install as install_replay
 from hal.drivers.gpu.replay import uninstall as uninstall_replay
 from hal.drivers.gpu.staging import StagingPool
@@ -138,7 +139,10 @@ class GpuDevice(Device):
 
     # -- objects -------------------------------------------------------------------------
     def _create_semaphore(self, initial_value: int) -> Semaphore:
-        return EventSemaphore(self, initial_value)
+        sem = EventSemaphore(self, initial_value)
+        if self.native_replay:
+            bind_replay_wait(self, sem)
+        return sem
 
     def _create_command_buffer(self, mode: CommandBufferMode, binding_capacity: int) -> CommandBuffer:
         kind = self.command_buffer_mode

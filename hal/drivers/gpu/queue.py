@@ -177,7 +177,11 @@ class GpuQueue:
         try:
             api.activate(device.context)
             if deadline is None:
-                api.event_synchronize(sub.event)
+                try:
+                    api.event_synchronize(sub.event)
+                except HalError:  # a fault, or the call failing on its own: the event's queries tell
+                    if not poll_event(api, sub.event, deadline):
+                        return
             elif not poll_event(api, sub.event, deadline):
                 return
         except HalError:

@@ -19,6 +19,7 @@ A device whose class overrides a step the C code makes (its own ``queue_execute`
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 from hal import tracing
@@ -29,6 +30,7 @@ from hal.drivers.gpu import completion, event_semaphore
 from hal.drivers.gpu.graph_command_buffer import GraphCommandBuffer
 from hal.drivers.gpu.queue import GpuQueue
 from hal.drivers.gpu.submission import Submission
+from hal.errors import HalError
 from hal.semaphore import Semaphore
 
 if TYPE_CHECKING:
@@ -50,13 +52,23 @@ def install(device: GpuDevice) -> bool:
 
         return _replay.Replay(device, Device.queue_execute, CommandBuffer, Semaphore, GraphCommandBuffer, Submission,
                               CommandBufferState.EXECUTABLE, tracing, event_semaphore.PRUNE_AT,
-                              completion.WAKE_INFLIGHT)
+                              completion.WAKE_INFLIGHT, event_semaphore.EventSemaphore, Semaphore.wait, HalError)
 
     replay = native_calls.optional("the native replay", make)
     if replay is None:
         return False
     device.queue_execute = replay  # type: ignore[method-assign]
     return True
+
+
+def bind_wait(device: GpuDevice, sem: Semaphore) -> None:
+    """Make the usual host wait on ``sem`` from C (``_replay_wait.c``) where the replay serves:
+    ``sem.wait`` becomes the replay's ``wait_on`` with the semaphore bound, an instance attribute
+    in front of the class's method (which every other wait still takes)."""
+    replay = vars(device).get("queue_execute")
+    cls = type(sem)
+    if replay is not None and cls.wait is Semaphore.wait and cls._wait is event_semaphore.EventSemaphore._wait:
+        sem.wait = partial(replay.wait_on, sem)  # type: ignore[method-assign]
 
 
 def uninstall(device: GpuDevice) -> None:
