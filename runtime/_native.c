@@ -865,8 +865,8 @@ enum { C_DEVICE, C_SEMAPHORE, C_SUBMITTED, C_COMPLETED, C_FLUSHED, C_QUEUED, C_I
 static const char *ctx_slot_names[N_CTX_SLOTS] = {"device", "semaphore", "submitted", "completed", "flushed",
                                                   "queued", "in_flight", "buffers", "graphs", "retired_programs",
                                                   "lock", "is_gpu"};
-enum { B_FREE, B_FREE_BYTES, B_LIMIT_BYTES, B_HITS, N_CACHE_SLOTS };
-static const char *cache_slot_names[N_CACHE_SLOTS] = {"_free", "free_bytes", "limit_bytes", "hits"};
+enum { B_FREE, B_FREE_BYTES, B_LIMIT_BYTES, B_HITS, B_COMPLETED, N_CACHE_SLOTS };
+static const char *cache_slot_names[N_CACHE_SLOTS] = {"_free", "free_bytes", "limit_bytes", "hits", "completed"};
 static Py_ssize_t rec_offset[N_REC_SLOTS], context_offset[N_CTX_SLOTS], cache_offset[N_CACHE_SLOTS];
 static PyTypeObject *recording_type = NULL, *context_type = NULL, *cache_type = NULL;
 static Py_ssize_t max_in_flight = 0;
@@ -1637,6 +1637,118 @@ static PyObject *storage_del_method(PyObject *self, PyObject *python_del) {
     return PyDescr_NewMethod(storage_type, &storage_del_def);
 }
 
+/* ---- Waiting for the context's timeline (DeviceContext.wait) ------------------------------- */
+
+/* DeviceContext.wait in C: the semaphore's wait (a C wait itself on GPUs) and the bookkeeping
+   after it, with no Python frame. A value not an int, or a context of another type, calls the
+   Python method; so does nothing else: a failed wait recovers as the Python method does. */
+static PyObject *python_context_wait = NULL, *aborted_error = NULL;
+static PyObject *flush_name = NULL, *wait_name = NULL, *recover_name = NULL, *clear_name = NULL;
+
+/* An int slot set to `value` when below it. */
+static int raise_slot(PyObject *o, Py_ssize_t offset, PyObject *value) {
+    PyObject *now = slot_of(o, offset);
+    int below = now == NULL ? 1 : PyObject_RichCompareBool(now, value, Py_LT);
+    if (below > 0)
+        set_slot(o, offset, value);
+    return below < 0 ? -1 : 0;
+}
+
+static PyObject *context_wait(PyObject *ctx, PyObject *value) {
+    if (Py_TYPE(ctx) != context_type || !PyLong_CheckExact(value))
+        return PyObject_CallFunctionObjArgs(python_context_wait, ctx, value, NULL);
+    PyObject *completed = slot_of(ctx, context_offset[C_COMPLETED]), *flushed = slot_of(ctx, context_offset[C_FLUSHED]);
+    if (completed == NULL || flushed == NULL)
+        return PyObject_CallFunctionObjArgs(python_context_wait, ctx, value, NULL);
+    int ahead = PyObject_RichCompareBool(value, completed, Py_GT);
+    if (ahead <= 0)
+        return ahead < 0 ? NULL : Py_NewRef(Py_None);
+    int unflushed = PyObject_RichCompareBool(value, flushed, Py_GT);
+    if (unflushed < 0)
+        return NULL;
+    if (unflushed) {
+        PyObject *r = PyObject_CallMethodNoArgs(ctx, flush_name);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+    }
+    PyObject *sem = Py_NewRef(slot_of(ctx, context_offset[C_SEMAPHORE]));
+    PyObject *r = PyObject_CallMethodOneArg(sem, wait_name, value);
+    Py_DECREF(sem);
+    if (r == NULL) {
+        if (!PyErr_ExceptionMatches(aborted_error))
+            return NULL;
+        PyObject *type, *exc, *tb; /* the timeline failed: recover, and the error travels on */
+        PyErr_Fetch(&type, &exc, &tb);
+        PyErr_NormalizeException(&type, &exc, &tb);
+        if (tb != NULL)
+            PyException_SetTraceback(exc, tb);
+        PyObject *recovered = PyObject_CallMethodOneArg(ctx, recover_name, exc);
+        if (recovered == NULL) {
+            Py_XDECREF(type);
+            Py_XDECREF(exc);
+            Py_XDECREF(tb);
+            return NULL;
+        }
+        Py_DECREF(recovered);
+        PyErr_Restore(type, exc, tb);
+        return NULL;
+    }
+    Py_DECREF(r);
+    completed = slot_of(ctx, context_offset[C_COMPLETED]);
+    ahead = completed ? PyObject_RichCompareBool(value, completed, Py_GT) : 1;
+    if (ahead < 0)
+        return NULL;
+    if (ahead) {
+        set_slot(ctx, context_offset[C_COMPLETED], value);
+        PyObject *buffers = slot_of(ctx, context_offset[C_BUFFERS]), *in_flight = slot_of(ctx, context_offset[C_IN_FLIGHT]);
+        if (buffers != NULL && Py_TYPE(buffers) == cache_type && raise_slot(buffers, cache_offset[B_COMPLETED], value) < 0)
+            return NULL;
+        Py_ssize_t flying = in_flight != NULL ? PyObject_Size(in_flight) : 0; /* a deque */
+        if (flying < 0)
+            return NULL;
+        if (flying > 0) { /* a synced loop: nothing is in flight any more */
+            PyObject *latest = PySequence_GetItem(in_flight, flying - 1);
+            int passed = latest ? PyObject_RichCompareBool(latest, value, Py_LE) : -1;
+            Py_XDECREF(latest);
+            if (passed < 0)
+                return NULL;
+            if (passed) {
+                PyObject *cleared = PyObject_CallMethodNoArgs(in_flight, clear_name);
+                if (cleared == NULL)
+                    return NULL;
+                Py_DECREF(cleared);
+            }
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef context_wait_def = {"wait", context_wait, METH_O,
+                                       "Wait until the current timeline reaches `value` (AbortedError if its work failed)."};
+
+/* context_wait_method(python_wait, AbortedError) -> a method descriptor of DeviceContext: its wait in C. */
+static PyObject *context_wait_method(PyObject *self, PyObject *args) {
+    PyObject *python_wait, *aborted;
+    if (!PyArg_ParseTuple(args, "OO!:context_wait_method", &python_wait, &PyType_Type, &aborted))
+        return NULL;
+    if (context_type == NULL || cache_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "runtime._native.setup_submit comes first");
+        return NULL;
+    }
+    if (flush_name == NULL) {
+        flush_name = PyUnicode_InternFromString("flush");
+        wait_name = PyUnicode_InternFromString("wait");
+        recover_name = PyUnicode_InternFromString("recover");
+        clear_name = PyUnicode_InternFromString("clear");
+        if (flush_name == NULL || wait_name == NULL || recover_name == NULL || clear_name == NULL)
+            return NULL;
+    }
+    Py_XSETREF(python_context_wait, Py_NewRef(python_wait));
+    Py_XSETREF(aborted_error, Py_NewRef(aborted));
+    return PyDescr_NewMethod(context_type, &context_wait_def);
+}
+
 /* ---- DLPack: the destructor of the capsules runtime.interop hands out --------------------- */
 
 static PyObject *dlpack_alive = NULL; /* interop._alive: a tensor's address -> what it points into */
@@ -1701,6 +1813,8 @@ static PyMethodDef methods[] = {
      "eval_arrays(arrays) -> True (rt.eval of pending arrays of one context, made) or False: lowering.evaluate."},
     {"evaluate", (PyCFunction)(void (*)(void))evaluate, METH_FASTCALL,
      "evaluate(ctx, targets, live) -> True (done), False or the walk's tuple: the Python code goes on."},
+    {"context_wait_method", context_wait_method, METH_VARARGS,
+     "context_wait_method(python_wait, AbortedError) -> DeviceContext.wait in C."},
     {"storage_del_method", storage_del_method, METH_O,
      "storage_del_method(python_del) -> Storage.__del__ in C (python_del: for unusual fields)."},
     {"walk", walk, METH_VARARGS, "walk(targets, live) -> (order, key, externals, keep) or None."},

@@ -507,13 +507,16 @@ def _eval_key_python(targets: list, live: bool) -> tuple:
 
 _native_walk = NATIVE.walk if NATIVE is not None else None
 _python_storage_del = Storage.__del__
+_python_context_wait = DeviceContext.wait
 _native_submit = _native_pick = _native_evaluate = _native_eval_arrays = None
 if NATIVE is not None:
     NATIVE.setup_submit(Recording, DeviceContext, BufferCache, MAX_IN_FLIGHT)
     _native_submit, _native_pick, _native_evaluate = NATIVE.submit, NATIVE.pick, NATIVE.evaluate
     _native_eval_arrays = NATIVE.eval_arrays
-    # A dying array hands its buffer back from C (~50 bytecodes a storage in Python).
+    # A dying array hands its buffer back from C (~50 bytecodes a storage in Python), and a wait for
+    # the timeline does its bookkeeping there (~40 bytecodes after the wait returns).
     Storage.__del__ = NATIVE.storage_del_method(_python_storage_del)  # type: ignore[method-assign]
+    DeviceContext.wait = NATIVE.context_wait_method(_python_context_wait, hal.AbortedError)  # type: ignore
 _native_attach = NATIVE.attach if NATIVE is not None else None
 
 

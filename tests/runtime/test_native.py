@@ -472,6 +472,7 @@ def _python_only(monkeypatch: pytest.MonkeyPatch) -> None:
                  "_native_eval_arrays"):
         monkeypatch.setattr(lowering, name, None)
     monkeypatch.setattr(Storage, "__del__", lowering._python_storage_del)
+    monkeypatch.setattr(rt.device.DeviceContext, "wait", lowering._python_context_wait)
 
 
 def _noting(evaluate, seen: list):
@@ -617,3 +618,40 @@ def test_c_eval_arrays_takes_the_usual_call_only(monkeypatch: pytest.MonkeyPatch
     np.testing.assert_allclose(rt.exp(a).numpy(), np.exp(np.arange(6, dtype=np.float32)), rtol=1e-6)
     ctx.device.close()
     other.device.close()
+
+
+def _failing_program(device) -> tuple:
+    """Waits on a context whose work fails (a kernel raising): what each wait raised, the
+    context's timeline after its recovery, and a value computed afterwards."""
+    ctx = rt.device.context_for(device)
+    a = rt.array(np.arange(4, dtype=np.float32), device=ctx)
+    x = a + 1.0
+    rt.eval(x)
+    ctx.wait(np.int64(x.root.storage.ready))  # a numpy value: the Python method
+    ctx.wait(x.root.storage.ready)  # reached: nothing to do
+    results = [x.numpy().tolist()]
+
+    def refuse(*args, **kwargs):
+        raise hal.ResourceExhaustedError("refused")
+
+    y = a * 2.0
+    rt.eval(y)
+    value = y.root.storage.ready
+    old = ctx.semaphore
+    old.fail(hal.HalError(13, "the work failed"))  # as a failed kernel fails the timeline
+    with pytest.raises(hal.AbortedError) as info:
+        ctx.wait(value)
+    results.append((type(info.value), ctx.semaphore is not old, ctx.completed == ctx.submitted, old in ctx.failed))
+    results.append((a - 1.0).numpy().tolist())
+    device.close()
+    return results
+
+
+@native
+def test_c_context_wait_waits_and_recovers_as_the_python_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from_c = _failing_program(hal.create_device("local-task"))
+    with monkeypatch.context() as patch:
+        _python_only(patch)
+        from_python = _failing_program(hal.create_device("local-task"))
+    assert from_c == from_python
+    assert from_c[1] == (hal.AbortedError, True, True, True)
