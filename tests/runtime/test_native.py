@@ -630,10 +630,6 @@ def _failing_program(device) -> tuple:
     ctx.wait(np.int64(x.root.storage.ready))  # a numpy value: the Python method
     ctx.wait(x.root.storage.ready)  # reached: nothing to do
     results = [x.numpy().tolist()]
-
-    def refuse(*args, **kwargs):
-        raise hal.ResourceExhaustedError("refused")
-
     y = a * 2.0
     rt.eval(y)
     value = y.root.storage.ready
