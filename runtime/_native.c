@@ -2,7 +2,9 @@
  * runtime._native: the runtime's per-eval and per-op Python in C, where it was measured to matter:
  * the eager graph key walk (lowering.collect_key and live_mask), the node constructors
  * (array.new_node / new_view), the usual cases of unary and binary ops (ops._unary, ops._binary)
- * and handing an eval's results their storage (lowering.attach); and the destructor of DLPack
+ * and handing an eval's results their storage (lowering.attach); the usual choice and submission
+ * of a recording (Variants.pick, lowering.submit) and the whole eval of a graph the cache holds
+ * (evaluate, eval_arrays); Storage.__del__ and DeviceContext.wait; and the destructor of DLPack
  * capsules (interop), which a consumer may run with its error pending.
  *
  * Every eval walks the pending graph behind its targets to number its nodes, describe it as a

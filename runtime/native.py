@@ -4,8 +4,10 @@ It holds the Python each op and each eval runs, in C: the eager graph key walk
 (``lowering.collect_key`` with ``live_mask``), the node constructors (``array.new_node`` /
 ``new_view``), the usual cases of binary and unary ops (``ops._binary`` / ``_unary``), the usual
 choice and submission of a recording that ran before (``Variants.pick``, ``lowering.submit``, set
-up there with ``setup_submit``), ``lowering.attach``, and the destructor of DLPack capsules
-(``interop``). It is built at install where a C compiler is (``setup.py``); the Python code serves
+up there with ``setup_submit``), ``lowering.attach``, an eval the graph cache holds from the call to
+its results' storages (``evaluate``, ``eval_arrays``, set up with ``setup_evaluate``),
+``Storage.__del__`` and ``DeviceContext.wait`` (method descriptors set over the Python methods by
+``lowering``), and the destructor of DLPack capsules (``interop``). It is built at install where a C compiler is (``setup.py``); the Python code serves
 otherwise and with ``HAL_NATIVE=0``, and ``HAL_NATIVE=1`` makes a missing one an error.
 """
 

@@ -21,6 +21,7 @@ from hal.drivers.gpu import event_semaphore, replay
 from hal.drivers.gpu.device import GpuDevice
 from hal.drivers.gpu.status import DeviceLostError
 
+from .conftest import replay_device as device
 from .test_gpu_generic import boom, kernels, words, zeroed
 
 pytest.importorskip("hal.drivers.gpu._replay", reason="the C replay is not built here (no C compiler at install)")
@@ -30,9 +31,9 @@ if native_calls.mode() == "off":
 MODES = ["graph", "stream"]
 
 
-def python_calls(fn) -> int:
-    """How many times ``fn`` entered the Python ``Device.queue_execute`` on this thread."""
-    code = Device.queue_execute.__code__
+def python_calls(fn, function=Device.queue_execute) -> int:
+    """How many times ``fn`` entered the Python ``function`` (``Device.queue_execute``) on this thread."""
+    code = function.__code__
     count = 0
 
     def profile(frame, event, arg):
@@ -46,16 +47,6 @@ def python_calls(fn) -> int:
     finally:
         sys.setprofile(None)
     return count
-
-
-@pytest.fixture
-def pair(fake_driver, monkeypatch):
-    """(device with the C replay, device without it), in graph mode."""
-    native = device(fake_driver, monkeypatch, True, command_buffer="graph")
-    python = device(fake_driver, monkeypatch, False, command_buffer="graph")
-    yield native, python
-    native.close()
-    python.close()
 
 
 def counting_cb(dev, exe):
@@ -99,18 +90,6 @@ def test_a_device_class_that_changes_a_step_keeps_the_python_path(fake_driver):
         dev.__class__ = Changed
         assert not replay.install(dev)
         dev.__class__ = GpuDevice
-
-
-def device(fake_driver, monkeypatch, native: bool, **options):
-    """A simulated-GPU device with the C replay, or without it (``HAL_NATIVE=0``)."""
-    with monkeypatch.context() as env:
-        if native:
-            env.delenv("HAL_NATIVE", raising=False)
-        else:
-            env.setenv("HAL_NATIVE", "0")
-        dev = fake_driver.create_device(**options)
-    assert dev.native_replay is native
-    return dev
 
 
 def run_sequence(dev, order: list[int]) -> tuple[list[int], int, int]:
@@ -339,13 +318,19 @@ def test_threads_racing_on_one_device(fake_driver, mode):
         assert [words(dev, b)[0] for b in bufs] == [2 * rounds] * threads
 
 
+def faulting(dev):
+    """(a buffer, a reusable command buffer whose kernel raises: a sticky fault that loses the device)."""
+    exe = dev.load_executable(hal.ExecutableSpec("numpy", {"boom": boom}, [hal.Export("boom", bindings=1)]))
+    (buf,) = zeroed(dev, 1)
+    cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=1)
+    with cb.record():
+        cb.dispatch(exe, "boom", 1, [], [hal.Slot(0)])
+    return buf, cb
+
+
 def test_a_lost_device_fails_the_repeat(fake_driver):
     with fake_driver.create_device(command_buffer="graph") as dev:
-        exe = dev.load_executable(hal.ExecutableSpec("numpy", {"boom": boom}, [hal.Export("boom", bindings=1)]))
-        (buf,) = zeroed(dev, 1)
-        cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=1)
-        with cb.record():
-            cb.dispatch(exe, "boom", 1, [], [hal.Slot(0)])
+        buf, cb = faulting(dev)
         sem = dev.create_semaphore(0)
         dev.queue_execute([cb], signal=[(sem, 1)], binding_tables=[[buf]])
         with pytest.raises(hal.HalError):

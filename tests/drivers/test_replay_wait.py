@@ -7,7 +7,6 @@ show which path a wait took.
 
 from __future__ import annotations
 
-import sys
 import threading
 from functools import partial
 
@@ -17,40 +16,17 @@ import pytest
 import hal
 from hal.semaphore import Semaphore
 
-from .test_gpu_generic import boom, kernels, words, zeroed
-from .test_replay import counting_cb, device, outcome, raising_once, validated
+from .conftest import replay_device as device
+from .test_gpu_generic import kernels, words, zeroed
+from .test_replay import counting_cb, faulting, outcome, python_calls, raising_once, validated
 
 pytest.importorskip("hal.drivers.gpu._replay", reason="the C replay is not built here (no C compiler at install)")
 
 MODES = ["graph", "stream"]
 
 
-def python_waits(fn) -> int:
-    """How many times ``fn`` entered the Python ``Semaphore.wait`` on this thread."""
-    code = Semaphore.wait.__code__
-    count = 0
-
-    def profile(frame, event, arg):
-        nonlocal count
-        if event == "call" and frame.f_code is code:
-            count += 1
-
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return count
-
-
-@pytest.fixture
-def pair(fake_driver, monkeypatch):
-    """(device with the C code, device without it), in graph mode."""
-    native = device(fake_driver, monkeypatch, True, command_buffer="graph")
-    python = device(fake_driver, monkeypatch, False, command_buffer="graph")
-    yield native, python
-    native.close()
-    python.close()
+#: How many times a call entered the Python ``Semaphore.wait`` on this thread.
+python_waits = partial(python_calls, function=Semaphore.wait)
 
 
 def test_semaphores_get_the_c_wait_where_the_replay_serves(pair):
@@ -147,11 +123,7 @@ def test_failed_work_lost_devices_and_closed_devices_wait_alike(fake_driver, mon
         vendor = next(name for name, c in VENDORS.items() if c is fake_driver.api.conventions)
         driver = FakeGpuDriver(vendor)  # the fault is sticky: a driver of its own each
         dev = device(driver, monkeypatch, native, command_buffer="graph")
-        exe = dev.load_executable(hal.ExecutableSpec("numpy", {"boom": boom}, [hal.Export("boom", bindings=1)]))
-        (buf,) = zeroed(dev, 1)
-        cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=1)
-        with cb.record():
-            cb.dispatch(exe, "boom", 1, [], [hal.Slot(0)])
+        buf, cb = faulting(dev)
         sem = dev.create_semaphore(0)
         dev.queue_execute([cb], signal=[(sem, 1)], binding_tables=[[buf]])
         failed = outcome(partial(sem.wait, 1))

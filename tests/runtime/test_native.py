@@ -359,11 +359,7 @@ def test_c_submit_makes_the_python_submissions(driver: str, monkeypatch: pytest.
     monkeypatch.setattr(lowering, "_native_evaluate", None)  # (it submits and picks without these calls)
     monkeypatch.setattr(lowering, "_native_eval_arrays", None)
     for use_c in (True, False):
-        if driver == "fake-gpu":
-            fake_gpu = pytest.importorskip("drivers.fake_gpu")
-            device = fake_gpu.FakeGpuDriver().create_device(command_buffer="graph")
-        else:
-            device = hal.create_device(driver)
+        device = _device_for(driver)
         calls, picks = [], []
         if use_c:
             monkeypatch.setattr(lowering, "_native_submit", _counting(c_submit, calls))
@@ -379,6 +375,14 @@ def test_c_submit_makes_the_python_submissions(driver: str, monkeypatch: pytest.
             assert any(calls) and not all(calls)  # the C code made the repeats, Python the first runs
             assert any(picks) and not all(picks)  # and picked the usual recordings, Python the rest
     assert outcomes[0] == outcomes[1]
+
+
+def _device_for(driver: str):
+    """A fresh device of `driver`: a CPU driver's, or ``fake-gpu``, the simulated GPU in graph mode."""
+    if driver == "fake-gpu":
+        fake_gpu = pytest.importorskip("drivers.fake_gpu")
+        return fake_gpu.FakeGpuDriver().create_device(command_buffer="graph")
+    return hal.create_device(driver)
 
 
 def _counting(fn, calls: list):
@@ -496,11 +500,7 @@ def test_c_evaluate_makes_the_python_evals(driver: str, entry: str, monkeypatch:
     if entry == "evaluate":
         monkeypatch.setattr(lowering, "_native_eval_arrays", None)
     for use_c in (True, False):
-        if driver == "fake-gpu":
-            fake_gpu = pytest.importorskip("drivers.fake_gpu")
-            device = fake_gpu.FakeGpuDriver().create_device(command_buffer="graph")
-        else:
-            device = hal.create_device(driver)
+        device = _device_for(driver)
         seen: list = []
         with monkeypatch.context() as patch:
             if use_c:
