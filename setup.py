@@ -18,7 +18,8 @@ setup(
     package_dir={"hal_cts": "tests/cts"},
     package_data={"hal": ["py.typed"], "runtime": ["py.typed"], "hal_cts": ["README.md"]},
     ext_modules=[Extension("hal.drivers._native", ["hal/drivers/_native.c"], optional=True),
-                 Extension("hal.drivers.gpu._replay", ["hal/drivers/gpu/_replay.c", "hal/drivers/gpu/_replay_wait.c"],
+                 Extension("hal.drivers.gpu._replay", ["hal/drivers/gpu/_replay.c", "hal/drivers/gpu/_replay_wait.c",
+                                                      "hal/drivers/gpu/_replay_record.c"],
                            depends=["hal/drivers/gpu/_replay.h"], optional=True),
                  Extension("runtime._native", ["runtime/_native.c"], optional=True)],
 )

@@ -40,7 +40,9 @@ PyObject *s_sem_lock, *s_closed, *s_queue_closed, *s_release_count, *s_device, *
     *s_issue_failed, *s_add_timepoint, *s_timepoints, *s_waiters, *s_issuable, *s_parked, *s_idle, *s_wake, *s_deferred,
     *s_idle_waiters, *s_notify_idle, *s_enabled, *s_queue, *s_wait, *s_signal, *s_binding_tables,
     *s_command_buffers, *s_closed_for_good, *s_event_synchronize, *s_one_shot, *s_listeners, *s_advance, *s_finish,
-    *s_run_deferred, *s_timeout;
+    *s_run_deferred, *s_timeout, *s_checked_workgroups, *s_whole_refs_at, *s_whole_refs, *s_buffer, *s_allocation,
+    *s_ptr, *s_offset, *s_last_export, *s_constants, *s_bindings, *s_args, *s_pending, *s_level, *s_functions,
+    *s_workgroup_size;
 
 /* The checked table of a remembered validation `entry` = (count, given, checked) made at the
    release count `count` with a table equal to `given`; NULL (no error) otherwise. Borrowed. */
@@ -610,20 +612,42 @@ static int submission_offsets(Replay *self) {
     return 0;
 }
 
+/* The byte offsets of Dispatch's __slots__, in the order of its constructor's arguments. */
+static int dispatch_offsets(Replay *self) {
+    static const char *const names[DISPATCH_SLOTS] = {"function", "grid", "block", "arg_start", "arg_count"};
+    for (int i = 0; i < DISPATCH_SLOTS; i++) {
+        PyObject *descr = PyObject_GetAttrString((PyObject *)self->dispatch_type, names[i]);
+        if (descr == NULL)
+            return -1;
+        int usable = Py_TYPE(descr) == &PyMemberDescr_Type &&
+                     ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+        if (usable)
+            self->dispatch_slot[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
+        Py_DECREF(descr);
+        if (!usable) {
+            PyErr_Format(PyExc_TypeError, "Replay: Dispatch.%s is not a __slots__ member", names[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *keywords[] = {"device", "fallback", "command_buffer_type", "semaphore_type", "graph_type",
                                "submission_type", "executable_state", "tracing", "prune_at", "wake_inflight",
-                               "event_semaphore_type", "python_wait", "hal_error", NULL};
+                               "event_semaphore_type", "python_wait", "hal_error", "python_dispatch", "dispatch_type",
+                               "buffer_type", "recording_state", NULL};
     PyObject *device, *fallback, *cb_type, *sem_type, *graph_type, *submission_type, *state, *tracing;
-    PyObject *event_sem_type, *python_wait, *hal_error;
+    PyObject *event_sem_type, *python_wait, *hal_error, *python_dispatch, *dispatch_type, *buffer_type, *recording;
     Py_ssize_t prune_at, wake_inflight;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!O!OO!OOnnO!OO!", keywords, &device, &fallback, &PyType_Type,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!O!OO!OOnnO!OO!OO!O!O", keywords, &device, &fallback, &PyType_Type,
                                      &cb_type, &PyType_Type, &sem_type, &graph_type, &PyType_Type, &submission_type,
                                      &state, &tracing, &prune_at, &wake_inflight, &PyType_Type, &event_sem_type,
-                                     &python_wait, &PyType_Type, &hal_error))
+                                     &python_wait, &PyType_Type, &hal_error, &python_dispatch, &PyType_Type,
+                                     &dispatch_type, &PyType_Type, &buffer_type, &recording))
         return NULL;
-    if (!PyCallable_Check(fallback) || !PyCallable_Check(python_wait)) {
-        PyErr_SetString(PyExc_TypeError, "Replay: fallback and python_wait must be callable");
+    if (!PyCallable_Check(fallback) || !PyCallable_Check(python_wait) || !PyCallable_Check(python_dispatch)) {
+        PyErr_SetString(PyExc_TypeError, "Replay: fallback, python_wait and python_dispatch must be callable");
         return NULL;
     }
     Replay *self = (Replay *)type->tp_alloc(type, 0);
@@ -643,9 +667,14 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     self->event_semaphore_type = (PyTypeObject *)Py_NewRef(event_sem_type);
     self->python_wait = Py_NewRef(python_wait);
     self->hal_error = Py_NewRef(hal_error);
+    self->python_dispatch = Py_NewRef(python_dispatch);
+    self->dispatch_type = (PyTypeObject *)Py_NewRef(dispatch_type);
+    self->buffer_type = (PyTypeObject *)Py_NewRef(buffer_type);
+    self->recording_state = Py_NewRef(recording);
     self->max_u64 = PyLong_FromUnsignedLongLong(0xFFFFFFFFFFFFFFFFull);
     PyObject *queues = NULL, *gate = NULL, *lock = NULL;
-    int failed = self->max_u64 == NULL || submission_offsets(self) < 0 || read_into(&queues, device, "queues") < 0;
+    int failed = self->max_u64 == NULL || submission_offsets(self) < 0 || dispatch_offsets(self) < 0 ||
+                 read_into(&queues, device, "queues") < 0;
     if (!failed) {
         self->queue = PySequence_GetItem(queues, 0);
         failed = self->queue == NULL || read_into(&self->completion, device, "completion") < 0 ||
@@ -681,7 +710,7 @@ static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) 
     X(executable_state) X(tracing) X(max_u64) X(queue) X(completion) X(gate_acquire) X(gate_release)               \
     X(queue_acquire) X(queue_release) X(api) X(context) X(stream) X(events) X(inflight_append) X(inflight)          \
     X(sequence) X(outstanding) X(event_semaphore_type) X(python_wait) X(hal_error) X(retire_lock)                \
-    X(inflight_popleft)
+    X(inflight_popleft) X(python_dispatch) X(dispatch_type) X(buffer_type) X(recording_state)
 
 static int Replay_traverse(Replay *self, visitproc visit, void *arg) {
 #define VISIT(field) Py_VISIT(self->field);
@@ -707,6 +736,9 @@ static PyMethodDef Replay_methods[] = {
     {"wait_on", (PyCFunction)(void (*)(void))Replay_wait_on, METH_FASTCALL | METH_KEYWORDS,
      "wait_on(sem, value, timeout=None): sem.wait(value, timeout) of one of the device's semaphores, the "
      "usual wait (for the latest signal, no timeout) from C; every other through python_wait."},
+    {"record_dispatch", (PyCFunction)(void (*)(void))Replay_record_dispatch, METH_FASTCALL | METH_KEYWORDS,
+     "record_dispatch(cb, executable, entry_point, workgroups, constants, bindings): cb.dispatch(...) of one of the "
+     "device's command buffers, a dispatch like the last one recorded from C; every other through python_dispatch."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -716,7 +748,8 @@ static PyTypeObject ReplayType = {
     .tp_basicsize = sizeof(Replay),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "Replay(device, fallback, command_buffer_type, semaphore_type, graph_type, submission_type, "
-              "executable_state, tracing, prune_at, wake_inflight, event_semaphore_type, python_wait, hal_error): a GPU device's queue_execute for the repeat of a validated "
+              "executable_state, tracing, prune_at, wake_inflight, event_semaphore_type, python_wait, hal_error, "
+              "python_dispatch, dispatch_type, buffer_type, recording_state): a GPU device's queue_execute for the repeat of a validated "
               "submission; every other call goes to fallback(device, ...).",
     .tp_new = Replay_new,
     .tp_traverse = (traverseproc)Replay_traverse,
@@ -770,6 +803,11 @@ PyMODINIT_FUNC PyInit__replay(void) {
         {&s_command_buffers, "command_buffers"}, {&s_closed_for_good, "closed_for_good"},
         {&s_event_synchronize, "event_synchronize"}, {&s_one_shot, "one_shot"}, {&s_listeners, "_listeners"},
         {&s_advance, "advance"}, {&s_finish, "finish"}, {&s_run_deferred, "_run_deferred"}, {&s_timeout, "timeout"},
+        {&s_checked_workgroups, "_checked_workgroups"}, {&s_whole_refs_at, "_whole_refs_at"},
+        {&s_whole_refs, "_whole_refs"}, {&s_buffer, "buffer"}, {&s_allocation, "allocation"}, {&s_ptr, "ptr"},
+        {&s_offset, "offset"}, {&s_last_export, "_last_export"}, {&s_constants, "constants"},
+        {&s_bindings, "bindings"}, {&s_args, "args"}, {&s_pending, "_pending"}, {&s_level, "_level"},
+        {&s_functions, "functions"}, {&s_workgroup_size, "workgroup_size"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (intern(names[i].slot, names[i].name) < 0)

@@ -1,7 +1,8 @@
 /*
  * What the C files of hal.drivers.gpu._replay share: the Replay object, the interned attribute
  * names, and small helpers that read attributes, compare, call and take locks as the Python code
- * does (see _replay.c for the submission, _replay_wait.c for the host wait).
+ * does (see _replay.c for the submission, _replay_wait.c for the host wait, _replay_record.c for a
+ * dispatch's recording).
  */
 #ifndef HAL_GPU_REPLAY_H
 #define HAL_GPU_REPLAY_H
@@ -9,6 +10,8 @@
 #include <Python.h>
 #include <stddef.h>
 #include <structmember.h>
+
+enum { DISPATCH_FUNCTION, DISPATCH_GRID, DISPATCH_BLOCK, DISPATCH_ARG_START, DISPATCH_ARG_COUNT, DISPATCH_SLOTS };
 
 enum { SUB_QUEUE, SUB_COMMAND_BUFFERS, SUB_TABLES, SUB_WAITS, SUB_SIGNALS, SUB_ACTION, SUB_SEQ, SUB_EVENT,
        SUB_RESOURCES, SUB_RETIRED, SUBMISSION_SLOTS };
@@ -50,6 +53,12 @@ typedef struct {
     PyObject *hal_error;         /* hal.HalError: a driver call failing so goes to the Python wait */
     PyObject *retire_lock;       /* queue.retire_lock */
     PyObject *inflight_popleft;  /* queue.inflight.popleft */
+    /* Recording a dispatch (_replay_record.c). */
+    PyObject *python_dispatch;   /* CommandBuffer.dispatch(cb, ...): every other dispatch */
+    PyTypeObject *dispatch_type; /* recording.Dispatch */
+    PyTypeObject *buffer_type;   /* hal.Buffer */
+    PyObject *recording_state;   /* CommandBufferState.RECORDING */
+    Py_ssize_t dispatch_slot[DISPATCH_SLOTS]; /* byte offsets of Dispatch's __slots__ */
     Py_ssize_t slot[SUBMISSION_SLOTS]; /* byte offsets of Submission's __slots__ */
 } Replay;
 
@@ -60,7 +69,9 @@ extern PyObject *s_sem_lock, *s_closed, *s_queue_closed, *s_release_count, *s_de
     *s_issue_failed, *s_add_timepoint, *s_timepoints, *s_waiters, *s_issuable, *s_parked, *s_idle, *s_wake, *s_deferred,
     *s_idle_waiters, *s_notify_idle, *s_enabled, *s_queue, *s_wait, *s_signal, *s_binding_tables,
     *s_command_buffers, *s_closed_for_good, *s_event_synchronize, *s_one_shot, *s_listeners, *s_advance, *s_finish,
-    *s_run_deferred, *s_timeout;
+    *s_run_deferred, *s_timeout, *s_checked_workgroups, *s_whole_refs_at, *s_whole_refs, *s_buffer, *s_allocation,
+    *s_ptr, *s_offset, *s_last_export, *s_constants, *s_bindings, *s_args, *s_pending, *s_level, *s_functions,
+    *s_workgroup_size;
 
 /* Outcome of the checks: not the usual case (take the Python method), or an error to raise. */
 enum { NOT_USUAL = 0, USUAL = 1, FAILED = -1 };
@@ -166,5 +177,9 @@ static inline int attr_true(PyObject *obj, PyObject *name) {
 
 /* Replay.wait_on(sem, value, timeout=None): a host wait on an EventSemaphore (_replay_wait.c). */
 PyObject *Replay_wait_on(Replay *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+
+/* Replay.record_dispatch(cb, executable, entry_point, workgroups, constants, bindings): a dispatch
+   like the last one recorded from C (_replay_record.c). */
+PyObject *Replay_record_dispatch(Replay *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 
 #endif

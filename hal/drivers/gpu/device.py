@@ -39,6 +39,7 @@ from hal.drivers.gpu.executable_cache import ExecutableCache
 from hal.drivers.gpu.graph_command_buffer import INDIRECT_AFTER_REBINDS, JOIN_KINDS, GraphCommandBuffer
 from hal.drivers.gpu.pending_queue import PendingQueue
 from hal.drivers.gpu.queue import GpuQueue
+from hal.drivers.gpu.replay import bind_dispatch as bind_replay_dispatch
 from hal.drivers.gpu.replay import bind_wait as bind_replay_wait
 from hal.drivers.gpu.replay import install as install_replay
 from hal.drivers.gpu.replay import uninstall as uninstall_replay
@@ -149,7 +150,10 @@ class GpuDevice(Device):
         if kind == "auto":
             kind = "graph" if CommandBufferMode.REUSABLE in mode else "stream"
         cls = GraphCommandBuffer if kind == "graph" else StreamCommandBuffer
-        return cls(self, mode, binding_capacity)
+        cb = cls(self, mode, binding_capacity)
+        if self.native_replay:
+            bind_replay_dispatch(self, cb)
+        return cb
 
     def _prepare_executable(self, spec: ExecutableSpec) -> Executable:
         return self.executables.prepare(self, spec)

@@ -23,12 +23,14 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from hal import tracing
+from hal.buffer import Buffer
 from hal.command_buffer import CommandBuffer, CommandBufferState
 from hal.device import Device
 from hal.drivers import native_calls
 from hal.drivers.gpu import completion, event_semaphore
 from hal.drivers.gpu.graph_command_buffer import GraphCommandBuffer
 from hal.drivers.gpu.queue import GpuQueue
+from hal.drivers.gpu.recording import Dispatch, RecordingCommandBuffer
 from hal.drivers.gpu.submission import Submission
 from hal.errors import HalError
 from hal.semaphore import Semaphore
@@ -52,7 +54,8 @@ def install(device: GpuDevice) -> bool:
 
         return _replay.Replay(device, Device.queue_execute, CommandBuffer, Semaphore, GraphCommandBuffer, Submission,
                               CommandBufferState.EXECUTABLE, tracing, event_semaphore.PRUNE_AT,
-                              completion.WAKE_INFLIGHT, event_semaphore.EventSemaphore, Semaphore.wait, HalError)
+                              completion.WAKE_INFLIGHT, event_semaphore.EventSemaphore, Semaphore.wait, HalError,
+                              CommandBuffer.dispatch, Dispatch, Buffer, CommandBufferState.RECORDING)
 
     replay = native_calls.optional("the native replay", make)
     if replay is None:
@@ -69,6 +72,16 @@ def bind_wait(device: GpuDevice, sem: Semaphore) -> None:
     cls = type(sem)
     if replay is not None and cls.wait is Semaphore.wait and cls._wait is event_semaphore.EventSemaphore._wait:
         sem.wait = partial(replay.wait_on, sem)  # type: ignore[method-assign]
+
+
+def bind_dispatch(device: GpuDevice, cb: CommandBuffer) -> None:
+    """Record the usual dispatch on ``cb`` from C (``_replay_record.c``) where the replay serves:
+    ``cb.dispatch`` becomes the replay's ``record_dispatch`` with the command buffer bound."""
+    replay = vars(device).get("queue_execute")
+    cls = type(cb)
+    if replay is not None and cls.dispatch is CommandBuffer.dispatch \
+            and cls._dispatch is RecordingCommandBuffer._dispatch:
+        cb.dispatch = partial(replay.record_dispatch, cb)  # type: ignore[method-assign]
 
 
 def uninstall(device: GpuDevice) -> None:
