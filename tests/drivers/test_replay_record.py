@@ -158,3 +158,26 @@ def test_released_buffers_and_closed_devices_are_reported_alike(pair):
         check(dev)
     assert outcomes[0] == outcomes[1]
     assert all(result is not None for result in outcomes[0])
+
+
+def test_a_replaced_queue_execute_keeps_the_c_dispatch_and_wait(fake_driver):
+    """A spy over ``device.queue_execute`` (as the runtime's tests set) changes nothing else."""
+    with fake_driver.create_device(command_buffer="stream") as dev:
+        calls = []
+        replay = dev.queue_execute
+
+        def spy(*args, **kwargs):
+            calls.append(len(args))
+            return replay(*args, **kwargs)
+
+        dev.queue_execute = spy
+        exe = pair_kernels(dev)
+        (a,) = zeroed(dev, 1)
+        cb, sem = dev.create_command_buffer(), dev.create_semaphore(0)
+        assert "dispatch" in vars(cb) and "wait" in vars(sem)
+        with cb.record():
+            for _ in range(3):
+                cb.dispatch(exe, "add_one", (1, 1, 1), [2], [a])
+        dev.queue_execute([cb], signal=[(sem, 1)])
+        sem.wait(1)
+        assert calls == [1] and words(dev, a)[:3] == [3, 3, 0]

@@ -123,6 +123,8 @@ class GpuDevice(Device):
         self._lost_lock = threading.Lock()
         self.completion.start()
         #: Whether queue_execute's repeat of a validated submission runs in C (hal/drivers/gpu/replay.py).
+        #: The C replay where it serves (hal/drivers/gpu/replay.py), else None.
+        self.replay: Any = None
         self.native_replay = install_replay(self)
 
     # -- context -----------------------------------------------------------------------

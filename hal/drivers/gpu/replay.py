@@ -61,6 +61,7 @@ def install(device: GpuDevice) -> bool:
     if replay is None:
         return False
     device.queue_execute = replay  # type: ignore[method-assign]
+    device.replay = replay  # its other entry points, bound to semaphores and command buffers below
     return True
 
 
@@ -68,7 +69,7 @@ def bind_wait(device: GpuDevice, sem: Semaphore) -> None:
     """Make the usual host wait on ``sem`` from C (``_replay_wait.c``) where the replay serves:
     ``sem.wait`` becomes the replay's ``wait_on`` with the semaphore bound, an instance attribute
     in front of the class's method (which every other wait still takes)."""
-    replay = vars(device).get("queue_execute")
+    replay = device.replay
     cls = type(sem)
     if replay is not None and cls.wait is Semaphore.wait and cls._wait is event_semaphore.EventSemaphore._wait:
         sem.wait = partial(replay.wait_on, sem)  # type: ignore[method-assign]
@@ -77,7 +78,7 @@ def bind_wait(device: GpuDevice, sem: Semaphore) -> None:
 def bind_dispatch(device: GpuDevice, cb: CommandBuffer) -> None:
     """Record the usual dispatch on ``cb`` from C (``_replay_record.c``) where the replay serves:
     ``cb.dispatch`` becomes the replay's ``record_dispatch`` with the command buffer bound."""
-    replay = vars(device).get("queue_execute")
+    replay = device.replay
     cls = type(cb)
     if replay is not None and cls.dispatch is CommandBuffer.dispatch \
             and cls._dispatch is RecordingCommandBuffer._dispatch:
@@ -87,3 +88,4 @@ def bind_dispatch(device: GpuDevice, cb: CommandBuffer) -> None:
 def uninstall(device: GpuDevice) -> None:
     """Back to the Python method (device close: the replay refers to the device)."""
     device.__dict__.pop("queue_execute", None)
+    device.replay = None
