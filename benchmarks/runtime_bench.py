@@ -16,7 +16,8 @@
   Bandwidth counts the bytes an op must move: add reads two arrays and writes one,
   sum reads one, copy reads one and writes one. `single` times one op from the call
   to its result on the host (graph building, submission and the wait included);
-  `pipelined` queues 10 of the same op and waits once (the device's throughput).
+  `pipelined` queues 10 of the same op and waits once (the device's throughput). The three ops
+  are timed in turn, round by round, and each keeps its best time.
 - `--host-cost`: the host's share of a logistic step over the simulated GPU of the tests
   (`tests/drivers/fake_gpu.py`, graph and stream command buffers), compiled and eager:
   Python bytecodes executed on the calling thread per step (deterministic; split into the
@@ -258,8 +259,8 @@ def torch_contenders(X_np, y_np, lr, device: hal.Device) -> tuple[dict, dict]:
 PIPELINE = 10  # ops queued before the one wait of a pipelined timing
 
 
-def device_copy_seconds(device: hal.Device, nbytes: int, repeats: int) -> tuple[float, float]:
-    """(single, pipelined) seconds of one device-to-device copy through the HAL."""
+def device_copy(device: hal.Device, nbytes: int):
+    """(copy(count): ``count`` device-to-device copies through the HAL, then a wait; release)."""
     src = device.allocator.allocate(nbytes)
     dst = device.allocator.allocate(nbytes)
     sem = device.create_semaphore(0)
@@ -268,17 +269,31 @@ def device_copy_seconds(device: hal.Device, nbytes: int, repeats: int) -> tuple[
         cb.copy_buffer(src, dst)
     value = [0]
 
-    def once(count: int) -> None:
+    def copy(count: int) -> None:
         for _ in range(count):
             value[0] += 1
             device.queue_execute([cb], wait=[(sem, value[0] - 1)], signal=[(sem, value[0])])
         sem.wait(value[0])
 
-    single = best_of(lambda: once(1), repeats)
-    pipelined = best_of(lambda: once(PIPELINE), repeats) / PIPELINE
-    src.release()
-    dst.release()
-    return single, pipelined
+    def release() -> None:
+        src.release()
+        dst.release()
+
+    return copy, release
+
+
+def interleaved_best(measures: dict, rounds: int) -> dict:
+    """The best time of each measure, taken in turn round by round: a slow stretch of the host
+    (the best of a few samples taken back to back spans a few milliseconds) hits all alike."""
+    best = {name: float("inf") for name in measures}
+    for fn in measures.values():
+        fn()
+    for _ in range(rounds):
+        for name, fn in measures.items():
+            t = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t)
+    return best
 
 
 def bench_bandwidth(device: str | None, n: int, repeats: int) -> dict:
@@ -304,20 +319,27 @@ def bench_bandwidth(device: str | None, n: int, repeats: int) -> dict:
 
     nbytes = n * 4
     out = {"elements": n}
-    t_add = best_of(lambda: rt_add(1), repeats)
-    t_add_p = best_of(lambda: rt_add(PIPELINE), repeats) / PIPELINE
-    holder.clear()
-    t_sum = best_of(lambda: rt_sum(1), repeats)
-    t_sum_p = best_of(lambda: rt_sum(PIPELINE), repeats) / PIPELINE
-    s_check = float(a.sum())
-    out["sum_relative_error"] = abs(s_check - float(a_np.astype(np.float64).sum())) / float(np.abs(a_np).sum())
+    release = None
     if ctx.is_gpu:
-        t_copy, t_copy_p = device_copy_seconds(ctx.device, nbytes, repeats)
+        copy, release = device_copy(ctx.device, nbytes)
         out["copy_baseline"] = "hal copy_buffer"
     else:
         dst = np.empty_like(a_np)
-        t_copy = t_copy_p = best_of(lambda: np.copyto(dst, a_np), repeats)
+
+        def copy(count: int) -> None:
+            for _ in range(count):
+                np.copyto(dst, a_np)
         out["copy_baseline"] = "numpy copyto"
+    ops = {"add": rt_add, "sum": rt_sum, "copy": copy}
+    single = interleaved_best({name: lambda op=op: op(1) for name, op in ops.items()}, 4 * repeats)
+    queued = interleaved_best({name: lambda op=op: op(PIPELINE) for name, op in ops.items()}, repeats)
+    holder.clear()
+    if release is not None:
+        release()
+    t_add, t_sum, t_copy = single["add"], single["sum"], single["copy"]
+    t_add_p, t_sum_p, t_copy_p = (queued[name] / PIPELINE for name in ("add", "sum", "copy"))
+    s_check = float(a.sum())
+    out["sum_relative_error"] = abs(s_check - float(a_np.astype(np.float64).sum())) / float(np.abs(a_np).sum())
     for mode, ta, ts, tc in (("single", t_add, t_sum, t_copy), ("pipelined", t_add_p, t_sum_p, t_copy_p)):
         suffix = "" if mode == "single" else "_pipelined"
         out[f"add_s{suffix}"] = ta
@@ -448,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--elements", type=int, default=64 * 1024 * 1024)
     parser.add_argument("--steps", type=int, default=200, help="training steps per timing round")
     parser.add_argument("--repeats", type=int, default=25,
-                        help="samples of each one-op and copy timing, the best kept (a few read high on a busy host)")
+                        help="rounds of the queued one-op and copy timings (4x for single ops), the best kept")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the logistic regression")
     parser.add_argument("--only", choices=["logistic", "bandwidth"], help="run one part only")
     parser.add_argument("--out", help="also write the JSON here")
