@@ -17,7 +17,7 @@
   sum reads one, copy reads one and writes one. `single` times one op from the call
   to its result on the host (graph building, submission and the wait included);
   `pipelined` queues 10 of the same op and waits once (the device's throughput). The three ops
-  are timed in turn, round by round, and each keeps its best time.
+  are timed in turn, a few samples each round, and each keeps its best time.
 - `--host-cost`: the host's share of a logistic step over the simulated GPU of the tests
   (`tests/drivers/fake_gpu.py`, graph and stream command buffers), compiled and eager:
   Python bytecodes executed on the calling thread per step (deterministic; split into the
@@ -282,17 +282,23 @@ def device_copy(device: hal.Device, nbytes: int):
     return copy, release
 
 
-def interleaved_best(measures: dict, rounds: int) -> dict:
-    """The best time of each measure, taken in turn round by round: a slow stretch of the host
-    (the best of a few samples taken back to back spans a few milliseconds) hits all alike."""
+def interleaved_best(measures: dict, rounds: int, per_round: int = 5) -> dict:
+    """The best time of each measure, taken in turn round by round, ``per_round`` samples in a row:
+    a slow stretch of the host (the best of samples taken all back to back spans a few ms) hits
+    every measure alike, and each measure's best sample follows one of its own. The first after
+    another op can pay for that op: measured one sample at a time, the H100's one-op sum right
+    after the add read 108.7 µs against 100.7 µs after a sum, and the copy after the sum 180.6 µs
+    against 185 µs after a copy (likely the write-back of the dirty L2 lines the previous op left:
+    the add and the copy write 256 MiB, the sum 4 bytes)."""
     best = {name: float("inf") for name in measures}
     for fn in measures.values():
         fn()
     for _ in range(rounds):
         for name, fn in measures.items():
-            t = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - t)
+            for _ in range(per_round):
+                t = time.perf_counter()
+                fn()
+                best[name] = min(best[name], time.perf_counter() - t)
     return best
 
 
@@ -331,8 +337,8 @@ def bench_bandwidth(device: str | None, n: int, repeats: int) -> dict:
                 np.copyto(dst, a_np)
         out["copy_baseline"] = "numpy copyto"
     ops = {"add": rt_add, "sum": rt_sum, "copy": copy}
-    single = interleaved_best({name: lambda op=op: op(1) for name, op in ops.items()}, 4 * repeats)
-    queued = interleaved_best({name: lambda op=op: op(PIPELINE) for name, op in ops.items()}, repeats)
+    single = interleaved_best({name: lambda op=op: op(1) for name, op in ops.items()}, repeats)
+    queued = interleaved_best({name: lambda op=op: op(PIPELINE) for name, op in ops.items()}, repeats, 2)
     holder.clear()
     if release is not None:
         release()
@@ -470,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--elements", type=int, default=64 * 1024 * 1024)
     parser.add_argument("--steps", type=int, default=200, help="training steps per timing round")
     parser.add_argument("--repeats", type=int, default=25,
-                        help="rounds of the queued one-op and copy timings (4x for single ops), the best kept")
+                        help="rounds of the one-op and copy timings (5 samples of each a round), the best kept")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the logistic regression")
     parser.add_argument("--only", choices=["logistic", "bandwidth"], help="run one part only")
     parser.add_argument("--out", help="also write the JSON here")
