@@ -283,18 +283,18 @@ def device_copy(device: hal.Device, nbytes: int):
 
 
 def interleaved_best(measures: dict, rounds: int, per_round: int = 5) -> dict:
-    """The best time of each measure, taken in turn round by round, ``per_round`` samples in a row:
-    a slow stretch of the host (the best of samples taken all back to back spans a few ms) hits
-    every measure alike, and each measure's best sample follows one of its own. The first after
-    another op can pay for that op: measured one sample at a time, the H100's one-op sum right
-    after the add read 108.7 µs against 100.7 µs after a sum, and the copy after the sum 180.6 µs
-    against 185 µs after a copy (likely the write-back of the dirty L2 lines the previous op left:
-    the add and the copy write 256 MiB, the sum 4 bytes)."""
+    """The best time of each measure in its steady state, taken in turn round by round: each round
+    runs a measure once untimed, then times ``per_round`` samples of it in a row. A slow stretch of
+    the host (the best of samples all taken back to back spans a few ms) hits every measure alike,
+    and no timed sample pays or gains from the op before it: timed one sample at a time right
+    after another op, the H100's one-op sum read 108.7 µs after the add against 100.7 µs after a
+    sum, and the copy 180.6-181.8 µs after a sum against 185 µs after a copy (likely the dirty
+    cache lines an op leaves, written back during the next: the add and the copy write 256 MiB,
+    the sum 4 bytes)."""
     best = {name: float("inf") for name in measures}
-    for fn in measures.values():
-        fn()
     for _ in range(rounds):
         for name, fn in measures.items():
+            fn()
             for _ in range(per_round):
                 t = time.perf_counter()
                 fn()
