@@ -1,6 +1,7 @@
 """What pyproject.toml cannot say: the conformance suite ships as the package ``hal_cts``, and the
 optional C extensions ``hal.drivers._native`` (a driver library's hot calls),
-``hal.drivers.gpu._replay`` (a GPU device's repeat of a validated submission) and ``runtime._native``
+``hal.drivers.gpu._replay`` (a GPU device's repeat of a validated submission, its usual host wait
+and dispatch recording) and ``runtime._native``
 (the eager graph key walk and node constructors).
 
 The suite's home in the repository stays tests/cts; installed, a driver author runs it with

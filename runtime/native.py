@@ -7,8 +7,9 @@ choice and submission of a recording that ran before (``Variants.pick``, ``lower
 up there with ``setup_submit``), ``lowering.attach``, an eval the graph cache holds from the call to
 its results' storages (``evaluate``, ``eval_arrays``, set up with ``setup_evaluate``),
 ``Storage.__del__`` and ``DeviceContext.wait`` (method descriptors set over the Python methods by
-``lowering``), and the destructor of DLPack capsules (``interop``). It is built at install where a C compiler is (``setup.py``); the Python code serves
-otherwise and with ``HAL_NATIVE=0``, and ``HAL_NATIVE=1`` makes a missing one an error.
+``lowering``), and the destructor of DLPack capsules (``interop``). It is built at install where a
+C compiler is (``setup.py``); the Python code serves otherwise and with ``HAL_NATIVE=0``, and
+``HAL_NATIVE=1`` makes a missing one an error.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@
  *
  * It reads and writes the same attributes, under the same locks, in the same order as the
  * Python code it mirrors; `GpuDevice` binds it as its instance's `queue_execute` (see
- * hal/drivers/gpu/replay.py) and `HAL_NATIVE=0` leaves the Python method alone.
+ * hal/drivers/gpu/replay.py) and `HAL_NATIVE=0` leaves the Python method alone. The same object
+ * also makes the usual host wait (_replay_wait.c) and a dispatch's recording (_replay_record.c).
  */
 #include "_replay.h"
 
@@ -761,7 +762,8 @@ static PyTypeObject ReplayType = {
 };
 
 static struct PyModuleDef replay_module = {
-    PyModuleDef_HEAD_INIT, "hal.drivers.gpu._replay", "A GPU device's repeat of a validated submission, from C.",
+    PyModuleDef_HEAD_INIT, "hal.drivers.gpu._replay",
+    "A GPU device's repeated work from C: a validated submission, the host wait, a dispatch's recording.",
     -1, NULL,
 };
 

@@ -15,6 +15,10 @@ the native driver calls (``hal/drivers/native_calls.py``): unset, it serves wher
 loads; ``HAL_NATIVE=0`` leaves the Python method; ``HAL_NATIVE=1`` makes a missing extension an error.
 A device whose class overrides a step the C code makes (its own ``queue_execute``,
 ``_queue_execute``, queue or submission class) keeps the Python method.
+
+The same object makes two other repeated steps from C, bound per object: the usual host wait on
+a semaphore (``bind_wait``, ``_replay_wait.c``) and the recording of a dispatch like the last one
+(``bind_dispatch``, ``_replay_record.c``).
 """
 
 from __future__ import annotations
