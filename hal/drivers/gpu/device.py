@@ -122,9 +122,10 @@ class GpuDevice(Device):
         self.graph_resources: weakref.WeakSet = weakref.WeakSet()
         self._lost_lock = threading.Lock()
         self.completion.start()
-        #: Whether queue_execute's repeat of a validated submission runs in C (hal/drivers/gpu/replay.py).
-        #: The C replay where it serves (hal/drivers/gpu/replay.py), else None.
+        #: The C replay where it serves (hal/drivers/gpu/replay.py), else None: its entry points are
+        #: bound to this device's queue_execute, semaphores and command buffers.
         self.replay: Any = None
+        #: Whether queue_execute's repeat of a validated submission runs in C.
         self.native_replay = install_replay(self)
 
     # -- context -----------------------------------------------------------------------
