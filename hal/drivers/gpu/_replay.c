@@ -589,22 +589,30 @@ static int read_into(PyObject **field, PyObject *obj, const char *name) {
     return *field == NULL ? -1 : 0;
 }
 
-/* The byte offsets of Submission's __slots__ (each a member descriptor holding an object). */
-static int submission_offsets(Replay *self) {
-    for (int i = 0; i < SUBMISSION_SLOTS; i++) {
-        PyObject *descr = PyObject_GetAttrString(self->submission_type, SUBMISSION_FIELDS[i]);
+/* The byte offsets of `type`'s __slots__ `names` (each a member descriptor holding an object). */
+static int slot_offsets(PyObject *type, const char *const *names, int count, Py_ssize_t *offsets) {
+    for (int i = 0; i < count; i++) {
+        PyObject *descr = PyObject_GetAttrString(type, names[i]);
         if (descr == NULL)
             return -1;
         int usable = Py_TYPE(descr) == &PyMemberDescr_Type &&
                      ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
         if (usable)
-            self->slot[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
+            offsets[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
         Py_DECREF(descr);
         if (!usable) {
-            PyErr_Format(PyExc_TypeError, "Replay: Submission.%s is not a __slots__ member", SUBMISSION_FIELDS[i]);
+            PyErr_Format(PyExc_TypeError, "Replay: %s.%s is not a __slots__ member", ((PyTypeObject *)type)->tp_name,
+                         names[i]);
             return -1;
         }
     }
+    return 0;
+}
+
+/* Submission's slot offsets, and that it can be allocated as its __init__ would. */
+static int submission_offsets(Replay *self) {
+    if (slot_offsets(self->submission_type, SUBMISSION_FIELDS, SUBMISSION_SLOTS, self->slot) < 0)
+        return -1;
     PyTypeObject *type = (PyTypeObject *)self->submission_type;
     if (type->tp_alloc == NULL || type->tp_init == NULL) {
         PyErr_SetString(PyExc_TypeError, "Replay: Submission cannot be allocated");
@@ -613,24 +621,10 @@ static int submission_offsets(Replay *self) {
     return 0;
 }
 
-/* The byte offsets of Dispatch's __slots__, in the order of its constructor's arguments. */
+/* Dispatch's slot offsets, in the order of its constructor's arguments. */
 static int dispatch_offsets(Replay *self) {
     static const char *const names[DISPATCH_SLOTS] = {"function", "grid", "block", "arg_start", "arg_count"};
-    for (int i = 0; i < DISPATCH_SLOTS; i++) {
-        PyObject *descr = PyObject_GetAttrString((PyObject *)self->dispatch_type, names[i]);
-        if (descr == NULL)
-            return -1;
-        int usable = Py_TYPE(descr) == &PyMemberDescr_Type &&
-                     ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
-        if (usable)
-            self->dispatch_slot[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
-        Py_DECREF(descr);
-        if (!usable) {
-            PyErr_Format(PyExc_TypeError, "Replay: Dispatch.%s is not a __slots__ member", names[i]);
-            return -1;
-        }
-    }
-    return 0;
+    return slot_offsets((PyObject *)self->dispatch_type, names, DISPATCH_SLOTS, self->dispatch_slot);
 }
 
 static PyObject *Replay_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {

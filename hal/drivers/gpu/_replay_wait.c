@@ -167,7 +167,7 @@ static PyObject *latest_timepoint(Replay *self, PyObject *sem, PyObject *value) 
 
 /* The checks of the usual wait (the semaphore is the caller's, held): 1 and *sub (a new
    reference) to wait on; 2 when the value is reached already; 0 for the Python wait. */
-static int usual_wait(Replay *self, PyObject *sem, PyObject *value, PyObject **sub) {
+static int usual_host_wait(Replay *self, PyObject *sem, PyObject *value, PyObject **sub) {
     *sub = NULL;
     if (Py_TYPE(sem) != self->event_semaphore_type || !PyLong_CheckExact(value))
         return 0;
@@ -231,7 +231,7 @@ PyObject *Replay_wait_on(Replay *self, PyObject *const *args, Py_ssize_t nargs, 
         PyObject *sem = args[0], *value = args[1], *sub;
         Py_INCREF(sem);
         Py_INCREF(value);
-        int checked = usual_wait(self, sem, value, &sub), done = checked == 2;
+        int checked = usual_host_wait(self, sem, value, &sub), done = checked == 2;
         if (checked == 1) {
             done = synchronize_and_retire(self, sub);
             Py_DECREF(sub);
