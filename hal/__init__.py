@@ -37,6 +37,7 @@ from hal.errors import (
     UnimplementedError,
 )
 from hal.executable import Executable, ExecutableSpec, Export
+from hal.library import Gemm, Routine, library_spec
 from hal.registry import (
     DriverFactory,
     PluginProblem,
@@ -76,6 +77,7 @@ __all__ = [
     "ExecutableSpec",
     "Export",
     "FailedPreconditionError",
+    "Gemm",
     "HalError",
     "IncompatibleError",
     "InternalError",
@@ -87,6 +89,7 @@ __all__ = [
     "PermissionDeniedError",
     "PluginProblem",
     "ResourceExhaustedError",
+    "Routine",
     "Semaphore",
     "Slot",
     "StatusCode",
@@ -95,6 +98,7 @@ __all__ = [
     "create_device",
     "get_driver",
     "hookimpl",
+    "library_spec",
     "list_drivers",
     "parse_uri",
     "plugin_manager",

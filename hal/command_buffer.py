@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from hal.buffer import Buffer
 from hal.errors import FailedPreconditionError, HalError, InvalidArgumentError
 from hal.executable import Executable, Export
+from hal.library import Routine
 from hal.types import BufferUsage, CommandBufferMode, CommandBufferState
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ class CommandBuffer:
         # Identical slot uses are checked once per submission: the check costs O(distinct uses), not O(commands).
         self._slot_use_keys: set[tuple] = set()
         self._slot_copies: list[tuple[BufferRef, BufferRef]] = []
+        #: Library dispatches binding a slot: (routine, what its check returned, refs), checked per table.
+        self._slot_routines: list[tuple[Routine, object, list[BufferRef]]] = []
         #: Buffers referenced directly, by identity (views and roots alike).
         self._direct: dict[int, Buffer] = {}
         #: Dispatch bindings of whole buffers, checked once per buffer (drivers never modify refs).
@@ -126,6 +129,10 @@ class CommandBuffer:
     @property
     def slot_copies(self) -> Sequence[tuple[BufferRef, BufferRef]]:
         return self._slot_copies
+
+    @property
+    def slot_routines(self) -> Sequence[tuple[Routine, object, list[BufferRef]]]:
+        return self._slot_routines
 
     # -- recording state -------------------------------------------------------
     def begin(self) -> None:
@@ -264,6 +271,12 @@ class CommandBuffer:
             if ref is None:
                 ref = self._binding_ref(b, len(refs), export)
             refs.append(ref)
+        routines = executable.routines
+        if routines is not None:  # a library routine: its constants and ranges are checked here too
+            routine = routines[ordinal]
+            checked = routine.check(values, refs)
+            if any(ref.buffer is None for ref in refs):
+                self._slot_routines.append((routine, checked, refs))
         if 0 in grid:
             return
         self._dispatch(executable, ordinal, export, grid, values, refs)

@@ -17,6 +17,7 @@ from hal.errors import (
     InvalidArgumentError,
 )
 from hal.executable import Executable, ExecutableSpec, numpy_functions
+from hal.library import routines_of
 from hal.log import driver_logger
 from hal.semaphore import Fence, Semaphore
 from hal.types import BufferUsage, CommandBufferMode, CommandBufferState, MemoryType
@@ -195,8 +196,10 @@ class Device(abc.ABC):
                 raise InvalidArgumentError(
                     f"export {export.name!r} workgroup size {export.workgroup_size} exceeds "
                     f"the device limit of {limit} invocations")
-        if spec.format == "numpy":  # the format is the core's: its code is checked here, not per driver
+        if spec.format == "numpy":  # the core's formats: their code is checked here, not per driver
             numpy_functions(spec)
+        elif spec.format == "library":
+            routines_of(spec)
         key = spec.cache_key()
         with self._executables_lock:
             cached = self._executables.get(key)

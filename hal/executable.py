@@ -68,6 +68,8 @@ class ExecutableSpec:
             code_key: object = hashlib.sha256(code.encode()).hexdigest()
         elif isinstance(code, (bytes, bytearray, memoryview)):
             code_key = hashlib.sha256(bytes(code)).hexdigest()
+        elif isinstance(code, Mapping) and self.format == "library":  # routines are values
+            code_key = tuple(sorted((str(k), v) for k, v in code.items()))
         elif isinstance(code, Mapping):
             code_key = tuple(sorted((str(k), id(v)) for k, v in code.items()))
         else:
@@ -88,6 +90,8 @@ class Executable:
         self.format = spec.format
         self.exports: tuple[Export, ...] = tuple(spec.exports)
         self._index = {export.name: i for i, export in enumerate(self.exports)}
+        #: Per export, the library routine it stands for (``hal.library``); None for kernels.
+        self.routines: tuple[Routine, ...] | None = routines_of(spec) if spec.format == "library" else None
 
     def export(self, name_or_index: str | int) -> tuple[int, Export]:
         """(ordinal, Export) for an export name or ordinal; InvalidArgumentError if unknown."""
@@ -140,4 +144,5 @@ def numpy_functions(spec: ExecutableSpec) -> list[NumpyKernel]:
     return functions
 
 
+from hal.library import Routine, routines_of  # noqa: E402
 from hal.validation import check_int  # noqa: E402  (hal.validation imports this module's classes)

@@ -422,6 +422,8 @@ def check_slot_uses(cb: CommandBuffer, table: Sequence[Binding], index: int = 0)
                 f"copy source length {s_length} differs from target length {d_length} "
                 f"through binding_tables[{index}] (entries {src.slot}, {dst.slot})")
         check_no_overlap(BufferRef(s_buffer, None, s_offset, s_length), BufferRef(d_buffer, None, d_offset, d_length))
+    for routine, checked, refs in cb.slot_routines:
+        routine.check_lengths(checked, [ref.resolve(table)[2] for ref in refs])
 
 
 # The checked classes import this module's checks once they are defined (see their modules' ends).

@@ -27,7 +27,7 @@ from hal.types import BufferUsage, CommandBufferMode
 
 
 class LocalDevice(Device):
-    executable_formats = ("numpy",)
+    executable_formats = ("numpy", "library")
 
     def __init__(self, driver, info, *, queue_count: int = 1) -> None:
         super().__init__(driver, info, queue_count=queue_count)

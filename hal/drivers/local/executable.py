@@ -1,4 +1,8 @@
-"""The ``numpy`` executable format on the CPU drivers: exports are callables ``fn(workgroups, bindings, constants)``."""
+"""Executables on the CPU drivers: exports are callables ``fn(workgroups, bindings, constants)``.
+
+The ``numpy`` format gives them as its code; a ``library`` executable's routines run their numpy
+reference (``hal.library``), which uses numpy's BLAS for products.
+"""
 
 from __future__ import annotations
 
@@ -8,4 +12,7 @@ from hal.executable import Executable, ExecutableSpec, NumpyKernel, numpy_functi
 class NumpyExecutable(Executable):
     def __init__(self, device, spec: ExecutableSpec) -> None:
         super().__init__(device, spec)
-        self.functions: list[NumpyKernel] = numpy_functions(spec)  # validated by the core's load_executable
+        if self.routines is not None:
+            self.functions: list[NumpyKernel] = [routine.reference() for routine in self.routines]
+        else:
+            self.functions = numpy_functions(spec)  # validated by the core's load_executable

@@ -1,0 +1,306 @@
+"""Library routines: vendor-library calls (a GEMM) recorded into command buffers like kernels.
+
+A ``library`` executable's exports are routines instead of kernels::
+
+    exe = dev.load_executable(hal.library_spec({"mm": hal.Gemm("float32")}))
+    with cb.record():
+        cb.dispatch(exe, "mm", constants=hal.Gemm.constants_for(m, n, k), bindings=[c, a, b])
+
+Each driver runs a routine its own way: the CUDA driver through cuBLASLt (on the queue's stream
+in stream command buffers, captured into a child-graph node in graph command buffers), the HIP
+driver through hipBLASLt, the CPU drivers and the simulated GPU with the numpy reference defined
+here (``Routine.reference``), which is also what the conformance suite checks every driver against.
+A device that cannot run routines does not list the ``library`` format (``Device.can_prepare``).
+
+A routine's shape and layout are dispatch constants (uint32, in elements), so one executable serves
+every shape; a driver plans the library call once per (shape, dtype, layout, alignment) and caches it.
+The routine checks its constants and the byte ranges of its direct bindings when the dispatch is
+recorded (``Routine.check``), before any device work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from hal.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from hal.command_buffer import BufferRef
+    from hal.executable import ExecutableSpec, NumpyKernel
+
+#: The element types routines take, and their sizes in bytes.
+DTYPE_SIZES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
+
+
+class Routine:
+    """A library routine an export stands for: how many bindings and constants it takes, the
+    checks of a dispatch, and the numpy reference of what it computes."""
+
+    kind: ClassVar[str] = ""
+
+    @property
+    def bindings(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def constants(self) -> int:
+        raise NotImplementedError
+
+    def check(self, constants: tuple[int, ...], bindings: Sequence[BufferRef]) -> object:
+        """Raise InvalidArgumentError for constants that describe no valid call, or a direct
+        binding range too short for them; returns what ``check_lengths`` takes to check the
+        ranges of binding-table slots at submission."""
+        return None
+
+    def check_lengths(self, checked: object, lengths: Sequence[int | None]) -> None:
+        """Raise InvalidArgumentError when a binding range (bytes; None: not known yet) is too short
+        for the call ``check`` returned ``checked`` for."""
+
+    def reference(self) -> NumpyKernel:
+        """``fn(workgroups, bindings, constants)`` computing the routine with numpy."""
+        raise NotImplementedError
+
+
+#: Gemm's epilogues: what is applied to the product before it is stored (cuBLASLt's names).
+GEMM_EPILOGUES = ("none", "bias", "relu", "bias_relu", "gelu", "bias_gelu")
+#: float32 products: "ieee" (float32 arithmetic, numpy's and PyTorch's default) or "tf32"
+#: (tensor cores with 10-bit mantissas, an explicit opt-in as torch.set_float32_matmul_precision).
+GEMM_PRECISIONS = ("ieee", "tf32")
+TRANSPOSE_A = 1
+TRANSPOSE_B = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmShape:
+    """The constants of one Gemm dispatch, in elements (see ``Gemm``)."""
+
+    m: int
+    n: int
+    k: int
+    batch: int
+    transpose_a: bool
+    transpose_b: bool
+    lda: int
+    ldb: int
+    ldc: int
+    stride_a: int
+    stride_b: int
+    stride_c: int
+
+    @classmethod
+    def of(cls, constants: Sequence[int]) -> GemmShape:
+        m, n, k, batch, flags, lda, ldb, ldc, sa, sb, sc = constants
+        return cls(m, n, k, batch, bool(flags & TRANSPOSE_A), bool(flags & TRANSPOSE_B), lda, ldb, ldc, sa, sb, sc)
+
+    def extents(self) -> tuple[int, int, int]:
+        """Elements each of A, B and C spans from its first element (0 for an empty problem)."""
+        m, n, k, batch = self.m, self.n, self.k, self.batch
+        a_rows, a_cols = (k, m) if self.transpose_a else (m, k)
+        b_rows, b_cols = (n, k) if self.transpose_b else (k, n)
+
+        def extent(rows: int, cols: int, ld: int, stride: int) -> int:
+            if rows == 0 or cols == 0 or batch == 0:
+                return 0
+            return (batch - 1) * stride + (rows - 1) * ld + cols
+
+        return (extent(a_rows, a_cols, self.lda, self.stride_a), extent(b_rows, b_cols, self.ldb, self.stride_b),
+                extent(m, n, self.ldc, self.stride_c))
+
+
+@dataclasses.dataclass(frozen=True)
+class Gemm(Routine):
+    """Batched matrix product of row-major matrices: ``C[i] = epilogue(op(A[i]) @ op(B[i]) [+ bias])``.
+
+    Bindings: C, A, B, then the bias (``n`` elements) for the ``bias*`` epilogues. Constants
+    (``Gemm.constants_for`` builds them): m, n, k, batch, flags (1: A is stored transposed, as a
+    k x m row-major matrix; 2: B stored transposed, n x k), lda, ldb, ldc (row strides), and the
+    batch strides of A, B and C (0 repeats one matrix for every batch entry; C's must not be 0
+    when batch > 1). ``dtype`` is the element type of every operand; products accumulate in
+    float32 for the 16-bit types and float32/float64 otherwise.
+    """
+
+    kind: ClassVar[str] = "gemm"
+    CONSTANTS: ClassVar[int] = 11
+
+    dtype: str = "float32"
+    epilogue: str = "none"
+    precision: str = "ieee"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_SIZES:
+            raise InvalidArgumentError(f"Gemm dtype must be one of {sorted(DTYPE_SIZES)}, got {self.dtype!r}")
+        if self.epilogue not in GEMM_EPILOGUES:
+            raise InvalidArgumentError(f"Gemm epilogue must be one of {GEMM_EPILOGUES}, got {self.epilogue!r}")
+        if self.precision not in GEMM_PRECISIONS:
+            raise InvalidArgumentError(f"Gemm precision must be one of {GEMM_PRECISIONS}, got {self.precision!r}")
+        if self.precision == "tf32" and self.dtype != "float32":
+            raise InvalidArgumentError(f"tf32 precision applies to float32 products only, not {self.dtype}")
+
+    @property
+    def has_bias(self) -> bool:
+        return self.epilogue.startswith("bias")
+
+    @property
+    def activation(self) -> str:
+        """"relu", "gelu" or "" (none)."""
+        return self.epilogue.rpartition("_")[2] if self.epilogue not in ("none", "bias") else ""
+
+    @property
+    def bindings(self) -> int:
+        return 4 if self.has_bias else 3
+
+    @property
+    def constants(self) -> int:
+        return self.CONSTANTS
+
+    @property
+    def element_size(self) -> int:
+        return DTYPE_SIZES[self.dtype]
+
+    @staticmethod
+    def constants_for(m: int, n: int, k: int, batch: int = 1, *, transpose_a: bool = False,
+                      transpose_b: bool = False, lda: int | None = None, ldb: int | None = None,
+                      ldc: int | None = None, stride_a: int | None = None, stride_b: int | None = None,
+                      stride_c: int | None = None) -> list[int]:
+        """The dispatch constants of a product; leading dimensions and batch strides default to
+        packed matrices."""
+        lda = (m if transpose_a else k) if lda is None else lda
+        ldb = (k if transpose_b else n) if ldb is None else ldb
+        ldc = n if ldc is None else ldc
+        stride_a = m * k if stride_a is None else stride_a
+        stride_b = k * n if stride_b is None else stride_b
+        stride_c = m * n if stride_c is None else stride_c
+        flags = (TRANSPOSE_A if transpose_a else 0) | (TRANSPOSE_B if transpose_b else 0)
+        return [m, n, k, batch, flags, lda, ldb, ldc, stride_a, stride_b, stride_c]
+
+    def check(self, constants: tuple[int, ...], bindings: Sequence[BufferRef]) -> GemmShape:
+        shape = self.shape_of(constants)
+        self.check_lengths(shape, [ref.length if ref.buffer is not None else None for ref in bindings])
+        return shape
+
+    def shape_of(self, constants: Sequence[int]) -> GemmShape:
+        """The checked shape of a dispatch's constants."""
+        if constants[4] & ~(TRANSPOSE_A | TRANSPOSE_B):
+            raise InvalidArgumentError(f"Gemm flags must be a combination of 1 and 2, got {constants[4]}")
+        s = GemmShape.of(constants)
+        a_cols = s.m if s.transpose_a else s.k
+        b_cols = s.k if s.transpose_b else s.n
+        for name, ld, cols in (("lda", s.lda, a_cols), ("ldb", s.ldb, b_cols), ("ldc", s.ldc, s.n)):
+            if ld < max(cols, 1):
+                raise InvalidArgumentError(f"Gemm {name} {ld} is less than the {cols} columns of its matrix")
+        if s.batch > 1 and s.stride_c < s.m * s.ldc - (s.ldc - s.n) and s.m * s.n:
+            raise InvalidArgumentError(
+                f"Gemm batch stride of C ({s.stride_c}) makes its {s.batch} matrices of {s.m}x{s.n} overlap")
+        return s
+
+    def check_lengths(self, shape: GemmShape, lengths: Sequence[int | None]) -> None:  # type: ignore[override]
+        size = self.element_size
+        a, b, c = shape.extents()
+        needed = [c, a, b, shape.n if shape.m * shape.n * shape.batch else 0]
+        for name, length, elements in zip(("C", "A", "B", "bias"), lengths, needed):
+            if length is not None and length < elements * size:
+                raise InvalidArgumentError(
+                    f"Gemm {name} range of {length} bytes is too short: the product spans "
+                    f"{elements} {self.dtype} elements ({elements * size} bytes)")
+
+    def reference(self) -> NumpyKernel:
+        def gemm(workgroups, bindings, constants) -> None:
+            run_gemm_reference(self, bindings, constants)
+
+        return gemm
+
+
+def run_gemm_reference(gemm: Gemm, bindings: Sequence[memoryview], constants: Sequence[int]) -> None:
+    """Compute a Gemm dispatch with numpy (float32 accumulation for the 16-bit types)."""
+    s = GemmShape.of(constants)
+    if s.m * s.n * s.batch == 0:
+        return
+    a = _matrices(bindings[1], gemm.dtype, s.batch, s.stride_a, (s.k, s.m) if s.transpose_a else (s.m, s.k), s.lda)
+    b = _matrices(bindings[2], gemm.dtype, s.batch, s.stride_b, (s.n, s.k) if s.transpose_b else (s.k, s.n), s.ldb)
+    if s.transpose_a:
+        a = a.transpose(0, 2, 1)
+    if s.transpose_b:
+        b = b.transpose(0, 2, 1)
+    compute = np.float64 if gemm.dtype == "float64" else np.float32
+    with np.errstate(all="ignore"):
+        result = np.matmul(a.astype(compute), b.astype(compute)) if s.k else np.zeros((s.batch, s.m, s.n), compute)
+        if gemm.has_bias:
+            result += _matrices(bindings[3], gemm.dtype, 1, 0, (1, s.n), s.n)[0].astype(compute)
+        if gemm.activation == "relu":
+            result = np.maximum(result, 0)
+        elif gemm.activation == "gelu":
+            result = gelu_tanh(result)
+    out = _matrices(bindings[0], gemm.dtype, s.batch, s.stride_c, (s.m, s.n), s.ldc, writable=True)
+    _store(out, result, gemm.dtype)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU in the tanh approximation (the form cuBLASLt's GELU epilogue computes)."""
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi).astype(x.dtype) * (x + x.dtype.type(0.044715) * x ** 3)))
+
+
+def _matrices(view: memoryview, dtype: str, batch: int, stride: int, shape: tuple[int, int], ld: int,
+              writable: bool = False) -> np.ndarray:
+    """A (batch, rows, cols) strided view of a binding (bfloat16 as its uint16 bits)."""
+    storage = np.dtype(np.uint16) if dtype == "bfloat16" else np.dtype(dtype)
+    raw = np.frombuffer(view, dtype=np.uint8)
+    size = storage.itemsize
+    elements = raw[:len(raw) - len(raw) % size].view(storage)
+    array = np.lib.stride_tricks.as_strided(elements, (batch, *shape), (stride * size, ld * size, size),
+                                            writeable=writable)
+    if dtype == "bfloat16" and not writable:
+        return (array.astype(np.uint32) << 16).view(np.float32)
+    return array
+
+
+def _store(out: np.ndarray, result: np.ndarray, dtype: str) -> None:
+    if dtype == "bfloat16":
+        bits = result.astype(np.float32).view(np.uint32)
+        rounded = bits + 0x7FFF + ((bits >> 16) & 1)  # round to nearest even
+        nan = np.isnan(result)
+        out[...] = np.where(nan, 0x7FC0, rounded >> 16).astype(np.uint16)
+    else:
+        out[...] = result.astype(out.dtype)
+
+
+#: The routine kinds the core knows, by ``Routine.kind``.
+ROUTINES: dict[str, type[Routine]] = {"gemm": Gemm}
+
+
+def library_spec(routines: Mapping[str, Routine]) -> ExecutableSpec:
+    """An ExecutableSpec of format ``library`` whose exports are ``routines`` (export name -> routine)."""
+    from hal.executable import ExecutableSpec, Export
+
+    if not isinstance(routines, Mapping) or not routines:
+        raise InvalidArgumentError(
+            f"library_spec takes a non-empty mapping of export name to routine, got {routines!r}")
+    exports = []
+    for name, routine in routines.items():
+        if not isinstance(routine, Routine):
+            raise InvalidArgumentError(f"library export {name!r} must be a hal routine (hal.Gemm), got {routine!r}")
+        exports.append(Export(name, bindings=routine.bindings, constants=routine.constants))
+    return ExecutableSpec("library", dict(routines), exports)
+
+
+def routines_of(spec: ExecutableSpec) -> tuple[Routine, ...]:
+    """The routines of a ``library`` spec in export order; InvalidArgumentError when they do not fit
+    the exports (checked by ``Device.load_executable`` before a driver sees the spec)."""
+    code = spec.code
+    if not isinstance(code, Mapping):
+        raise InvalidArgumentError(
+            f"library executable code must be a mapping of export name to routine, got {type(code).__name__}")
+    routines = []
+    for export in spec.exports:
+        routine = code.get(export.name)
+        if not isinstance(routine, Routine):
+            raise InvalidArgumentError(f"library export {export.name!r} has no routine (got {routine!r})")
+        if (export.bindings, export.constants) != (routine.bindings, routine.constants):
+            raise InvalidArgumentError(
+                f"library export {export.name!r} declares {export.bindings} bindings and {export.constants} "
+                f"constants; its {routine.kind} takes {routine.bindings} and {routine.constants}")
+        routines.append(routine)
+    return tuple(routines)
