@@ -277,6 +277,9 @@ class CommandBuffer:
             checked = routine.check(values, refs)
             if any(ref.buffer is None for ref in refs):
                 self._slot_routines.append((routine, checked, refs))
+            if 0 not in grid:
+                self._dispatch_routine(executable, ordinal, export, routine, checked, values, refs)
+            return
         if 0 in grid:
             return
         self._dispatch(executable, ordinal, export, grid, values, refs)
@@ -323,6 +326,12 @@ class CommandBuffer:
                   workgroups: tuple[int, int, int], constants: tuple[int, ...],
                   bindings: list[BufferRef]) -> None:
         raise NotImplementedError
+
+    def _dispatch_routine(self, executable: Executable, ordinal: int, export: Export, routine: Routine,
+                          checked: object, constants: tuple[int, ...], bindings: list[BufferRef]) -> None:
+        """Record a library routine (``checked``: what ``routine.check`` returned). By default the
+        executable's ``functions`` run it as a kernel of one workgroup (the CPU drivers' references)."""
+        self._dispatch(executable, ordinal, export, (1, 1, 1), constants, bindings)
 
     def __repr__(self) -> str:
         return f"<hal.CommandBuffer {self.mode} {self.state.value} capacity={self.binding_capacity}>"

@@ -60,6 +60,10 @@ class Routine:
         """Raise InvalidArgumentError when a binding range (bytes; None: not known yet) is too short
         for the call ``check`` returned ``checked`` for."""
 
+    def is_empty(self, checked: object) -> bool:
+        """Whether the call ``check`` returned ``checked`` for writes nothing (a zero-size problem)."""
+        return False
+
     def reference(self) -> NumpyKernel:
         """``fn(workgroups, bindings, constants)`` computing the routine with numpy."""
         raise NotImplementedError
@@ -187,6 +191,8 @@ class Gemm(Routine):
         if constants[4] & ~(TRANSPOSE_A | TRANSPOSE_B):
             raise InvalidArgumentError(f"Gemm flags must be a combination of 1 and 2, got {constants[4]}")
         s = GemmShape.of(constants)
+        if s.k == 0 and s.m * s.n * s.batch:
+            raise InvalidArgumentError("Gemm k must be >= 1 (a product over no terms is a fill)")
         a_cols = s.m if s.transpose_a else s.k
         b_cols = s.k if s.transpose_b else s.n
         for name, ld, cols in (("lda", s.lda, a_cols), ("ldb", s.ldb, b_cols), ("ldc", s.ldc, s.n)):
@@ -206,6 +212,10 @@ class Gemm(Routine):
                 raise InvalidArgumentError(
                     f"Gemm {name} range of {length} bytes is too short: the product spans "
                     f"{elements} {self.dtype} elements ({elements * size} bytes)")
+
+    def is_empty(self, checked: object) -> bool:
+        shape: GemmShape = checked  # type: ignore[assignment]
+        return shape.m * shape.n * shape.batch == 0
 
     def reference(self) -> NumpyKernel:
         def gemm(workgroups, bindings, constants) -> None:
@@ -227,7 +237,7 @@ def run_gemm_reference(gemm: Gemm, bindings: Sequence[memoryview], constants: Se
         b = b.transpose(0, 2, 1)
     compute = np.float64 if gemm.dtype == "float64" else np.float32
     with np.errstate(all="ignore"):
-        result = np.matmul(a.astype(compute), b.astype(compute)) if s.k else np.zeros((s.batch, s.m, s.n), compute)
+        result = np.matmul(a.astype(compute), b.astype(compute))
         if gemm.has_bias:
             result += _matrices(bindings[3], gemm.dtype, 1, 0, (1, s.n), s.n)[0].astype(compute)
         if gemm.activation == "relu":

@@ -49,7 +49,8 @@ class BindingsShim:
     of new streams (not synchronising with the legacy stream), events (no timing), timing events
     (used only while tracing) and host memory (pinned, portable, mapped), ``max_threads_attribute``
     (the function attribute of the most threads per block) and ``memset_params_type`` (the
-    memset node record: fields dst, value, elementSize, width, height, pitch).
+    memset node record: fields dst, value, elementSize, width, height, pitch) and ``capture_mode``
+    (the thread-local stream capture mode).
     """
 
     def __init__(self, bindings: Any, vendor: str, values: dict[str, Any]) -> None:
@@ -86,6 +87,9 @@ class BindingsShim:
         self._graph_add_kernel, self._graph_add_empty = f["graph_add_kernel_node"], f["graph_add_empty_node"]
         self._graph_instantiate, self._graph_exec_destroy = f["graph_instantiate"], f["graph_exec_destroy"]
         self._graph_launch, self._exec_kernel = f["graph_launch"], f["exec_set_kernel_params"]
+        self._begin_capture, self._end_capture = f["stream_begin_capture"], f["stream_end_capture"]
+        self._add_child, self._exec_child = f["graph_add_child_graph_node"], f["exec_set_child_graph"]
+        self.capture_mode = values["capture_mode"]
         #: Per thread: the context made current last (``activate``).
         self._current = threading.local()
         #: The hot calls made from C (``use_native``), or None: the bindings make every call.
@@ -352,6 +356,18 @@ class BindingsShim:
         if err:
             self.fail(err, self._exec_kernel)
 
+    def stream_begin_capture(self, stream: Any) -> None:
+        self.call(self._begin_capture, stream, self.capture_mode)
+
+    def stream_end_capture(self, stream: Any) -> Any:
+        return self.call(self._end_capture, stream)
+
+    def graph_add_child_graph_node(self, graph: Any, deps: list, child: Any) -> Any:
+        return self.call(self._add_child, graph, self.node_list(deps), len(deps), child)
+
+    def exec_set_child_graph(self, graph_exec: Any, node: Any, child: Any) -> bool:
+        return self.updated(self._exec_child(graph_exec, node, child)[0], self._exec_child)
+
     def updated(self, err: Any, function: Any) -> bool:
         """A graph node update's status: True for success, False for a change refused in place;
         raises for other failures."""
@@ -404,12 +420,16 @@ FUNCTIONS = {
     "graph_exec_destroy": ("cuGraphExecDestroy", "hipGraphExecDestroy"),
     "graph_launch": ("cuGraphLaunch", "hipGraphLaunch"),
     "exec_set_kernel_params": ("cuGraphExecKernelNodeSetParams", "hipGraphExecKernelNodeSetParams"),
+    "stream_begin_capture": ("cuStreamBeginCapture", "hipStreamBeginCapture"),
+    "stream_end_capture": ("cuStreamEndCapture", "hipStreamEndCapture"),
+    "graph_add_child_graph_node": ("cuGraphAddChildGraphNode", "hipGraphAddChildGraphNode"),
+    "exec_set_child_graph": ("cuGraphExecChildGraphNodeSetParams", "hipGraphExecChildGraphNodeSetParams"),
 }
 
 #: The vendor values a shim is built with (see ``BindingsShim``).
 VALUES = (
     "status", "not_ready", "update_rejected", "stream_flags", "event_flags", "timing_event_flags", "host_flags",
-    "max_threads_attribute", "memset_params_type",
+    "max_threads_attribute", "memset_params_type", "capture_mode",
 )  # fmt: skip
 
 

@@ -124,6 +124,8 @@ class _Stream:
     def __init__(self, api: FakeGpuApi) -> None:
         self.api = api
         self.destroyed = False
+        #: While capturing (stream_begin_capture): the work enqueued since, instead of run.
+        self.capture: list | None = None
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, daemon=True, name="fake-gpu-stream")
         self.thread.start()
@@ -436,6 +438,8 @@ class FakeGpuApi:
         if kind == "memcpy":
             dst, src, size = params.dst, params.src, params.size
             return lambda: ctypes.memmove(dst, src, size)
+        if kind == "work":  # captured or child-graph work: the callable itself
+            return params
         return lambda: None
 
     def _add(self, graph: list, deps: list, kind: str, params: Any) -> dict:
@@ -480,6 +484,49 @@ class FakeGpuApi:
 
         stream.inbox.put(run)
 
+    def stream_begin_capture(self, stream: _Stream) -> None:
+        self._check("cuStreamBeginCapture")
+        if stream.capture is not None:
+            self._raise(self.conventions.invalid_value, "cuStreamBeginCapture")
+        stream.capture = []
+
+    def stream_end_capture(self, stream: _Stream) -> list:
+        self._check("cuStreamEndCapture")
+        works, stream.capture = stream.capture, None
+        if works is None:
+            self._raise(self.conventions.invalid_value, "cuStreamEndCapture")
+        graph: list = []
+        previous: list = []
+        for work in works:  # captured stream order: a chain
+            previous = [self._add(graph, previous, "work", work)]
+        return graph
+
+    def enqueue_work(self, stream: _Stream, work) -> None:
+        """Run ``work`` in stream order, or capture it while the stream captures (library routines)."""
+        if stream.destroyed:
+            self._destroyed("enqueue", stream)
+        self._check("enqueue")
+        if stream.capture is not None:
+            stream.capture.append(work)
+        else:
+            stream.inbox.put(work)
+
+    @staticmethod
+    def _child_work(child: list):
+        works = [node["work"] for node in child]  # a copy: the child graph may be destroyed
+        return lambda: [work() for work in works]
+
+    def graph_add_child_graph_node(self, graph, deps, child):
+        self._check("cuGraphAddChildGraphNode")
+        return self._add(graph, deps, "work", self._child_work(child))
+
+    def exec_set_child_graph(self, graph_exec, node, child) -> bool:
+        self._check("cuGraphExecChildGraphNodeSetParams")
+        if self.reject_updates:
+            return False
+        graph_exec["works"][node["id"]] = self._child_work(child)
+        return True
+
     def exec_set_kernel_params(self, graph_exec, node, params) -> None:
         self._check("cuGraphExecKernelNodeSetParams")
         graph_exec["works"][node["id"]] = self._node_work("kernel", params)
@@ -499,10 +546,42 @@ class FakeGpuApi:
         return True
 
 
+class FakeLibraries:
+    """The ``library`` format on the simulated GPU: each routine's numpy reference, run in stream
+    order (or captured) on the simulated memory, with a workspace it checks it was given."""
+
+    name = "numpy reference"
+    #: Bytes of workspace every call asks for (so the workspace path runs in the tests).
+    WORKSPACE = 256
+
+    def __init__(self, api: FakeGpuApi) -> None:
+        self.api = api
+        self.planned: dict = {}
+
+    def supports(self, routine) -> str | None:
+        return None
+
+    def workspace_size(self, routine, checked, pointers) -> int:
+        key = (routine, checked, tuple(p % 256 for p in pointers))
+        self.planned[key] = self.planned.get(key, 0) + 1
+        return self.WORKSPACE
+
+    def enqueue(self, routine, checked, constants, pointers, workspace, workspace_size, stream) -> None:
+        assert workspace and workspace_size >= self.WORKSPACE, "a library call ran without its workspace"
+        api = self.api
+        reference = routine.reference()
+        pointers = list(pointers)
+        api.enqueue_work(stream, lambda: reference((1, 1, 1), [api.view(p) for p in pointers], list(constants)))
+
+
 class FakeExecutableCache(ExecutableCache):
-    """``numpy`` executables whose functions the simulated GPU runs (no module to load)."""
+    """``numpy`` executables whose functions the simulated GPU runs (no module to load), and
+    library routines through their numpy references."""
 
     formats = ("numpy",)
+
+    def __init__(self, api: FakeGpuApi | None = None) -> None:
+        self.libraries = FakeLibraries(api) if api is not None else None
 
     def prepare(self, device, spec) -> GpuExecutable:
         numpy_exe = NumpyExecutable(device, spec)
@@ -536,7 +615,7 @@ class FakeGpuDriver(Driver):
         limits = {"max_workgroup_count": ((1 << 31) - 1, 65535, 65535), "max_workgroup_size": 1024}
         return GpuDevice(self, info, api=self.api, handle=0, context=self.api.conventions.context, options=options,
                          limits=limits,
-                         memory_bytes=1 << 34, memory_pools=True, executables=FakeExecutableCache())
+                         memory_bytes=1 << 34, memory_pools=True, executables=FakeExecutableCache(self.api))
 
 
 @hookimpl

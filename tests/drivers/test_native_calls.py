@@ -292,7 +292,7 @@ def fake_shim(fake_driver) -> BindingsShim:
     shim = BindingsShim(bindings, "cuda", {
         "status": table, "not_ready": Status.NOT_READY, "update_rejected": (), "stream_flags": 0,
         "event_flags": 0, "timing_event_flags": 0, "host_flags": 0, "max_threads_attribute": 0,
-        "memset_params_type": object})
+        "memset_params_type": object, "capture_mode": 1})
     shim.use_native(fake_driver.path, "cuLaunchKernel")
     return shim
 

@@ -66,6 +66,7 @@ class CudaApi(BindingsShim):
             "host_flags": d.CU_MEMHOSTALLOC_PORTABLE | d.CU_MEMHOSTALLOC_DEVICEMAP,
             "max_threads_attribute": d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
             "memset_params_type": d.CUDA_MEMSET_NODE_PARAMS,
+            "capture_mode": d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
         })
         self._launch = d.cuLaunchKernel
         self._memory_device = d.CUmemorytype.CU_MEMORYTYPE_UNIFIED

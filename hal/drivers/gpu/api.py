@@ -230,6 +230,20 @@ class GpuApi(Protocol):
     def graph_launch(self, graph_exec: GraphExec, stream: Stream) -> None:
         """Enqueue one run of the executable graph on ``stream``."""
 
+    def stream_begin_capture(self, stream: Stream) -> None:
+        """Start capturing the work enqueued on ``stream`` into a graph instead of running it
+        (thread-local capture mode: other threads' calls are unaffected)."""
+
+    def stream_end_capture(self, stream: Stream) -> Graph:
+        """End the capture begun on ``stream``: the graph of the captured work (the caller destroys it)."""
+
+    def graph_add_child_graph_node(self, graph: Graph, deps: list[GraphNode], child: Graph) -> GraphNode:
+        """Add a node running a copy of graph ``child`` depending on ``deps``."""
+
+    def exec_set_child_graph(self, graph_exec: GraphExec, node: GraphNode, child: Graph) -> bool:
+        """Replace a child-graph node's graph in place with ``child`` (of the same shape): True if
+        done, False if refused (as ``exec_set_memset_params``)."""
+
     def exec_set_kernel_params(self, graph_exec: GraphExec, node: GraphNode, params: NodeParams) -> None:
         """Change a kernel node of the executable graph in place (later launches only)."""
 

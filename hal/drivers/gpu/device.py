@@ -37,6 +37,8 @@ from hal.drivers.gpu.event_pool import EventPool
 from hal.drivers.gpu.event_semaphore import EventSemaphore
 from hal.drivers.gpu.executable_cache import ExecutableCache
 from hal.drivers.gpu.graph_command_buffer import INDIRECT_AFTER_REBINDS, JOIN_KINDS, GraphCommandBuffer
+from hal.drivers.gpu.library import Capturer
+from hal.drivers.gpu.library import prepare as prepare_library
 from hal.drivers.gpu.pending_queue import PendingQueue
 from hal.drivers.gpu.queue import GpuQueue
 from hal.drivers.gpu.replay import bind_dispatch as bind_replay_dispatch
@@ -99,7 +101,7 @@ class GpuDevice(Device):
         self.handle = handle
         self.context = context
         self.executables = executables
-        self.executable_formats = executables.formats
+        self.executable_formats = executables.formats + (("library",) if executables.libraries is not None else ())
         self.command_buffer_mode: str = options["command_buffer"]
         self.barrier_lowering: str = options["barrier_lowering"]
         # One device table per command buffer: with several queues a buffer could run on two at once.
@@ -118,6 +120,8 @@ class GpuDevice(Device):
         self.queues = [GpuQueue(self, i) for i in range(self.queue_count)]
         self._modules: list[Any] = []
         self._join_function: Any = None
+        #: Captures library calls into graphs for graph command buffers (hal/drivers/gpu/library.py).
+        self.capturer = Capturer(self)
         #: Graph command buffers' device objects, released at close if still alive.
         self.graph_resources: weakref.WeakSet = weakref.WeakSet()
         self._lost_lock = threading.Lock()
@@ -159,6 +163,8 @@ class GpuDevice(Device):
         return cb
 
     def _prepare_executable(self, spec: ExecutableSpec) -> Executable:
+        if spec.format == "library":
+            return prepare_library(self, spec, self.executables.libraries)
         return self.executables.prepare(self, spec)
 
     def allocate_staging(self, size: int) -> Allocation:
@@ -354,6 +360,7 @@ class GpuDevice(Device):
             self._quietly(fn)
         for resources in list(self.graph_resources):
             self._quietly(resources.release)
+        self._quietly(self.capturer.release)
         self.allocator.free_all()  # pool memory is freed in stream order: before the streams go
         for q in self.queues:
             q.destroy()

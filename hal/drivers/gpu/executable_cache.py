@@ -45,6 +45,9 @@ class ExecutableCache:
 
     formats: tuple[str, ...] = ()
     source_format: str | None = None
+    #: The vendor library behind the ``library`` format (``hal/drivers/gpu/library.py``), None
+    #: when it is not installed or does not load (the device then lacks the format).
+    libraries: Any = None
 
     def image_for(self, spec: ExecutableSpec) -> bytes:
         """The module image (cubin, NUL-terminated PTX, hsaco, ...) for ``spec``."""

@@ -40,6 +40,11 @@ then reused for every table, two ways:
   (``exec_set_{kernel,memset,memcpy}_params``): O(changed bindings),
   O(slots) for the same table.
 
+Library routines (``hal.library``, cuBLASLt or hipBLASLt calls) are captured on the device's
+capture stream into a child-graph node; a new table changing one of their operands captures the
+call again and sets the new child graph on the executable graph in place
+(``exec_set_child_graph``), as the node updates above.
+
 The graph is re-instantiated only when the driver rejects an in-place update of
 a memset/memcpy node (a different kind of allocation, a length change to or
 from zero), counted in ``reinstantiations``.
@@ -62,6 +67,7 @@ import numpy as np
 
 from hal.command_buffer import Binding
 from hal.drivers.gpu.kernel_args import ArgArena
+from hal.drivers.gpu.library import LibraryCall
 from hal.drivers.gpu.recording import (
     Command,
     Copy,
@@ -171,6 +177,8 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         #: Submissions that brought a new binding table (counted while nodes are updated in place).
         self.rebinds = 0
         self.updated_nodes = 0
+        #: Library nodes captured again for a new table and set in place.
+        self.library_recaptures = 0
         self.image_uploads = 0
         #: Executable graphs made for recurring tables (see TABLE_EXECS).
         self.table_execs_made = 0
@@ -263,6 +271,9 @@ class GraphCommandBuffer(RecordingCommandBuffer):
                                             self.args.params_address(command.arg_start, command.arg_count))
             node = _Node(command, api.graph_add_kernel_node(graph, deps, params), params, "kernel")
             slots = {slot for _, slot, _ in command.slot_args}
+        elif kind is LibraryCall:
+            node = self._library_node(graph, command, deps, table)
+            slots = command.slots
         elif kind is Fill:
             ptr, length = command.target.resolve(table)
             size = command.element_size
@@ -291,6 +302,18 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         for slot in slots:
             self._slot_nodes.setdefault(slot, []).append(index)  # type: ignore[arg-type]
         return node.handle
+
+    def _library_node(self, graph: Any, call: LibraryCall, deps: list[Any], table: Sequence[Binding] | None) -> _Node:
+        """A child-graph node holding the library call captured with ``table``'s operands."""
+        api = self.device.api
+        if call.empty:  # writes nothing, whatever the table
+            return _Node(call, api.graph_add_empty_node(graph, deps), None, "library", enabled=False)
+        child = self.device.capturer.capture(call, table)
+        try:
+            handle = api.graph_add_child_graph_node(graph, deps, child)  # (the node holds a copy)
+        finally:
+            api.graph_destroy(child)
+        return _Node(call, handle, None, "library")
 
     def _plan_indirect(self) -> None:
         """Lay out the device binding table of the dispatches that can read their bindings from it.
@@ -490,6 +513,10 @@ class GraphCommandBuffer(RecordingCommandBuffer):
             self.patch_dispatch(command, table)  # type: ignore[arg-type]
             api.exec_set_kernel_params(graph_exec, node.handle, node.params)
             return
+        if node.kind == "library":
+            if node.enabled:
+                self._recapture(graph_exec, node, table)
+            return
         if node.params is None:
             raise _RebuildNeeded
         if node.kind == "memset":
@@ -512,6 +539,18 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         if not setter(graph_exec, node.handle, node.params):
             raise _RebuildNeeded  # the driver refused this change in place
 
+    def _recapture(self, graph_exec: Any, node: _Node, table: Sequence[Binding] | None) -> None:
+        """Capture a library call again with the new operands and set it on its node in place."""
+        api = self.device.api
+        child = self.device.capturer.capture(node.command, table)  # type: ignore[arg-type]
+        try:
+            updated = api.exec_set_child_graph(graph_exec, node.handle, child)
+        finally:
+            api.graph_destroy(child)
+        if not updated:
+            raise _RebuildNeeded  # another plan (other alignment) changed the captured graph's shape
+        self.library_recaptures += 1
+
     def _reinstantiate(self, table: Sequence[Binding] | None) -> None:
         """Rebuild the graph for ``table`` after the driver refused an update in place."""
         self.reinstantiations += 1
@@ -528,6 +567,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self._build(table)
 
     def retired(self) -> None:
+        super().retired()
         self._finalizer()
 
 

@@ -13,12 +13,15 @@ graph nodes.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hal.command_buffer import Binding, BufferRef, CommandBuffer
 from hal.drivers.gpu.kernel_args import ArgArena
+from hal.drivers.gpu.library import LibraryCall
 from hal.executable import Executable, Export
+from hal.library import Routine
 
 if TYPE_CHECKING:
     from hal.drivers.gpu.device import GpuDevice
@@ -117,7 +120,12 @@ class Update:
         self.length = length
 
 
-Command = Dispatch | SlotDispatch | Fill | Copy | Update
+Command = Dispatch | SlotDispatch | Fill | Copy | Update | LibraryCall
+
+
+def _release_workspaces(device: GpuDevice, calls: list[LibraryCall]) -> None:
+    for call in calls:
+        call.workspace.release(device)
 
 
 class RecordingCommandBuffer(CommandBuffer):
@@ -139,6 +147,9 @@ class RecordingCommandBuffer(CommandBuffer):
         self.issue_lock = threading.Lock()
         #: One-shot: its resources go when its one submission retires (read at each retirement).
         self.one_shot = not self.reusable
+        #: The library routines recorded (their workspaces are freed with the command buffer).
+        self.library_calls: list[LibraryCall] = []
+        self._release_library: Any = None
 
     # -- references ----------------------------------------------------------------
     def _target(self, ref: BufferRef) -> Target:
@@ -202,6 +213,17 @@ class RecordingCommandBuffer(CommandBuffer):
         self._level.append(dispatch)
         self.slot_dispatches.append(dispatch)
 
+    def _dispatch_routine(self, executable: Executable, ordinal: int, export: Export, routine: Routine,
+                          checked: object, constants: tuple[int, ...], bindings: list[BufferRef]) -> None:
+        targets = [self._target(ref) for ref in bindings]
+        call = LibraryCall(executable.backend, routine, checked, constants, targets,  # type: ignore[attr-defined]
+                           empty=routine.is_empty(checked))
+        if not self.library_calls:
+            self._release_library = weakref.finalize(self, self.device.release_later, _release_workspaces,
+                                                     self.device, self.library_calls)
+        self.library_calls.append(call)
+        self._level.append(call)
+
     def _end(self) -> None:
         if not self.levels[-1] and len(self.levels) > 1:
             self.levels.pop()
@@ -245,3 +267,5 @@ class RecordingCommandBuffer(CommandBuffer):
 
     def retired(self) -> None:
         """The one submission of this one-shot command buffer completed: release its resources."""
+        if self._release_library is not None:
+            self._release_library()

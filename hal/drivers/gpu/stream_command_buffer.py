@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hal.command_buffer import Binding
+from hal.drivers.gpu.library import LibraryCall
 from hal.drivers.gpu.recording import Command, Copy, Dispatch, Fill, RecordingCommandBuffer, SlotDispatch, Update
 
 
@@ -62,6 +63,11 @@ class StreamCommandBuffer(RecordingCommandBuffer):
                 if kind is Dispatch or kind is SlotDispatch:
                     append(prepare_launch(command.function, command.grid, command.block, stream,
                                           params + 8 * command.arg_start if command.arg_count else 0))
+                    continue
+                if kind is LibraryCall:  # issued by the library itself (it may plan, or grow its workspace)
+                    segments.append((calls, command))
+                    calls = []
+                    append = calls.append
                     continue
                 target = command.target
                 if kind is Fill and target.slot is None:
@@ -114,11 +120,14 @@ class StreamCommandBuffer(RecordingCommandBuffer):
             length = min(src_length, dst_length)
             if length:
                 api.memcpy_dtod_async(dst, src, length, stream)
+        elif kind is LibraryCall:
+            command.issue(self.device, stream, table)
         elif kind is Update:
             dst, _ = command.target.resolve(table)
             api.memcpy_htod_async(dst, self._staging[0] + command.staging_offset, command.length, stream)  # type: ignore[index]
 
     def retired(self) -> None:
+        super().retired()
         if self._release_staging is not None:
             self._release_staging()  # the one submission completed: the block can serve others
             self._release_staging = None

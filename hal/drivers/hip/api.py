@@ -167,6 +167,7 @@ class HipApi(BindingsShim):
             "host_flags": h.hipHostMallocPortable | h.hipHostMallocMapped,
             "max_threads_attribute": h.hipFunction_attribute.HIP_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
             "memset_params_type": h.hipMemsetParams,
+            "capture_mode": h.hipStreamCaptureMode.hipStreamCaptureModeThreadLocal,
         }
         super().__init__(h, "hip", values)
         self._launch = h.hipModuleLaunchKernel

@@ -1,0 +1,171 @@
+"""Library routines on a GPU: vendor-library calls recorded into command buffers.
+
+A vendor driver hands its ``ExecutableCache`` a ``LibraryBackend`` (cuBLASLt for CUDA, hipBLASLt
+for HIP) when the library loads; the device then lists the ``library`` format. What is written
+once here, for every vendor:
+
+- ``LibraryExecutable``: the executable of a ``library`` spec (``hal.library``). It has no
+  ``functions``: nothing can launch it as a kernel.
+- ``LibraryCall``: one recorded routine with its operands as ``Target`` (fixed addresses or
+  binding-table slots) and its own workspace, taken from the device's memory through the
+  allocator and grown to what the plan for the bound addresses asks. A command buffer's calls
+  never share a workspace, so calls of one graph level may run concurrently.
+- ``issue`` (stream command buffers: the call enqueued on the queue's stream) and ``capture``
+  (graph command buffers: the call captured on the device's capture stream into a graph the
+  caller adds as a child-graph node, or sets in place on an executable graph after a rebind).
+
+The backend plans a call once per (routine, shape, alignment of the bound addresses) and caches
+the plan, so a re-issue or a re-capture costs the library call itself.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from hal.command_buffer import Binding
+from hal.executable import Executable, ExecutableSpec
+from hal.library import Routine
+
+if TYPE_CHECKING:
+    from hal.drivers.gpu.device import GpuDevice
+    from hal.drivers.gpu.recording import Target
+
+
+class LibraryBackend(Protocol):
+    """A vendor library behind the ``library`` format (one per device)."""
+
+    #: The library and its version, for messages ("cuBLASLt 13.1.0").
+    name: str
+
+    def supports(self, routine: Routine) -> str | None:
+        """None when the backend runs ``routine``, else why not (the executable is then refused)."""
+
+    def workspace_size(self, routine: Routine, checked: Any, pointers: Sequence[int]) -> int:
+        """Bytes of workspace the call needs with operands at ``pointers`` (plans it once)."""
+
+    def enqueue(self, routine: Routine, checked: Any, constants: tuple[int, ...], pointers: Sequence[int],
+                workspace: int, workspace_size: int, stream: Any) -> None:
+        """Enqueue the call on ``stream`` (also while the stream captures into a graph): ``checked``
+        is what ``routine.check`` made of the dispatch's ``constants``."""
+
+
+class LibraryExecutable(Executable):
+    """The routines of a ``library`` spec on a GPU device and the backend that runs them."""
+
+    def __init__(self, device: GpuDevice, spec: ExecutableSpec, backend: LibraryBackend) -> None:
+        super().__init__(device, spec)
+        self.backend = backend
+
+
+def prepare(device: GpuDevice, spec: ExecutableSpec, backend: LibraryBackend | None) -> LibraryExecutable:
+    from hal.errors import IncompatibleError, UnimplementedError
+
+    if backend is None:
+        raise IncompatibleError(f"device {device.info.uri} has no library backend for 'library' executables")
+    executable = LibraryExecutable(device, spec, backend)
+    for export, routine in zip(spec.exports, executable.routines or ()):
+        reason = backend.supports(routine)
+        if reason is not None:
+            raise UnimplementedError(f"library export {export.name!r}: {backend.name} cannot run {routine}: {reason}")
+    return executable
+
+
+class Workspace:
+    """A library call's device workspace (an allocation of the device, freed with the command buffer)."""
+
+    __slots__ = ("allocation",)
+
+    def __init__(self) -> None:
+        self.allocation: Any = None
+
+    def ensure(self, device: GpuDevice, size: int) -> tuple[int, int]:
+        """(address, size) of at least ``size`` bytes; a smaller allocation is freed once the work
+        submitted so far (which may still use it) completed."""
+        allocation = self.allocation
+        if size == 0:
+            return (allocation.ptr, allocation.size) if allocation is not None else (0, 0)
+        if allocation is None or allocation.size < size:
+            if allocation is not None:
+                device.defer(lambda old=allocation: device.allocator.free_now(old))
+            allocation = self.allocation = device.allocate_staging(size)
+        return allocation.ptr, allocation.size
+
+    def release(self, device: GpuDevice) -> None:
+        allocation, self.allocation = self.allocation, None
+        if allocation is not None:
+            device.allocator.free_now(allocation)
+
+
+class LibraryCall:
+    """A recorded library routine: its operands, its constants' checked form and its workspace."""
+
+    __slots__ = ("backend", "routine", "checked", "constants", "targets", "workspace", "empty")
+
+    def __init__(self, backend: LibraryBackend, routine: Routine, checked: Any, constants: tuple[int, ...],
+                 targets: list[Target], empty: bool) -> None:
+        self.backend = backend
+        self.routine = routine
+        self.checked = checked
+        self.constants = constants
+        self.targets = targets
+        self.workspace = Workspace()
+        #: A call with no output (a zero-size product): recorded, never enqueued.
+        self.empty = empty
+
+    @property
+    def slots(self) -> set[int]:
+        return {target.slot for target in self.targets if target.slot is not None}
+
+    def pointers(self, table: Sequence[Binding] | None) -> list[int]:
+        return [address for address, _ in (target.resolve(table) for target in self.targets)]
+
+    def prepare(self, device: GpuDevice, table: Sequence[Binding] | None) -> tuple[list[int], int, int]:
+        """(operand addresses, workspace address, workspace size) against ``table``: the plan is
+        made and the workspace allocated here, never while a stream captures."""
+        pointers = self.pointers(table)
+        size = self.backend.workspace_size(self.routine, self.checked, pointers)
+        workspace, capacity = self.workspace.ensure(device, size)
+        return pointers, workspace, capacity
+
+    def enqueue(self, prepared: tuple[list[int], int, int], stream: Any) -> None:
+        pointers, workspace, capacity = prepared
+        self.backend.enqueue(self.routine, self.checked, self.constants, pointers, workspace, capacity, stream)
+
+    def issue(self, device: GpuDevice, stream: Any, table: Sequence[Binding] | None) -> None:
+        """Enqueue the call on ``stream`` with its operands resolved against ``table``."""
+        if not self.empty:
+            self.enqueue(self.prepare(device, table), stream)
+
+
+class Capturer:
+    """Captures library calls into graphs on one private stream per device (one capture at a time)."""
+
+    def __init__(self, device: GpuDevice) -> None:
+        self.device = device
+        self._lock = threading.Lock()
+        self._stream: Any = None
+
+    def capture(self, call: LibraryCall, table: Sequence[Binding] | None) -> Any:
+        """A new graph holding ``call`` with operands from ``table`` (the caller destroys it)."""
+        device = self.device
+        api = device.api
+        with self._lock:
+            device.make_current()
+            prepared = call.prepare(device, table)
+            if self._stream is None:
+                self._stream = api.stream_create()
+            stream = self._stream
+            api.stream_begin_capture(stream)
+            try:
+                call.enqueue(prepared, stream)
+            except BaseException:
+                api.graph_destroy(api.stream_end_capture(stream))  # the capture must end on this stream
+                raise
+            return api.stream_end_capture(stream)
+
+    def release(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            self.device.api.stream_destroy(stream)
