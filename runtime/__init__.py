@@ -255,6 +255,7 @@ concatenate = concat
 from .autodiff import grad, value_and_grad  # noqa: E402,F401
 from .compile import compile  # noqa: E402,A001,F401
 from .interop import from_dlpack  # noqa: E402,F401
+from .kernels.matmul import get_float32_matmul_precision, set_float32_matmul_precision  # noqa: E402,F401
 from .lowering import evaluate as _evaluate  # noqa: E402 - rt.eval's (lowering needs the modules above)
 
 # Every public name: the op builders, the array API namespace, the dtypes, errors and utilities.

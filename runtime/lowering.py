@@ -640,12 +640,17 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
             if kind == "dispatch":
                 _, src, name, wg, consts, roles = cmd
                 slots = []
+                offsets = None  # byte offsets into the bound buffers ("in_at" roles: library operands)
                 for role in roles:
                     what = role[0]
                     if what == "out":
                         slots.append(index_of_node[role[1] if len(role) > 1 else unit.first])
                     elif what == "in":
                         slots.append(slot_of_root[id(unit.node.inputs[role[1]].root)])  # (grad nodes: aliased)
+                    elif what == "in_at":
+                        offsets = offsets or {}
+                        offsets[len(slots)] = role[2]
+                        slots.append(slot_of_root[id(unit.node.inputs[role[1]].root)])
                     elif what == "root":
                         slots.append(slot_of_root[id(role[1])])
                     else:
@@ -653,8 +658,9 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
                 if program is not None:
                     program.add_dispatch(src.numpy_code()[name], tuple(slots), consts, wg)
                 else:
-                    cb.dispatch(executable(ctx, src), name, workgroups=wg, constants=consts,
-                                bindings=[ref(s) for s in slots])
+                    bindings = [ref(s) for s in slots] if offsets is None else \
+                        [ref(s, offsets.get(i, 0)) for i, s in enumerate(slots)]
+                    cb.dispatch(executable(ctx, src), name, workgroups=wg, constants=consts, bindings=bindings)
                 dispatches += 1
                 fused += name.startswith("fused_")
             elif kind == "fill":

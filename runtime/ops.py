@@ -11,6 +11,7 @@ from . import dtypes as _dt
 from .array import NATIVE, Array, constant, keep_constant, new_node, new_view, upload
 from .device import context_for
 from .errors import InvalidTypeError, InvalidValueError, ScalarOverflowError
+from .kernels.matmul import matmul_precision
 from .shapes import (
     MAX_DIMS,
     broadcast_shapes,
@@ -460,7 +461,7 @@ def matmul(a, b) -> Array:
         a2 = astype(a2, dt)
     if b2.dtype is not dt:
         b2 = astype(b2, dt)
-    out = new_node("matmul", (a2, b2), None, out_shape, dt, a.ctx)
+    out = new_node("matmul", (a2, b2), matmul_precision(dt), out_shape, dt, a.ctx)
     return out if result is None else reshape(out, result)
 
 

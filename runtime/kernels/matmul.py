@@ -1,4 +1,12 @@
-"""Batched matmul with broadcast batch dims: a tiled shared-memory kernel, numpy matmul on CPU.
+"""Batched matmul with broadcast batch dims: the device's vendor GEMM (cuBLASLt, hipBLASLt) on
+GPUs that have one, else a tiled shared-memory kernel; numpy matmul (its BLAS) on CPU.
+
+A product goes to the library (``plan_library``: a ``hal.Gemm`` dispatch of a ``library``
+executable) when the device lists the ``library`` format, the dtype is a float the libraries
+take, and each operand is a matrix with a unit stride in one of its two dims (a row-major or a
+transposed matrix, as views and transposes make them) and one collapsed batch dim at most.
+float32 products are IEEE float32 unless ``set_float32_matmul_precision("high")`` asked for
+TF32 (``matmul_precision``); the choice is the node's parameter, so it is part of the graph key.
 
 Matrix-vector products (one output column or row, no batch) take a GEMV kernel on GPUs
 instead: the tiled kernel would idle 15 of every 16 threads and walk K in one block per
@@ -237,7 +245,101 @@ def _general(dt):
     return run
 
 
+#: dtypes whose products the GPU libraries compute (float accumulation for the 16-bit ones).
+LIBRARY_DTYPES = frozenset({"float32", "float64", "float16", "bfloat16"})
+#: float32 matmul precision: "highest" (IEEE float32, numpy's and PyTorch's default) or "high" (TF32).
+_float32_precision = ["highest"]
+
+
+def set_float32_matmul_precision(precision: str) -> None:
+    """float32 products from now on: "highest" (IEEE float32, the default) or "high" (TF32 tensor
+    cores where the device's GEMM library has them: about 8x faster, 10-bit mantissas), as
+    ``torch.set_float32_matmul_precision``. "medium" is taken as "high"."""
+    if precision not in ("highest", "high", "medium"):
+        raise ValueError(f"float32 matmul precision must be 'highest', 'high' or 'medium', got {precision!r}")
+    _float32_precision[0] = precision
+
+
+def get_float32_matmul_precision() -> str:
+    return _float32_precision[0]
+
+
+def matmul_precision(dt) -> str | None:
+    """The matmul node's parameter for dtype ``dt``: "tf32" when float32 products may use TF32."""
+    return "tf32" if dt is _dt.float32 and _float32_precision[0] != "highest" else None
+
+
+class LibrarySource:
+    """A ``hal.Gemm`` routine as the lowering's kernel source: a ``library`` executable of one export."""
+
+    __slots__ = ("key", "routine", "export")
+
+    def __init__(self, routine: hal.Gemm) -> None:
+        self.routine = routine
+        self.key = ("library", routine)
+        self.export = "gemm"
+
+    def specs(self, formats: tuple) -> list:
+        return [hal.library_spec({self.export: self.routine})]
+
+    def numpy_code(self) -> dict:
+        return {self.export: self.routine.reference()}
+
+
+def library_source(dtype_name: str, epilogue: str = "none", precision: str = "ieee") -> LibrarySource:
+    return source(("gemm", dtype_name, epilogue, precision),
+                  lambda: LibrarySource(hal.Gemm(dtype_name, epilogue=epilogue, precision=precision)))
+
+
+def _matrix(rows: int, cols: int, rs: int, cs: int) -> tuple[bool, int] | None:
+    """(stored transposed, leading dimension) of a rows x cols operand with element strides (rs, cs),
+    or None when neither stride is a unit one (a broadcast or a strided slice: the own kernel)."""
+    if cs == 1 or cols == 1:
+        ld = rs if rows > 1 else cols
+        if ld >= cols and (cs == 1 or rows == 1 or rs >= 1):
+            return False, max(ld, cols)
+    if rs == 1 or rows == 1:
+        ld = cs if cols > 1 else rows
+        if ld >= rows:
+            return True, max(ld, rows)
+    return None
+
+
+def plan_library(node, layouts: list, ctx) -> list | None:
+    """The product as one library Gemm dispatch, or None when it does not fit one (see the module doc)."""
+    dt = node.dtype
+    if not ctx.is_gpu or dt.name not in LIBRARY_DTYPES or not ctx.device.can_prepare("library"):
+        return None
+    (ashape, astr, aoff), (bshape, bstr, boff) = layouts
+    M, N = node.shape[-2:]
+    K = ashape[-1]
+    batch = node.shape[:-2]
+    if K == 0 or size_of(node.shape) == 0:
+        return None
+    ab = broadcast_strides(ashape[:-2], astr[:-2], batch)
+    bb = broadcast_strides(bshape[:-2], bstr[:-2], batch)
+    cshape, (ab, bb) = collapse(batch, [ab, bb])
+    if len(cshape) > 1 or any(s < 0 for s in ab + bb):
+        return None
+    a = _matrix(M, K, astr[-2], astr[-1])
+    b = _matrix(K, N, bstr[-2], bstr[-1])
+    if a is None or b is None:
+        return None
+    nb = size_of(cshape)
+    consts = hal.Gemm.constants_for(M, N, K, nb, transpose_a=a[0], transpose_b=b[0], lda=a[1], ldb=b[1],
+                                    stride_a=ab[0] if cshape else 0, stride_b=bb[0] if cshape else 0)
+    if any(c > 0xFFFFFFFF for c in consts):
+        return None
+    src = library_source(dt.name, precision="tf32" if node.params == "tf32" else "ieee")
+    size = dt.itemsize
+    return [("dispatch", src, src.export, (1, 1, 1), consts,
+             [("out",), ("in_at", 0, aoff * size), ("in_at", 1, boff * size)])]
+
+
 def plan(node, layouts: list, ctx) -> list:
+    library = plan_library(node, layouts, ctx)
+    if library is not None:
+        return library
     (ashape, astr, aoff), (bshape, bstr, boff) = layouts
     M, N = node.shape[-2:]
     K = ashape[-1]

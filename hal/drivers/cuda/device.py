@@ -2,7 +2,8 @@
 
 Everything device-specific is handed to ``GpuDevice``: the shim, the context,
 the launch limits and memory from the device's attributes, and the executable
-cache compiling for its exact ``sm_XY``.
+cache compiling for its exact ``sm_XY``, with cuBLASLt behind its library routines
+where the library loads (``blas.py``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from hal.driver import DeviceInfo, Driver
+from hal.drivers.cuda import blas
 from hal.drivers.cuda.executable_cache import CudaExecutableCache
 from hal.drivers.gpu.device import GpuDevice
 
@@ -23,6 +25,7 @@ def create_device(
         "max_workgroup_size": props["max_threads_per_block"],
     }
     executables = CudaExecutableCache((props["compute_capability_major"], props["compute_capability_minor"]))
+    executables.libraries = blas.load(info.ordinal)
     return GpuDevice(
         driver,
         info,
