@@ -1,154 +1,89 @@
-"""cuBLASLt behind the CUDA driver's library routines, through nvmath-python's bindings.
+"""cuBLASLt (and cuBLAS) behind the CUDA driver's library routines, through nvmath-python's bindings.
 
 ``load()`` gives the backend (``hal.drivers.gpu.library.LibraryBackend``) when nvmath-python and
 the cuBLASLt library (the ``nvidia-cublas`` wheel) load, else None, logging the reason once: the
 device then lacks the ``library`` format and the runtime keeps its own kernels.
 
-cuBLASLt is column-major; a ``hal.Gemm`` is row-major. A row-major C (m x n) is, read as
-column-major, C^T (n x m) = op(B)^T op(A)^T, so each product is planned as D = X Y with X the
-memory of B and Y the memory of A (``column_major``); a bias of n elements is then per row of D,
-which is what cuBLASLt's bias epilogues add.
+The row-major to column-major mapping, the plan cache and the measured choice among candidates
+are the GPU drivers' (``hal/drivers/gpu/gemm.py``); this module lists the candidates of a product:
 
-Plans (descriptors, layouts, the heuristic's algorithm and its workspace size) are made once per
-(routine, shape, operand alignment) and cached: a re-issue or a graph re-capture is one
-``cublasLtMatmul``. Products never allocate: the workspace is the call's own (``LibraryCall``),
-so a captured call holds no memory node.
+- cuBLASLt's heuristic algorithms (``cublasLtMatmul``, epilogues included);
+- without an epilogue, cuBLAS's classic ``cublasGemmStridedBatchedEx``. For IEEE float32 none of
+  cuBLASLt's algorithms is among the fast ones: its float32 products of 4096^2 ran at 19-23
+  TFLOP/s on an H200, where the classic GEMM (which PyTorch calls) ran at 51.
+
+Products never allocate: the workspace is the call's own (``LibraryCall``), also given to the
+classic handle (``cublasSetWorkspace``), so a captured call holds no memory node.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from hal.errors import UnimplementedError
-from hal.library import Gemm, GemmShape, Routine
+from hal.drivers.gpu.gemm import GemmBackend, Plan, column_major
+from hal.library import Gemm, GemmShape
 from hal.log import driver_logger
 
 #: cudaDataType_t and cublasComputeType_t values (library_types.h, cublas_api.h).
 DATA_TYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}
 COMPUTE_32F, COMPUTE_32F_FAST_TF32, COMPUTE_64F = 68, 77, 70
-OP_N, OP_T = 0, 1
-#: The most workspace a plan may ask for (NVIDIA's advice for Hopper).
+#: The most workspace a cuBLASLt plan may ask for (NVIDIA's advice for Hopper).
 WORKSPACE_LIMIT = 32 << 20
-#: Largest alignment the heuristic distinguishes (its default assumption).
-MAX_ALIGNMENT = 256
+#: cuBLASLt algorithms asked of the heuristic.
+CANDIDATES = 8
+#: cublasGemmEx's algorithm choice left to cuBLAS, and the workspace its calls are given.
+DEFAULT_ALGORITHM = -1
+CLASSIC_WORKSPACE = 1 << 20
 EPILOGUES = {"none": "DEFAULT", "bias": "BIAS", "relu": "RELU", "bias_relu": "RELU_BIAS", "gelu": "GELU",
              "bias_gelu": "GELU_BIAS"}
 
 
-@dataclasses.dataclass(frozen=True)
-class ColumnMajor:
-    """A row-major Gemm as cuBLASLt's D (rows x cols) = op(X) op(Y): operations, and each matrix's
-    (rows, cols, ld) as stored (column-major) with its batch stride, in elements."""
-
-    transpose_x: int
-    transpose_y: int
-    x: tuple[int, int, int, int]
-    y: tuple[int, int, int, int]
-    d: tuple[int, int, int, int]
+def compute_types(gemm: Gemm) -> tuple[int, type]:
+    """(cublasComputeType_t, the scalars' numpy type): 16-bit inputs accumulate in float32 on
+    tensor cores; float32 is IEEE unless TF32 was asked for."""
+    if gemm.dtype == "float64":
+        return COMPUTE_64F, np.float64
+    return (COMPUTE_32F_FAST_TF32 if gemm.precision == "tf32" else COMPUTE_32F), np.float32
 
 
-def column_major(shape: GemmShape) -> ColumnMajor:
-    """X is B's memory, Y is A's, D is C's (see the module docstring)."""
-    s = shape
-    # B row-major k x n is column-major n x k: op(B)^T as it is; stored transposed (n x k row-major),
-    # it is column-major k x n and must be transposed.
-    x = (s.k, s.n, s.ldb, s.stride_b) if s.transpose_b else (s.n, s.k, s.ldb, s.stride_b)
-    y = (s.m, s.k, s.lda, s.stride_a) if s.transpose_a else (s.k, s.m, s.lda, s.stride_a)
-    d = (s.n, s.m, s.ldc, s.stride_c)
-    return ColumnMajor(OP_T if s.transpose_b else OP_N, OP_T if s.transpose_a else OP_N, x, y, d)
+class CublasLt(GemmBackend):
+    """The ``LibraryBackend`` of a CUDA device: one cuBLASLt handle, one classic cuBLAS handle."""
 
-
-def alignment(pointer: int, *element_counts: int, element_size: int) -> int:
-    """The largest power of two (<= MAX_ALIGNMENT) dividing the address and every stride in bytes."""
-    bits = pointer | MAX_ALIGNMENT
-    for count in element_counts:
-        if count:
-            bits |= count * element_size
-    return bits & -bits
-
-
-class _Plan:
-    """One planned product: descriptors, layouts, the algorithm, scalars and the workspace size."""
-
-    __slots__ = ("desc", "layouts", "heuristic", "algo", "workspace_size", "alpha", "beta", "bias_attribute")
-
-
-class CublasLt:
-    """The ``LibraryBackend`` of a CUDA device (one cuBLASLt handle, plans cached per problem)."""
-
-    def __init__(self, lt: Any) -> None:
+    def __init__(self, lt: Any, api: Any = None, blas: Any = None) -> None:
+        super().__init__(api)
         self.lt = lt
+        #: nvmath's classic cuBLAS bindings (None: cuBLASLt only).
+        self.blas = blas
         version = lt.get_version()
         self.name = f"cuBLASLt {version // 10000}.{version // 100 % 100}.{version % 100}"
         self.handle = lt.create()
-        self._plans: dict[tuple, _Plan] = {}
-        self._lock = threading.Lock()
+        self.blas_handle: Any = None  # made at the first classic plan, with the device's context current
 
-    def supports(self, routine: Routine) -> str | None:
-        if not isinstance(routine, Gemm):
-            return f"{type(routine).__name__} is not a routine of cuBLASLt"
-        return None
+    def candidates(self, gemm: Gemm, shape: GemmShape, aligned: tuple[int, int, int]) -> list[Plan]:
+        plans = self._lt_candidates(gemm, shape, aligned)
+        classic = self._classic_candidate(gemm, shape)
+        return plans + ([classic] if classic is not None else [])
 
-    # -- LibraryBackend ------------------------------------------------------------------------
-    def workspace_size(self, routine: Routine, checked: Any, pointers: Sequence[int]) -> int:
-        return self._plan(routine, checked, pointers).workspace_size  # type: ignore[arg-type]
-
-    def enqueue(self, routine: Routine, checked: Any, constants: tuple[int, ...], pointers: Sequence[int],
-                workspace: int, workspace_size: int, stream: Any) -> None:
-        gemm: Gemm = routine  # type: ignore[assignment]
-        plan = self._plan(gemm, checked, pointers)
-        lt = self.lt
-        c, a, b = pointers[0], pointers[1], pointers[2]
-        layout_x, layout_y, layout_d = plan.layouts
-        with self._lock:  # the bias pointer is an attribute of the plan's shared descriptor
-            if plan.bias_attribute is not None:
-                plan.bias_attribute[0] = pointers[3]
-                lt.matmul_desc_set_attribute(plan.desc, lt.MatmulDescAttribute.BIAS_POINTER,
-                                             plan.bias_attribute.ctypes.data, 8)
-            lt.matmul(self.handle, plan.desc, plan.alpha.ctypes.data, b, layout_x, a, layout_y,
-                      plan.beta.ctypes.data, c, layout_d, c, layout_d, plan.algo, workspace, workspace_size,
-                      int(stream))
-
-    # -- planning ----------------------------------------------------------------------------------
-    def _plan(self, gemm: Gemm, shape: GemmShape, pointers: Sequence[int]) -> _Plan:
-        size = gemm.element_size
-        aligned = (alignment(pointers[1], shape.lda, shape.stride_a, element_size=size),
-                   alignment(pointers[2], shape.ldb, shape.stride_b, element_size=size),
-                   alignment(pointers[0], shape.ldc, shape.stride_c, element_size=size))
-        key = (gemm, shape, aligned)
-        plan = self._plans.get(key)
-        if plan is None:
-            with self._lock:
-                plan = self._plans.get(key)
-                if plan is None:
-                    plan = self._plans[key] = self._make_plan(gemm, shape, aligned)
-        return plan
-
-    def _make_plan(self, gemm: Gemm, shape: GemmShape, aligned: tuple[int, int, int]) -> _Plan:
+    def _lt_candidates(self, gemm: Gemm, shape: GemmShape, aligned: tuple[int, int, int]) -> list[Plan]:
+        """The heuristic's algorithms (best first) for the product as cuBLASLt's D = op(X) op(Y)."""
         lt = self.lt
         problem = column_major(shape)
         data_type = DATA_TYPES[gemm.dtype]
-        if gemm.dtype == "float64":
-            compute, scale = COMPUTE_64F, np.float64
-        else:  # 16-bit inputs accumulate in float32 on tensor cores; float32 is IEEE unless tf32 was asked
-            compute, scale = (COMPUTE_32F_FAST_TF32 if gemm.precision == "tf32" else COMPUTE_32F), np.float32
-        plan = _Plan()
-        plan.alpha = np.ones(1, scale)
-        plan.beta = np.zeros(1, scale)
-        plan.desc = lt.matmul_desc_create(compute, DATA_TYPES["float64" if scale is np.float64 else "float32"])
+        compute, scale = compute_types(gemm)
+        alpha, beta = np.ones(1, scale), np.zeros(1, scale)
+        desc = lt.matmul_desc_create(compute, DATA_TYPES["float64" if scale is np.float64 else "float32"])
         attribute = lt.MatmulDescAttribute
-        _set(lt.matmul_desc_set_attribute, plan.desc, attribute.TRANSA, np.int32(problem.transpose_x))
-        _set(lt.matmul_desc_set_attribute, plan.desc, attribute.TRANSB, np.int32(problem.transpose_y))
-        epilogue = getattr(lt.Epilogue, EPILOGUES[gemm.epilogue])
-        _set(lt.matmul_desc_set_attribute, plan.desc, attribute.EPILOGUE, np.uint32(epilogue))
-        plan.bias_attribute = np.zeros(1, np.uint64) if gemm.has_bias else None
-        plan.layouts = tuple(self._layout(data_type, rows, cols, ld, stride, shape.batch)
-                             for rows, cols, ld, stride in (problem.x, problem.y, problem.d))
+        _set(lt.matmul_desc_set_attribute, desc, attribute.TRANSA, np.int32(problem.transpose_x))
+        _set(lt.matmul_desc_set_attribute, desc, attribute.TRANSB, np.int32(problem.transpose_y))
+        _set(lt.matmul_desc_set_attribute, desc, attribute.EPILOGUE,
+             np.uint32(getattr(lt.Epilogue, EPILOGUES[gemm.epilogue])))
+        bias_pointer = np.zeros(1, np.uint64) if gemm.has_bias else None
+        layouts = [self._layout(data_type, rows, cols, ld, stride, shape.batch)
+                   for rows, cols, ld, stride in (problem.x, problem.y, problem.d)]
+        layout_x, layout_y, layout_d = layouts
         preference = lt.matmul_preference_create()
         try:
             prefs = lt.MatmulPreferenceAttribute
@@ -157,19 +92,51 @@ class CublasLt:
             for attr, value in ((prefs.MIN_ALIGNMENT_A_BYTES, align_x), (prefs.MIN_ALIGNMENT_B_BYTES, align_y),
                                 (prefs.MIN_ALIGNMENT_C_BYTES, align_d), (prefs.MIN_ALIGNMENT_D_BYTES, align_d)):
                 _set(lt.matmul_preference_set_attribute, preference, attr, np.uint32(value))
-            results = np.zeros(1, lt.matmul_heuristic_result_dtype)
+            results = np.zeros(CANDIDATES, lt.matmul_heuristic_result_dtype)
             count = np.zeros(1, np.int32)
-            layout_x, layout_y, layout_d = plan.layouts
-            lt.matmul_algo_get_heuristic(self.handle, plan.desc, layout_x, layout_y, layout_d, layout_d, preference,
-                                         1, results.ctypes.data, count.ctypes.data)
+            lt.matmul_algo_get_heuristic(self.handle, desc, layout_x, layout_y, layout_d, layout_d, preference,
+                                         CANDIDATES, results.ctypes.data, count.ctypes.data)
         finally:
             lt.matmul_preference_destroy(preference)
-        if count[0] < 1:
-            raise UnimplementedError(f"{self.name} has no algorithm for {gemm} of {shape}")
-        plan.heuristic = results  # keeps the algorithm's memory alive
-        plan.algo = results.ctypes.data  # the first field of the result is the algorithm
-        plan.workspace_size = int(results["workspace_size"][0])
-        return plan
+        owned = [alpha, beta, desc, layouts, bias_pointer]
+        set_attribute, bias_attribute = lt.matmul_desc_set_attribute, attribute.BIAS_POINTER
+        plans = []
+        for i in range(int(count[0])):
+            algorithm = results[i:i + 1].copy()
+
+            def run(c, a, b, bias, workspace, workspace_size, stream, algo=algorithm.ctypes.data) -> None:
+                if bias_pointer is not None:
+                    bias_pointer[0] = bias
+                    set_attribute(desc, bias_attribute, bias_pointer.ctypes.data, 8)
+                lt.matmul(self.handle, desc, alpha.ctypes.data, b, layout_x, a, layout_y, beta.ctypes.data,
+                          c, layout_d, c, layout_d, algo, workspace, workspace_size, stream)
+
+            plans.append(Plan(run, int(algorithm["workspace_size"][0]), [*owned, algorithm], "cublasLt"))
+        return plans
+
+    def _classic_candidate(self, gemm: Gemm, shape: GemmShape) -> Plan | None:
+        """cuBLAS's own GEMM (``cublasGemmStridedBatchedEx``) for products without an epilogue."""
+        blas = self.blas
+        if blas is None or gemm.epilogue != "none":
+            return None
+        problem = column_major(shape)
+        data_type = DATA_TYPES[gemm.dtype]
+        compute, scale = compute_types(gemm)
+        alpha, beta = np.ones(1, scale), np.zeros(1, scale)
+        (_, _, ldx, stride_x), (_, _, ldy, stride_y), (rows, cols, ldd, stride_d) = problem.x, problem.y, problem.d
+        if self.blas_handle is None:
+            self.blas_handle = blas.create()
+        handle = self.blas_handle
+
+        def run(c, a, b, bias, workspace, workspace_size, stream) -> None:
+            blas.set_stream(handle, stream)
+            blas.set_workspace(handle, workspace, workspace_size)  # never its own: captures hold no allocation
+            blas.gemm_strided_batched_ex(handle, problem.transpose_x, problem.transpose_y, rows, cols, shape.k,
+                                         alpha.ctypes.data, b, data_type, ldx, stride_x, a, data_type, ldy, stride_y,
+                                         beta.ctypes.data, c, data_type, ldd, stride_d, shape.batch, compute,
+                                         DEFAULT_ALGORITHM)
+
+        return Plan(run, CLASSIC_WORKSPACE, [alpha, beta], "cublas")
 
     def _layout(self, data_type: int, rows: int, cols: int, ld: int, stride: int, batch: int) -> int:
         lt = self.lt
@@ -193,9 +160,9 @@ _reported: list[BaseException] = []
 _lock = threading.Lock()
 
 
-def load(ordinal: int) -> CublasLt | None:
-    """The cuBLASLt backend of CUDA device ``ordinal``, or None when the library is missing
-    (the reason logged once per process)."""
+def load(ordinal: int, api: Any = None) -> CublasLt | None:
+    """The cuBLASLt backend of CUDA device ``ordinal`` (``api``: the shim that times candidate
+    algorithms), or None when the library is missing (the reason logged once per process)."""
     with _lock:
         backend = _backends.get(ordinal)
         if backend is not None:
@@ -203,7 +170,11 @@ def load(ordinal: int) -> CublasLt | None:
         try:
             from nvmath.bindings import cublasLt as lt
 
-            backend = _backends[ordinal] = CublasLt(lt)
+            try:
+                from nvmath.bindings import cublas as blas
+            except Exception:  # cuBLASLt alone still serves every product
+                blas = None
+            backend = _backends[ordinal] = CublasLt(lt, api, blas)
             return backend
         except Exception as exc:  # an import error, a missing library, or a failing handle creation
             if not _reported:

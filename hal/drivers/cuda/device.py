@@ -25,7 +25,7 @@ def create_device(
         "max_workgroup_size": props["max_threads_per_block"],
     }
     executables = CudaExecutableCache((props["compute_capability_major"], props["compute_capability_minor"]))
-    executables.libraries = blas.load(info.ordinal)
+    executables.libraries = blas.load(info.ordinal, api)
     return GpuDevice(
         driver,
         info,

@@ -1,0 +1,150 @@
+"""GEMM planning of the GPU drivers (hal/drivers/gpu/gemm.py) and the CUDA backend's loading, without a GPU."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+
+import numpy as np
+import pytest
+
+import hal
+from hal.drivers.gpu import gemm
+from hal.library import GemmShape
+
+
+def column_major_view(memory: np.ndarray, rows: int, cols: int, ld: int, stride: int, batch: int) -> np.ndarray:
+    size = memory.itemsize
+    return np.lib.stride_tricks.as_strided(memory, (batch, rows, cols), (stride * size, size, ld * size))
+
+
+@pytest.mark.parametrize("transpose_a,transpose_b,batch", list(itertools.product([False, True], [False, True], [1, 3])))
+def test_column_major_mapping_computes_the_row_major_product(transpose_a, transpose_b, batch):
+    """D = op(X) op(Y) on the column-major views of B's, A's and C's memory is C = op(A) op(B)."""
+    rng = np.random.default_rng(0)
+    m, n, k = 5, 4, 3
+    shape = GemmShape.of(hal.Gemm.constants_for(m, n, k, batch, transpose_a=transpose_a, transpose_b=transpose_b))
+    a_memory, b_memory = rng.random(batch * m * k), rng.random(batch * k * n)
+    a = a_memory.reshape(batch, k, m).transpose(0, 2, 1) if transpose_a else a_memory.reshape(batch, m, k)
+    b = b_memory.reshape(batch, n, k).transpose(0, 2, 1) if transpose_b else b_memory.reshape(batch, k, n)
+    problem = gemm.column_major(shape)
+    x = column_major_view(b_memory, *problem.x, batch)
+    y = column_major_view(a_memory, *problem.y, batch)
+    x = x.transpose(0, 2, 1) if problem.transpose_x == gemm.OP_T else x
+    y = y.transpose(0, 2, 1) if problem.transpose_y == gemm.OP_T else y
+    c_memory = np.zeros(batch * m * n)
+    column_major_view(c_memory, *problem.d, batch)[...] = x @ y
+    np.testing.assert_allclose(c_memory.reshape(batch, m, n), a @ b)
+
+
+@pytest.mark.parametrize("pointer,counts,expected", [
+    (0x1000, (64, 4096), 256), (0x1004, (64,), 4), (0x1000, (3,), 4), (0x1010, (8,), 16), (0x1000, (), 256),
+    (0x1000, (0,), 256),
+])
+def test_alignment_is_the_largest_power_of_two_dividing_address_and_strides(pointer, counts, expected):
+    assert gemm.alignment(pointer, *counts, element_size=4) == expected
+
+
+class TimedApi:
+    """The calls ``fastest`` makes, with each candidate's time set by the test."""
+
+    def __init__(self, times: dict) -> None:
+        self.times = times
+        self.running = None
+        self.allocated: list[int] = []
+        self.freed: list[int] = []
+        self.next = 0x10000
+
+    def mem_alloc(self, size):
+        self.next += 1 << 20
+        self.allocated.append(self.next)
+        return self.next
+
+    def mem_free(self, ptr):
+        self.freed.append(ptr)
+
+    def stream_create(self):
+        return 7
+
+    def stream_destroy(self, stream):
+        pass
+
+    def stream_synchronize(self, stream):
+        pass
+
+    def timing_event_create(self):
+        return object()
+
+    def event_destroy(self, event):
+        pass
+
+    def event_record(self, event, stream):
+        pass
+
+    def event_synchronize(self, event):
+        pass
+
+    def event_elapsed_ms(self, start, end):
+        return self.times[self.running]
+
+
+class Backend(gemm.GemmBackend):
+    def __init__(self, api, kinds):
+        super().__init__(api)
+        self.kinds = kinds
+        self.made = 0
+        self.calls = []
+
+    def candidates(self, g, shape, aligned):
+        self.made += 1
+        plans = []
+        for kind in self.kinds:
+            def run(c, a, b, bias, workspace, size, stream, kind=kind):
+                if kind == "broken":
+                    raise RuntimeError("this algorithm does not run")
+                self.api.running = kind
+                self.calls.append((kind, c, a, b, workspace))
+            plans.append(gemm.Plan(run, 0, [], kind))
+        return plans
+
+
+def test_the_fastest_candidate_is_kept_and_planned_once_per_shape_and_alignment():
+    api = TimedApi({"slow": 5.0, "fast": 1.0, "middle": 2.0})
+    backend = Backend(api, ["slow", "broken", "fast", "middle"])
+    routine = hal.Gemm("float32")
+    shape = GemmShape.of(hal.Gemm.constants_for(512, 512, 512))
+    assert backend.plan(routine, shape, [0x100000, 0x200000, 0x300000]).kind == "fast"
+    assert backend.plan(routine, shape, [0x400000, 0x500000, 0x600000]).kind == "fast"
+    assert backend.made == 1  # the same shape and alignment: the cached plan
+    assert sorted(api.freed) == sorted(api.allocated)  # the scratch operands went back
+    tuned = [call for call in backend.calls if call[0] == "fast"]
+    assert all(call[1] not in (0x100000, 0x400000) for call in tuned), "timed on the caller's operands"
+    backend.plan(routine, shape, [0x100004, 0x200000, 0x300000])  # another alignment of C: planned again
+    assert backend.made == 2
+
+
+def test_small_products_take_the_first_candidate_untimed():
+    api = TimedApi({"slow": 5.0, "fast": 1.0})
+    backend = Backend(api, ["slow", "fast"])
+    plan = backend.plan(hal.Gemm("float32"), GemmShape.of(hal.Gemm.constants_for(8, 8, 8)), [256, 512, 768])
+    assert plan.kind == "slow" and not backend.calls
+
+
+def test_no_candidate_is_unimplemented():
+    backend = Backend(None, [])
+    with pytest.raises(hal.UnimplementedError, match="no algorithm"):
+        backend.plan(hal.Gemm("float32"), GemmShape.of(hal.Gemm.constants_for(8, 8, 8)), [256, 512, 768])
+
+
+def test_without_nvmath_the_cuda_backend_is_absent_and_says_why_once(monkeypatch, caplog):
+    from hal.drivers.cuda import blas
+
+    monkeypatch.setitem(sys.modules, "nvmath", None)  # import nvmath... raises ImportError
+    monkeypatch.setattr(blas, "_backends", {})
+    monkeypatch.setattr(blas, "_reported", [])
+    with caplog.at_level(logging.WARNING, logger="hal"):
+        assert blas.load(0) is None
+        assert blas.load(1) is None
+    warnings = [r for r in caplog.records if "cuBLASLt is unavailable" in r.getMessage()]
+    assert len(warnings) == 1 and "own kernels" in warnings[0].getMessage()
