@@ -64,11 +64,14 @@ class MinimalCommandBuffer(hal.CommandBuffer):
 class MinimalExecutable(hal.Executable):
     def __init__(self, device, spec):
         super().__init__(device, spec)
-        self.functions = numpy_functions(spec)  # the core validated the numpy code already
+        if self.routines is not None:  # library routines (hal.Gemm): their numpy references
+            self.functions = [routine.reference() for routine in self.routines]
+        else:
+            self.functions = numpy_functions(spec)  # the core validated the numpy code already
 
 
 class MinimalDevice(hal.Device):
-    executable_formats = ("numpy",)
+    executable_formats = ("numpy", "library")
 
     def __init__(self, driver, info):
         super().__init__(driver, info)
