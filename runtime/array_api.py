@@ -546,6 +546,13 @@ def vecdot(x1, x2, /, *, axis=-1) -> Array:
     if x1.shape[axis] != x2.shape[axis]:
         raise InvalidValueError("vecdot: the contracted axes differ in size")
     dt = _dt.promote(x1.dtype, x2.dtype)
+    if dt.is_float:  # a batched (1 x K) @ (K x 1) product: the device's GEMM library where it has one
+        shape = broadcast_shapes(x1.shape, x2.shape)
+        axis = normalize_axis(axis, len(shape)) - len(shape)  # negative: the same axis of both operands
+        a = ops.expand_dims(moveaxis(x1, axis, -1), -2)
+        b = ops.expand_dims(moveaxis(x2, axis, -1), -1)
+        product = ops.matmul(ops.astype(a, dt), ops.astype(b, dt))
+        return ops.reshape(product, product.shape[:-2])
     return sum(x1 * x2, axis=axis, dtype=dt)
 
 

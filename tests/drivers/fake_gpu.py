@@ -600,9 +600,11 @@ class FakeGpuDriver(Driver):
     name = "fake-gpu"
     summary = "the GPU-generic driver over a simulated GPU API (tests only)"
 
-    def __init__(self, vendor: str = "cuda") -> None:
+    def __init__(self, vendor: str = "cuda", libraries: bool = True) -> None:
         super().__init__()
         self.api = FakeGpuApi(vendor)
+        #: Whether its devices run library routines (False: as a GPU whose GEMM library is missing).
+        self.libraries = libraries
 
     def _probe(self) -> tuple[bool, str | None]:
         return True, None
@@ -613,9 +615,9 @@ class FakeGpuDriver(Driver):
 
     def _create_device(self, info: DeviceInfo, **options: Any) -> GpuDevice:
         limits = {"max_workgroup_count": ((1 << 31) - 1, 65535, 65535), "max_workgroup_size": 1024}
+        executables = FakeExecutableCache(self.api if self.libraries else None)
         return GpuDevice(self, info, api=self.api, handle=0, context=self.api.conventions.context, options=options,
-                         limits=limits,
-                         memory_bytes=1 << 34, memory_pools=True, executables=FakeExecutableCache(self.api))
+                         limits=limits, memory_bytes=1 << 34, memory_pools=True, executables=executables)
 
 
 @hookimpl

@@ -1,0 +1,168 @@
+"""The runtime's matmul on a GPU's GEMM library (hal.Gemm dispatches), and on its own kernels without one.
+
+Runs the GPU path on the simulated GPU (tests/drivers/fake_gpu.py: library routines through their
+numpy references) with the runtime's other CUDA C kernels emulated on the CPU (cuda_emu).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+cuda_emu = pytest.importorskip("cuda_emu")
+if cuda_emu.GXX is None:
+    pytest.skip("g++ is needed to emulate the CUDA kernels", allow_module_level=True)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+fake_gpu = pytest.importorskip("drivers.fake_gpu")
+
+import runtime as rt  # noqa: E402
+from runtime.device import context_for  # noqa: E402
+
+
+def gpu_device(mode: str, libraries: bool):
+    device = fake_gpu.FakeGpuDriver(libraries=libraries).create_device(command_buffer=mode)
+    context_for(device).is_gpu = True  # lower as for a GPU
+    return device
+
+
+@pytest.fixture(scope="module", params=["graph", "stream"])
+def gpu(request):
+    device = gpu_device(request.param, libraries=True)
+    try:
+        with cuda_emu.emulated_kernels():
+            yield device
+    finally:
+        device.close()
+
+
+@pytest.fixture(scope="module")
+def gpu_without_library():
+    device = gpu_device("graph", libraries=False)
+    try:
+        with cuda_emu.emulated_kernels():
+            yield device
+    finally:
+        device.close()
+
+
+def loaded(device) -> set:
+    """The kinds of executables the runtime loaded on ``device`` ("library" or a kernel family)."""
+    return {key[0] for key in context_for(device).executables}
+
+
+def rand(*shape, seed=0, dtype=np.float32):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("case", ["plain", "a_transposed", "b_transposed", "both_transposed", "sliced", "batched",
+                                  "broadcast_batch", "vector", "row"])
+def test_products_of_every_layout_run_on_the_library(gpu, case):
+    a, b = rand(24, 40, seed=1), rand(40, 16, seed=2)
+    A, B = rt.array(a, device=gpu), rt.array(b, device=gpu)
+    if case == "plain":
+        got, want = A @ B, a @ b
+    elif case == "a_transposed":
+        got, want = rt.array(a.T.copy(), device=gpu).T @ B, a @ b
+    elif case == "b_transposed":
+        got, want = A @ rt.array(b.T.copy(), device=gpu).T, a @ b
+    elif case == "both_transposed":
+        got, want = B.T @ A.T, b.T @ a.T
+    elif case == "sliced":  # an offset and a row stride longer than the row
+        got, want = A[3:, 5:21] @ B[4:20, :], a[3:, 5:21] @ b[4:20, :]
+    elif case == "batched":
+        x, y = rand(5, 24, 40, seed=3), rand(5, 40, 16, seed=4)
+        got, want = rt.array(x, device=gpu) @ rt.array(y, device=gpu), x @ y
+    elif case == "broadcast_batch":
+        x = rand(5, 24, 40, seed=3)
+        got, want = rt.array(x, device=gpu) @ B, x @ b
+    elif case == "vector":
+        got, want = A @ B[:, 0], a @ b[:, 0]
+    else:
+        got, want = A[0] @ B, a[0] @ b
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+    assert "library" in loaded(gpu)
+    assert "matmul" not in loaded(gpu), "a product that fits a library routine ran on the runtime's kernel"
+
+
+@pytest.mark.parametrize("dtype", [rt.float16, rt.bfloat16, rt.float64])
+def test_other_float_dtypes_run_on_the_library(gpu, dtype):
+    a, b = rand(16, 32, seed=5), rand(32, 8, seed=6)
+    got = (rt.array(a, device=gpu).astype(dtype) @ rt.array(b, device=gpu).astype(dtype)).astype(rt.float64)
+    tolerance = 1e-12 if dtype is rt.float64 else 5e-2
+    np.testing.assert_allclose(got.numpy(), a.astype(np.float64) @ b, rtol=tolerance, atol=tolerance * 8)
+
+
+def test_strided_operands_and_integers_take_the_runtime_kernels(gpu):
+    a, b = rand(16, 32, seed=7), rand(32, 8, seed=8)
+    A, B = rt.array(a, device=gpu), rt.array(b, device=gpu)
+    np.testing.assert_allclose((A[:, ::2] @ B[::2]).numpy(), a[:, ::2] @ b[::2], rtol=1e-4, atol=1e-4)
+    ints = np.arange(12, dtype=np.int32).reshape(3, 4)
+    np.testing.assert_array_equal((rt.array(ints, device=gpu) @ rt.array(ints.T.copy(), device=gpu)).numpy(),
+                                  ints @ ints.T)
+    assert "matmul" in loaded(gpu)
+
+
+def test_without_a_library_every_product_runs_on_the_runtime_kernels(gpu_without_library):
+    dev = gpu_without_library
+    assert not dev.can_prepare("library")
+    a, b = rand(24, 40, seed=9), rand(40, 16, seed=10)
+    A, B = rt.array(a, device=dev), rt.array(b, device=dev)
+    np.testing.assert_allclose((A @ B).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose((A.T.T @ B + 1).numpy(), a @ b + 1, rtol=1e-4, atol=1e-4)
+    assert "library" not in loaded(dev) and "matmul" in loaded(dev)
+
+
+def test_a_compiled_training_step_rebinds_its_library_products(gpu):
+    x, y = rand(32, 16, seed=12), rand(32, 8, seed=13)
+    w1, w2 = rand(16, 24, seed=11) * 0.1, rand(24, 8, seed=14) * 0.1
+    b1 = np.zeros(24, np.float32)
+
+    def loss_fn(w1, b1, w2, x, y):
+        h = rt.maximum(x @ w1 + b1, 0.0)
+        return ((h @ w2 - y) ** 2).mean()
+
+    grad = rt.value_and_grad(loss_fn, argnums=(0, 1, 2))
+
+    def step(w1, b1, w2, x, y):
+        loss, (g1, gb, g2) = grad(w1, b1, w2, x, y)
+        return w1 - 0.1 * g1, b1 - 0.1 * gb, w2 - 0.1 * g2, loss
+
+    def numpy_step(w1, b1, w2):
+        z = x @ w1 + b1
+        h = np.maximum(z, 0)
+        d = 2 * (h @ w2 - y) / y.size
+        g2 = h.T @ d
+        dz = (d @ w2.T) * (z > 0)
+        return w1 - 0.1 * (x.T @ dz), b1 - 0.1 * dz.sum(0), w2 - 0.1 * g2
+
+    compiled = rt.compile(step)
+    state = [rt.array(v, device=gpu) for v in (w1, b1, w2)]
+    X, Y = rt.array(x, device=gpu), rt.array(y, device=gpu)
+    want = (w1, b1, w2)
+    for _ in range(4):  # new parameter buffers every step: the products are rebound each time
+        *state, loss = compiled(*state, X, Y)
+        want = numpy_step(*want)
+        for got, expected in zip(state, want):
+            np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4, atol=1e-5)
+    assert "library" in loaded(gpu)
+
+
+def test_float32_precision_is_ieee_unless_asked_and_part_of_the_graph_key(gpu):
+    assert rt.get_float32_matmul_precision() == "highest"
+    a, b = rand(8, 8, seed=14), rand(8, 8, seed=15)
+    A, B = rt.array(a, device=gpu), rt.array(b, device=gpu)
+    assert (A @ B).root.params is None
+    rt.set_float32_matmul_precision("high")
+    try:
+        product = A @ B
+        assert product.root.params == "tf32"
+        np.testing.assert_allclose(product.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+        assert any(key[0] == "library" and key[1].precision == "tf32" for key in context_for(gpu).executables)
+        assert (A.astype(rt.float64) @ B.astype(rt.float64)).root.params is None  # float32 only
+    finally:
+        rt.set_float32_matmul_precision("highest")
+    with pytest.raises(ValueError, match="precision"):
+        rt.set_float32_matmul_precision("fast")
