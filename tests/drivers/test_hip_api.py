@@ -123,6 +123,10 @@ def exercise_every_call(recorder: RecordingHip) -> None:
     assert api.exec_set_memset_params(graph_exec, node, memset) is True
     assert api.exec_set_memcpy_params(graph_exec, node, memcpy) is True
     api.exec_set_kernel_params(graph_exec, node, kernel)
+    api.stream_begin_capture(stream)
+    child = api.stream_end_capture(stream)
+    child_node = api.graph_add_child_graph_node(graph, [node], child)
+    assert api.exec_set_child_graph(graph_exec, child_node, child) is True
     api.graph_launch(graph_exec, stream)
     api.run_prepared(
         [

@@ -156,7 +156,8 @@ class _TableExec:
 
     def release(self, device) -> None:
         device.api.graph_exec_destroy(self.graph_exec)
-        device.allocator.free_now(self.image)
+        if self.image is not None:
+            device.allocator.free_now(self.image)
 
 
 class GraphCommandBuffer(RecordingCommandBuffer):
@@ -203,6 +204,10 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self._table_execs_allowed = False
         #: The executable graph the next launch runs: the main one, or a recurring table's.
         self._launch_exec: Any = None
+        #: Whether recurring tables of a graph with slot-bound library calls get executable graphs
+        #: of their own (see _recurring), and the slot addresses of tables seen once.
+        self._recurring_allowed = False
+        self._seen_tables: dict[tuple, None] = {}
 
     # -- recording -----------------------------------------------------------------
     def _pack_staging(self) -> None:
@@ -256,6 +261,11 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self._applied = {slot: slot_address(table[slot]) for slot in self._slot_nodes}  # type: ignore[index]
         self._image_addresses = None  # a new graph: upload the table image again
         self._table_execs_allowed = self._image_slots is not None and not self._slot_nodes
+        # A library call reading a slot is captured again for every new table (tens of µs): a
+        # table that comes back gets an executable graph of its own, every node set for it once.
+        self._recurring_allowed = device.queue_count == 1 and any(
+            self._nodes[i].kind == "library" for nodes in self._slot_nodes.values() for i in nodes)
+        self._seen_tables: dict[tuple, None] = {}
 
     def _add_node(self, graph: Any, command: Command, deps: list[Any], table: Sequence[Binding] | None) -> Any:
         device = self.device
@@ -377,12 +387,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         packed = memo.get(id(table))
         recurring = False  # a table seen before (in the memo): it may get an executable graph of its own
         if packed is None or packed[0] is not table:  # (the memo keeps its tables alive: ids stay theirs)
-            entries = self._image_entries(table)
-            addresses = tuple([buffer.allocation.ptr + buffer.offset + base  # slot_address, inlined: per slot
-                               for buffer, base, _ in entries])
-            bases = self._image_bases
-            bases[:-1] = addresses  # type: ignore[index]
-            image = np.add(bases[self._image_base_index], self._image_offsets)  # type: ignore[index]
+            addresses, image = self._image_of(table)
             if len(memo) >= IMAGE_MEMO:
                 del memo[next(iter(memo))]
             packed = memo[id(table)] = (table, addresses, image, image.ctypes.data)
@@ -413,6 +418,15 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         submission.hold(functools.partial(staging.release, host, capacity))
         self._image_addresses = addresses
         self.image_uploads += 1
+
+    def _image_of(self, table: Sequence[Binding] | None) -> tuple[tuple, np.ndarray]:
+        """(the slot addresses, the packed device-table image) of ``table``."""
+        entries = self._image_entries(table)
+        addresses = tuple([buffer.allocation.ptr + buffer.offset + base  # slot_address, inlined: per slot
+                           for buffer, base, _ in entries])
+        bases = self._image_bases
+        bases[:-1] = addresses  # type: ignore[index]
+        return addresses, np.add(bases[self._image_base_index], self._image_offsets)  # type: ignore[index]
 
     def _indirect_arena(self, table_ptr: int) -> tuple[ArgArena, list[int]]:
         """The indirect dispatches' argument slots, reading a device table at ``table_ptr``, and
@@ -456,6 +470,70 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self.table_execs_made += 1
         return table_exec
 
+    def _table_key(self, table: Sequence[Binding] | None) -> tuple:
+        """What a table changes in the graph: (address, size) of every slot a node or the device table reads."""
+        slots = sorted(set(self._slot_nodes) | set(self._image_slots or ()))
+        return tuple(slot_address(table[slot]) for slot in slots)  # type: ignore[index]
+
+    def _recurring(self, table: Sequence[Binding] | None) -> bool:
+        """Launch the executable graph of ``table`` if it is a table seen before (made now, the
+        second time): False for a table seen for the first time, which the main graph takes."""
+        key = self._table_key(table)
+        table_exec = self._resources.table_execs.get(key)
+        if table_exec is None:
+            if key not in self._seen_tables:
+                if len(self._seen_tables) >= 4 * TABLE_EXECS:
+                    del self._seen_tables[next(iter(self._seen_tables))]
+                self._seen_tables[key] = None
+                return False
+            table_exec = self._add_recurring_exec(table, key)
+            if table_exec is None:
+                return False
+        self._launch_exec = table_exec.graph_exec
+        return True
+
+    def _add_recurring_exec(self, table: Sequence[Binding] | None, key: tuple) -> _TableExec | None:
+        """Instantiate the graph again with every slot-bound node set for ``table`` (library calls
+        captured for it, its own device table for indirect dispatches); None if the driver refuses
+        a change in place (the main graph then takes the table)."""
+        device = self.device
+        api = device.api
+        resources = self._resources
+        table_execs = resources.table_execs
+        if len(table_execs) >= TABLE_EXECS:
+            oldest = table_execs.pop(next(iter(table_execs)))
+            device.defer(functools.partial(oldest.release, device))  # a launch of it may still run
+        graph_exec = own_image = None
+        args = self._indirect_args
+        try:
+            graph_exec = api.graph_instantiate(resources.graph)
+            if self._image_slots is not None:
+                _, image = self._image_of(table)
+                own_image = device.allocate_staging(image.nbytes)
+                api.memcpy_htod(own_image.ptr, image.ctypes.data, image.nbytes)  # nothing reads it yet
+                args, _ = self._indirect_arena(own_image.ptr)
+                for node in self._nodes:
+                    if node.kind == "indirect":
+                        api.exec_set_kernel_params(graph_exec, node.handle, self._indirect_params(node.command, args))
+            for index in sorted({i for nodes in self._slot_nodes.values() for i in nodes}):
+                self._update_node(self._nodes[index], table, graph_exec)
+        except _RebuildNeeded:
+            self._destroy_partial(graph_exec, own_image)
+            return None
+        except BaseException:
+            self._destroy_partial(graph_exec, own_image)
+            raise
+        # (The main graph keeps what it was set to: node parameters are copied when they are set.)
+        table_exec = table_execs[key] = _TableExec(graph_exec, own_image, args)
+        self.table_execs_made += 1
+        return table_exec
+
+    def _destroy_partial(self, graph_exec: Any, image: Any) -> None:
+        if graph_exec is not None:
+            self.device.api.graph_exec_destroy(graph_exec)
+        if image is not None:
+            self.device.allocator.free_now(image)
+
     def _drop_table_execs(self) -> None:
         table_execs, self._resources.table_execs = self._resources.table_execs, {}
         device = self.device
@@ -470,10 +548,16 @@ class GraphCommandBuffer(RecordingCommandBuffer):
                 if table is not self._bound_table:  # the same table as last time: nothing to rebind
                     if resources.graph is None:
                         self._build(table)
-                    elif self._slot_nodes:  # (none: every slot is read from the device table)
-                        self._rebind(table)
-                    if self._image_slots is not None:
-                        self._bind_image(table, queue.stream, submission)
+                        if self._recurring_allowed:
+                            self._seen_tables[self._table_key(table)] = None
+                        if self._image_slots is not None:
+                            self._bind_image(table, queue.stream, submission)
+                    elif not (self._recurring_allowed and self._recurring(table)):
+                        self._launch_exec = resources.graph_exec
+                        if self._slot_nodes:  # (none: every slot is read from the device table)
+                            self._rebind(table)
+                        if self._image_slots is not None:
+                            self._bind_image(table, queue.stream, submission)
                     self._bound_table = table
                 if self._launch_exec is not None:
                     self.device.api.graph_launch(self._launch_exec, queue.stream)
@@ -504,9 +588,11 @@ class GraphCommandBuffer(RecordingCommandBuffer):
             return
         applied.update(changed)
 
-    def _update_node(self, node: _Node, table: Sequence[Binding] | None) -> None:
+    def _update_node(self, node: _Node, table: Sequence[Binding] | None, graph_exec: Any = None) -> None:
+        """Set ``node`` for ``table`` on an executable graph (the main one by default)."""
         api = self.device.api
-        graph_exec = self._resources.graph_exec
+        if graph_exec is None:
+            graph_exec = self._resources.graph_exec
         command = node.command
         self.updated_nodes += 1
         if node.kind == "kernel":

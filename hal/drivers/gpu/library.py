@@ -73,28 +73,30 @@ def prepare(device: GpuDevice, spec: ExecutableSpec, backend: LibraryBackend | N
 
 
 class Workspace:
-    """A library call's device workspace (an allocation of the device, freed with the command buffer)."""
+    """A library call's device workspace (allocations of the device, freed with the command buffer).
 
-    __slots__ = ("allocation",)
+    A plan for other operand addresses may need more: a larger allocation is added, and the
+    smaller ones stay until the command buffer goes, since graphs captured with them (a recurring
+    table's executable graph) may still run them.
+    """
+
+    __slots__ = ("allocations",)
 
     def __init__(self) -> None:
-        self.allocation: Any = None
+        self.allocations: list[Any] = []
 
     def ensure(self, device: GpuDevice, size: int) -> tuple[int, int]:
-        """(address, size) of at least ``size`` bytes; a smaller allocation is freed once the work
-        submitted so far (which may still use it) completed."""
-        allocation = self.allocation
-        if size == 0:
-            return (allocation.ptr, allocation.size) if allocation is not None else (0, 0)
-        if allocation is None or allocation.size < size:
-            if allocation is not None:
-                device.defer(lambda old=allocation: device.allocator.free_now(old))
-            allocation = self.allocation = device.allocate_staging(size)
-        return allocation.ptr, allocation.size
+        """(address, size) of at least ``size`` bytes (0, 0 when none is needed and none was made)."""
+        allocations = self.allocations
+        if size and (not allocations or allocations[-1].size < size):
+            allocations.append(device.allocate_staging(size))
+        if not allocations:
+            return 0, 0
+        return allocations[-1].ptr, allocations[-1].size
 
     def release(self, device: GpuDevice) -> None:
-        allocation, self.allocation = self.allocation, None
-        if allocation is not None:
+        allocations, self.allocations = self.allocations, []
+        for allocation in allocations:
             device.allocator.free_now(allocation)
 
 

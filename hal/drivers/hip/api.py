@@ -105,6 +105,10 @@ ENTRY_POINTS = (
     "hipGraphExecKernelNodeSetParams",
     "hipGraphExecMemsetNodeSetParams",
     "hipGraphExecMemcpyNodeSetParams1D",
+    "hipStreamBeginCapture",
+    "hipStreamEndCapture",
+    "hipGraphAddChildGraphNode",
+    "hipGraphExecChildGraphNodeSetParams",
 )
 _C_SIGNATURE = re.compile(r"\b(hip\w+)\s*\(")
 

@@ -1,0 +1,129 @@
+"""Library routines in the GPU-generic command buffers (over the simulated GPU): captures, rebinding,
+recurring tables, workspaces."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+import hal
+
+from .fake_gpu import FakeGpuDriver
+
+N = 8
+
+
+def make(mode: str, **options):
+    driver = FakeGpuDriver()
+    return driver.api, driver.create_device(command_buffer=mode, **options)
+
+
+def gemm_buffer(device, mode=hal.CommandBufferMode.REUSABLE):
+    exe = device.load_executable(hal.library_spec({"gemm": hal.Gemm("float32")}))
+    cb = device.create_command_buffer(mode=mode, binding_capacity=3)
+    with cb.record():
+        cb.dispatch(exe, "gemm", constants=hal.Gemm.constants_for(N, N, N),
+                    bindings=[hal.Slot(0), hal.Slot(1), hal.Slot(2)])
+    return cb
+
+
+def table(device, scale: float):
+    a = np.full((N, N), scale, np.float32)
+    buffers = [device.allocator.allocate(N * N * 4) for _ in range(3)]
+    device.write(buffers[1], a)
+    device.write(buffers[2], np.eye(N, dtype=np.float32))
+    return buffers
+
+
+def run(device, cb, buffers, sem):
+    value = sem.value + 1
+    device.queue_execute([cb], signal=[(sem, value)], binding_tables=[buffers])
+    sem.wait(value, timeout=10)
+    return np.frombuffer(device.read(buffers[0]), np.float32)
+
+
+def test_alternating_tables_get_executable_graphs_of_their_own():
+    api, device = make("graph")
+    try:
+        cb = gemm_buffer(device)
+        sem = device.create_semaphore(0)
+        first, second = table(device, 1.0), table(device, 2.0)
+        for step in range(8):
+            for buffers, scale in ((first, 1.0), (second, 2.0)):
+                np.testing.assert_array_equal(run(device, cb, buffers, sem), np.full(N * N, scale))
+            if step == 1:  # each table seen twice: both have executable graphs of their own
+                captures = cb.library_recaptures
+        assert cb.table_execs_made == 2
+        assert cb.library_recaptures == captures, "a recurring table was captured again"
+        third = table(device, 3.0)  # a new table: the main graph, captured again
+        np.testing.assert_array_equal(run(device, cb, third, sem), np.full(N * N, 3.0))
+        assert cb.library_recaptures == captures + 1
+        np.testing.assert_array_equal(run(device, cb, first, sem), np.full(N * N, 1.0))
+    finally:
+        device.close()
+
+
+def test_a_refused_child_update_rebuilds_the_graph():
+    api, device = make("graph")
+    try:
+        cb = gemm_buffer(device)
+        sem = device.create_semaphore(0)
+        run(device, cb, table(device, 1.0), sem)
+        api.reject_updates = True
+        np.testing.assert_array_equal(run(device, cb, table(device, 5.0), sem), np.full(N * N, 5.0))
+        assert cb.reinstantiations == 1
+    finally:
+        device.close()
+
+
+@pytest.mark.parametrize("mode", ["stream", "graph"])
+def test_workspaces_go_with_the_command_buffer(mode):
+    api, device = make(mode)
+    try:
+        sem = device.create_semaphore(0)
+        buffers = table(device, 1.0)
+        before = api.live_allocations
+        run(device, gemm_buffer(device, hal.CommandBufferMode.ONE_SHOT), buffers, sem)
+        device.wait_idle()
+        assert api.live_allocations == before, "a one-shot buffer's workspace outlived its submission"
+        reusable = gemm_buffer(device)
+        run(device, reusable, buffers, sem)
+        assert api.live_allocations > before  # kept for the next submission
+        released = weakref.ref(reusable)
+        del reusable
+        gc.collect()
+        if released() is None:  # (unless the device still remembers its last submission)
+            device.wait_idle()
+            assert api.live_allocations == before
+    finally:
+        device.close()
+    assert api.live_allocations == 0
+
+
+def test_a_failing_library_call_fails_its_semaphore_and_the_device_stays_usable():
+    api, device = make("stream")
+    try:
+        sem = device.create_semaphore(0)
+        buffers = table(device, 1.0)
+        backend = device.executables.libraries
+        enqueue = backend.enqueue
+
+        def refuse(*args):
+            raise hal.InternalError("the library refused the call")
+
+        backend.enqueue = refuse
+        try:
+            with pytest.raises(hal.HalError) as raised:
+                device.queue_execute([gemm_buffer(device, hal.CommandBufferMode.ONE_SHOT)], signal=[(sem, 1)],
+                                     binding_tables=[buffers])
+                sem.wait(1, timeout=10)
+            assert "refused" in repr(raised.value) + repr(raised.value.__cause__)
+        finally:
+            backend.enqueue = enqueue
+        other = device.create_semaphore(0)
+        np.testing.assert_array_equal(run(device, gemm_buffer(device), buffers, other), np.ones(N * N))
+    finally:
+        device.close()
