@@ -24,6 +24,7 @@ from __future__ import annotations
 import hal
 from hal import env
 
+from . import epilogues
 from .kernels import elementwise, gather, matmul, pad, random, reduce
 from .kernels.fused import FUSABLE_DTYPES, FusedSpec
 from .kernels.fused import plan as plan_fused
@@ -132,6 +133,8 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
     unit_of: list = [None] * N
     units: list = []
     groups: dict = {}  # element count -> fused groups of that size
+    folds = epilogues.bias_folds(ctx, order, index, keep) if fuse else {}
+    folded_into: dict = {}  # add node index -> the unit of the product computing its value
     for i, node in enumerate(order):
         layouts = _layouts(node)
         srcs = [index.get(id(inp.root)) for inp in node.inputs]
@@ -139,6 +142,25 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
         for j in srcs:
             if j is not None and ready[j] + 1 > lv:
                 lv = ready[j] + 1
+        fold = folds.get(i)
+        if fold is not None:  # a product whose bias add is folded into it (runtime/epilogues.py)
+            add_index, bias = fold
+            cmds = epilogues.plan_folded(ctx, node, layouts, add_index, bias)
+            if cmds is not None:
+                source = index.get(id(bias.root))
+                if source is not None and ready[source] + 1 > lv:
+                    lv = ready[source] + 1
+                unit = Unit(lv, i, node, cmds, [])
+                units.append(unit)
+                unit_of[i] = unit
+                ready[i] = lv
+                folded_into[add_index] = unit
+                continue
+        unit = folded_into.get(i)
+        if unit is not None:  # the add: computed by its product's unit
+            unit_of[i] = unit
+            ready[i] = unit.level
+            continue
         if fuse and _fusable(node):
             variants = elementwise.input_variants(node.shape, layouts)[0]
             if "g" not in variants:
@@ -167,6 +189,8 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
             if j is not None and unit_of[j] is not unit_of[i]:
                 leaves[j] = True
     buffered = [True] * N
+    for unit in folded_into.values():  # the product a bias add was folded into is never written
+        buffered[unit.first] = False
     for k, unit in enumerate(units):
         if unit.members is None:
             continue

@@ -651,6 +651,10 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
                         offsets = offsets or {}
                         offsets[len(slots)] = role[2]
                         slots.append(slot_of_root[id(unit.node.inputs[role[1]].root)])
+                    elif what == "root_at":
+                        offsets = offsets or {}
+                        offsets[len(slots)] = role[2]
+                        slots.append(slot_of_root[id(role[1])])
                     elif what == "root":
                         slots.append(slot_of_root[id(role[1])])
                     else:

@@ -305,8 +305,12 @@ def _matrix(rows: int, cols: int, rs: int, cs: int) -> tuple[bool, int] | None:
     return None
 
 
-def plan_library(node, layouts: list, ctx) -> list | None:
-    """The product as one library Gemm dispatch, or None when it does not fit one (see the module doc)."""
+def plan_library(node, layouts: list, ctx, bias: tuple | None = None) -> list | None:
+    """The product as one library Gemm dispatch, or None when it does not fit one (see the module doc).
+
+    bias: (the index of the add node whose value the dispatch computes, the bias vector's root,
+    its element offset) to fold ``node + bias`` into the Gemm's bias epilogue (runtime/epilogues.py).
+    """
     dt = node.dtype
     if not ctx.is_gpu or dt.name not in LIBRARY_DTYPES or not ctx.device.can_prepare("library"):
         return None
@@ -330,10 +334,15 @@ def plan_library(node, layouts: list, ctx) -> list | None:
                                     stride_a=ab[0] if cshape else 0, stride_b=bb[0] if cshape else 0)
     if any(c > 0xFFFFFFFF for c in consts):
         return None
-    src = library_source(dt.name, precision="tf32" if node.params == "tf32" else "ieee")
+    precision = "tf32" if node.params == "tf32" else "ieee"
     size = dt.itemsize
-    return [("dispatch", src, src.export, (1, 1, 1), consts,
-             [("out",), ("in_at", 0, aoff * size), ("in_at", 1, boff * size)])]
+    roles = [("out",), ("in_at", 0, aoff * size), ("in_at", 1, boff * size)]
+    if bias is not None:
+        out_index, bias_root, bias_offset = bias
+        roles[0] = ("out", out_index)
+        roles.append(("root_at", bias_root, bias_offset * size))
+    src = library_source(dt.name, "bias" if bias is not None else "none", precision)
+    return [("dispatch", src, src.export, (1, 1, 1), consts, roles)]
 
 
 def plan(node, layouts: list, ctx) -> list:

@@ -166,3 +166,31 @@ def test_float32_precision_is_ieee_unless_asked_and_part_of_the_graph_key(gpu):
         rt.set_float32_matmul_precision("highest")
     with pytest.raises(ValueError, match="precision"):
         rt.set_float32_matmul_precision("fast")
+
+
+def library_routines(device) -> set:
+    return {key[1].epilogue for key in context_for(device).executables if key[0] == "library"}
+
+
+@pytest.mark.parametrize("order", ["product_first", "bias_first"])
+def test_a_bias_add_folds_into_the_product(gpu, order):
+    x, w, b = rand(32, 16, seed=20), rand(16, 24, seed=21), rand(24, seed=22)
+    X, W, B = (rt.array(v, device=gpu) for v in (x, w, b))
+    y = X @ W + B if order == "product_first" else B + X @ W
+    np.testing.assert_allclose(y.numpy(), x @ w + b, rtol=1e-5, atol=1e-5)
+    assert "bias" in library_routines(gpu)
+    z = rt.maximum(X @ W + B[None, :], 0.0) * 2  # a (1, N) bias, consumers after it
+    np.testing.assert_allclose(z.numpy(), np.maximum(x @ w + b, 0) * 2, rtol=1e-5, atol=1e-5)
+
+
+def test_no_fold_where_the_product_is_wanted_or_the_bias_is_not_a_row_vector(gpu):
+    x, w = rand(32, 16, seed=23), rand(16, 24, seed=24)
+    X, W = rt.array(x, device=gpu), rt.array(w, device=gpu)
+    col = rand(32, 1, seed=25)
+    product = X @ W
+    total = product + rt.array(col, device=gpu)  # a column: added to every column, not a bias epilogue
+    rt.eval(product, total)  # the product is kept as well
+    np.testing.assert_allclose(total.numpy(), x @ w + col, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(product.numpy(), x @ w, rtol=1e-5, atol=1e-5)
+    full = rand(32, 24, seed=26)
+    np.testing.assert_allclose((X @ W + rt.array(full, device=gpu)).numpy(), x @ w + full, rtol=1e-5, atol=1e-5)
