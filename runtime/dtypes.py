@@ -217,7 +217,9 @@ def weak_scalar_dtype(array_dtype: DType, value) -> DType:
                 raise ScalarOverflowError(f"Python integer {value} out of bounds for {array_dtype.name}")
         return array_dtype
     if isinstance(value, float):
-        return array_dtype if array_dtype.is_float else float64 if array_dtype.is_int else DEFAULT_FLOAT
+        # numpy (NEP 50): an integer or bool array with a Python float computes in float64; only new data
+        # made from Python floats alone takes the default float dtype.
+        return array_dtype if array_dtype.is_float else float64
     raise InvalidTypeError(f"unsupported scalar type {type(value).__name__}")
 
 

@@ -111,3 +111,10 @@ def test_a_result_kept_across_evaluations_replays_unchanged_tables(gpu):
     np.testing.assert_array_equal(c.numpy(), a_np * 3)
     np.testing.assert_array_equal(held["c"].numpy(), a_np * 3)
     assert patched() == before
+
+
+def test_bool_and_python_float_promote_to_float64(gpu):
+    b = np.array([True, False, True])
+    got = rt.array(b, device=gpu) + 2.5
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got.numpy(), b + 2.5)

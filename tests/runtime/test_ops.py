@@ -141,6 +141,11 @@ def test_python_scalars_weak_typing(dev):
     check(xi * 1.5, i32 * 1.5)
     assert (xb + True).dtype is rt.bool_
     check(xb * 3, b * 3)
+    # bool and integer arrays with a Python float compute in float64, as numpy does
+    assert (xb + 2.5).dtype is rt.float64 and (xi + 2.5).dtype is rt.float64
+    check(xb + 2.5, b + 2.5)
+    check(2.5 * xb, 2.5 * b)
+    assert rt.result_type(xb, 2.5) is rt.float64
     check(3 - xi, 3 - i32)
     check(1 / (xi + 10), 1 / (i32 + 10))
     check(-xi, -i32)
