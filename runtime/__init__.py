@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from . import random
 from .array import Array
-from .device import default_device, set_default_device  # noqa: F401
+from .device import DefaultDevice, default_device, set_default_device  # noqa: F401
 from .dtypes import (  # noqa: F401 - the namespace
     DType,
     bfloat16,

@@ -194,31 +194,42 @@ def context_for(device=None) -> DeviceContext:
     """Resolve None (the default device), a URI string or a hal.Device to its context."""
     if device is None:
         ctx = _default[0]
-        if ctx is None:
-            ctx = _default[0] = _default_context()
+        if ctx is None or ctx.device.closed:
+            ctx = _default[0] = _default_context() if ctx is None else _reopened(ctx)
         return ctx
     if isinstance(device, DeviceContext):
         return device
     if isinstance(device, str):
         ctx = _by_uri.get(device)
-        if ctx is None:
+        if ctx is None or ctx.device.closed:
             # "local-task", "local-task://0" and the default device name one device: one context.
             with _registry_lock:
                 ctx = _by_uri.get(device)
-                if ctx is None:
+                if ctx is None or ctx.device.closed:
                     created = hal.create_device(device)
                     ctx = _by_uri.get(created.info.uri)
-                    if ctx is None:
+                    if ctx is None or ctx.device.closed:
                         ctx = _by_uri[created.info.uri] = _context_of_device(created)
-                    else:
+                    elif ctx.device is not created:
                         created.close()
                     _by_uri[device] = ctx
         return ctx
+    if isinstance(device, DefaultDevice):
+        return context_for(device.device)
+    if not isinstance(device, hal.Device):
+        raise hal.InvalidArgumentError(
+            f"device must be a URI string (such as 'local-task' or 'cuda://0'), a hal.Device or None, "
+            f"not {type(device).__name__}")
     ctx = _contexts.get(id(device))
     if ctx is None or ctx.device is not device:
         with _registry_lock:
             ctx = _context_of_device(device)
     return ctx
+
+
+def _reopened(ctx: DeviceContext) -> DeviceContext:
+    """The default device was closed under the runtime (by its owner): the same URI opened anew."""
+    return context_for(ctx.device.info.uri)
 
 
 def _default_context() -> DeviceContext:
@@ -249,8 +260,41 @@ def default_device() -> hal.Device:
     return context_for(None).device
 
 
-def set_default_device(device) -> hal.Device:
-    """Make a URI string or hal.Device the default for new arrays; returns the hal.Device."""
+class DefaultDevice:
+    """What `set_default_device` returns: the hal.Device made the default (its attributes pass through,
+    and `.device` is the device itself) and, in a `with` block, a scope.
+
+    Leaving the block makes the previous default the default again, as `jax.default_device` and
+    `with torch.device(...)` do. It closes nothing: the device is shared with every array made on it
+    and with every other user of its URI, and arrays made inside the block stay usable after it.
+    """
+
+    __slots__ = ("device", "previous")
+
+    def __init__(self, device: hal.Device, previous: DeviceContext | None) -> None:
+        self.device = device
+        self.previous = previous
+
+    def __getattr__(self, name: str):
+        return getattr(self.device, name)
+
+    def __enter__(self) -> hal.Device:
+        return self.device
+
+    def __exit__(self, *exc: object) -> None:
+        _default[0] = self.previous
+
+    def __repr__(self) -> str:
+        return f"DefaultDevice({self.device!r})"
+
+
+def set_default_device(device: str | hal.Device) -> DefaultDevice:
+    """Make a URI string or hal.Device the default for new arrays.
+
+    Returns a `DefaultDevice`: use it as the hal.Device (`.info`, `.device`), or as a context manager,
+    `with rt.set_default_device("local-sync"):`, to make the device the default inside the block only.
+    """
     ctx = context_for(device)
+    previous = _default[0]
     _default[0] = ctx
-    return ctx.device
+    return DefaultDevice(ctx.device, previous)

@@ -118,3 +118,12 @@ def test_bool_and_python_float_promote_to_float64(gpu):
     got = rt.array(b, device=gpu) + 2.5
     assert got.dtype == np.float64
     np.testing.assert_array_equal(got.numpy(), b + 2.5)
+
+
+def test_a_scoped_default_gpu_device_restores_the_previous_and_stays_open(gpu):
+    before = rt.default_device()
+    with rt.set_default_device(gpu) as inner:
+        assert inner is gpu and rt.default_device() is gpu
+        x = rt.arange(4) * 2
+    assert rt.default_device() is before and not gpu.closed
+    np.testing.assert_array_equal(x.numpy(), [0, 2, 4, 6])
