@@ -3,7 +3,8 @@
 Everything device-specific is handed to ``GpuDevice``: the shim, the device
 ordinal (HIP's handle and, made current with ``hipSetDevice``, its context),
 the launch limits and memory from the device's properties, and the executable
-cache compiling for its exact ``gcnArchName``.
+cache compiling for its exact ``gcnArchName``, with hipBLASLt behind its library
+routines where the library loads (``blas.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from hal.driver import DeviceInfo, Driver
 from hal.drivers.gpu.device import GpuDevice
+from hal.drivers.hip import blas
 from hal.drivers.hip.executable_cache import HipExecutableCache
 
 
@@ -19,6 +21,7 @@ def create_device(driver: Driver, info: DeviceInfo, *, api: Any, options: dict[s
     props = info.properties
     limits = {"max_workgroup_count": props["max_grid_dims"], "max_workgroup_size": props["max_threads_per_block"]}
     executables = HipExecutableCache(props["gcn_arch_name"])
+    executables.libraries = blas.load(info.ordinal, api)
     return GpuDevice(
         driver,
         info,

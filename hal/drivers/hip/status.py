@@ -1,11 +1,13 @@
-"""hipError_t and hiprtcResult codes -> typed HalErrors, in one place.
+"""hipError_t, hiprtcResult and hipblasStatus_t codes -> typed HalErrors, in one place.
 
 Every HIP call of the HIP driver is checked by its shim (``api.py``, through
-``HIP``) and every hiprtc call by ``check_hiprtc``: a failing code becomes the HalError subclass
+``HIP``), every hiprtc call by ``check_hiprtc`` and every hipBLASLt call by
+``check_hipblaslt`` (``blas.py``): a failing code becomes the HalError subclass
 named below, with the API function name and the runtime's error string
-(``hipGetErrorString`` / ``hiprtcGetErrorString``). Every ``hipError_t`` of
-hip-python is named here explicitly (a test holds the tables to the installed
-enum), so an unlisted code never silently becomes an ``InternalError``.
+(``hipGetErrorString`` / ``hiprtcGetErrorString``; hipBLASLt has none, its code's
+name says it). Every code of hip-python's enums is named here explicitly (a test
+holds the tables to the installed enums), so an unlisted code never silently
+becomes an ``InternalError``.
 
 The error strings are asked of the runtime only once its library has loaded:
 hip-python prints a traceback (instead of raising) when ``hipGetErrorString``
@@ -18,7 +20,8 @@ from hal import errors
 from hal.drivers.bindings_shim import check
 from hal.drivers.gpu.status import CompileError, DeviceLostError, StatusTable
 
-__all__ = ["HIP", "HIPRTC", "CompileError", "DeviceLostError", "check_hiprtc", "mark_loaded"]
+__all__ = ["HIP", "HIPBLASLT", "HIPRTC", "CompileError", "DeviceLostError", "check_hipblaslt", "check_hiprtc",
+           "mark_loaded"]
 
 
 def _named(cls: type[errors.HalError], *names: str) -> dict[str, type[errors.HalError]]:
@@ -137,6 +140,27 @@ _HIPRTC_CLASSES: dict[str, type[errors.HalError]] = {
     **_named(errors.InternalError, "HIPRTC_ERROR_BUILTIN_OPERATION_FAILURE", "HIPRTC_ERROR_INTERNAL_ERROR"),
 }
 
+#: hipblasStatus_t, the status of every hipBLASLt call (shared with hipBLAS).
+_HIPBLAS_CLASSES: dict[str, type[errors.HalError]] = {
+    **_named(
+        errors.InvalidArgumentError,
+        "HIPBLAS_STATUS_INVALID_VALUE",
+        "HIPBLAS_STATUS_HANDLE_IS_NULLPTR",
+        "HIPBLAS_STATUS_INVALID_ENUM",
+    ),
+    **_named(errors.ResourceExhaustedError, "HIPBLAS_STATUS_ALLOC_FAILED"),
+    **_named(errors.FailedPreconditionError, "HIPBLAS_STATUS_NOT_INITIALIZED"),
+    # The library has no kernel for this problem on this device: another way of running it may.
+    **_named(errors.UnimplementedError, "HIPBLAS_STATUS_NOT_SUPPORTED", "HIPBLAS_STATUS_ARCH_MISMATCH"),
+    **_named(
+        errors.InternalError,
+        "HIPBLAS_STATUS_MAPPING_ERROR",
+        "HIPBLAS_STATUS_EXECUTION_FAILED",
+        "HIPBLAS_STATUS_INTERNAL_ERROR",
+        "HIPBLAS_STATUS_UNKNOWN",
+    ),
+}
+
 #: The libraries ("hip", "hiprtc") known to be loaded: a call of theirs returned a code.
 _loaded: set[str] = set()
 
@@ -173,8 +197,16 @@ def _describer(library: str, function: str):
 
 HIP = StatusTable("HIP runtime", _HIP_CLASSES, _HIP_STICKY, _describer("hip", "hipGetErrorString"))
 HIPRTC = StatusTable("hiprtc", _HIPRTC_CLASSES, (), _describer("hiprtc", "hiprtcGetErrorString"))
+# hipBLASLt exports no error-string function (hipBLAS's hipblasStatusToString is another library,
+# perhaps not installed): the code's name is the description.
+HIPBLASLT = StatusTable("hipBLASLt", _HIPBLAS_CLASSES, (), lambda code: "")
 
 
 def check_hiprtc(result: tuple, function: str, detail: str = "") -> object:
     """Raise for a failing hiprtcResult; return the call's value(s) (hip-python returns ``(status, values...)``)."""
     return check(HIPRTC, result, function, detail)
+
+
+def check_hipblaslt(result: tuple, function: str, detail: str = "") -> object:
+    """Raise for a failing hipblasStatus_t; return the call's value(s) (``(status, values...)`` as hip-python's)."""
+    return check(HIPBLASLT, result, function, detail)
