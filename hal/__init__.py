@@ -16,7 +16,7 @@ from hal.allocator import Allocator, AllocatorStatistics
 from hal.buffer import Buffer
 from hal.command_buffer import BufferRef, CommandBuffer, Slot
 from hal.device import Device
-from hal.driver import DeviceInfo, Driver, DriverInfo
+from hal.driver import MAX_QUEUE_COUNT, DeviceInfo, Driver, DriverInfo
 from hal.errors import (
     AbortedError,
     AlreadyExistsError,
@@ -82,6 +82,7 @@ __all__ = [
     "IncompatibleError",
     "InternalError",
     "InvalidArgumentError",
+    "MAX_QUEUE_COUNT",
     "MemoryAccess",
     "MemoryType",
     "NotFoundError",

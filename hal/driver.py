@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from hal.errors import NotFoundError, UnavailableError
 from hal.log import driver_logger
+from hal.validation import check_int
 
 if TYPE_CHECKING:
     from hal.device import Device
@@ -33,6 +34,17 @@ class DeviceInfo:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+#: The most queues a device may have: each queue is a thread or a stream, so an unbounded count would
+#: exhaust the process before any check of the driver's ran (IREE's queue affinity is a 64-bit mask too).
+MAX_QUEUE_COUNT = 64
+
+
+def check_common_options(options: dict[str, Any]) -> None:
+    """The options every driver reads, checked before a driver takes any resource for them."""
+    if "queue_count" in options:
+        options["queue_count"] = check_int(options["queue_count"], "queue_count", minimum=1, maximum=MAX_QUEUE_COUNT)
 
 
 class Driver(abc.ABC):
@@ -71,6 +83,7 @@ class Driver(abc.ABC):
 
     def create_device(self, device: int | str | None = None, **options: Any) -> Device:
         """Create a device by ordinal, stable id, or (None) the first one."""
+        check_common_options(options)
         self._require_available()
         devices = self._query_devices()
         if not devices:
