@@ -28,7 +28,7 @@ from .. import dtypes as _dt
 from ..shapes import broadcast_strides, collapse, contiguous_strides, size_of
 from .cuda_common import load_expr, store_expr
 from .numpy_util import ERRSTATE, signed, store, strided_view, to_compute
-from .source import WORKGROUP, KernelSource, source, u32
+from .source import WORKGROUP, KernelSource, executable, source, u32
 
 TILE = 16
 MAX_BATCH = 6
@@ -342,7 +342,23 @@ def plan_library(node, layouts: list, ctx, bias: tuple | None = None) -> list | 
         roles[0] = ("out", out_index)
         roles.append(("root_at", bias_root, bias_offset * size))
     src = library_source(dt.name, "bias" if bias is not None else "none", precision)
+    if not _loadable(ctx, src):
+        return None
     return [("dispatch", src, src.export, (1, 1, 1), consts, roles)]
+
+
+def _loadable(ctx, src: LibrarySource) -> bool:
+    """Whether the device runs ``src``'s routine (hipBLASLt has no float64 GEMM, say): a routine it
+    refuses is remembered, and its products take the runtime's kernels."""
+    refused = ("refused",) + src.key
+    if refused in ctx.executables:
+        return False
+    try:
+        executable(ctx, src)
+    except (hal.UnimplementedError, hal.IncompatibleError):
+        ctx.executables[refused] = None
+        return False
+    return True
 
 
 def plan(node, layouts: list, ctx) -> list:

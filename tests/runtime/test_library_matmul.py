@@ -18,6 +18,7 @@ if cuda_emu.GXX is None:
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 fake_gpu = pytest.importorskip("drivers.fake_gpu")
 
+import hal  # noqa: E402
 import runtime as rt  # noqa: E402
 from runtime.device import context_for  # noqa: E402
 
@@ -194,3 +195,21 @@ def test_no_fold_where_the_product_is_wanted_or_the_bias_is_not_a_row_vector(gpu
     np.testing.assert_allclose(product.numpy(), x @ w, rtol=1e-5, atol=1e-5)
     full = rand(32, 24, seed=26)
     np.testing.assert_allclose((X @ W + rt.array(full, device=gpu)).numpy(), x @ w + full, rtol=1e-5, atol=1e-5)
+
+
+def test_a_routine_the_library_refuses_runs_on_the_runtime_kernels():
+    device = gpu_device("graph", libraries=True)
+    device.executables.libraries.supports = lambda routine: "no float64 GEMM" if routine.dtype == "float64" else None
+    try:
+        with cuda_emu.emulated_kernels():
+            a, b = rand(8, 12, seed=30).astype(np.float64), rand(12, 4, seed=31).astype(np.float64)
+            got = rt.array(a, device=device) @ rt.array(b, device=device)
+            np.testing.assert_allclose(got.numpy(), a @ b, rtol=1e-12)
+            assert ("refused", "library", hal.Gemm("float64")) in context_for(device).executables
+            assert "matmul" in loaded(device)
+            x = rand(8, 12, seed=32)
+            np.testing.assert_allclose((rt.array(x, device=device) @ rt.array(b.astype(np.float32), device=device))
+                                       .numpy(), x @ b.astype(np.float32), rtol=1e-5, atol=1e-5)
+            assert "library" in loaded(device)
+    finally:
+        device.close()
