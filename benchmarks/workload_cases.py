@@ -1,0 +1,161 @@
+"""The device-side workloads of ``workload_bench.py``: shapes, the runtime's composition, PyTorch's
+composition of the same ops, and a numpy reference.
+
+PyTorch's compositions use tensor methods only, so this module imports without torch and
+torch.compile traces nothing but the ops.
+
+Each composition is written the way a user writes it (array ops, no fused library call), the same
+ops on each side, so a ratio measures how well each side runs that composition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+import runtime as rt
+
+EPS = 1e-5  # the layer norm's variance epsilon
+
+
+@dataclass
+class Case:
+    """One workload: ``make(rng, quick)`` gives the host inputs (float32 numpy arrays); ``dtype`` is the
+    dtype they take on the device. ``flop(inputs)`` gives TFLOP/s; a bandwidth-bound case reports GB/s
+    counting one read of every input and one write of the output, the least any kernel moves."""
+
+    name: str
+    title: str
+    make: Callable[[np.random.Generator, bool], list[np.ndarray]]
+    runtime: Callable
+    torch: Callable
+    numpy: Callable
+    dtype: str = "float32"
+    flop: Callable[[list[np.ndarray]], float] | None = None
+    bandwidth_bound: bool = False
+    tolerance: float = 1e-4  # max |ours - reference| / max |reference|
+
+
+def normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+# ---- products -----------------------------------------------------------------------------------
+
+def matmul_case(name: str, n: int, quick_n: int, dtype: str, tolerance: float) -> Case:
+    def make(rng, quick):
+        m = quick_n if quick else n
+        return [normal(rng, m, m), normal(rng, m, m)]
+
+    return Case(name, f"matmul {n}² {dtype}", make, lambda a, b: a @ b, lambda a, b: a @ b,
+                lambda a, b: a @ b, dtype=dtype, tolerance=tolerance,
+                flop=lambda ins: 2.0 * ins[0].shape[0] * ins[0].shape[1] * ins[1].shape[1])
+
+
+def batched_make(rng, quick):
+    b, m, k = (8, 64, 32) if quick else (64, 512, 64)
+    return [normal(rng, b, m, k), normal(rng, b, k, m)]
+
+
+BATCHED = Case("batched_matmul_float32", "batched matmul 64×(512×64 @ 64×512) float32", batched_make,
+               lambda a, b: a @ b, lambda a, b: a @ b, lambda a, b: a @ b,
+               flop=lambda ins: 2.0 * ins[0].shape[0] * ins[0].shape[1] * ins[0].shape[2] * ins[1].shape[2])
+
+
+# ---- row reductions written as composed ops -----------------------------------------------------
+
+def rows_make(rng, quick):
+    return [normal(rng, *((256, 512) if quick else (8192, 4096)))]
+
+
+def softmax_rt(x):
+    e = rt.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_torch(x):
+    e = (x - x.amax(dim=-1, keepdim=True)).exp()
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def softmax_np(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def layer_norm_make(rng, quick):
+    (x,) = rows_make(rng, quick)
+    return [x, 1.0 + 0.1 * normal(rng, x.shape[1]), 0.1 * normal(rng, x.shape[1])]
+
+
+def layer_norm_rt(x, gamma, beta):
+    mean = x.mean(axis=-1, keepdims=True)
+    centred = x - mean
+    var = (centred * centred).mean(axis=-1, keepdims=True)
+    return centred / rt.sqrt(var + EPS) * gamma + beta
+
+
+def layer_norm_torch(x, gamma, beta):
+    mean = x.mean(dim=-1, keepdim=True)
+    centred = x - mean
+    var = (centred * centred).mean(dim=-1, keepdim=True)
+    return centred / (var + EPS).sqrt() * gamma + beta
+
+
+def layer_norm_np(x, gamma, beta):
+    mean = x.mean(axis=-1, keepdims=True)
+    centred = x - mean
+    var = (centred * centred).mean(axis=-1, keepdims=True)
+    return centred / np.sqrt(var + EPS) * gamma + beta
+
+
+# ---- strided reductions and copies --------------------------------------------------------------
+
+def square_make(rng, quick):
+    return [normal(rng, *((512, 384) if quick else (8192, 8192)))]
+
+
+# ---- an elementwise chain (8 ops: one fused pass for the runtime, 8 kernels for PyTorch eager) --
+
+def chain_make(rng, quick):
+    return [rng.uniform(-1.0, 1.0, (1 << 16) if quick else (64 << 20)).astype(np.float32)]
+
+
+def chain(x, sqrt, tanh):
+    y = x * 1.5
+    y = y + 0.5
+    y = y * x
+    y = y - 0.25
+    y = abs(y)
+    y = sqrt(y)
+    y = y + 1.0
+    return tanh(y)
+
+
+def chain_torch(x):
+    return chain(x, lambda t: t.sqrt(), lambda t: t.tanh())
+
+
+CASES = [
+    matmul_case("matmul_4096_float32", 4096, 192, "float32", 1e-4),
+    matmul_case("matmul_4096_float16", 4096, 192, "float16", 1e-2),
+    matmul_case("matmul_4096_bfloat16", 4096, 192, "bfloat16", 2e-2),
+    BATCHED,
+    matmul_case("matmul_256_float32", 256, 64, "float32", 1e-4),
+    Case("softmax_8192x4096", "softmax over rows of 8192×4096, composed ops", rows_make, softmax_rt,
+         softmax_torch, softmax_np, bandwidth_bound=True),
+    Case("layer_norm_8192x4096", "layer norm 8192×4096, composed ops", layer_norm_make, layer_norm_rt,
+         layer_norm_torch, layer_norm_np, bandwidth_bound=True),
+    Case("column_sum_8192x8192", "column sum of 8192×8192", square_make, lambda x: x.sum(axis=0),
+         lambda x: x.sum(dim=0), lambda x: x.sum(axis=0), bandwidth_bound=True),
+    Case("transposed_copy_8192x8192", "transposed copy 8192×8192", square_make, lambda x: x.T.copy(),
+         lambda x: x.t().contiguous(), lambda x: np.ascontiguousarray(x.T), bandwidth_bound=True, tolerance=0.0),
+    Case("elementwise_chain_64M", "8-op elementwise chain over 64M float32", chain_make,
+         lambda x: chain(x, rt.sqrt, rt.tanh), chain_torch, lambda x: chain(x, np.sqrt, np.tanh),
+         bandwidth_bound=True),
+    # A CPU driver's product: numpy's BLAS on both sides.
+    matmul_case("matmul_1024_float32", 1024, 128, "float32", 1e-4),
+]
+BY_NAME = {case.name: case for case in CASES}

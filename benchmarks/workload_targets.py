@@ -1,0 +1,82 @@
+"""The design's device-side targets, read off a ``workload_bench.py`` report: each met or missed.
+
+A ratio is PyTorch's (or numpy's) time over the runtime's, median over interleaved rounds. A case
+whose result disagrees with the baseline's misses its targets whatever its speed; a target whose
+case did not run, or whose baseline did not, is missed with the reason.
+"""
+
+from __future__ import annotations
+
+#: (case, the runtime's contender, the baseline, the least ratio) on a GPU.
+GPU_TARGETS = [
+    ("matmul_4096_float32", "runtime", "torch_eager", 0.95),
+    ("matmul_4096_float16", "runtime", "torch_eager", 0.95),
+    ("matmul_4096_bfloat16", "runtime", "torch_eager", 0.95),
+    ("batched_matmul_float32", "runtime", "torch_eager", 0.95),
+    ("matmul_256_float32", "runtime", "torch_eager", 1.0),
+    ("softmax_8192x4096", "runtime", "torch_compile", 1.0),
+    ("layer_norm_8192x4096", "runtime", "torch_compile", 1.0),
+    ("column_sum_8192x8192", "runtime", "torch_eager", 0.95),
+    ("transposed_copy_8192x8192", "runtime", "torch_eager", 1.0),
+    ("elementwise_chain_64M", "runtime", "torch_eager", 5.0),
+    ("mlp_step", "runtime_compile", "torch_eager", 1.1),
+    ("mlp_step", "runtime_compile", "torch_compile", 1.0),
+    ("mlp_step", "runtime_eager", "torch_eager", 1.0),
+]
+#: On a CPU driver, by CPU time (all this process's threads; a shared host's other work does not count).
+CPU_TARGETS = [
+    ("mlp_step", "runtime_compile", "numpy_step", 0.8),
+]
+NAMES = {"runtime": "runtime", "runtime_eager": "eager step", "runtime_compile": "rt.compile step",
+         "torch_eager": "PyTorch eager", "torch_compile": "torch.compile", "numpy_step": "numpy hand-written step"}
+
+
+def title(case: str, section: dict) -> str:
+    return section.get("title", case)
+
+
+def targets(report: dict) -> list[dict]:
+    on_cpu = report.get("device", {}).get("driver") in ("local-task", "local-sync")
+    cases = report.get("cases", {})
+    out = []
+    for case, ours, base, least in CPU_TARGETS if on_cpu else GPU_TARGETS:
+        if case not in cases:
+            continue
+        section = cases[case]
+        key = f"{ours}_vs_{base}" + ("_cpu_time" if on_cpu else "")
+        measured = section.get("ratios", {}).get(key)
+        entry = {"benchmark": f"{title(case, section)}: {NAMES[ours]} / {NAMES[base]}", "case": case,
+                 "value": None if measured is None else round(measured["median"], 3), "target": f"≥ {least}"}
+        if measured is not None:
+            entry["spread"] = [round(measured["min"], 3), round(measured["max"], 3)]
+        agrees = correct(section)
+        entry["met"] = measured is not None and measured["median"] >= least and agrees
+        if measured is None:
+            entry["note"] = why_missing(section, ours, base)
+        elif not agrees:
+            entry["note"] = "result disagrees with the baseline's"
+        out.append(entry)
+    mlp = cases.get("mlp_step", {})
+    if "check" in mlp:
+        check = mlp["check"]
+        out.append({"benchmark": f"MLP step agrees with the {check['against']} to float32 rounding (1: yes)",
+                    "case": "mlp_step", "value": 1.0 if check["ok"] else 0.0, "target": "≥ 1",
+                    "met": bool(check["ok"])})
+    return out
+
+
+def correct(section: dict) -> bool:
+    check = section.get("check")
+    return bool(check and check.get("ok"))
+
+
+def why_missing(section: dict, ours: str, base: str) -> str:
+    if "error" in section:
+        return "case failed: " + section["error"].strip().splitlines()[-1]
+    if "skipped" in section:
+        return "case skipped: " + section["skipped"]
+    errors = section.get("errors", {})
+    for name in (ours, base):
+        if name in errors:
+            return f"{name} failed: " + errors[name].strip().splitlines()[-1]
+    return f"{base} not measured"
