@@ -54,14 +54,18 @@ def empty_like(x, /, *, dtype=None, device=None) -> Array:
 
 def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None) -> Array:
     dt = _dt.as_dtype(dtype) if dtype is not None else _dt.DEFAULT_FLOAT
+    ctx = context_for(device)
+    ctx.check_fits((operator.index(n_rows), operator.index(n_rows if n_cols is None else n_cols)), dt)
     host = np.eye(n_rows, n_cols, k=k, dtype=np.float64 if dt is _dt.bfloat16 else dt.storage)
-    return upload(host, dt, context_for(device))
+    return upload(host, dt, ctx)
 
 
 def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True) -> Array:
     dt = _dt.as_dtype(dtype) if dtype is not None else _dt.DEFAULT_FLOAT
+    ctx = context_for(device)
+    ctx.check_fits((operator.index(num),), _dt.float64)  # made as float64 on the host first
     host = np.linspace(start, stop, num, endpoint=endpoint, dtype=np.float64)
-    return upload(host, dt, context_for(device))
+    return upload(host, dt, ctx)
 
 
 def meshgrid(*arrays, indexing="xy") -> list:

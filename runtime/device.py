@@ -23,7 +23,8 @@ class DeviceContext:
 
     __slots__ = ("device", "semaphore", "submitted", "completed", "flushed", "queued", "in_flight", "buffers",
                  "graphs", "failed", "programs", "retired_programs",
-                 "executables", "fusion_wanted", "constants", "is_gpu", "gpu_format", "lock", "name", "__weakref__")
+                 "executables", "fusion_wanted", "constants", "is_gpu", "gpu_format", "lock", "name", "max_array_bytes",
+                 "__weakref__")
 
     def __init__(self, device: hal.Device) -> None:
         self.device = device
@@ -47,8 +48,25 @@ class DeviceContext:
         self.is_gpu = self.gpu_format is not None
         self.lock = threading.RLock()
         self.name = getattr(device, "driver_name", "device")
+        self.max_array_bytes = device.allocator.max_allocation_size
         # semaphore -> (last value known reached, the failure) for timelines replaced after a failure
         self.failed: dict = {}
+
+    def check_fits(self, shape: tuple, dtype) -> None:
+        """ArrayTooLargeError for an array no buffer of this device can hold, views included (whatever
+        reads a view of that size computes a result as large, or reads that many elements).
+
+        Called where an op can make an array larger than its inputs (creation, broadcasting, products),
+        so that the error comes when the op is built, not later from the evaluation it would poison.
+        """
+        n = dtype.itemsize
+        for dim in shape:
+            n *= dim
+        if n > self.max_array_bytes:
+            from .errors import ArrayTooLargeError
+            raise ArrayTooLargeError(
+                f"an array of shape {shape} and dtype {dtype.name} needs {n} bytes, more than the largest "
+                f"allocation of {self.max_array_bytes} bytes that {self.device.info.uri} supports")
 
     def refresh(self) -> int:
         """Poll the timeline; after a failed submission, move on to a fresh one."""

@@ -22,6 +22,11 @@ class InvalidTypeError(hal.InvalidArgumentError, TypeError):
     """An unsupported dtype or operand type, or an op the dtype does not have."""
 
 
+class ArrayTooLargeError(hal.ResourceExhaustedError):
+    """An array larger than the device's largest allocation, raised when the op making it is built (out of
+    memory, as the allocation would have been)."""
+
+
 class ScalarOverflowError(hal.InvalidArgumentError, OverflowError):
     """A Python integer that the array's dtype cannot represent (NEP 50)."""
 

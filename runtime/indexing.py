@@ -175,6 +175,7 @@ def _advanced(x: Array, key: tuple) -> Array:
     else:
         out_shape = bshape + tuple(y.shape[a] for a in rest)
         nb_lead = 0
+    y.ctx.check_fits(out_shape, y.dtype)
     strides = contiguous_strides(y.shape)
     nb = len(bshape)
     flat = None

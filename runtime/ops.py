@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import math
 import operator
 
 import numpy as np
@@ -234,6 +235,8 @@ def _binary(op: str, a, b) -> Array:
     shape = _bshape(a, b)
     sig = _SIGNATURES.get((op, dt))
     out, cdt = sig if sig is not None else binary_signature(op, dt)
+    if shape is not a.shape and shape is not b.shape:  # broadcasting made it larger than both operands
+        a.ctx.check_fits(shape, out)
     return new_node(op, (a, b), cdt, shape, out, a.ctx)
 
 
@@ -373,6 +376,7 @@ def where(cond, x, y) -> Array:
         x = asarray(x, device=ctx)
     x, y, dt = _operands(x, y)
     shape = broadcast_shapes(cond.shape, x.shape, y.shape)
+    ctx.check_fits(shape, dt)
     return new_node("where", (cond, x, y), dt, shape, dt, ctx)
 
 
@@ -455,6 +459,7 @@ def matmul(a, b) -> Array:
     if shapes is None:
         shapes = _matmul_shapes_of(a.shape, b.shape)
     a_as, b_as, out_shape, result = shapes
+    a.ctx.check_fits(out_shape, dt)
     a2 = a if a_as is None else reshape(a, a_as)
     b2 = b if b_as is None else reshape(b, b_as)
     if a2.dtype is not dt:
@@ -577,6 +582,7 @@ def broadcast_to(x, shape) -> Array:
         return x
     if len(shape) < x.ndim or broadcast_shapes(x.shape, shape) != shape:
         raise InvalidValueError(f"cannot broadcast shape {x.shape} to {shape}")
+    x.ctx.check_fits(shape, x.dtype)
     strides, offset = x.layout()
     lead = len(shape) - x.ndim
     new_strides = (0,) * lead + tuple(0 if d == 1 and o != 1 else s
@@ -651,6 +657,7 @@ def full(shape, fill_value, dtype=None, device=None) -> Array:
                 raise ScalarOverflowError(f"fill value {value} out of bounds for {dt.name}")
     else:
         value = float(fill_value)
+    ctx.check_fits(shape, dt)
     bits = fill_bits(value, dt)
     if dt.itemsize == 8:
         if bits >> 32 != bits & 0xFFFFFFFF:  # no 4-byte fill pattern: copy a broadcast constant
@@ -693,6 +700,14 @@ def full_like(x: Array, fill_value, dtype=None, device=None) -> Array:
 def arange(start, stop=None, step=1, dtype=None, device=None) -> Array:
     if stop is None:
         start, stop = 0, start
+    ctx = context_for(device)
+    # The length first: the values are made on the host (8 bytes an element before any conversion),
+    # which must not try to allocate an array no device could hold.
+    try:
+        length = builtins.max(0, math.ceil((stop - start) / step))
+    except (TypeError, ValueError, ZeroDivisionError, OverflowError) as exc:
+        raise InvalidValueError(f"arange({start!r}, {stop!r}, {step!r}): {exc}") from None
+    ctx.check_fits((length,), _dt.as_dtype(dtype) if dtype is not None else _dt.int64)
     host = np.arange(start, stop, step)
     if dtype is not None:
         dt = _dt.as_dtype(dtype)
@@ -700,7 +715,7 @@ def arange(start, stop=None, step=1, dtype=None, device=None) -> Array:
         dt = _dt.from_numpy(host.dtype)
     else:
         dt = _dt.DEFAULT_FLOAT if host.dtype.kind == "f" else _dt.DEFAULT_INT
-    return upload(host, dt, context_for(device))
+    return upload(host, dt, ctx)
 
 
 # ---- Python operators -------------------------------------------------------------------------

@@ -43,7 +43,9 @@ def seed(value: int) -> None:
 
 def bits(shape, key: Array | None = None) -> Array:
     k = _check_key(key if key is not None else _default_key())
-    return new_node("random", (k,), "bits", check_shape(shape), _dt.int32, k.ctx)
+    shape = check_shape(shape)
+    k.ctx.check_fits(shape, _dt.int32)
+    return new_node("random", (k,), "bits", shape, _dt.int32, k.ctx)
 
 
 def split(key: Array, num: int = 2) -> Array:
@@ -57,7 +59,9 @@ def uniform(shape=(), key: Array | None = None, dtype=_dt.float32, low=0.0, high
         from hal import InvalidArgumentError
         raise InvalidArgumentError("uniform needs a float dtype")
     k = _check_key(key if key is not None else _default_key())
-    u = new_node("random", (k,), "uniform", check_shape(shape), dt, k.ctx)
+    shape = check_shape(shape)
+    k.ctx.check_fits(shape, dt)
+    u = new_node("random", (k,), "uniform", shape, dt, k.ctx)
     if low != 0.0 or high != 1.0:
         u = u * (high - low) + low
     return u
@@ -69,7 +73,9 @@ def normal(shape=(), key: Array | None = None, dtype=_dt.float32, loc=0.0, scale
         from hal import InvalidArgumentError
         raise InvalidArgumentError("normal needs a float dtype")
     k = _check_key(key if key is not None else _default_key())
-    z = new_node("random", (k,), "normal", check_shape(shape), dt, k.ctx)
+    shape = check_shape(shape)
+    k.ctx.check_fits(shape, dt)
+    z = new_node("random", (k,), "normal", shape, dt, k.ctx)
     if scale != 1.0:
         z = z * scale
     if loc != 0.0:

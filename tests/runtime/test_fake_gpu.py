@@ -127,3 +127,13 @@ def test_a_scoped_default_gpu_device_restores_the_previous_and_stays_open(gpu):
         x = rt.arange(4) * 2
     assert rt.default_device() is before and not gpu.closed
     np.testing.assert_array_equal(x.numpy(), [0, 2, 4, 6])
+
+
+def test_a_too_large_array_is_rejected_when_built(gpu):
+    from runtime.errors import ArrayTooLargeError
+    ok = rt.arange(4, device=gpu) * 2
+    with pytest.raises(ArrayTooLargeError):
+        rt.broadcast_to(rt.ones((1,), device=gpu), (2**62,)).sum()
+    with pytest.raises(ArrayTooLargeError):
+        rt.arange(0, 2**50, device=gpu)
+    np.testing.assert_array_equal(ok.numpy(), [0, 2, 4, 6])
