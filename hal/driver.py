@@ -5,9 +5,10 @@ from __future__ import annotations
 import abc
 import dataclasses
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from hal.errors import NotFoundError, UnavailableError
+from hal.errors import HalError, InternalError, NotFoundError, ResourceExhaustedError, UnavailableError
 from hal.log import driver_logger
 from hal.validation import check_int
 
@@ -35,6 +36,8 @@ class DeviceInfo:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+
+_T = TypeVar("_T")
 
 #: The most queues a device may have: each queue is a thread or a stream, so an unbounded count would
 #: exhaust the process before any check of the driver's ran (IREE's queue affinity is a 64-bit mask too).
@@ -79,13 +82,25 @@ class Driver(abc.ABC):
 
     def query_devices(self) -> list[DeviceInfo]:
         self._require_available()
-        return self._query_devices()
+        return self._reported("query its devices", self._query_devices)
+
+    def _reported(self, what: str, hook: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """Run a driver hook; an untyped exception it raises becomes a HalError naming this driver, so
+        callers (the CLI, a listing of every driver) can tell one failing driver from the others."""
+        try:
+            return hook(*args, **kwargs)
+        except HalError:
+            raise
+        except MemoryError as exc:  # an allocation the driver made
+            raise ResourceExhaustedError(f"driver {self.name!r} ran out of memory trying to {what}") from exc
+        except Exception as exc:
+            raise InternalError(f"driver {self.name!r} failed to {what}: {type(exc).__name__}: {exc}") from exc
 
     def create_device(self, device: int | str | None = None, **options: Any) -> Device:
         """Create a device by ordinal, stable id, or (None) the first one."""
         check_common_options(options)
         self._require_available()
-        devices = self._query_devices()
+        devices = self._reported("query its devices", self._query_devices)
         if not devices:
             raise NotFoundError(f"driver {self.name!r} has no devices")
         if device is None or device == "":
@@ -98,7 +113,7 @@ class Driver(abc.ABC):
                 raise NotFoundError(f"driver {self.name!r} has no device {key!r}; devices: {known}")
             info = matches[0]
         driver_logger(self.name).debug("creating device %s (%s) options=%r", info.uri, info.name, options)
-        return self._create_device(info, **options)
+        return self._reported(f"create device {info.uri}", self._create_device, info, **options)
 
     # -- hooks ---------------------------------------------------------------------
     @abc.abstractmethod

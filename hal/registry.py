@@ -22,7 +22,7 @@ import pluggy
 from hal import env
 from hal.device import Device
 from hal.driver import Driver, DriverInfo
-from hal.errors import HalError, InvalidArgumentError, NotFoundError, UnavailableError
+from hal.errors import AlreadyExistsError, HalError, InvalidArgumentError, NotFoundError, UnavailableError
 
 PROJECT = "hal"
 ENTRY_POINT_GROUP = "hal.drivers"
@@ -58,7 +58,8 @@ class DriverSpecs:
 
 @dataclasses.dataclass(frozen=True)
 class PluginProblem:
-    """A plugin that could not be loaded, or that registers no driver."""
+    """A plugin that could not be loaded, registers no driver, or registers one under a name that is
+    missing or already taken (the driver registered first keeps the name)."""
 
     source: str  # "distribution pyhal-foo 1.0, entry point foo = foo.plugin" or "HAL_PLUGINS module foo"
     problem: str
@@ -73,6 +74,7 @@ class _Registry:
         self._factories: dict[str, DriverFactory] | None = None
         self._drivers: dict[str, Driver] = {}
         self._extra: list[DriverFactory] = []
+        self._owners: dict[str, str] = {}  # driver name -> the plugin that registered it, for collision reports
         self._sources: dict[int, str] = {}  # id(plugin) -> where it came from, for third-party plugins
         self.problems: list[PluginProblem] = []
         self.manager = pluggy.PluginManager(PROJECT)
@@ -135,8 +137,16 @@ class _Registry:
                 batch = [f for f in batch if isinstance(f, DriverFactory)]
             if not batch and source is not None:
                 self._report(source, "registers no driver (its hal_register_drivers returned none)")
+            owner = source or f"built-in plugin {impl.plugin_name}"
             for factory in batch:
-                found.setdefault(factory.name, factory)
+                if not isinstance(factory.name, str) or not factory.name.strip():
+                    self._report(owner, f"registers a driver without a name ({factory!r}); it is ignored")
+                elif factory.name in found:
+                    self._report(owner, f"registers driver {factory.name!r}, a name {self._owners[factory.name]} "
+                                        "registered first; this one is ignored")
+                else:
+                    found[factory.name] = factory
+                    self._owners[factory.name] = owner
         hooked = {id(impl.plugin) for impl in self.manager.hook.hal_register_drivers.get_hookimpls()}
         for plugin_id, source in self._sources.items():
             if plugin_id not in hooked:
@@ -150,14 +160,23 @@ class _Registry:
                 found = self._collect()
                 for factory in self._extra:
                     found[factory.name] = factory
+                    self._owners[factory.name] = "register_driver"
                 self._factories = found
             return self._factories
 
-    def register(self, factory: DriverFactory) -> None:
+    def register(self, factory: DriverFactory, replace: bool) -> None:
         with self._lock:
-            self._extra.append(factory)
-            if self._factories is not None:
-                self._factories[factory.name] = factory
+            factories = self.factories()
+            taken = factories.get(factory.name)
+            if taken is not None and taken.load is not factory.load and not replace:
+                raise AlreadyExistsError(
+                    f"a driver named {factory.name!r} is already registered ({self._owners[factory.name]}); "
+                    "pass replace=True to replace it")
+            if taken is not None and taken.load is not factory.load:
+                _log.warning("driver %r (%s) replaced by register_driver", factory.name, self._owners[factory.name])
+            self._extra = [f for f in self._extra if f.name != factory.name] + [factory]
+            factories[factory.name] = factory
+            self._owners[factory.name] = "register_driver"
             self._drivers.pop(factory.name, None)
 
     def driver(self, name: str) -> Driver:
@@ -171,7 +190,12 @@ class _Registry:
                 known = ", ".join(sorted(factories))
                 problems = "".join(f"; plugin {p}" for p in self.problems)
                 raise NotFoundError(f"no driver named {name!r}; known drivers: {known}{problems}")
-            driver = factory.load()
+            try:
+                driver = factory.load()
+            except HalError:
+                raise
+            except Exception as exc:  # a module that fails to import: this driver is unusable, not the process
+                raise UnavailableError(f"driver {name!r} failed to load: {type(exc).__name__}: {exc}") from exc
             self._drivers[name] = driver
             return driver
 
@@ -191,13 +215,21 @@ def plugin_problems() -> list[PluginProblem]:
     return list(_registry.problems)
 
 
-def register_driver(driver: DriverFactory | type[Driver], *, priority: int = 0) -> None:
-    """Register a driver in-process (without packaging it as an entry point)."""
+def register_driver(driver: DriverFactory | type[Driver], *, priority: int = 0, replace: bool = False) -> None:
+    """Register a driver in-process (without packaging it as an entry point).
+
+    A name another driver has (a built-in, a plugin's, an earlier registration) raises AlreadyExistsError
+    unless ``replace=True``; registering the same factory or class again updates it. A driver without a
+    name raises InvalidArgumentError.
+    """
     if isinstance(driver, type) and issubclass(driver, Driver):
         driver = DriverFactory(driver.name, driver.summary, driver, priority)
     if not isinstance(driver, DriverFactory):
         raise InvalidArgumentError(f"register_driver takes a DriverFactory or a Driver subclass, got {driver!r}")
-    _registry.register(driver)
+    if not isinstance(driver.name, str) or not driver.name.strip() or "://" in driver.name:
+        raise InvalidArgumentError(f"a driver needs a name (the class attribute `name`, as in device URIs), got "
+                                   f"{driver.name!r} for {driver.load!r}")
+    _registry.register(driver, replace)
 
 
 def plugin_manager() -> pluggy.PluginManager:
