@@ -34,7 +34,7 @@ import workload_mlp
 import workload_torch
 from workload_cases import BY_NAME, Case
 from workload_targets import targets
-from workload_timing import Contender, Settings, error_text, timed
+from workload_timing import Contender, Settings, error_text, synced, timed
 
 import runtime as rt
 
@@ -56,7 +56,8 @@ def device_array(host: np.ndarray, dtype: str, device: str) -> rt.Array:
 
 
 def as_float32(a: rt.Array) -> np.ndarray:
-    return np.asarray(a if a.dtype == rt.float32 else a.astype(rt.float32))
+    """A host copy (np.asarray may view a buffer the runtime recycles once the array is gone)."""
+    return np.array(np.asarray(a if a.dtype == rt.float32 else a.astype(rt.float32)))
 
 
 def runtime_contender(fn, args: list, device: str) -> Contender:
@@ -115,6 +116,8 @@ def run_case(case: Case, settings: Settings) -> dict:
     error = float(np.abs(mine.astype(np.float64) - reference).max()) / scale if mine.shape == reference.shape else None
     out["check"] = {"max_rel_err": error, "tolerance": case.tolerance,
                     "ok": error is not None and error <= case.tolerance}
+    if case.synced:
+        contenders.update({f"{name}_synced": synced(c) for name, c in contenders.items()})
     release = None
     copy_bytes = None
     if case.bandwidth_bound:
@@ -122,7 +125,8 @@ def run_case(case: Case, settings: Settings) -> dict:
         contenders["copy"], release = copy_contender(settings, copy_bytes)
         out["copy_bytes"] = copy_bytes
     try:
-        out.update(timed(settings, contenders, ("runtime",), flop=case.flop(inputs) if case.flop else None,
+        flop = case.flop(inputs) if case.flop else None
+        out.update(timed(settings, contenders, ("runtime", "runtime_synced"), flop=flop,
                          nbytes=nbytes if case.bandwidth_bound else None, copy_bytes=copy_bytes))
     finally:
         if release is not None:

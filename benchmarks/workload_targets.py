@@ -80,3 +80,36 @@ def why_missing(section: dict, ours: str, base: str) -> str:
         if name in errors:
             return f"{name} failed: " + errors[name].strip().splitlines()[-1]
     return f"{base} not measured"
+
+
+def summary(report: dict) -> list[str]:
+    """One line per target, met or MISSED, then each case that failed, was skipped or disagreed."""
+    device = report.get("device", {})
+    torch = report.get("torch", {}).get("version", "absent")
+    quick = report.get("settings", {}).get("quick")
+    lines = [f"workload targets ({device.get('name')}, {device.get('driver')}, torch {torch}, quick: {quick}):"]
+    for t in report.get("targets", []):
+        value = "not measured" if t["value"] is None else f"{t['value']}x"
+        if t.get("spread"):
+            value += f" [{t['spread'][0]}-{t['spread'][1]}]"
+        note = f" ({t['note']})" if t.get("note") else ""
+        lines.append(f"    {'met   ' if t['met'] else 'MISSED'} {t['benchmark']}: {value} (target {t['target']}){note}")
+    for name, section in report.get("cases", {}).items():
+        if "error" in section:
+            lines.append(f"    {name}: ERROR {section['error'].strip().splitlines()[-1]}")
+        elif "skipped" in section:
+            lines.append(f"    {name}: skipped ({section['skipped']})")
+        elif not correct(section) and "check" in section:
+            lines.append(f"    {name}: result disagrees with the baseline's: {section['check']}")
+        for contender, error in section.get("errors", {}).items():
+            lines.append(f"    {name}/{contender}: ERROR {error.strip().splitlines()[-1]}")
+    return lines
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    for path in sys.argv[1:]:
+        with open(path) as f:
+            print("\n".join(summary(json.load(f))))

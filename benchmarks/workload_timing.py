@@ -44,6 +44,17 @@ class Contender:
     sync: Callable[[], None]
 
 
+def synced(contender: Contender) -> Contender:
+    """The same iterations, each waited for before the next is called."""
+
+    def run(count: int) -> None:
+        for _ in range(count):
+            contender.run(1)
+            contender.sync()
+
+    return Contender(run, contender.sync)
+
+
 def error_text(exc: BaseException) -> str:
     """The exception and the innermost frames of its traceback, for the JSON."""
     frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
@@ -149,7 +160,9 @@ def timed(settings: Settings, contenders: dict[str, Contender], ours: tuple[str,
     ratios = {}
     for mine in ours:
         for base in samples:
-            if mine in samples and base not in ours and base != "copy":
+            # queued against queued, synced against synced
+            alike = mine.endswith("_synced") == base.endswith("_synced")
+            if mine in samples and base not in ours and base != "copy" and alike:
                 ratios[f"{mine}_vs_{base}"] = ratio(samples[base]["wall"], samples[mine]["wall"])
                 ratios[f"{mine}_vs_{base}_cpu_time"] = ratio(samples[base]["cpu"], samples[mine]["cpu"])
     out["ratios"] = ratios
