@@ -12,13 +12,13 @@ from typing import Any
 from hal import __version__
 from hal.driver import DriverInfo
 from hal.errors import HalError, NotFoundError, StatusCode
-from hal.registry import get_driver, list_drivers, plugin_problems
+from hal.registry import get_driver, list_drivers, parse_uri, plugin_problems
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
 EXIT_CODES = f"""exit codes:
   {EXIT_OK}  success (also when the reader of the output closes it early, as `| head` does)
-  {EXIT_ERROR}  error: an unknown driver, a failing driver or device
+  {EXIT_ERROR}  error: an unknown driver, a failing driver or device, an output that cannot be written
   {EXIT_USAGE}  usage error: unknown or conflicting options
   {EXIT_UNAVAILABLE}  the driver asked for with --driver is unavailable on this machine"""
 
@@ -31,6 +31,11 @@ def _human_bytes(value: Any) -> str:
             return f"{value:.1f} {unit}" if unit != "B" else f"{value} B"
         value /= 1024  # type: ignore[assignment]
     return str(value)
+
+
+def _driver_and_device(selected: str | None) -> tuple[str | None, str | None]:
+    """``--driver`` takes a driver name or a device URI (as HAL_DEVICE does): (driver name, device key)."""
+    return parse_uri(selected) if selected is not None else (None, None)
 
 
 def _drivers(driver_name: str | None) -> list[DriverInfo]:
@@ -62,11 +67,17 @@ def _print_drivers(driver_name: str | None, as_json: bool) -> int:
     return EXIT_OK
 
 
-def _collect_devices(driver_name: str | None) -> tuple[list[dict], list[dict]]:
+def _collect_devices(driver_name: str | None, device_key: str | None) -> tuple[list[dict], list[dict]]:
     devices, skipped = [], []
     for info in _drivers(driver_name):
         try:
-            for device in get_driver(info.name).query_devices():
+            found = get_driver(info.name).query_devices()
+            if device_key is not None:
+                found = [d for d in found
+                         if d.id == device_key or (device_key.isdigit() and d.ordinal == int(device_key))]
+                if not found:
+                    raise NotFoundError(f"driver {info.name!r} has no device {device_key!r}")
+            for device in found:
                 devices.append(device.as_dict())
         except HalError as exc:
             if driver_name:  # asked for explicitly: that is an error the caller must see
@@ -75,8 +86,8 @@ def _collect_devices(driver_name: str | None) -> tuple[list[dict], list[dict]]:
     return devices, skipped
 
 
-def _print_devices(driver_name: str | None, as_json: bool) -> int:
-    devices, skipped = _collect_devices(driver_name)
+def _print_devices(driver_name: str | None, device_key: str | None, as_json: bool) -> int:
+    devices, skipped = _collect_devices(driver_name, device_key)
     if as_json:
         print(json.dumps({"devices": devices, "unavailable_drivers": skipped}, indent=2, default=str))
         return EXIT_OK
@@ -103,7 +114,8 @@ def _parser() -> argparse.ArgumentParser:
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--list-drivers", action="store_true", help="list every driver and whether it is available")
     action.add_argument("--dump-devices", action="store_true", help="describe the devices of available drivers")
-    parser.add_argument("--driver", metavar="NAME", help="only this driver (with --list-drivers or --dump-devices)")
+    parser.add_argument("--driver", metavar="NAME|URI",
+                        help="only this driver, or with a device URI (cuda://0) only that device")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--version", action="version", version=f"hal (pyhal) {__version__}")
     return parser
@@ -116,6 +128,21 @@ def _quiet_broken_pipe() -> int:
     return EXIT_OK
 
 
+def _unwritable(exc: OSError | None) -> int:
+    """Standard output is closed (``hal ... >&-``) or cannot take the output (``> /dev/full``): say so on
+    standard error and leave with an error, instead of a traceback or a silent success."""
+    why = "standard output is closed" if exc is None else f"cannot write the output: {exc.strerror or exc}"
+    if sys.stderr is not None:
+        print(f"hal: {why}", file=sys.stderr)
+    if sys.stdout is not None:  # what is still buffered must not fail again when Python flushes at exit
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+    return EXIT_ERROR
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     # Unknown flags first: argparse would otherwise report "--list-drivers is required" for `hal --bogus`.
@@ -124,15 +151,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if not (args.list_drivers or args.dump_devices):
         parser.error("one of the arguments --list-drivers --dump-devices is required")
+    if sys.stdout is None:
+        return _unwritable(None)
     try:
+        driver_name, device_key = _driver_and_device(args.driver)
         if args.list_drivers:
-            code = _print_drivers(args.driver, args.json)
+            code = _print_drivers(driver_name, args.json)
         else:
-            code = _print_devices(args.driver, args.json)
+            code = _print_devices(driver_name, device_key, args.json)
         sys.stdout.flush()
         return code
     except BrokenPipeError:
         return _quiet_broken_pipe()
+    except OSError as exc:
+        return _unwritable(exc)
     except HalError as exc:
         print(f"hal: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE if exc.code is StatusCode.UNAVAILABLE else EXIT_ERROR

@@ -162,3 +162,31 @@ def test_plugin_problems_are_shown_by_list_drivers():
     assert proc.returncode == 0
     assert "local-task" in proc.stdout
     assert proc.stderr.strip().startswith("hal: plugin HAL_PLUGINS module 'no_such_plugin_module': cannot import")
+
+
+@pytest.mark.parametrize("action", ["--list-drivers", "--dump-devices"])
+@pytest.mark.parametrize(("redirect", "message"), [(">&-", "hal: standard output is closed"),
+                                                  ("> /dev/full", "hal: cannot write the output: No space left")])
+def test_an_output_that_cannot_be_written_is_one_line_and_an_error(action, redirect, message):
+    if redirect.endswith("/dev/full") and not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    proc = subprocess.run(f"{sys.executable} -m hal {action} --json {redirect}", shell=True, capture_output=True,
+                          text=True, executable="/bin/bash", env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT,
+                          timeout=120)
+    assert proc.returncode == cli.EXIT_ERROR
+    assert proc.stderr.strip() == message or proc.stderr.startswith(message), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("uri", ["local-sync://0", "local-sync://cpu0", "local-sync://", "local-sync:0"])
+def test_driver_takes_a_device_uri(capsys, uri):
+    code, out, _ = run_cli(capsys, "--dump-devices", "--driver", uri)
+    assert code == 0 and "local-sync://0" in out and "local-task" not in out
+    code, out, _ = run_cli(capsys, "--list-drivers", "--driver", uri)
+    assert code == 0 and out.startswith("local-sync")
+
+
+def test_driver_uri_of_a_missing_device_is_not_found(capsys):
+    code, out, err = run_cli(capsys, "--dump-devices", "--driver", "local-sync://7")
+    assert code == cli.EXIT_ERROR and out == ""
+    assert err.strip() == "hal: NOT_FOUND: driver 'local-sync' has no device '7'"

@@ -60,5 +60,30 @@ def test_cts_catches_a_driver_that_ignores_unknown_device_options(tmp_path):
     proc = pytest_run("tests/cts/test_device_options.py", "--driver", "careless",
                       HAL_PLUGINS="careless_driver", PYTHONPATH=str(tmp_path))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr
-    assert "2 failed" in proc.stdout.splitlines()[-1]
+    assert "3 failed" in proc.stdout.splitlines()[-1]  # the unknown options, and a queue_count it ignored
     assert "DID NOT RAISE" in proc.stdout
+
+
+def _unavailable_builtin() -> str | None:
+    return next((d.name for d in hal.list_drivers() if not d.available and d.name in ("cuda", "hip")), None)
+
+
+def test_a_named_driver_unavailable_here_is_an_error_unless_allowed():
+    """A CI step running the suite for a driver this machine cannot run must fail, not pass having tested nothing."""
+    name = _unavailable_builtin()
+    if name is None:
+        import pytest
+        pytest.skip("every built-in GPU driver is available here")
+    proc = pytest_run("tests/cts/test_fill.py", "--driver", name)
+    assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr  # pytest's usage-error exit code
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"ERROR: --driver '{name}': driver '{name}' is unavailable here: ")
+    assert line.endswith("(pass --allow-unavailable to report its tests as skipped instead)")
+    via_env = pytest_run("tests/cts/test_fill.py", HAL_CTS_DRIVERS=name)
+    assert via_env.returncode == 4, via_env.stdout[-2000:]
+    allowed = pytest_run("tests/cts/test_fill.py", "--driver", name, "--allow-unavailable")
+    assert allowed.returncode == 0 and f"skipped: driver {name!r} unavailable" in allowed.stdout, allowed.stdout
+    installed = subprocess.run([sys.executable, "-m", "hal_cts", "--driver", name, "-q", "-p", "no:cacheprovider"],
+                               capture_output=True, text=True, cwd=ROOT, timeout=300,
+                               env={k: v for k, v in os.environ.items() if k != "HAL_CTS_DRIVERS"})
+    assert installed.returncode == 4 and "is unavailable here" in installed.stderr, installed.stdout[-2000:]

@@ -10,13 +10,17 @@ Options:
                               "NAME:KEY=VALUE" applies to driver NAME only.
   --run-fault-tests           also run tests that make a GPU kernel fault
                               (a device fault can leave a GPU context unusable).
+  --allow-unavailable         a driver named with --driver (or HAL_CTS_DRIVERS) that is
+                              unavailable here is reported as skipped instead of an error.
 
 Without --driver, the HAL_CTS_DRIVERS environment variable (comma or space
 separated) selects the drivers; without either, every driver that
-hal.list_drivers() reports is selected. A selected driver that is not
-available on this machine shows up as skipped tests carrying the driver's
-reason, never as passed ones (summarised in one line per driver at the end of
-the run); a name no plugin registers is one usage error.
+hal.list_drivers() reports is selected. A driver named on purpose that is not
+available on this machine is one usage error (a run that tested nothing must not
+pass), unless --allow-unavailable is given; then, as for the drivers selected by
+default, its tests show up as skipped carrying the driver's reason, never as
+passed ones (summarised in one line per driver at the end of the run). A name no
+plugin registers is one usage error.
 
 Any test or fixture that asks for `driver_uri` is parametrized over the
 selected drivers; `device` gives such a test one device per driver and module.
@@ -56,6 +60,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="option for hal.create_device (repeatable); NAME:KEY=VALUE limits it to driver NAME",
+    )
+    group.addoption(
+        "--allow-unavailable",
+        action="store_true",
+        default=False,
+        help="report the tests of a named driver that is unavailable here as skipped instead of failing the run",
     )
     group.addoption(
         "--run-fault-tests",
@@ -106,9 +116,22 @@ def _check_registered(uris: list[str]) -> None:
             )
 
 
+def _check_available(config: pytest.Config, uris: list[str]) -> None:
+    """A driver named on purpose must run here: its tests all skipped would make a run that tested nothing."""
+    if config.getoption("--allow-unavailable") or not (config.getoption("--driver") or env.text("HAL_CTS_DRIVERS")):
+        return
+    infos = {info.name: info for info in hal.list_drivers()}
+    for uri in uris:
+        info = infos[driver_name_of(uri)]
+        if not info.available:
+            raise pytest.UsageError(f"--driver {uri!r}: driver {info.name!r} is unavailable here: {info.reason} "
+                                    "(pass --allow-unavailable to report its tests as skipped instead)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SELECTION] = _selected_uris(config)
     _check_registered(config.stash[_SELECTION])
+    _check_available(config, config.stash[_SELECTION])
     config.stash[_OPTIONS] = [_parse_driver_option(o) for o in config.getoption("--driver-option")]
     config.addinivalue_line("markers", "gpu_fault: makes a GPU kernel fault; needs --run-fault-tests on GPU drivers")
 
