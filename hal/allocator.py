@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from hal.buffer import Buffer
 from hal.errors import InvalidArgumentError, ResourceExhaustedError, UnimplementedError
+from hal.pickling import not_picklable
 from hal.types import BufferUsage, MemoryAccess, MemoryType
 from hal.validation import check_int
 
@@ -24,6 +25,8 @@ class AllocatorStatistics:
 
 
 class Allocator(abc.ABC):
+    __reduce_ex__ = not_picklable("a hal.Allocator", "pickle its device's URI (device.info.uri)")
+
     """Validates requests and keeps statistics; drivers implement ``_allocate``/``_free``."""
 
     #: Largest single allocation the driver accepts (drivers refine it).

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from hal.errors import FailedPreconditionError, InvalidArgumentError
+from hal.pickling import not_picklable
 from hal.types import BufferUsage, MemoryAccess, MemoryType
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ class Buffer:
 
     __slots__ = ("allocator", "device", "allocation", "root", "offset", "size",
                  "memory_type", "usage", "_released", "__weakref__")
+
+    __reduce_ex__ = not_picklable("a hal.Buffer", "pickle its contents (device.read(buffer)) or a runtime array")
 
     def __init__(self, allocator: Allocator, allocation: Any, size: int,
                  memory_type: MemoryType, usage: BufferUsage,

@@ -15,6 +15,7 @@ from hal.buffer import Buffer
 from hal.errors import FailedPreconditionError, HalError, InvalidArgumentError
 from hal.executable import Executable, Export
 from hal.library import Routine
+from hal.pickling import not_picklable
 from hal.types import BufferUsage, CommandBufferMode, CommandBufferState
 
 if TYPE_CHECKING:
@@ -87,6 +88,8 @@ class CommandBuffer:
     ``slot_uses`` (each distinct use of a binding-table slot) and ``slot_copies`` (copies whose
     operands both come from the table, so their lengths are checked against each other).
     """
+
+    __reduce_ex__ = not_picklable("a hal.CommandBuffer", "record it again in the other process")
 
     def __init__(self, device: Device, mode: CommandBufferMode, binding_capacity: int) -> None:
         self.device = device

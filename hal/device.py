@@ -19,6 +19,7 @@ from hal.errors import (
 from hal.executable import Executable, ExecutableSpec, numpy_functions
 from hal.library import routines_of
 from hal.log import driver_logger
+from hal.pickling import not_picklable
 from hal.semaphore import Fence, Semaphore
 from hal.types import BufferUsage, CommandBufferMode, CommandBufferState, MemoryType
 from hal.validation import (
@@ -99,6 +100,8 @@ def recall(cb: CommandBuffer, count: int, table: object) -> object:
 
 class Device(abc.ABC):
     """One device of a driver. Validates every call; drivers implement the ``_hooks``."""
+
+    __reduce_ex__ = not_picklable("a hal.Device", "pickle its URI (device.info.uri) and call hal.create_device(uri)")
 
     #: Executable formats this device can prepare, in order of preference.
     executable_formats: tuple[str, ...] = ()

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from hal.errors import HalError, InternalError, NotFoundError, ResourceExhaustedError, UnavailableError
 from hal.log import driver_logger
+from hal.pickling import not_picklable
 from hal.validation import check_int
 
 if TYPE_CHECKING:
@@ -52,6 +53,8 @@ def check_common_options(options: dict[str, Any]) -> None:
 
 class Driver(abc.ABC):
     """A device family. ``available()`` never raises: a missing library or device is a reason."""
+
+    __reduce_ex__ = not_picklable("a hal.Driver", "pickle its name (driver.name) and call hal.get_driver(name)")
 
     name: str = ""
     summary: str = ""

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hal.errors import InvalidArgumentError
+from hal.pickling import not_picklable
 
 if TYPE_CHECKING:
     from hal.device import Device
@@ -84,6 +85,8 @@ class ExecutableSpec:
 
 class Executable:
     """A loaded executable; drivers subclass it to hold their module/function handles."""
+
+    __reduce_ex__ = not_picklable("a hal.Executable", "load its ExecutableSpec again in the other process")
 
     def __init__(self, device: Device, spec: ExecutableSpec) -> None:
         self.device = device

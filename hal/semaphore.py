@@ -38,6 +38,7 @@ from hal.errors import (
     InvalidArgumentError,
     aborted_by,
 )
+from hal.pickling import not_picklable
 
 if TYPE_CHECKING:
     from hal.device import Device
@@ -54,6 +55,8 @@ def remaining(deadline: float | None) -> float | None:
 
 class Semaphore:
     """A timeline semaphore: ``signal(v)`` raises the value, ``wait(v)`` blocks until it is reached."""
+
+    __reduce_ex__ = not_picklable("a hal.Semaphore", "pickle its value (semaphore.value) if another process needs it")
 
     def __init__(self, device: Device, initial_value: int = 0) -> None:
         self.device = device

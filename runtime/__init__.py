@@ -28,7 +28,9 @@ from .dtypes import (  # noqa: F401 - the namespace
     uint64,
 )
 from .errors import (  # noqa: F401 - the namespace
+    ArrayTooLargeError,
     AxisError,
+    DeviceFallbackWarning,
     InvalidIndexError,
     InvalidTypeError,
     InvalidValueError,

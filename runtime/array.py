@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 
 import numpy as np
 
@@ -11,7 +12,7 @@ import hal
 from . import dtypes as _dt
 from . import native
 from .device import DeviceContext, Storage, context_for
-from .errors import InvalidTypeError, InvalidValueError
+from .errors import DeviceFallbackWarning, InvalidTypeError, InvalidValueError
 from .shapes import size_of
 
 
@@ -133,7 +134,8 @@ class Array:
         return out
 
     def __reduce__(self):
-        """Pickled as host data and the device's URI (unpickled on that device, or the default one)."""
+        """Pickled as host data and the device's URI: unpickled on that device, or, where it is missing, on
+        the default device with a `DeviceFallbackWarning` (turn it into an error with the warnings filter)."""
         return (_unpickle, (np.array(self.numpy()), self.dtype, self.ctx.device.info.uri))
 
     def __copy__(self) -> Array:
@@ -193,9 +195,12 @@ def _row_major(shape: tuple) -> tuple:
 def _unpickle(host: np.ndarray, dtype: _dt.DType, uri: str) -> Array:
     try:
         ctx = context_for(uri)
-    except hal.HalError:
+    except hal.HalError as exc:  # pickled where that device exists; here it does not (or cannot be opened)
         ctx = context_for(None)
+        warnings.warn(f"an unpickled array's device {uri!r} is not usable here ({exc.message}); the array is on "
+                      f"the default device {ctx.device.info.uri!r} instead", DeviceFallbackWarning, stacklevel=2)
     return upload(host, dtype, ctx)
+
 
 
 def new_node(op: str | None, inputs: tuple, params, shape: tuple, dtype: _dt.DType, ctx: DeviceContext,

@@ -33,3 +33,7 @@ class ScalarOverflowError(hal.InvalidArgumentError, OverflowError):
 
 class TracingError(hal.FailedPreconditionError, TypeError):
     """A value was needed while `rt.compile` traced the function (Python control flow on array values)."""
+
+
+class DeviceFallbackWarning(RuntimeWarning):
+    """An unpickled array was put on the default device because its own device is missing here."""

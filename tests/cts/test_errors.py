@@ -327,3 +327,21 @@ def test_every_error_class_takes_a_message():
         assert isinstance(err, hal.HalError)
         assert "some message" in str(err)
         assert hal.HalError(err.code, "again").__class__ is cls
+
+
+def test_hal_objects_refuse_pickling_with_a_typed_error_naming_what_to_send(device, kernels):
+    import copy
+    import pickle
+
+    buf = device.allocator.allocate(16)
+    cb = device.create_command_buffer()
+    objects = [("hal.Device", device), ("hal.Buffer", buf), ("hal.Buffer", buf.subspan(0, 8)),
+               ("hal.Semaphore", device.create_semaphore(0)), ("hal.CommandBuffer", cb), ("hal.Executable", kernels),
+               ("hal.Allocator", device.allocator), ("hal.Driver", device.driver)]
+    for what, obj in objects:
+        for attempt in (pickle.dumps, copy.copy, copy.deepcopy):
+            with pytest.raises(hal.UnimplementedError, match=f"{what} cannot be pickled") as info:
+                attempt(obj)
+            assert isinstance(info.value, TypeError)  # what Python's own "cannot pickle" errors are
+    assert pickle.loads(pickle.dumps(device.info)) == device.info  # plain data pickles
+    buf.release()

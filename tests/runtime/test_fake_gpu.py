@@ -137,3 +137,13 @@ def test_a_too_large_array_is_rejected_when_built(gpu):
     with pytest.raises(ArrayTooLargeError):
         rt.arange(0, 2**50, device=gpu)
     np.testing.assert_array_equal(ok.numpy(), [0, 2, 4, 6])
+
+
+def test_an_array_pickled_on_the_gpu_whose_device_is_missing_warns(gpu):
+    import pickle
+    x = rt.arange(3, device=gpu) + 1
+    uri = gpu.info.uri
+    data = pickle.dumps(x).replace(uri.encode(), ("z" * uri.index(":") + uri[uri.index(":"):]).encode())
+    with pytest.warns(rt.DeviceFallbackWarning):
+        back = pickle.loads(data)
+    np.testing.assert_array_equal(back.numpy(), [1, 2, 3])
