@@ -17,6 +17,10 @@ runs on the library kernels, compiled once per op and dtypes, and the
 recording lists the fused kernels it deferred (the lowering counts the
 graph's later evaluations towards them and records it again, fused, once they
 are due). rt.compile's traces fuse at once: they are recorded to repeat.
+
+Reductions over the last axes take the elementwise nodes around them into row
+groups first (`row_groups.py`): each group is one row program
+(`kernels/rows.py`), a fused kernel like the others for this policy.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from __future__ import annotations
 import hal
 from hal import env
 
-from . import epilogues
+from . import epilogues, row_groups
 from .kernels import elementwise, gather, matmul, pad, random, reduce
+from .kernels import rows as row_kernels
 from .kernels.fused import FUSABLE_DTYPES, FusedSpec
 from .kernels.fused import plan as plan_fused
 from .ops import ELEMENTWISE, REDUCTIONS
@@ -48,7 +53,7 @@ PLANNERS.update({op: reduce.plan for op in REDUCTIONS})
 class Unit:
     """One scheduled piece of work: a node's commands, or a fused group's single dispatch."""
 
-    __slots__ = ("level", "first", "node", "cmds", "temps", "members", "size")
+    __slots__ = ("level", "first", "node", "cmds", "temps", "members", "size", "rows")
 
     def __init__(self, level: int, first: int, node, cmds: list, temps: list) -> None:
         self.level = level
@@ -58,6 +63,7 @@ class Unit:
         self.temps = temps  # scratch bytes its commands use (roles ("tmp", t))
         self.members: list | None = None  # fused groups: node indices in evaluation order
         self.size = 0
+        self.rows = None  # a row group's RowGroup (row_groups.py)
 
 
 def _layouts(node) -> list:
@@ -135,7 +141,20 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
     groups: dict = {}  # element count -> fused groups of that size
     folds = epilogues.bias_folds(ctx, order, index, keep) if fuse else {}
     folded_into: dict = {}  # add node index -> the unit of the product computing its value
+    # Row groups first: a folded product and its bias add stay with the GEMM library.
+    rows = row_groups.find(order, index, set(folds) | {a for a, _ in folds.values()}) if fuse else {}
     for i, node in enumerate(order):
+        group = rows.get(i)
+        if group is not None:  # a row program's member (its whole group is one unit)
+            if group.unit is None:
+                lv = max((ready[j] + 1 for j in group.ext), default=0)  # each before the group's first member
+                group.unit = Unit(lv, i, None, [], [])
+                group.unit.members = group.members
+                group.unit.rows = group
+                units.append(group.unit)
+            unit_of[i] = group.unit
+            ready[i] = group.unit.level + (1 if row_kernels.may_split(group.O, group.N) else 0)
+            continue
         layouts = _layouts(node)
         srcs = [index.get(id(inp.root)) for inp in node.inputs]
         lv = 0
@@ -193,6 +212,11 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
         buffered[unit.first] = False
     for k, unit in enumerate(units):
         if unit.members is None:
+            continue
+        if unit.rows is not None:
+            for i in unit.members:
+                buffered[i] = leaves[i]
+            unit.cmds, unit.temps = row_groups.dispatch(order, index, unit.rows, leaves)
             continue
         if len(unit.members) == 1:  # nothing to fuse: the op's own kernel
             i = unit.members[0]

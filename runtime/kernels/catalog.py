@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import dtypes as _dt
 from .. import ops
-from . import elementwise, gather, matmul, pad, random, reduce
+from . import elementwise, gather, matmul, pad, random, reduce, reduce_columns, rows
 
 
 def _signature(fn, *args):
@@ -41,6 +41,9 @@ def all_sources() -> list:
     for op in ("sum", "mean", "max", "min", "argmax", "argmin", "prod"):
         for d in _dt.ALL:
             out.append(reduce.reduce_source(op, d, _dt.reduction_result(op, d)))
+            if op in reduce_columns.OPS:
+                for vec in (1, 4):
+                    out.append(reduce_columns.columns_source(op, d, _dt.reduction_result(op, d), vec))
     for d in _dt.ALL:
         out.append(matmul.matmul_source(d))
         out.append(pad.pad_source(d))
@@ -49,4 +52,5 @@ def all_sources() -> list:
         out.append(random.random_source("uniform", d))
         out.append(random.random_source("normal", d))
     out.append(random.random_source("bits", _dt.int32))
+    out += rows.examples()
     return out

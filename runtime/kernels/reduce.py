@@ -364,6 +364,14 @@ def plan(node, layouts: list, ctx) -> list:
         return []
     pshape = tuple(shape[i] for i in order)
     pstrides = tuple(strides[i] for i in order)
+    if ctx.is_gpu and op not in _ARG:  # kept axes innermost in memory: read along them (reduce_columns.py)
+        from . import reduce_columns  # (it builds on this module's helpers)
+        kshape, (kstr,) = collapse(pshape[:len(kept)], [pstrides[:len(kept)]])
+        rshape, (rstr,) = collapse(pshape[len(kept):], [pstrides[len(kept):]])
+        if len(rshape) == 1:
+            cmds = reduce_columns.plan(op, dt, out, kshape, kstr, rshape[0], rstr[0], offset)
+            if cmds is not None:
+                return cmds
     if op in _ARG:
         # Indices count along the reduced axis in logical order: no dim collapsing across it.
         cshape, cstr = pshape, pstrides

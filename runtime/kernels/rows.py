@@ -1,0 +1,584 @@
+"""Row programs: reductions over the last axes fused with the elementwise ops around them.
+
+A row program computes a group of nodes over an (O, N) index space: O rows of
+N elements. Its *full* members hold one value per element, its *row* members
+one value per row (a reduction over the row's N elements, or an elementwise op
+of such values). Softmax, log-softmax, layer and RMS norms and a mean-squared
+error are each one such group: the input is read once and the outputs written
+once, the values in between stay on chip.
+
+A full member depends on row values that need the whole row reduced first, so
+the program runs in phases: a member's *stage* counts the reductions on its
+longest path from the inputs; phase s computes the full members of stage s and
+accumulates the reductions over them, then a block-wide step finishes those
+reductions and computes the row members that follow. One workgroup holds RPB
+rows of T threads each. When a row fits (at most E elements a thread), each
+thread keeps its elements of every full value in registers across phases
+("register" mode, one read of the input); longer rows are streamed again in
+every phase, recomputing what that phase needs ("loop" mode, one kernel still).
+A group with one stage over few long rows splits each row into C chunks whose
+partial reductions a second `combine` dispatch finishes (the grid would
+otherwise hold too few workgroups to fill the GPU).
+
+Inputs are read per element as 2-D strided views, base + o*so + j*sn: "v"
+(unit column stride: contiguous rows, a per-column vector such as a norm's
+weight; moved as 4-element vectors when every row start is aligned), "e" (any
+other column stride), "r" (one value per row, sn = 0) and "s" (one value).
+
+Values of a narrow type kept on chip are rounded to their type as if stored
+and loaded again, so a group gives exactly the results of its ops run one by
+one (up to the order of a reduction's additions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+import hal
+
+from .. import dtypes as _dt
+from .cuda_common import convert, load_expr, store_expr
+from .elementwise import PREDICATES, arity, c_expr, ew_source, export_name
+from .numpy_util import ERRSTATE, signed, store, strided_view, to_compute
+from .reduce import _c_combine, _c_identity, _np_reduce, acc_dtype
+from .source import KernelSource, source, u32
+
+#: Elements a thread keeps of each full value in register mode, at most; rows longer than
+#: 1024 threads x this many run in loop mode.
+MAX_PER_THREAD = 16
+#: Values (full inputs and members x elements a thread) a register-mode thread may hold before
+#: the program streams its rows instead (beyond this the compiler spills to local memory).
+REGISTER_BUDGET = 192
+#: Single-stage groups with fewer rows than this and rows at least SPLIT_MIN_N long split rows into chunks.
+SPLIT_MAX_ROWS = 256
+SPLIT_MIN_N = 16384
+#: Elements a chunk of a split row holds at least.
+SPLIT_CHUNK = 8192
+
+_NARROW = frozenset(("f16", "bf16"))
+
+
+class Config:
+    """How the program maps onto the GPU: T threads a row, RPB rows a workgroup, E elements a thread
+    per pass, VEC elements a load (4 or 1), loop mode, and C chunks a row (split when C > 1)."""
+
+    __slots__ = ("T", "RPB", "E", "VEC", "loop", "C", "chunk")
+
+    def __init__(self, T: int, RPB: int, E: int, VEC: int, loop: bool, C: int = 1, chunk: int = 0) -> None:
+        self.T, self.RPB, self.E, self.VEC, self.loop, self.C, self.chunk = T, RPB, E, VEC, loop, C, chunk
+
+    def key(self) -> tuple:
+        return (self.T, self.RPB, self.E, self.VEC, self.loop, self.C > 1)
+
+
+class RowSpec:
+    """What a row program computes.
+
+    inputs:  ((dtype, kind), ...) with kind "v", "e", "r" or "s" (see the module doc)
+    members: in evaluation order, ("ew", op, compute dtype, out dtype, operands) or
+             ("red", op, input dtype, out dtype, (operand,)); an operand is ("i", k) for input k or
+             ("m", j) for member j < this one
+    full:    per member, whether it holds a value per element (else per row)
+    outputs: member indices written to the output bindings, in binding order
+    """
+
+    __slots__ = ("inputs", "members", "full", "outputs", "stage", "phases", "key")
+
+    def __init__(self, inputs: tuple, members: tuple, full: tuple, outputs: tuple) -> None:
+        self.inputs = inputs
+        self.members = members
+        self.full = full
+        self.outputs = outputs
+        stage = []
+        for m in members:
+            s = max((stage[k] if kind == "m" else 0) for kind, k in m[4]) if m[4] else 0
+            stage.append(s + 1 if m[0] == "red" else s)
+        self.stage = tuple(stage)
+        phases = 0  # phases with a loop over the row: one more than the last stage a full value has
+        for j, m in enumerate(members):
+            if full[j]:
+                phases = max(phases, stage[j] + 1)
+            if m[0] == "red":
+                phases = max(phases, stage[j])
+        self.phases = max(phases, 1)
+        self.key = ("rows", tuple((d.name, kind) for d, kind in inputs),
+                    tuple((m[0], m[1], m[2].name, m[3].name, m[4]) for m in members), full, outputs)
+
+    def input_full(self, k: int) -> bool:
+        return self.inputs[k][1] in "ve"
+
+    def operand_full(self, ref: tuple) -> bool:
+        kind, k = ref
+        return self.input_full(k) if kind == "i" else self.full[k]
+
+    def operand_dtype(self, ref: tuple):
+        kind, k = ref
+        return self.inputs[k][0] if kind == "i" else self.members[k][3]
+
+    def splittable(self) -> bool:
+        """One stage: every reduction reads values of stage 0 and no full value comes after one."""
+        return self.phases == 1
+
+    def name(self, config: Config) -> str:
+        digest = hashlib.sha1(repr((self.key, config.key())).encode()).hexdigest()[:16]
+        return f"fused_rows_{digest}"
+
+
+def may_split(O: int, N: int) -> bool:  # noqa: E741
+    """Whether a program over (O, N) may split its rows (its row values are then ready a level later)."""
+    return O < SPLIT_MAX_ROWS and N >= SPLIT_MIN_N
+
+
+# ---- configuration ----------------------------------------------------------------------------
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def choose(spec: RowSpec, O: int, N: int, vec: bool) -> Config:  # noqa: E741
+    """The mapping of an (O, N) row program: see the module doc."""
+    VEC = 4 if vec and N % 4 == 0 else 1
+    nfull = sum(spec.full) + sum(1 for k in range(len(spec.inputs)) if spec.input_full(k))
+    if spec.splittable() and may_split(O, N):
+        C = max(1, min(-(-N // SPLIT_CHUNK), 1024 // max(O, 1)))
+        if C > 1:
+            chunk = -(-N // C)
+            chunk = -(-chunk // 4) * 4
+            C = -(-N // chunk)
+            return Config(256, 1, 8 if VEC == 4 else 4, VEC, True, C, chunk)
+    if N <= 1024 * MAX_PER_THREAD:
+        T = min(1024, _pow2(-(-N // MAX_PER_THREAD)))
+        E = max(VEC, _pow2(-(-N // T)))
+        while nfull * E > REGISTER_BUDGET and T < 1024 and E > VEC:
+            T, E = T * 2, E // 2
+        if nfull * E <= REGISTER_BUDGET:
+            return Config(T, max(1, 256 // T), E, VEC, False)
+    return Config(1024, 1, 8 if VEC == 4 else 4, VEC, True)
+
+
+# ---- planning ---------------------------------------------------------------------------------
+
+def plan(spec: RowSpec, O: int, N: int, layouts: list) -> tuple:  # noqa: E741
+    """(source, commands, temps) of the program over (O, N); layouts: per input (offset, so, sn).
+
+    Commands are ("dispatch", src, name, workgroups, constants, bindings) and ("barrier",); bindings
+    are ("out", m) for output m, ("in", k) for input k and ("tmp", t) for scratch t of `temps` (bytes).
+    """
+    vec = all(off % 4 == 0 and so % 4 == 0 for (d, kind), (off, so, sn) in zip(spec.inputs, layouts)
+              if kind == "v")
+    config = choose(spec, O, N, vec)
+    src = rows_source(spec, config)
+    name = spec.name(config)
+    consts = [O, N]
+    for off, so, sn in layouts:
+        consts += [u32(off), u32(so), u32(sn)]
+    outs = [("out", m) for m in range(len(spec.outputs))]
+    ins = [("in", k) for k in range(len(spec.inputs))]
+    groups = (O + config.RPB - 1) // config.RPB
+    if config.C == 1:
+        return src, [("dispatch", src, name, (groups, 1, 1), consts, outs + ins)], []
+    reds = [j for j, m in enumerate(spec.members) if m[0] == "red"]
+    temps = [O * config.C * acc_dtype(spec.members[j][1], spec.members[j][2]).itemsize for j in reds]
+    tmps = [("tmp", t) for t in range(len(reds))]
+    part = ("dispatch", src, name + "_p", (O, config.C, 1), consts + [config.chunk, config.C],
+            [o for o, m in zip(outs, spec.outputs) if spec.full[m]] + tmps + ins)
+    comb = ("dispatch", src, name + "_c", (O, 1, 1), consts + [config.chunk, config.C],
+            [o for o, m in zip(outs, spec.outputs) if not spec.full[m]] + tmps + ins)
+    return src, [part, ("barrier",), comb], temps
+
+
+def rows_source(spec: RowSpec, config: Config) -> KernelSource:
+    name = spec.name(config)
+    key = ("rows", name)  # the name's digest covers the spec and the mapping
+    nin = len(spec.inputs)
+    nconst = 2 + 3 * nin
+    if config.C == 1:
+        exports = [hal.Export(name, (config.T * config.RPB, 1, 1), len(spec.outputs) + nin, nconst)]
+    else:
+        nred = sum(1 for m in spec.members if m[0] == "red")
+        nfull_out = sum(1 for m in spec.outputs if spec.full[m])
+        exports = [hal.Export(name + "_p", (config.T, 1, 1), nfull_out + nred + nin, nconst + 2),
+                   hal.Export(name + "_c", (256, 1, 1), len(spec.outputs) - nfull_out + nred + nin, nconst + 2)]
+    return source(key, lambda: KernelSource(key, exports, lambda: _cuda(spec, config, name),
+                                            lambda: _numpy(spec, config, name)))
+
+
+# ---- CUDA C -----------------------------------------------------------------------------------
+
+def _rounded(d, value: str) -> str:
+    """A compute value as it reads back after a store of dtype d (narrow floats round)."""
+    return load_expr(d, store_expr(d, value)) if d.code in _NARROW else value
+
+
+class _Gen:
+    """Emits one kernel of a row program (main, split partial or split combine)."""
+
+    def __init__(self, spec: RowSpec, config: Config, kind: str) -> None:
+        self.spec, self.c, self.kind = spec, config, kind  # kind: "main", "part" or "comb"
+        self.lines: list = []
+
+    def emit(self, line: str) -> None:
+        self.lines.append(line)
+
+    # operand expressions ------------------------------------------------------------------
+    def operand(self, ref: tuple, slot: str) -> str:
+        kind, k = ref
+        if kind == "i":
+            return f"x{k}[{slot}]" if self.spec.input_full(k) else f"rx{k}"
+        return f"v{k}[{slot}]" if self.spec.full[k] else f"r{k}"
+
+    def ew_value(self, j: int, slot: str) -> str:
+        """C statements computing element-wise member j into its variable."""
+        _, op, cdt, out, operands = self.spec.members[j]
+        names = ["a"] if arity(op) == 1 else (["a", "b"] if arity(op) == 2 else ["c", "a", "b"])
+        res = "bool" if op in PREDICATES else cdt.c_compute
+        body = []
+        for nm, ref in zip(names, operands):
+            src_dt = self.spec.operand_dtype(ref)
+            target = "bool" if nm == "c" else cdt.c_compute
+            body.append(f"const {target} {nm} = {convert(self.operand(ref, slot), src_dt.c_compute, target)};")
+        value = _rounded(out, convert("(" + c_expr(op, cdt) + ")", res, out.c_compute))
+        dest = f"v{j}[{slot}]" if self.spec.full[j] else f"r{j}"
+        return "{ " + " ".join(body) + f" {dest} = {value}; }}"
+
+    # pieces --------------------------------------------------------------------------------
+    def signature(self, name: str) -> str:
+        spec = self.spec
+        params = []
+        if self.kind == "main":
+            outs = spec.outputs
+        elif self.kind == "part":
+            outs = [m for m in spec.outputs if spec.full[m]]
+        else:
+            outs = [m for m in spec.outputs if not spec.full[m]]
+        params += [f"{spec.members[m][3].c_storage}* __restrict__ out{m}" for m in outs]
+        if self.kind != "main":
+            for j, m in enumerate(spec.members):
+                if m[0] == "red":
+                    params.append(f"{acc_dtype(m[1], m[2]).c_compute}* __restrict__ pv{j}")
+        params += [f"const {d.c_storage}* __restrict__ in{k}" for k, (d, _) in enumerate(spec.inputs)]
+        params += ["u32 O", "u32 N"]
+        for k in range(len(spec.inputs)):
+            params += [f"u32 off{k}", f"u32 so{k}", f"u32 sn{k}"]
+        if self.kind != "main":
+            params += ["u32 chunk", "u32 C"]
+        return f'extern "C" __global__ void {name}({", ".join(params)})'
+
+    def prologue(self, T: int, RPB: int) -> None:
+        spec = self.spec
+        self.emit(f"  constexpr u32 T = {T}, RPB = {RPB}, SEG = T < RT_WARP ? T : RT_WARP;")
+        self.emit("  const u32 t = threadIdx.x % T, rl = threadIdx.x / T;")
+        self.emit("  const u32 o = blockIdx.x * RPB + rl;")
+        self.emit("  const bool row_ok = o < O;")
+        for k, (d, kind) in enumerate(spec.inputs):
+            self.emit(f"  const i64 rb{k} = (i64)off{k} + (row_ok ? (i64)(int)so{k} * (i64)o : 0);")
+            if kind in "rs":
+                self.emit(f"  const {d.c_compute} rx{k} = row_ok ? {load_expr(d, f'in{k}[rb{k}]')} : "
+                          f"({d.c_compute})0;")
+
+    def reduce_step(self, reds: list) -> None:
+        """Finish the thread partials a<j> of reductions `reds` across their row (every thread gets the total)."""
+        for j in reds:
+            op, in_dt = self.spec.members[j][1], self.spec.members[j][2]
+            acc = acc_dtype(op, in_dt)
+            self.emit(f"  __shared__ {acc.c_compute} sh{j}[RPB * (T / SEG)];")
+            self.emit(f"  for (u32 d = SEG / 2; d > 0; d /= 2) a{j} = rt_comb{j}(a{j}, RT_SHFL_DOWN(a{j}, d));")
+            self.emit(f"  if (threadIdx.x % SEG == 0) sh{j}[threadIdx.x / SEG] = a{j};")
+        self.emit("  __syncthreads();")
+        for j in reds:
+            self.emit(f"  a{j} = sh{j}[rl * (T / SEG)];")
+            self.emit(f"  for (u32 g = 1; g < T / SEG; ++g) a{j} = rt_comb{j}(a{j}, sh{j}[rl * (T / SEG) + g]);")
+
+    def finish_row_members(self, stage: int) -> None:
+        """Declare and compute the row members of `stage`; write those that are outputs."""
+        spec = self.spec
+        for j, m in enumerate(spec.members):
+            if spec.full[j] or spec.stage[j] != stage:
+                continue
+            out = m[3]
+            if m[0] == "red":
+                acc = acc_dtype(m[1], m[2])
+                value, typ = f"a{j}", acc.c_compute
+                if m[1] == "mean":
+                    typ = out.c_compute if out.is_float else "double"
+                    value = f"({typ})a{j} / ({typ})N"
+                self.emit(f"  const {out.c_compute} r{j} = {_rounded(out, convert(value, typ, out.c_compute))};")
+            else:
+                self.emit(f"  {out.c_compute} r{j};")
+                self.emit("  " + self.ew_value(j, ""))
+            if j in spec.outputs and self.kind != "part":
+                self.emit(f"  if (row_ok && t == 0) out{j}[o] = {store_expr(out, f'r{j}')};")
+
+    def phase(self, p: int) -> list:
+        """The loop of phase p over this thread's elements; returns the reductions it accumulates."""
+        spec, c = self.spec, self.c
+        V = c.VEC
+        computed = [j for j in range(len(spec.members)) if spec.full[j] and spec.stage[j] == p]
+        reds = [j for j, m in enumerate(spec.members) if m[0] == "red" and spec.stage[j] == p + 1]
+        if c.loop:  # recompute every full value this phase reads
+            need = set(computed) | {spec.members[j][4][0][1] for j in reds if spec.members[j][4][0][0] == "m"}
+            todo = list(need)
+            while todo:
+                for kind, k in spec.members[todo.pop()][4]:
+                    if kind == "m" and spec.full[k] and k not in need:
+                        need.add(k)
+                        todo.append(k)
+            members = sorted(need)
+            inputs = {k for j in members for kind, k in spec.members[j][4] if kind == "i" and spec.input_full(k)}
+            inputs |= {spec.members[j][4][0][1] for j in reds if spec.members[j][4][0][0] == "i"}
+        else:  # registers hold what earlier phases computed
+            members = computed
+            first = self._first_phase()
+            inputs = {k for k, ph in first.items() if ph == p}
+        for j in reds:
+            m = spec.members[j]
+            acc = acc_dtype(m[1], m[2])
+            self.emit(f"  {acc.c_compute} a{j} = {_c_identity(m[1], acc)};")
+        if c.loop:
+            self.emit("  for (u32 base = j0; base < j1; base += T * (E / VEC)) {")
+            self._arrays(members, inputs, "    ")
+        else:
+            self.emit("  {")
+            self.emit("    const u32 base = j0;")
+        self.emit("    #pragma unroll")
+        self.emit("    for (u32 q = 0; q < E / VEC; ++q) {")
+        self.emit("      const u32 jv = base + q * T + t;")
+        self.emit("      if (row_ok && jv < j1) {")
+        outs = [j for j in computed if j in spec.outputs]
+        for k in sorted(inputs):
+            d, kind = spec.inputs[k]
+            if kind == "v" and V == 4:
+                self.emit(f"        const rt_vec4<{d.c_storage}> w{k} = "
+                          f"reinterpret_cast<const rt_vec4<{d.c_storage}>*>(in{k} + rb{k})[jv];")
+        if V == 4:
+            for j in outs:
+                self.emit(f"        rt_vec4<{spec.members[j][3].c_storage}> ov{j};")
+        self.emit("        #pragma unroll")
+        self.emit("        for (u32 e = 0; e < VEC; ++e) {")
+        self.emit("          const u32 s = q * VEC + e, jj = jv * VEC + e;")
+        for k in sorted(inputs):
+            d, kind = spec.inputs[k]
+            if kind == "v":
+                ref = f"w{k}.v[e]" if V == 4 else f"in{k}[rb{k} + jj]"
+            else:
+                ref = f"in{k}[rb{k} + (i64)(int)sn{k} * (i64)jj]"
+            self.emit(f"          x{k}[s] = {load_expr(d, ref)};")
+        for j in members:
+            self.emit("          " + self.ew_value(j, "s"))
+        for j in reds:
+            m = spec.members[j]
+            acc = acc_dtype(m[1], m[2])
+            self.emit(f"          a{j} = rt_comb{j}(a{j}, ({acc.c_compute})({self.operand(m[4][0], 's')}));")
+        for j in outs:
+            st = store_expr(spec.members[j][3], f"v{j}[s]")
+            if V == 4:
+                self.emit(f"          ov{j}.v[e] = {st};")
+            else:
+                self.emit(f"          out{j}[(u64)o * N + jj] = {st};")
+        self.emit("        }")
+        for j in outs:
+            if V == 4:
+                T_ = spec.members[j][3].c_storage
+                self.emit(f"        reinterpret_cast<rt_vec4<{T_}>*>(out{j} + (u64)o * N)[jv] = ov{j};")
+        self.emit("      }")
+        self.emit("    }")
+        self.emit("  }")
+        return reds
+
+    def _first_phase(self) -> dict:
+        """Register mode: per full input, the phase that first reads it (where it is loaded)."""
+        spec = self.spec
+        first: dict = {}
+        for j, m in enumerate(spec.members):
+            if not spec.full[j] and m[0] != "red":
+                continue
+            ph = spec.stage[j] if spec.full[j] else spec.stage[j] - 1
+            for kind, k in m[4]:
+                if kind == "i" and spec.input_full(k):
+                    first[k] = min(first.get(k, ph), ph)
+        return first
+
+    def _arrays(self, members, inputs, indent: str) -> None:
+        spec = self.spec
+        for k in sorted(inputs):
+            self.emit(f"{indent}{spec.inputs[k][0].c_compute} x{k}[E];")
+        for j in members:
+            self.emit(f"{indent}{spec.members[j][3].c_compute} v{j}[E];")
+
+    def combiners(self) -> list:
+        out = []
+        for j, m in enumerate(self.spec.members):
+            if m[0] == "red":
+                acc = acc_dtype(m[1], m[2])
+                A = acc.c_compute
+                out.append(f"RT_DEV {A} rt_comb{j}({A} x, {A} y) {{ return {_c_combine(m[1], acc)}; }}")
+        return out
+
+    def main(self, name: str) -> str:
+        spec, c = self.spec, self.c
+        self.emit(self.signature(name) + " {")
+        self.prologue(c.T, c.RPB)
+        self.emit(f"  constexpr u32 E = {c.E}, VEC = {c.VEC};")
+        if self.kind == "main":  # the row's vectors [j0, j1) this workgroup covers
+            self.emit("  const u32 j0 = 0, j1 = N / VEC;")
+        else:
+            self.emit("  const u32 j0 = blockIdx.y * (chunk / VEC), j1e = j0 + chunk / VEC, jn = N / VEC;")
+            self.emit("  const u32 j1 = j1e < jn ? j1e : jn;")
+        if not c.loop:
+            inputs = {k for k in range(len(spec.inputs)) if spec.input_full(k)}
+            self._arrays([j for j in range(len(spec.members)) if spec.full[j]], inputs, "  ")
+        self.finish_row_members(0)
+        phases = 1 if self.kind == "part" else spec.phases
+        for p in range(phases):
+            reds = self.phase(p)
+            if self.kind == "part":  # the chunk's partials; the combine kernel finishes the rows
+                self.reduce_step(reds)
+                for j in reds:
+                    self.emit(f"  if (row_ok && t == 0) pv{j}[(u64)o * C + blockIdx.y] = a{j};")
+                break
+            if reds:
+                self.reduce_step(reds)
+            self.finish_row_members(p + 1)
+        self.emit("}")
+        return "\n".join(self.lines)
+
+    def combine(self, name: str) -> str:
+        """Split rows: one workgroup a row reduces the C chunk partials, then the row members follow."""
+        spec = self.spec
+        self.emit(self.signature(name) + " {")
+        self.prologue(256, 1)
+        self.finish_row_members(0)
+        reds = [j for j, m in enumerate(spec.members) if m[0] == "red"]
+        for j in reds:
+            m = spec.members[j]
+            acc = acc_dtype(m[1], m[2])
+            self.emit(f"  {acc.c_compute} a{j} = {_c_identity(m[1], acc)};")
+            self.emit(f"  for (u32 k = t; row_ok && k < C; k += T) a{j} = rt_comb{j}(a{j}, pv{j}[(u64)o * C + k]);")
+        self.reduce_step(reds)
+        self.finish_row_members(1)
+        self.emit("}")
+        return "\n".join(self.lines)
+
+
+def _cuda(spec: RowSpec, config: Config, name: str) -> str:
+    parts = _Gen(spec, config, "main").combiners()
+    if config.C == 1:
+        parts.append(_Gen(spec, config, "main").main(name))
+    else:
+        parts.append(_Gen(spec, config, "part").main(name + "_p"))
+        parts.append(_Gen(spec, config, "comb").combine(name + "_c"))
+    return "\n".join(parts) + "\n"
+
+
+# ---- numpy ------------------------------------------------------------------------------------
+
+def _ew_numpy(op, in_dts, out, cdt, args: list, n: int) -> np.ndarray:
+    """Elementwise member values through the op's own numpy kernel (contiguous operands of n elements)."""
+    fn = ew_source(op, in_dts, out, cdt).numpy_code()[export_name(op, in_dts, out, "c" * len(in_dts))]
+    result = np.empty(n, out.storage)
+    fn(None, [memoryview(result).cast("B")] + [memoryview(np.ascontiguousarray(a)).cast("B") for a in args],
+       [n] + [0] * len(args))
+    return result
+
+
+def _numpy(spec: RowSpec, config: Config, name: str) -> dict:
+    """The program member by member with the ops' own numpy kernels (the same values, unfused)."""
+    nin = len(spec.inputs)
+
+    def evaluate(bindings_in: list, c: list) -> list:
+        O, N = c[0], c[1]  # noqa: E741
+        values = []  # storage-typed arrays of shape (O, N) (full) or (O,) (row)
+        for k, (d, kind) in enumerate(spec.inputs):
+            off, so, sn = c[2 + 3 * k], signed(c[3 + 3 * k]), signed(c[4 + 3 * k])
+            if kind in "ve":
+                values.append(strided_view(bindings_in[k], d, (O, N), (so, sn), off))
+            else:
+                values.append(strided_view(bindings_in[k], d, (O,), (so,), off))
+        members: list = []
+        for j, m in enumerate(spec.members):
+            shape = (O, N) if spec.full[j] or m[0] == "red" else (O,)
+            args = [values[k] if kind == "i" else members[k] for kind, k in m[4]]
+            args = [np.broadcast_to(a if a.ndim == len(shape) else a.reshape(O, 1), shape) for a in args]
+            if m[0] == "ew":
+                _, op, cdt, out, _ = m
+                in_dts = tuple(spec.operand_dtype(ref) for ref in m[4])
+                n = O * N if spec.full[j] else O
+                members.append(_ew_numpy(op, in_dts, out, cdt, args, n).reshape(shape))
+            else:
+                _, op, in_dt, out, _ = m
+                x = to_compute(np.asarray(args[0]), in_dt)
+                if in_dt is _dt.float16 and op in ("sum", "mean"):
+                    x = x.astype(np.float32)
+                with np.errstate(**ERRSTATE):
+                    res = _np_reduce(op, x, in_dt, out)
+                r = np.empty(O, out.storage)
+                store(r, res, out)
+                members.append(r)
+        return members
+
+    def main(workgroups, bindings, c):
+        nout = len(spec.outputs)
+        members = evaluate(bindings[nout:nout + nin], c)
+        for b, m in zip(bindings[:nout], spec.outputs):
+            out = spec.members[m][3]
+            np.frombuffer(b, out.storage, members[m].size)[...] = members[m].reshape(-1)
+
+    if config.C == 1:
+        return {name: main}
+    full_outs = [m for m in spec.outputs if spec.full[m]]
+    row_outs = [m for m in spec.outputs if not spec.full[m]]
+    nred = sum(1 for m in spec.members if m[0] == "red")
+
+    def split(outs):
+        # Each half of a split program evaluates the whole group and writes its own outputs
+        # (the partials are the GPU's business only).
+        def run(workgroups, bindings, c):
+            first = len(outs) + nred
+            members = evaluate(bindings[first:first + nin], c)
+            for b, m in zip(bindings[:len(outs)], outs):
+                out = spec.members[m][3]
+                np.frombuffer(b, out.storage, members[m].size)[...] = members[m].reshape(-1)
+        return run
+
+    return {name + "_p": split(full_outs), name + "_c": split(row_outs)}
+
+
+# ---- examples (what the compile tests build) ----------------------------------------------------
+
+def examples() -> list:
+    """Sources of the programs the usual compositions make (softmax, layer norm, a mean-squared error)
+    in every float type and every mapping: register and loop mode, vector and scalar loads, split."""
+    out = []
+    for d in _dt.FLOATS:
+        A = _dt.float32 if d is not _dt.float64 else d  # where a row value is computed in (the mean's type)
+        softmax = RowSpec(((d, "v"),), (
+            ("red", "max", d, d, (("i", 0),)),
+            ("ew", "sub", A, d, (("i", 0), ("m", 0))),
+            ("ew", "exp", A, d, (("m", 1),)),
+            ("red", "sum", d, d, (("m", 2),)),
+            ("ew", "div", A, d, (("m", 2), ("m", 3)))), (False, True, True, False, True), (4,))
+        norm = RowSpec(((d, "e"), (d, "s"), (d, "v"), (d, "r")), (
+            ("red", "mean", d, d, (("i", 0),)),
+            ("ew", "sub", A, d, (("i", 0), ("m", 0))),
+            ("ew", "square", A, d, (("m", 1),)),
+            ("red", "mean", d, d, (("m", 2),)),
+            ("ew", "add", A, d, (("m", 3), ("i", 1))),
+            ("ew", "sqrt", A, d, (("m", 4),)),
+            ("ew", "div", A, d, (("m", 1), ("m", 5))),
+            ("ew", "mul", A, d, (("m", 6), ("i", 2))),
+            ("ew", "add", A, d, (("m", 7), ("i", 3)))),
+            (False, True, True, False, False, False, True, True, True), (0, 8))
+        mse = RowSpec(((d, "v"), (d, "v")), (
+            ("ew", "sub", A, d, (("i", 0), ("i", 1))),
+            ("ew", "mul", A, d, (("m", 0), ("m", 0))),
+            ("red", "mean", d, d, (("m", 1),))), (True, True, False), (0, 2))
+        for spec in (softmax, norm, mse):
+            for vec in (4, 1):
+                out.append(rows_source(spec, Config(256, 1, 16, vec, False)))
+                out.append(rows_source(spec, Config(8, 32, 4, vec, False)))
+                out.append(rows_source(spec, Config(1024, 1, 8 if vec == 4 else 4, vec, True)))
+        out.append(rows_source(mse, Config(256, 1, 8, 4, True, 4, 8192)))
+        out.append(rows_source(mse, Config(256, 1, 4, 1, True, 4, 8192)))
+    return out

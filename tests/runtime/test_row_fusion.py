@@ -1,0 +1,289 @@
+"""Reductions fused with their neighbours on GPU lowering: row programs and column reductions.
+
+Softmax, log-softmax, layer norm, RMS norm and a mean-squared error written as
+composed ops are each scheduled as one kernel; the values match numpy for odd
+sizes, rows longer than the register limit, split rows, strided inputs and
+every float type. The GPU path runs on a local-sync device that claims to be
+a GPU, with its kernels either the generated CUDA C compiled for the CPU
+(cuda_emu) or the programs' numpy implementations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+import hal
+import runtime as rt
+from runtime import lowering
+from runtime.device import context_for
+from runtime.kernels import reduce_columns, rows
+
+cuda_emu = pytest.importorskip("cuda_emu")
+
+
+@pytest.fixture(scope="module", params=["numpy", "cuda-emulated"])
+def gpu_like(request):
+    if request.param == "cuda-emulated" and cuda_emu.GXX is None:
+        pytest.skip("g++ is needed to emulate the CUDA kernels")
+    device = hal.create_device("local-sync")
+    ctx = context_for(device)
+    ctx.is_gpu = True
+    with cuda_emu.emulated_kernels() if request.param == "cuda-emulated" else contextlib.nullcontext():
+        yield device
+
+
+@pytest.fixture(autouse=True)
+def fuse_at_once(monkeypatch):
+    monkeypatch.setenv("RUNTIME_FUSE_AFTER", "1")
+
+
+@pytest.fixture
+def recordings(monkeypatch):
+    made = []
+    real = lowering.record
+
+    def spy(*args, **kwargs):
+        rec = real(*args, **kwargs)
+        made.append(rec)
+        return rec
+
+    monkeypatch.setattr(lowering, "record", spy)
+    return made
+
+
+# ---- the compositions, on runtime arrays and on numpy (float64) --------------------------------
+
+def softmax(x, xp=rt):
+    e = xp.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def log_softmax(x, xp=rt):
+    s = x - x.max(axis=-1, keepdims=True)
+    return s - xp.log(xp.exp(s).sum(axis=-1, keepdims=True))
+
+
+def layer_norm(x, w, b, xp=rt):
+    mean = x.mean(axis=-1, keepdims=True)
+    c = x - mean
+    var = (c * c).mean(axis=-1, keepdims=True)
+    return c / xp.sqrt(var + 1e-5) * w + b
+
+
+def rms_norm(x, w, xp=rt):
+    return x / xp.sqrt((x * x).mean(axis=-1, keepdims=True) + 1e-6) * w
+
+
+def mse(a, b, xp=rt):
+    d = a - b
+    return (d * d).mean()
+
+
+CASES = {
+    "softmax": (lambda x, w, b, y, xp=rt: softmax(x, xp)),
+    "log_softmax": (lambda x, w, b, y, xp=rt: log_softmax(x, xp)),
+    "layer_norm": (lambda x, w, b, y, xp=rt: layer_norm(x, w, b, xp)),
+    "rms_norm": (lambda x, w, b, y, xp=rt: rms_norm(x, w, xp)),
+    "mse": (lambda x, w, b, y, xp=rt: mse(x, y, xp)),
+}
+
+TOL = {"float32": 2e-5, "float64": 1e-11, "float16": 2e-2, "bfloat16": 8e-2}
+
+
+def operands(shape, dtype, rng, device, transform=None):
+    n = shape[-1]
+    host = [rng.standard_normal(shape), rng.standard_normal(n), rng.standard_normal(n), rng.standard_normal(shape)]
+    host = [h.astype(np.float32).astype(np.float64) for h in host]
+    arrays = [rt.array(h, device=device).astype(dtype) for h in host]
+    if dtype in ("float16", "bfloat16"):  # the reference sees the rounded values
+        host = [a.astype(rt.float32).numpy().astype(np.float64) for a in arrays]
+    rt.eval(*arrays)
+    if transform is not None:
+        arrays[0], host[0] = transform(arrays[0]), transform(host[0])
+    return arrays, host
+
+
+def check(case, arrays, host, dtype):
+    got = CASES[case](*arrays)
+    want = CASES[case](*host, xp=np)
+    assert got.dtype == getattr(rt, dtype)
+    got = got.astype(rt.float32).numpy() if dtype in ("float16", "bfloat16") else got.numpy()
+    tol = TOL[dtype]
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+# ---- one kernel each -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_composition_is_one_kernel(gpu_like, recordings, case):
+    arrays, host = operands((6, 40), "float32", np.random.default_rng(0), gpu_like)
+    recordings.clear()
+    check(case, arrays, host, "float32")
+    rec = recordings[-1]
+    assert (rec.dispatches, rec.fused) == (1, 1)
+    assert len(rec.fresh) == 1, "only the result gets a buffer"
+
+
+def test_shared_reductions_and_materialized_members(gpu_like, recordings):
+    """Two reductions of one input share the pass; a member read after the eval is also written."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((7, 33)).astype(np.float32)
+    X = rt.array(x, device=gpu_like)
+    m = X.mean(axis=-1, keepdims=True)
+    var = (X * X).mean(axis=-1, keepdims=True) - m * m
+    rt.eval(var, m)
+    assert recordings[-1].dispatches == 1
+    np.testing.assert_allclose(var.numpy(), x.var(axis=-1, keepdims=True), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(m.numpy(), x.mean(axis=-1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+# ---- values --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(3, 7), (4, 128), (2, 3, 33), (5, 1001), (1, 2)])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_values_match_numpy(gpu_like, case, shape):
+    arrays, host = operands(shape, "float32", np.random.default_rng(len(shape) + shape[-1]), gpu_like)
+    check(case, arrays, host, "float32")
+
+
+@pytest.mark.parametrize("view", ["offset", "step", "transposed"])
+@pytest.mark.parametrize("case", ["softmax", "layer_norm", "mse"])
+def test_strided_inputs(gpu_like, recordings, case, view):
+    transform = {"offset": lambda a: a[1:, 3:], "step": lambda a: a[:, ::2],
+                 "transposed": lambda a: a.T[:, :-1]}[view]
+    arrays, host = operands((12, 12), "float32", np.random.default_rng(3), gpu_like)
+    arrays[0], host[0] = transform(arrays[0]), transform(host[0])
+    arrays[1:3] = [a[:arrays[0].shape[-1]] for a in arrays[1:3]]
+    host[1:3] = [h[:host[0].shape[-1]] for h in host[1:3]]
+    rows_, cols = host[0].shape
+    arrays[3], host[3] = arrays[3][:rows_, :cols], host[3][:rows_, :cols]
+    recordings.clear()
+    check(case, arrays, host, "float32")
+    # (a full reduction reads its operands as one row: a view that does not flatten is read by a kernel of
+    # its own first)
+    assert recordings[-1].dispatches == (1 if case != "mse" else 2)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_float_types(gpu_like, case, dtype):
+    arrays, host = operands((3, 68), dtype, np.random.default_rng(4), gpu_like)
+    check(case, arrays, host, dtype)
+
+
+@pytest.mark.parametrize("case", ["softmax", "layer_norm", "log_softmax"])
+def test_rows_beyond_the_register_limit_stream_in_every_phase(gpu_like, monkeypatch, case):
+    monkeypatch.setattr(rows, "MAX_PER_THREAD", 1)  # rows over 1024 elements take loop mode
+    arrays, host = operands((2, 1500), "float32", np.random.default_rng(5), gpu_like)
+    check(case, arrays, host, "float32")
+    arrays, host = operands((3, 1027), "float32", np.random.default_rng(6), gpu_like)
+    check(case, arrays, host, "float32")
+
+
+def test_register_budget_forces_loop_mode():
+    spec = rows.examples()[0]  # any program: the budget picks the mode
+    assert spec is not None
+    many = rows.RowSpec(((rt.float32, "v"),), tuple(("ew", "exp", rt.float32, rt.float32, (("i", 0),))
+                                                   for _ in range(20)) + (("red", "sum", rt.float32, rt.float32,
+                                                                           (("m", 19),)),),
+                        (True,) * 20 + (False,), (20,))
+    assert rows.choose(many, 64, 16384, True).loop
+    few = rows.RowSpec(((rt.float32, "v"),), (("red", "sum", rt.float32, rt.float32, (("i", 0),)),), (False,), (0,))
+    c = rows.choose(few, 8192, 4096, True)
+    assert (c.T, c.E, c.VEC, c.loop) == (256, 16, 4, False)
+
+
+@pytest.mark.parametrize("case", ["mse", "rms_norm"])
+def test_few_long_rows_split_into_chunks(gpu_like, recordings, monkeypatch, case):
+    monkeypatch.setattr(rows, "SPLIT_MIN_N", 1000)
+    monkeypatch.setattr(rows, "SPLIT_CHUNK", 256)
+    arrays, host = operands((2, 1030), "float32", np.random.default_rng(7), gpu_like)
+    recordings.clear()
+    check(case, arrays, host, "float32")
+    if case == "mse":  # one stage: partials, then the combine
+        assert recordings[-1].dispatches == 2
+
+
+# ---- the graph cache, rt.compile and gradients ----------------------------------------------------
+
+def test_repeated_graph_fuses_on_its_second_evaluation(gpu_like, recordings, monkeypatch):
+    monkeypatch.delenv("RUNTIME_FUSE_AFTER")
+    x = np.random.default_rng(8).standard_normal((5, 24)).astype(np.float32)
+    X = rt.array(x, device=gpu_like)
+    for _ in range(4):
+        np.testing.assert_allclose(softmax(X).numpy(), softmax(x.astype(np.float64), np), rtol=1e-5, atol=1e-6)
+    assert [r.dispatches for r in recordings] == [5, 1]
+
+
+def test_compiled_and_differentiated(gpu_like):
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((4, 20)).astype(np.float32)
+    t = rng.standard_normal((4, 20)).astype(np.float32)
+    w = rng.standard_normal(20).astype(np.float32)
+    b = rng.standard_normal(20).astype(np.float32)
+    X, Tt, W, B = (rt.array(v, device=gpu_like) for v in (x, t, w, b))
+
+    def loss(v, w, b):
+        return (softmax(layer_norm(v, w, b)) * Tt).sum() + mse(rms_norm(v, w), Tt)
+
+    step = rt.compile(rt.value_and_grad(loss, argnums=(0, 1, 2)))
+    cpu = [rt.array(v, device="local-sync") for v in (x, t, w, b)]
+
+    def cpu_loss(v, w, b):
+        return (softmax(layer_norm(v, w, b)) * cpu[1]).sum() + mse(rms_norm(v, w), cpu[1])
+
+    want_value, want_grads = rt.value_and_grad(cpu_loss, argnums=(0, 1, 2))(cpu[0], cpu[2], cpu[3])
+    for _ in range(2):
+        value, grads = step(X, W, B)
+        np.testing.assert_allclose(value.numpy(), want_value.numpy(), rtol=1e-4, atol=1e-5)
+        for g, wg in zip(grads, want_grads):
+            np.testing.assert_allclose(g.numpy(), wg.numpy(), rtol=1e-4, atol=1e-5)
+
+
+# ---- column reductions ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape,axis", [((64, 48), 0), ((33, 40), 0), ((3, 50, 20), 1), ((600, 64), 0),
+                                        ((5, 2, 36), (0, 1))])
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
+def test_column_reductions(gpu_like, monkeypatch, shape, axis, op):
+    planned = []
+    real = reduce_columns.plan
+
+    def spy(*args):
+        cmds = real(*args)
+        planned.append(cmds is not None)
+        return cmds
+
+    monkeypatch.setattr(reduce_columns, "plan", spy)
+    x = np.random.default_rng(10).standard_normal(shape).astype(np.float32)
+    got = getattr(rt.array(x, device=gpu_like), op)(axis=axis).numpy()
+    np.testing.assert_allclose(got, getattr(x, op)(axis=axis), rtol=1e-5, atol=1e-5)
+    assert planned == [True]
+
+
+def test_column_reductions_of_views_and_types(gpu_like):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((40, 70)).astype(np.float32)
+    X = rt.array(x, device=gpu_like)
+    np.testing.assert_allclose(X.T.sum(axis=1).numpy(), x.T.sum(axis=1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(X[::-1, 2:].sum(axis=0).numpy(), x[::-1, 2:].sum(axis=0), rtol=1e-5, atol=1e-5)
+    for dtype in ("float16", "bfloat16", "float64"):
+        v = X.astype(dtype)
+        ref = v.astype(rt.float64).numpy()
+        np.testing.assert_allclose(v.sum(axis=0).astype(rt.float64).numpy(), ref.sum(axis=0),
+                                   rtol=TOL[dtype], atol=TOL[dtype] * 10)
+    i = rng.integers(-5, 5, (30, 20)).astype(np.int32)
+    np.testing.assert_array_equal(rt.array(i, device=gpu_like).sum(axis=0).numpy(), i.sum(axis=0))
+    np.testing.assert_array_equal(rt.array(i, device=gpu_like).max(axis=0).numpy(), i.max(axis=0))
+
+
+def test_column_plan_splits_tall_matrices():
+    cmds = reduce_columns.plan("sum", rt.float32, rt.float32, (8192,), (1,), 8192, 8192, 0)
+    part = [c for c in cmds if c[0] == "dispatch"][0]
+    groups = part[3][0] * part[3][1] * part[3][2]
+    assert groups >= 1024 and part[2].endswith("_v4_p")
+    assert reduce_columns.plan("sum", rt.float32, rt.float32, (8,), (1,), 100, 8, 0) is None
+
