@@ -16,7 +16,9 @@ import atexit
 import contextlib
 import functools
 import json
+import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,20 +31,40 @@ from hal import env
 ENABLED = False
 
 _T = TypeVar("_T")
+_log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _recorder: _Recorder | None = None
 
 
 class _Recorder:
-    """Events of one trace, kept in memory and written as JSON when the trace ends."""
+    """Events of one trace, streamed to its file as they come.
+
+    The file is open from the start (a path that cannot be written is rejected then, not at exit) and
+    receives the events in batches of ``BATCH``, so memory stays bounded however long the run; the
+    thread names and the closing brackets are written by ``close()``. Its keys come before
+    ``traceEvents`` so that the array can stay open while events arrive.
+    """
+
+    BATCH = 512
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - open for the trace's lifetime
+        except OSError as exc:
+            from hal.errors import InvalidArgumentError
+
+            raise InvalidArgumentError(f"cannot write a trace to {str(path)!r}: {exc.strerror or exc}") from None
+        self.file.write('{"displayTimeUnit": "ns", "otherData": {"producer": "hal.trace"}, "traceEvents": [\n')
         self.pid = os.getpid()
-        self.events: list[dict[str, Any]] = []
+        self.pending: list[dict[str, Any]] = []
+        self.written = 0
+        self.lock = threading.Lock()
         self.threads: dict[int, str] = {}
         self.tracks: dict[str, int] = {}
         self.nvtx = _nvtx_module()
+        self.sigterm_handler_installed = False
 
     def thread_id(self) -> int:
         ident = threading.get_ident()
@@ -58,22 +80,41 @@ class _Recorder:
             return self.tracks[name]
 
     def add(self, event: dict[str, Any]) -> None:
-        self.events.append(event)  # list.append is atomic under the GIL
+        with self.lock:
+            self.pending.append(event)
+            if len(self.pending) >= self.BATCH:
+                self._write_pending()
 
-    def document(self) -> dict[str, Any]:
+    def _write_pending(self) -> None:
+        """Append the pending events to the file (the caller holds ``lock``)."""
+        events, self.pending = self.pending, []
+        if not events or self.file.closed:
+            return
+        text = ",\n".join(json.dumps(event) for event in events)
+        try:
+            self.file.write(text if not self.written else ",\n" + text)
+            self.file.flush()
+        except OSError as exc:  # a full disk: the trace ends here, the program goes on
+            _log.warning("trace %s: cannot write events, tracing stops here: %s", self.path, exc)
+            self.file.close()
+            return
+        self.written += len(events)
+
+    def close(self) -> None:
+        """Write what is pending, the thread names and the closing brackets: the file is complete JSON."""
         names = {**self.threads, **{tid: name for name, tid in self.tracks.items()}}
-        metadata = [
-            {"ph": "M", "name": "thread_name", "pid": self.pid, "tid": tid, "args": {"name": name}}
-            for tid, name in names.items()
-        ]
-        metadata.append({"ph": "M", "name": "process_name", "pid": self.pid, "args": {"name": "hal"}})
-        return {"traceEvents": metadata + self.events, "displayTimeUnit": "ns", "otherData": {"producer": "hal.trace"}}
-
-    def write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(self.document()))
-        os.replace(tmp, self.path)
+        with self.lock:
+            self.pending += [{"ph": "M", "name": "thread_name", "pid": self.pid, "tid": tid, "args": {"name": name}}
+                             for tid, name in names.items()]
+            self.pending.append({"ph": "M", "name": "process_name", "pid": self.pid, "args": {"name": "hal"}})
+            self._write_pending()
+            if self.file.closed:
+                return
+            try:
+                self.file.write("\n]}\n")
+                self.file.close()
+            except OSError as exc:
+                _log.warning("trace %s: cannot finish the file: %s", self.path, exc)
 
 
 def _nvtx_module() -> Any:
@@ -96,27 +137,51 @@ def now_us() -> float:
 
 
 def start(path: str | os.PathLike[str]) -> None:
-    """Start recording a trace to ``path`` (written by ``stop()``); one trace at a time."""
+    """Start recording a trace to ``path``, streamed to it until ``stop()``; one trace at a time.
+
+    InvalidArgumentError if ``path`` cannot be written (a directory, a missing permission). While a trace
+    is on, SIGTERM (when the program has no handler of its own) ends the program as ``sys.exit(143)``
+    does, so the trace is completed on the way out, as it is on SIGINT's KeyboardInterrupt.
+    """
     global ENABLED, _recorder
     with _lock:
         if _recorder is not None:
             from hal.errors import FailedPreconditionError
 
             raise FailedPreconditionError(f"a trace to {_recorder.path} is already being recorded")
-        _recorder = _Recorder(Path(path))
+        recorder = _Recorder(Path(path))
+        recorder.sigterm_handler_installed = _install_sigterm_handler()
+        _recorder = recorder
         ENABLED = True
 
 
 def stop() -> Path | None:
-    """Stop recording and write the trace file; returns its path (None when no trace was on)."""
+    """Stop recording and complete the trace file; returns its path (None when no trace was on)."""
     global ENABLED, _recorder
     with _lock:
         recorder, _recorder = _recorder, None
         ENABLED = False
     if recorder is None:
         return None
-    recorder.write()
+    if recorder.sigterm_handler_installed and signal.getsignal(signal.SIGTERM) is _exit_on_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    recorder.close()
     return recorder.path
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # Unwinds the main thread as sys.exit does: finally blocks, then atexit (HAL_TRACE's stop()).
+    raise SystemExit(128 + signum)
+
+
+def _install_sigterm_handler() -> bool:
+    """SIGTERM's default kills the process with no clean-up: while tracing, exit through Python instead."""
+    if threading.current_thread() is not threading.main_thread():
+        return False  # only the main thread may set handlers
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return False  # the program handles SIGTERM itself
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    return True
 
 
 @contextlib.contextmanager
@@ -205,11 +270,18 @@ def device_span(track: str, name: str, begin_us: float, end_us: float, **args: A
 
 
 def _start_from_environment() -> None:
-    """``HAL_TRACE=out.json``: trace the whole run, written at interpreter exit."""
+    """``HAL_TRACE=out.json``: trace the whole run, completed at interpreter exit (SIGTERM and SIGINT too)."""
     path = env.text("HAL_TRACE")
     if path is None or env.is_off(path):
         return
-    start(path)
+    try:
+        start(path)
+    except Exception as exc:
+        from hal.errors import HalError
+
+        if isinstance(exc, HalError):
+            raise HalError(exc.code, f"HAL_TRACE={path!r}: {exc.message}") from None
+        raise
     atexit.register(stop)
 
 

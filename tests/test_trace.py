@@ -151,3 +151,75 @@ def test_spans_are_nvtx_ranges_when_nvtx_is_importable(tmp_path, monkeypatch):
     for call in calls:  # every range is closed, innermost first
         depth += 1 if call[0] == "push" else -1
         assert depth >= 0
+
+
+def test_events_stream_to_the_file_with_bounded_memory(tmp_path):
+    out = tmp_path / "long.json"
+    with hal.trace(out):
+        recorder = tracing._recorder
+        for i in range(5 * recorder.BATCH + 7):
+            with tracing.span("work", n=i):
+                pass
+            assert len(recorder.pending) < recorder.BATCH  # never more than one batch in memory
+        assert out.stat().st_size > 0 and recorder.written >= 5 * recorder.BATCH  # already on disk
+    document = json.loads(out.read_text())
+    check_well_formed(document)
+    assert [e["args"]["n"] for e in spans(document)] == list(range(5 * recorder.BATCH + 7))
+
+
+@pytest.mark.parametrize("bad", ["directory", "file as parent"])
+def test_a_path_that_cannot_be_written_is_rejected_when_tracing_starts(tmp_path, bad):
+    path = tmp_path if bad == "directory" else tmp_path / "a-file" / "trace.json"
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(hal.InvalidArgumentError, match="cannot write a trace to"):
+        hal.trace(path).__enter__()
+    assert not tracing.ENABLED and tracing._recorder is None
+    with hal.trace(tmp_path / "good.json"):  # and the next trace starts normally
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "good.json"]  # no stray .tmp
+
+
+def test_hal_trace_naming_a_directory_is_an_error_at_start(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("HAL_DEVICE", "HAL_PLUGINS")}
+    env.update(PYTHONPATH=str(ROOT), HAL_TRACE=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", "import hal"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0
+    assert f"INVALID_ARGUMENT: HAL_TRACE={str(tmp_path)!r}: cannot write a trace to" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+TRACED_LOOP = """
+import sys, time
+import numpy as np
+import runtime as rt
+x = rt.array(np.arange(64, dtype=np.float32), device=sys.argv[1])
+for i in range(20):
+    rt.eval((x * float(i)).sum())
+print("ready", flush=True)
+while True:
+    rt.eval((x + 1.0).sum())
+    time.sleep(0.001)
+"""
+
+
+@pytest.mark.parametrize("device", ["local-task", "local-sync"])
+@pytest.mark.parametrize(("signame", "exit_codes"), [("SIGTERM", (143,)), ("SIGINT", (1, -2, 130))])
+def test_a_trace_is_completed_when_the_program_is_terminated(tmp_path, device, signame, exit_codes):
+    import signal
+
+    out = tmp_path / "killed.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("HAL_DEVICE", "HAL_PLUGINS")}
+    env.update(PYTHONPATH=str(ROOT), HAL_TRACE=str(out))
+    proc = subprocess.Popen([sys.executable, "-c", TRACED_LOOP, device], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(getattr(signal, signame))
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode in exit_codes, proc.stderr.read()
+    document = json.loads(out.read_text())
+    check_well_formed(document)
+    assert "rt.eval" in {e["name"] for e in spans(document)}
