@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from hal import __version__  # noqa: F401 - one distribution: the runtime's version is the HAL's
+
 from . import random
 from .array import Array
 from .device import DefaultDevice, default_device, set_default_device  # noqa: F401

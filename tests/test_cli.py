@@ -101,7 +101,9 @@ def test_version_is_the_package_version(capsys):
 
     import hal
 
-    assert hal.__version__ == importlib.metadata.version("pyhal")
+    import runtime
+
+    assert hal.__version__ == importlib.metadata.version("pyhal") == runtime.__version__
     with pytest.raises(SystemExit) as info:
         cli.main(["--version"])
     assert info.value.code == 0
