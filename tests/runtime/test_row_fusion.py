@@ -287,3 +287,31 @@ def test_column_plan_splits_tall_matrices():
     assert groups >= 1024 and part[2].endswith("_v4_p")
     assert reduce_columns.plan("sum", rt.float32, rt.float32, (8,), (1,), 100, 8, 0) is None
 
+
+
+# ---- on the GPU driver (simulated API, graph and stream command buffers) -------------------------
+
+@pytest.mark.parametrize("mode", ["graph", "stream"])
+def test_programs_rebind_on_the_gpu_driver(mode, monkeypatch):
+    """Row programs (split ones with their scratch too) replay from the graph cache with new buffers."""
+    import sys
+    from pathlib import Path
+
+    if cuda_emu.GXX is None:
+        pytest.skip("g++ is needed to emulate the CUDA kernels")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    fake_gpu = pytest.importorskip("drivers.fake_gpu")
+    monkeypatch.setattr(rows, "SPLIT_MIN_N", 1000)
+    monkeypatch.setattr(rows, "SPLIT_CHUNK", 256)
+    device = fake_gpu.FakeGpuDriver().create_device(command_buffer=mode)
+    context_for(device).is_gpu = True
+    rng = np.random.default_rng(12)
+    try:
+        with cuda_emu.emulated_kernels():
+            for _ in range(3):
+                arrays, host = operands((2, 1030), "float32", rng, device)
+                check("softmax", arrays, host, "float32")
+                check("mse", arrays, host, "float32")
+                check("layer_norm", arrays, host, "float32")
+    finally:
+        device.close()
