@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
     bar = None
     if sys.stdout.isatty():
-        try:
+        try:  # a progress bar where tqdm is installed (pip install 'hal-gpu[examples]')
             from tqdm import tqdm
 
             bar = tqdm(total=args.steps, unit="step", leave=False)

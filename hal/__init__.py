@@ -6,9 +6,10 @@ Importing ``hal`` imports no GPU library; drivers load theirs when first used.
 import importlib.metadata
 
 from hal import log  # noqa: F401 - silent loggers before any driver logs
+from hal.distribution import NAME as _DISTRIBUTION
 
 try:
-    __version__ = importlib.metadata.version("pyhal")
+    __version__ = importlib.metadata.version(_DISTRIBUTION)
 except importlib.metadata.PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"
 

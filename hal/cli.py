@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hal import __version__
+from hal.distribution import NAME as DISTRIBUTION
 from hal.driver import DriverInfo
 from hal.errors import HalError, NotFoundError, StatusCode
 from hal.registry import get_driver, list_drivers, parse_uri, plugin_problems
@@ -117,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--driver", metavar="NAME|URI",
                         help="only this driver, or with a device URI (cuda://0) only that device")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    parser.add_argument("--version", action="version", version=f"hal (pyhal) {__version__}")
+    parser.add_argument("--version", action="version", version=f"hal ({DISTRIBUTION}) {__version__}")
     return parser
 
 

@@ -61,7 +61,7 @@ class PluginProblem:
     """A plugin that could not be loaded, registers no driver, or registers one under a name that is
     missing or already taken (the driver registered first keeps the name)."""
 
-    source: str  # "distribution pyhal-foo 1.0, entry point foo = foo.plugin" or "HAL_PLUGINS module foo"
+    source: str  # "distribution hal-foo 1.0, entry point foo = foo.plugin" or "HAL_PLUGINS module foo"
     problem: str
 
     def __str__(self) -> str:

@@ -103,11 +103,11 @@ def test_version_is_the_package_version(capsys):
 
     import runtime
 
-    assert hal.__version__ == importlib.metadata.version("pyhal") == runtime.__version__
+    assert hal.__version__ == importlib.metadata.version("hal-gpu") == runtime.__version__
     with pytest.raises(SystemExit) as info:
         cli.main(["--version"])
     assert info.value.code == 0
-    assert capsys.readouterr().out.strip() == f"hal (pyhal) {hal.__version__}"
+    assert capsys.readouterr().out.strip() == f"hal (hal-gpu) {hal.__version__}"
 
 
 @pytest.mark.parametrize("argv", [["--bogus"], ["--list-drivers", "--bogus"], ["--list-drivers", "extra"]])

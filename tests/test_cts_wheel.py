@@ -1,6 +1,6 @@
 """The conformance suite ships in the wheel: installed in a fresh virtual environment, it runs on its own.
 
-Builds the wheel from the project's files, installs it (and only numpy, pluggy, pytest and tqdm) into
+Builds the wheel from the project's files, installs it with its ``cts`` extra (numpy, pluggy, pytest) into
 a new venv, and runs part of the installed suite with the documented command from a folder outside
 the repository, so nothing of the source tree can stand in for what the wheel lacks.
 """
@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNTIME_DEPS = ["numpy", "pluggy", "pytest", "tqdm"]
 
 
 def project_files(destination: Path) -> Path:
@@ -66,14 +65,14 @@ def installed(tmp_path_factory) -> Path:
     isolation = ["--no-build-isolation"] if can_build_without_isolation() else []
     built = run(sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-w", tmp / "dist", source, cwd=tmp)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    (wheel,) = (tmp / "dist").glob("pyhal-*.whl")
+    (wheel,) = (tmp / "dist").glob("hal_gpu-*.whl")
     venv = tmp / "venv"
     made = run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp)
     assert made.returncode == 0, made.stderr
     python = venv / "bin" / "python"
-    for packages in ([str(wheel), "--no-deps"], RUNTIME_DEPS):
-        done = run(sys.executable, "-m", "pip", "--python", python, "install", "-q", *packages, cwd=tmp)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # The documented install for driver authors: the wheel with its cts extra, nothing else.
+    done = run(sys.executable, "-m", "pip", "--python", python, "install", "-q", f"{wheel}[cts]", cwd=tmp)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return python
 
 
@@ -126,7 +125,7 @@ def test_installed_suite_without_its_plugin_says_how_to_run_it(installed, tmp_pa
 def test_wheel_is_typed_licensed_and_versioned(installed):
     code = (
         "import importlib.metadata as m, pathlib, hal, runtime\n"
-        "dist = m.distribution('pyhal')\n"
+        "dist = m.distribution('hal-gpu')\n"
         "print(hal.__version__ == dist.version)\n"
         "print((pathlib.Path(hal.__file__).parent / 'py.typed').exists())\n"
         "print((pathlib.Path(runtime.__file__).parent / 'py.typed').exists())\n"
@@ -137,4 +136,19 @@ def test_wheel_is_typed_licensed_and_versioned(installed):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["True", "True", "True", "Apache-2.0", "True"]
     version = run(installed.parent / "hal", "--version", cwd=installed.parent)
-    assert version.returncode == 0 and version.stdout.startswith("hal (pyhal) "), version.stdout + version.stderr
+    assert version.returncode == 0 and version.stdout.startswith("hal (hal-gpu) "), version.stdout + version.stderr
+
+
+def test_wheel_leaves_out_the_checkout_stand_in_and_needs_no_tqdm(installed):
+    code = (
+        "import importlib.metadata as m, hal_cts\n"
+        "print(hal_cts.__file__)\n"
+        "print(sorted(str(f) for f in m.distribution('hal-gpu').files if str(f).startswith('hal_cts/__init__')))\n"
+        "import importlib.util; print(importlib.util.find_spec('tqdm'))\n"
+    )
+    proc = run(installed, "-c", code, cwd=installed.parent)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].endswith("site-packages/hal_cts/__init__.py")
+    assert lines[1] == "['hal_cts/__init__.py']"  # one: the suite's own (tests/cts/__init__.py)
+    assert lines[2] == "None"  # tqdm is the examples extra's, not a requirement

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from hal.distribution import install_hint
 from hal.drivers.gpu.gemm import GemmBackend, Plan, column_major
 from hal.library import Gemm, GemmShape
 from hal.log import driver_logger
@@ -181,6 +182,6 @@ def load(ordinal: int, api: Any = None) -> CublasLt | None:
                 _reported.append(exc)
                 driver_logger("cuda").warning(
                     "cuBLASLt is unavailable (%s: %s): matmul runs on the runtime's own kernels; "
-                    "pip install 'pyhal[cuda]' (nvmath-python and nvidia-cublas) for vendor GEMMs",
-                    type(exc).__name__, exc)
+                    "%s (nvmath-python and nvidia-cublas) for vendor GEMMs",
+                    type(exc).__name__, exc, install_hint("cuda"))
             return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from hal.distribution import install_hint
 from hal.driver import DeviceInfo, Driver
 from hal.errors import HalError
 
@@ -28,7 +29,7 @@ def probe(load_api) -> tuple[bool, str | None]:
     try:
         api = load_api()
     except ImportError as exc:
-        return False, f"cuda-bindings is not installed ({exc}); pip install 'pyhal[cuda]'"
+        return False, f"cuda-bindings is not installed ({exc}); {install_hint('cuda')}"
     try:
         api.init()
     except HalError as exc:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from hal.distribution import install_hint
 from hal.drivers.gpu.gemm import OP_N, OP_T, ColumnMajor, GemmBackend, Plan, column_major
 from hal.drivers.hip.status import check_hipblaslt
 from hal.errors import UnimplementedError
@@ -254,7 +255,7 @@ def load(ordinal: int, api: Any = None) -> HipblasLt | None:
                 _reported.append(exc)
                 driver_logger("hip").warning(
                     "hipBLASLt is unavailable (%s: %s): matmul runs on the runtime's own kernels; "
-                    "pip install 'pyhal[hip]' (hip-python's library bindings) and install ROCm's hipBLASLt "
+                    "%s (hip-python's library bindings) and install ROCm's hipBLASLt "
                     "(libhipblaslt.so on the loader's path) for vendor GEMMs",
-                    type(exc).__name__, exc)
+                    type(exc).__name__, exc, install_hint("hip"))
             return None

@@ -15,6 +15,7 @@ import threading
 from importlib import metadata
 from typing import Any
 
+from hal.distribution import install_hint
 from hal.driver import DeviceInfo, Driver
 from hal.drivers.hip.executable_cache import compiler_properties
 from hal.drivers.hip.plugin import SUMMARY
@@ -42,7 +43,7 @@ def _loaded_runtime(load_api) -> tuple[Any, str]:
     try:
         api = load_api()
     except ImportError as exc:
-        raise _Unavailable(f"hip-python is not installed ({exc}); pip install 'pyhal[hip]' on a ROCm machine") from None
+        raise _Unavailable(f"hip-python is not installed ({exc}); {install_hint('hip')} on a ROCm machine") from None
     try:
         version = api.runtime_version()
     except HalError as exc:
