@@ -47,6 +47,8 @@ def bars(report: dict) -> list[tuple[str, float, tuple[str, float] | None]]:
     if isinstance(targets, list) and targets:
         found = []
         for target in targets:
+            if target.get("value") is None:  # not measured (its case failed): nothing to draw
+                continue
             match = THRESHOLD.search(str(target.get("target", "")))
             threshold = (match.group(1), float(match.group(2))) if match else None
             found.append((str(target["benchmark"]), float(target["value"]), threshold))

@@ -22,6 +22,7 @@ BENCHMARKS = {
     "local": ["local_bench.py", "--driver", "local-task", "--driver", "local-sync"],
     "hal_gpu": ["hal_bench.py"],
     "runtime": ["runtime_bench.py"],
+    "workload": ["workload_bench.py"],
 }
 
 

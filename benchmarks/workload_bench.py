@@ -172,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-ms", type=float, default=None,
                         help="about how long each timed batch runs (default 25 ms; 2 ms quick)")
     parser.add_argument("--no-torch-compile", action="store_true", help="PyTorch eager baselines only")
+    parser.add_argument("--no-torch", action="store_true", help="no PyTorch: results checked against numpy")
     parser.add_argument("--budget", type=float, default=200.0,
                         help="seconds after which cases not yet started are skipped (default %(default)s)")
     parser.add_argument("--out", help="also write the JSON here")
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = rt.set_default_device(args.device) if args.device else rt.default_device()
     on_gpu = rt.device.context_for(dev).is_gpu
     rt.set_float32_matmul_precision("highest")
-    torch, torch_info = workload_torch.load(on_gpu)
+    torch, torch_info = workload_torch.load(on_gpu and not args.no_torch)
     settings = Settings(dev, on_gpu, args.quick, args.rounds or (3 if args.quick else 7),
                         (args.batch_ms or (2.0 if args.quick else 25.0)) / 1e3, torch,
                         not args.no_torch_compile, np.random.default_rng(0))

@@ -137,8 +137,8 @@ def throughput(seconds: float, flop: float | None, nbytes: int | None) -> dict:
 def timed(settings: Settings, contenders: dict[str, Contender], ours: tuple[str, ...], flop: float | None = None,
           nbytes: int | None = None, copy_bytes: int | None = None) -> dict:
     """Measure the contenders; each one's time per iteration (median and spread over rounds) with its
-    TFLOP/s or GB/s, the ratios of every baseline's time over each of ``ours`` (wall clock and this
-    process's CPU time), errors, and how many graphs the runtime built while timed (0: its graph
+    TFLOP/s or GB/s, the ratios of every baseline's time over each of ``ours`` (wall clock, and on a
+    CPU driver this process's CPU time too), errors, and how many graphs the runtime built while timed (0: its graph
     cache was warm). A ``copy`` contender, moving ``copy_bytes`` (read + write), gives the copy
     bandwidth that each contender's GB/s is set against."""
     samples, errors, misses = measure(contenders, settings.rounds, settings.batch_s,
@@ -164,7 +164,8 @@ def timed(settings: Settings, contenders: dict[str, Contender], ours: tuple[str,
             alike = mine.endswith("_synced") == base.endswith("_synced")
             if mine in samples and base not in ours and base != "copy" and alike:
                 ratios[f"{mine}_vs_{base}"] = ratio(samples[base]["wall"], samples[mine]["wall"])
-                ratios[f"{mine}_vs_{base}_cpu_time"] = ratio(samples[base]["cpu"], samples[mine]["cpu"])
+                if not settings.on_gpu:  # a GPU's waits spin: the CPU clock says nothing there
+                    ratios[f"{mine}_vs_{base}_cpu_time"] = ratio(samples[base]["cpu"], samples[mine]["cpu"])
     out["ratios"] = ratios
     if errors:
         out["errors"] = errors

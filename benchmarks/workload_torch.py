@@ -12,7 +12,7 @@ def load(on_gpu: bool):
     """(torch or None, what the report says about it). The float32 products are IEEE float32 on
     both sides: TF32 is off for PyTorch here, as it is by default for the runtime."""
     if not on_gpu:
-        return None, {"status": "not used on a CPU driver (numpy is the baseline)"}
+        return None, {"status": "not used (a CPU driver's baseline is numpy; --no-torch)"}
     try:
         import torch
     except ImportError as exc:
