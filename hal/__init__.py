@@ -13,6 +13,7 @@ try:
 except importlib.metadata.PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"
 
+from hal import executable, pickling, semaphore, submission  # noqa: F401 - modules of the API reference
 from hal.allocator import Allocator, AllocatorStatistics
 from hal.buffer import Buffer
 from hal.command_buffer import BufferRef, CommandBuffer, Slot
@@ -54,6 +55,10 @@ from hal.registry import (
 from hal.semaphore import Semaphore, wait_all, wait_any
 from hal.tracing import trace
 from hal.types import BufferUsage, CommandBufferMode, CommandBufferState, MemoryAccess, MemoryType
+
+#: The modules a driver author uses beyond the names above (docs/driver-guide.md, section 3): listed in
+#: ``__all__`` so that the API reference (pdoc, which follows ``__all__``) documents them too.
+REFERENCE_MODULES = ("executable", "log", "pickling", "semaphore", "submission")
 
 __all__ = [
     "AbortedError",
@@ -109,4 +114,5 @@ __all__ = [
     "trace",
     "wait_all",
     "wait_any",
+    *REFERENCE_MODULES,
 ]

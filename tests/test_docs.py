@@ -1,4 +1,5 @@
-"""Every Python code block of README.md and docs/ runs as written, on local-task.
+"""Every Python code block of README.md, docs/, runtime/README.md and tests/cts/README.md runs as written,
+on local-task.
 
 Blocks of one document run in order in one namespace (a later block uses what an earlier one made),
 in a fresh interpreter, from a scratch folder. A block whose fence reads ```` ```python gpu ```` needs
@@ -19,7 +20,8 @@ import pytest
 from hal import env
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "runtime" / "README.md",
+             ROOT / "tests" / "cts" / "README.md"]
 FENCE = re.compile(r"^```python([^\n]*)\n(.*?)^```\s*$", re.DOTALL | re.MULTILINE)
 GPU_MARK = "gpu"
 

@@ -98,10 +98,16 @@ GUIDANCE: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
+#: The suite is installed without the project's docs: name the guide where it is published, and what the
+#: installed package itself holds (the hooks' docstrings).
+WHERE_HOOKS_ARE_DESCRIBED = ("each hook's contract: docs/driver-guide.md in the hal-gpu source distribution, "
+                             "and `python -m pydoc hal.Device` (hal.Driver, hal.CommandBuffer, ...) where installed")
+
+
 def advice(module_name: str) -> str:
     """The text shown under a failing test of ``module_name`` (test_fill, ...)."""
     entry = GUIDANCE.get(module_name)
     if entry is None:
-        return "see the test's docstring and docs/driver-guide.md for the hooks it exercises"
+        return f"see the test's docstring for the hooks it exercises; {WHERE_HOOKS_ARE_DESCRIBED}"
     hooks, behaviour = entry
-    return f"hooks: {', '.join(hooks)}\nthe driver must {behaviour}\n(docs/driver-guide.md describes each hook)"
+    return f"hooks: {', '.join(hooks)}\nthe driver must {behaviour}\n({WHERE_HOOKS_ARE_DESCRIBED})"
