@@ -100,7 +100,6 @@ def test_version_is_the_package_version(capsys):
     import importlib.metadata
 
     import hal
-
     import runtime
 
     assert hal.__version__ == importlib.metadata.version("hal-gpu") == runtime.__version__
