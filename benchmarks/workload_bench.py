@@ -156,8 +156,11 @@ def run_all(names: list[str], settings: Settings, report: dict, budget_s: float,
 
 
 def release_memory(settings: Settings) -> None:
-    """Drop a finished case's arrays so that the next case's large inputs fit."""
+    """Drop a finished case's arrays so that the next case's large inputs fit, and keep what stays
+    (caches, compiled code) out of later garbage collections, which host-bound loops would pay for
+    more with every case run before them."""
     gc.collect()
+    gc.freeze()
     rt.synchronize(settings.device)
     if settings.torch is not None:
         settings.torch.cuda.empty_cache()
