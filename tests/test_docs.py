@@ -52,7 +52,8 @@ def python_blocks(document: Path) -> list[dict]:
 
 def run_blocks(blocks: list[dict], tmp_path: Path, device: str | None) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if k not in ("HAL_DEVICE", "HAL_PLUGINS", "HAL_TRACE")}
-    environment["PYTHONPATH"] = str(ROOT)
+    # The checkout first, then what the test process itself was given (packages installed beside it).
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     if device is not None:
         environment["HAL_DEVICE"] = device
     return subprocess.run(

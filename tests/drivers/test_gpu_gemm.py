@@ -140,7 +140,8 @@ def test_no_candidate_is_unimplemented():
 def test_without_nvmath_the_cuda_backend_is_absent_and_says_why_once(monkeypatch, caplog):
     from hal.drivers.cuda import blas
 
-    monkeypatch.setitem(sys.modules, "nvmath", None)  # import nvmath... raises ImportError
+    for name in ("nvmath", "nvmath.bindings", "nvmath.bindings.cublasLt", "nvmath.bindings.cublas"):
+        monkeypatch.setitem(sys.modules, name, None)  # (also where nvmath was imported before): ImportError
     monkeypatch.setattr(blas, "_backends", {})
     monkeypatch.setattr(blas, "_reported", [])
     with caplog.at_level(logging.WARNING, logger="hal"):
