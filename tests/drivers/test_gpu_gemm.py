@@ -149,3 +149,28 @@ def test_without_nvmath_the_cuda_backend_is_absent_and_says_why_once(monkeypatch
         assert blas.load(1) is None
     warnings = [r for r in caplog.records if "cuBLASLt is unavailable" in r.getMessage()]
     assert len(warnings) == 1 and "own kernels" in warnings[0].getMessage()
+
+
+def test_cublaslt_loads_at_the_first_routine_and_a_failure_refuses_routines_with_the_reason(monkeypatch, caplog):
+    from types import SimpleNamespace
+
+    from hal.drivers.cuda import blas
+
+    monkeypatch.setattr(blas, "_reported", [])
+    created = []
+    working = SimpleNamespace(get_version=lambda: 130100, create=lambda: created.append(1) or 7)
+    deferred = blas.DeferredCublasLt(0, None, working, None)
+    assert not created and deferred.name == "cuBLASLt"  # nothing loaded with the device
+    assert deferred.supports(hal.Gemm("float32")) is None
+    assert created == [1] and deferred.name == "cuBLASLt 13.1.0"
+
+    def missing():
+        raise OSError("libcublasLt.so.13: cannot open shared object file")
+
+    broken = blas.DeferredCublasLt(1, None, SimpleNamespace(get_version=missing, create=lambda: 0), None)
+    with caplog.at_level(logging.WARNING, logger="hal"):
+        assert "libcublasLt" in broken.supports(hal.Gemm("float32"))
+        assert "libcublasLt" in broken.supports(hal.Gemm("float16"))  # tried once, the same reason
+    with pytest.raises(hal.UnavailableError, match="could not be loaded"):
+        broken.workspace_size(hal.Gemm("float32"), None, [0, 0, 0])
+    assert sum("cuBLASLt is unavailable" in r.getMessage() for r in caplog.records) == 1

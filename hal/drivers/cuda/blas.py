@@ -25,6 +25,7 @@ import numpy as np
 
 from hal.distribution import install_hint
 from hal.drivers.gpu.gemm import GemmBackend, Plan, column_major
+from hal.errors import UnavailableError
 from hal.library import Gemm, GemmShape
 from hal.log import driver_logger
 
@@ -155,33 +156,80 @@ def _set(setter: Any, target: int, attribute: Any, value: np.generic) -> None:
     setter(target, attribute, buffer.ctypes.data, buffer.nbytes)
 
 
-#: One backend per device ordinal (its plans are the device's), made at the first device of each.
-_backends: dict[int, CublasLt] = {}
+class DeferredCublasLt:
+    """The device's backend until its first library routine: cuBLASLt (a library of several
+    hundred MB) and the CUDA runtime it starts are loaded then, not when the device is created. A
+    library that fails to load makes every routine refused with the reason (``supports``), so the
+    runtime's products take its own kernels."""
+
+    def __init__(self, ordinal: int, api: Any, lt: Any, blas: Any) -> None:
+        self._ordinal, self._api, self._lt, self._blas = ordinal, api, lt, blas
+        self._backend: CublasLt | None = None
+        self._failure: str | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self._backend.name if self._backend is not None else "cuBLASLt"
+
+    def backend(self) -> CublasLt:
+        if self._backend is None:
+            with self._lock:
+                if self._backend is None and self._failure is None:
+                    try:
+                        self._backend = CublasLt(self._lt, self._api, self._blas)
+                    except Exception as exc:  # a missing library, a failing handle creation
+                        self._failure = f"{type(exc).__name__}: {exc}"
+                        _report(exc)
+        if self._backend is None:
+            raise UnavailableError(f"cuBLASLt could not be loaded: {self._failure}")
+        return self._backend
+
+    def supports(self, routine: Any) -> str | None:
+        try:
+            return self.backend().supports(routine)
+        except UnavailableError as exc:
+            return str(exc)
+
+    def workspace_size(self, routine: Any, checked: Any, pointers: Any) -> int:
+        return self.backend().workspace_size(routine, checked, pointers)
+
+    def enqueue(self, *args: Any) -> None:
+        self.backend().enqueue(*args)
+
+
+#: One backend per device ordinal (its plans are the device's).
+_backends: dict[int, DeferredCublasLt] = {}
 _reported: list[BaseException] = []
 _lock = threading.Lock()
 
 
-def load(ordinal: int, api: Any = None) -> CublasLt | None:
+def _report(exc: BaseException) -> None:
+    """Log once per process why vendor GEMMs are unavailable."""
+    if not _reported:
+        _reported.append(exc)
+        driver_logger("cuda").warning(
+            "cuBLASLt is unavailable (%s: %s): matmul runs on the runtime's own kernels; "
+            "%s (nvmath-python and nvidia-cublas) for vendor GEMMs",
+            type(exc).__name__, exc, install_hint("cuda"))
+
+
+def load(ordinal: int, api: Any = None) -> DeferredCublasLt | None:
     """The cuBLASLt backend of CUDA device ``ordinal`` (``api``: the shim that times candidate
-    algorithms), or None when the library is missing (the reason logged once per process)."""
+    algorithms), loaded at its first use; None when nvmath-python is missing (the reason logged
+    once per process)."""
     with _lock:
         backend = _backends.get(ordinal)
         if backend is not None:
             return backend
         try:
             from nvmath.bindings import cublasLt as lt
-
-            try:
-                from nvmath.bindings import cublas as blas
-            except Exception:  # cuBLASLt alone still serves every product
-                blas = None
-            backend = _backends[ordinal] = CublasLt(lt, api, blas)
-            return backend
-        except Exception as exc:  # an import error, a missing library, or a failing handle creation
-            if not _reported:
-                _reported.append(exc)
-                driver_logger("cuda").warning(
-                    "cuBLASLt is unavailable (%s: %s): matmul runs on the runtime's own kernels; "
-                    "%s (nvmath-python and nvidia-cublas) for vendor GEMMs",
-                    type(exc).__name__, exc, install_hint("cuda"))
+        except Exception as exc:  # not installed, or its bindings fail to import
+            _report(exc)
             return None
+        try:
+            from nvmath.bindings import cublas as blas
+        except Exception:  # cuBLASLt alone still serves every product
+            blas = None
+        backend = _backends[ordinal] = DeferredCublasLt(ordinal, api, lt, blas)
+        return backend
