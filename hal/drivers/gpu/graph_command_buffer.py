@@ -448,10 +448,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         device = self.device
         api = device.api
         resources = self._resources
-        table_execs = resources.table_execs
-        if len(table_execs) >= TABLE_EXECS:
-            oldest = table_execs.pop(next(iter(table_execs)))
-            device.defer(functools.partial(oldest.release, device))  # a launch of it may still run
+        table_execs = self._room_for_table_exec()
         own_image = device.allocate_staging(image.nbytes)
         graph_exec = None
         try:
@@ -499,10 +496,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         device = self.device
         api = device.api
         resources = self._resources
-        table_execs = resources.table_execs
-        if len(table_execs) >= TABLE_EXECS:
-            oldest = table_execs.pop(next(iter(table_execs)))
-            device.defer(functools.partial(oldest.release, device))  # a launch of it may still run
+        table_execs = self._room_for_table_exec()
         graph_exec = own_image = None
         args = self._indirect_args
         try:
@@ -533,6 +527,15 @@ class GraphCommandBuffer(RecordingCommandBuffer):
             self.device.api.graph_exec_destroy(graph_exec)
         if image is not None:
             self.device.allocator.free_now(image)
+
+    def _room_for_table_exec(self) -> dict:
+        """The table executable graphs, the oldest dropped if there are TABLE_EXECS already."""
+        table_execs = self._resources.table_execs
+        if len(table_execs) >= TABLE_EXECS:
+            oldest = table_execs.pop(next(iter(table_execs)))
+            device = self.device
+            device.defer(functools.partial(oldest.release, device))  # a launch of it may still run
+        return table_execs
 
     def _drop_table_execs(self) -> None:
         table_execs, self._resources.table_execs = self._resources.table_execs, {}
