@@ -1,7 +1,7 @@
 """Library routines on a GPU: vendor-library calls recorded into command buffers.
 
 A vendor driver hands its ``ExecutableCache`` a ``LibraryBackend`` (cuBLASLt for CUDA, hipBLASLt
-for HIP) when the library loads; the device then lists the ``library`` format. What is written
+for HIP) where the library's bindings import; the device then lists the ``library`` format. What is written
 once here, for every vendor:
 
 - ``LibraryExecutable``: the executable of a ``library`` spec (``hal.library``). It has no
@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hal.command_buffer import Binding
+from hal.errors import IncompatibleError, UnimplementedError
 from hal.executable import Executable, ExecutableSpec
 from hal.library import Routine
 
@@ -60,8 +61,8 @@ class LibraryExecutable(Executable):
 
 
 def prepare(device: GpuDevice, spec: ExecutableSpec, backend: LibraryBackend | None) -> LibraryExecutable:
-    from hal.errors import IncompatibleError, UnimplementedError
-
+    """The executable of a ``library`` spec; IncompatibleError without a backend, UnimplementedError
+    (with the backend's reason) for a routine it does not run."""
     if backend is None:
         raise IncompatibleError(f"device {device.info.uri} has no library backend for 'library' executables")
     executable = LibraryExecutable(device, spec, backend)
