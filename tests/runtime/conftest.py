@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from rt_helpers import DEVICES
 
+import hal
 import runtime as rt
+from runtime import lowering
+from runtime.device import context_for
 
 
 @pytest.fixture(params=DEVICES, scope="module")
@@ -13,3 +18,31 @@ def dev(request) -> str:
     """A device URI (also made the default device); tests create arrays on it explicitly."""
     rt.set_default_device(request.param)
     return request.param
+
+
+@pytest.fixture(scope="module", params=["numpy", "cuda-emulated"])
+def gpu_like(request):
+    """A local-sync device lowered as a GPU, its kernels the generated CUDA C compiled for the CPU
+    (cuda_emu) or their numpy implementations (the fusion tests)."""
+    cuda_emu = pytest.importorskip("cuda_emu")
+    if request.param == "cuda-emulated" and cuda_emu.GXX is None:
+        pytest.skip("g++ is needed to emulate the CUDA kernels")
+    device = hal.create_device("local-sync")
+    context_for(device).is_gpu = True
+    with cuda_emu.emulated_kernels() if request.param == "cuda-emulated" else contextlib.nullcontext():
+        yield device
+
+
+@pytest.fixture
+def recordings(monkeypatch):
+    """The recordings made while the test runs."""
+    made = []
+    real = lowering.record
+
+    def spy(*args, **kwargs):
+        rec = real(*args, **kwargs)
+        made.append(rec)
+        return rec
+
+    monkeypatch.setattr(lowering, "record", spy)
+    return made

@@ -7,13 +7,11 @@ numpy implementation of the same fused kernel.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 
 import numpy as np
 import pytest
 
-import hal
 import runtime as rt
 from runtime import lowering
 from runtime.device import context_for
@@ -22,36 +20,12 @@ from runtime.kernels.fused import FusedSpec, fused_source
 cuda_emu = pytest.importorskip("cuda_emu")
 
 
-@pytest.fixture(scope="module", params=["numpy", "cuda-emulated"])
-def gpu_like(request):
-    if request.param == "cuda-emulated" and cuda_emu.GXX is None:
-        pytest.skip("g++ is needed to emulate the CUDA kernels")
-    device = hal.create_device("local-sync")
-    ctx = context_for(device)
-    ctx.is_gpu = True
-    with cuda_emu.emulated_kernels() if request.param == "cuda-emulated" else contextlib.nullcontext():
-        yield device
-
-
 @pytest.fixture(autouse=True)
 def fuse_at_once(monkeypatch):
     """Fuse on a graph's first evaluation (by default fusion waits until a graph repeats)."""
     monkeypatch.setenv("RUNTIME_FUSE_AFTER", "1")
 
 
-@pytest.fixture
-def recordings(monkeypatch):
-    """The recordings made while the test runs."""
-    made = []
-    real = lowering.record
-
-    def spy(*args, **kwargs):
-        rec = real(*args, **kwargs)
-        made.append(rec)
-        return rec
-
-    monkeypatch.setattr(lowering, "record", spy)
-    return made
 
 
 def test_chain_is_one_dispatch(gpu_like, recordings):

@@ -10,29 +10,14 @@ a GPU, with its kernels either the generated CUDA C compiled for the CPU
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 
-import hal
 import runtime as rt
-from runtime import lowering
 from runtime.device import context_for
 from runtime.kernels import reduce_columns, rows
 
 cuda_emu = pytest.importorskip("cuda_emu")
-
-
-@pytest.fixture(scope="module", params=["numpy", "cuda-emulated"])
-def gpu_like(request):
-    if request.param == "cuda-emulated" and cuda_emu.GXX is None:
-        pytest.skip("g++ is needed to emulate the CUDA kernels")
-    device = hal.create_device("local-sync")
-    ctx = context_for(device)
-    ctx.is_gpu = True
-    with cuda_emu.emulated_kernels() if request.param == "cuda-emulated" else contextlib.nullcontext():
-        yield device
 
 
 @pytest.fixture(autouse=True)
@@ -40,18 +25,6 @@ def fuse_at_once(monkeypatch):
     monkeypatch.setenv("RUNTIME_FUSE_AFTER", "1")
 
 
-@pytest.fixture
-def recordings(monkeypatch):
-    made = []
-    real = lowering.record
-
-    def spy(*args, **kwargs):
-        rec = real(*args, **kwargs)
-        made.append(rec)
-        return rec
-
-    monkeypatch.setattr(lowering, "record", spy)
-    return made
 
 
 # ---- the compositions, on runtime arrays and on numpy (float64) --------------------------------
