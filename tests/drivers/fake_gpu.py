@@ -561,15 +561,15 @@ class FakeLibraries:
     def supports(self, routine) -> str | None:
         return None
 
-    def workspace_size(self, routine, checked, pointers) -> int:
+    def plan(self, routine, checked, pointers) -> SimpleNamespace:
         key = (routine, checked, tuple(p % 256 for p in pointers))
         self.planned[key] = self.planned.get(key, 0) + 1
-        return self.WORKSPACE
+        return SimpleNamespace(routine=routine, workspace_size=self.WORKSPACE)
 
-    def enqueue(self, routine, checked, constants, pointers, workspace, workspace_size, stream) -> None:
+    def enqueue(self, plan, constants, pointers, workspace, workspace_size, stream) -> None:
         assert workspace and workspace_size >= self.WORKSPACE, "a library call ran without its workspace"
         api = self.api
-        reference = routine.reference()
+        reference = plan.routine.reference()
         pointers = list(pointers)
         api.enqueue_work(stream, lambda: reference((1, 1, 1), [api.view(p) for p in pointers], list(constants)))
 

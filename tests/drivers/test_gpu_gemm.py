@@ -172,5 +172,5 @@ def test_cublaslt_loads_at_the_first_routine_and_a_failure_refuses_routines_with
         assert "libcublasLt" in broken.supports(hal.Gemm("float32"))
         assert "libcublasLt" in broken.supports(hal.Gemm("float16"))  # tried once, the same reason
     with pytest.raises(hal.UnavailableError, match="could not be loaded"):
-        broken.workspace_size(hal.Gemm("float32"), None, [0, 0, 0])
+        broken.plan(hal.Gemm("float32"), None, [0, 0, 0])
     assert sum("cuBLASLt is unavailable" in r.getMessage() for r in caplog.records) == 1

@@ -319,7 +319,7 @@ def test_epilogue_and_the_bias_pointer_of_each_call(epilogue):
         assert "HIPBLASLT_MATMUL_DESC_BIAS_DATA_TYPE" not in set_on_desc
     before = len(lt.calls)
     for bias in (0x40000, 0x50000):
-        backend.enqueue(routine, shape, (), [0x10000, 0x20000, 0x30000, bias], 0x60000, plan.workspace_size, 9)
+        backend.enqueue(plan, (), [0x10000, 0x20000, 0x30000, bias], 0x60000, plan.workspace_size, 9)
     issued = [(name, args) for name, args in lt.calls[before:]]
     if routine.has_bias:  # the bias pointer is set on the descriptor right before each call
         assert [name for name, _ in issued] == ["hipblasLtMatmulDescSetAttribute", "hipblasLtMatmul"] * 2

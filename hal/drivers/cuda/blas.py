@@ -191,8 +191,8 @@ class DeferredCublasLt:
         except UnavailableError as exc:
             return str(exc)
 
-    def workspace_size(self, routine: Any, checked: Any, pointers: Any) -> int:
-        return self.backend().workspace_size(routine, checked, pointers)
+    def plan(self, routine: Any, checked: Any, pointers: Any) -> Plan:
+        return self.backend().plan(routine, checked, pointers)
 
     def enqueue(self, *args: Any) -> None:
         self.backend().enqueue(*args)

@@ -102,18 +102,15 @@ class GemmBackend:
         raise NotImplementedError
 
     # -- LibraryBackend ------------------------------------------------------------------------
-    def workspace_size(self, routine: Routine, checked: Any, pointers: Sequence[int]) -> int:
-        return self.plan(routine, checked, pointers).workspace_size  # type: ignore[arg-type]
-
-    def enqueue(self, routine: Routine, checked: Any, constants: tuple[int, ...], pointers: Sequence[int],
-                workspace: int, workspace_size: int, stream: Any) -> None:
-        plan = self.plan(routine, checked, pointers)  # type: ignore[arg-type]
+    def enqueue(self, plan: Plan, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
+                workspace_size: int, stream: Any) -> None:
         bias = pointers[3] if len(pointers) > 3 else 0
         with self.lock:
             plan.run(pointers[0], pointers[1], pointers[2], bias, workspace, workspace_size, int(stream))
 
-    # -- planning ----------------------------------------------------------------------------------
     def plan(self, gemm: Gemm, shape: GemmShape, pointers: Sequence[int]) -> Plan:
+        """The plan of the product with operands at ``pointers`` (C, A, B), made once per
+        (routine, shape, alignment)."""
         size = gemm.element_size
         aligned = (alignment(pointers[1], shape.lda, shape.stride_a, element_size=size),
                    alignment(pointers[2], shape.ldb, shape.stride_b, element_size=size),

@@ -43,13 +43,14 @@ class LibraryBackend(Protocol):
     def supports(self, routine: Routine) -> str | None:
         """None when the backend runs ``routine``, else why not (the executable is then refused)."""
 
-    def workspace_size(self, routine: Routine, checked: Any, pointers: Sequence[int]) -> int:
-        """Bytes of workspace the call needs with operands at ``pointers`` (plans it once)."""
+    def plan(self, routine: Routine, checked: Any, pointers: Sequence[int]) -> Any:
+        """The call's plan with operands at ``pointers`` (made once, then cached), its
+        ``workspace_size`` the bytes of workspace it needs; ``checked`` is what ``routine.check``
+        made of the dispatch's constants."""
 
-    def enqueue(self, routine: Routine, checked: Any, constants: tuple[int, ...], pointers: Sequence[int],
-                workspace: int, workspace_size: int, stream: Any) -> None:
-        """Enqueue the call on ``stream`` (also while the stream captures into a graph): ``checked``
-        is what ``routine.check`` made of the dispatch's ``constants``."""
+    def enqueue(self, plan: Any, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
+                workspace_size: int, stream: Any) -> None:
+        """Enqueue the planned call on ``stream`` (also while the stream captures into a graph)."""
 
 
 class LibraryExecutable(Executable):
@@ -124,17 +125,17 @@ class LibraryCall:
     def pointers(self, table: Sequence[Binding] | None) -> list[int]:
         return [address for address, _ in (target.resolve(table) for target in self.targets)]
 
-    def prepare(self, device: GpuDevice, table: Sequence[Binding] | None) -> tuple[list[int], int, int]:
-        """(operand addresses, workspace address, workspace size) against ``table``: the plan is
-        made and the workspace allocated here, never while a stream captures."""
+    def prepare(self, device: GpuDevice, table: Sequence[Binding] | None) -> tuple[Any, list[int], int, int]:
+        """(plan, operand addresses, workspace address, workspace size) against ``table``: the plan
+        is made and the workspace allocated here, never while a stream captures."""
         pointers = self.pointers(table)
-        size = self.backend.workspace_size(self.routine, self.checked, pointers)
-        workspace, capacity = self.workspace.ensure(device, size)
-        return pointers, workspace, capacity
+        plan = self.backend.plan(self.routine, self.checked, pointers)
+        workspace, capacity = self.workspace.ensure(device, plan.workspace_size)
+        return plan, pointers, workspace, capacity
 
-    def enqueue(self, prepared: tuple[list[int], int, int], stream: Any) -> None:
-        pointers, workspace, capacity = prepared
-        self.backend.enqueue(self.routine, self.checked, self.constants, pointers, workspace, capacity, stream)
+    def enqueue(self, prepared: tuple[Any, list[int], int, int], stream: Any) -> None:
+        plan, pointers, workspace, capacity = prepared
+        self.backend.enqueue(plan, self.constants, pointers, workspace, capacity, stream)
 
     def issue(self, device: GpuDevice, stream: Any, table: Sequence[Binding] | None) -> None:
         """Enqueue the call on ``stream`` with its operands resolved against ``table``."""
