@@ -208,6 +208,8 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         #: of their own (see _recurring), and the slot addresses of tables seen once.
         self._recurring_allowed = False
         self._seen_tables: dict[tuple, None] = {}
+        #: The slots a table's key reads (see _table_key), fixed when the graph is built.
+        self._key_slots: list[int] = []
 
     # -- recording -----------------------------------------------------------------
     def _pack_staging(self) -> None:
@@ -265,7 +267,8 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         # table that comes back gets an executable graph of its own, every node set for it once.
         self._recurring_allowed = device.queue_count == 1 and any(
             self._nodes[i].kind == "library" for nodes in self._slot_nodes.values() for i in nodes)
-        self._seen_tables: dict[tuple, None] = {}
+        self._seen_tables = {}
+        self._key_slots = sorted(set(self._slot_nodes) | set(self._image_slots or ()))
 
     def _add_node(self, graph: Any, command: Command, deps: list[Any], table: Sequence[Binding] | None) -> Any:
         device = self.device
@@ -469,8 +472,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
 
     def _table_key(self, table: Sequence[Binding] | None) -> tuple:
         """What a table changes in the graph: (address, size) of every slot a node or the device table reads."""
-        slots = sorted(set(self._slot_nodes) | set(self._image_slots or ()))
-        return tuple(slot_address(table[slot]) for slot in slots)  # type: ignore[index]
+        return tuple(slot_address(table[slot]) for slot in self._key_slots)  # type: ignore[index]
 
     def _recurring(self, table: Sequence[Binding] | None) -> bool:
         """Launch the executable graph of ``table`` if it is a table seen before (made now, the
