@@ -4,7 +4,7 @@
 along the rows. On a GPU whose products run on its GEMM library, the scheduler computes the add's
 value with one ``hal.Gemm(epilogue="bias")`` dispatch: the product is never written to memory and
 read back (a pass over the output saved, one kernel less). The matmul node then has no unit and
-no buffer of its own (``fold``).
+no buffer of its own (``bias_folds`` finds them, ``plan_folded`` plans them).
 
 A fold needs the product to be read by the add alone and not kept past the evaluation, the bias
 to be ready before the product (computed earlier or an input), both of the product's dtype, and
