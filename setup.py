@@ -1,7 +1,6 @@
 """What pyproject.toml cannot say: the conformance suite ships as the package ``hal_cts``, and the
 optional C extensions ``hal.drivers._native`` (a driver library's hot calls),
-``hal.drivers.gpu._replay`` (a GPU device's repeat of a validated submission, its usual host wait
-and dispatch recording) and ``runtime._native``
+and ``runtime._native``
 (the eager graph key walk and node constructors).
 
 The suite's home in the repository stays tests/cts; installed, a driver author runs it with
@@ -27,8 +26,5 @@ setup(
     package_dir={"hal_cts": "tests/cts"},
     package_data={"hal": ["py.typed"], "runtime": ["py.typed"], "hal_cts": ["README.md"]},
     ext_modules=[Extension("hal.drivers._native", ["hal/drivers/_native.c"], optional=True),
-                 Extension("hal.drivers.gpu._replay", ["hal/drivers/gpu/_replay.c", "hal/drivers/gpu/_replay_wait.c",
-                                                      "hal/drivers/gpu/_replay_record.c"],
-                           depends=["hal/drivers/gpu/_replay.h"], optional=True),
                  Extension("runtime._native", ["runtime/_native.c"], optional=True)],
 )

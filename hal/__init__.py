@@ -39,6 +39,7 @@ from hal.errors import (
     UnimplementedError,
 )
 from hal.executable import Executable, ExecutableSpec, Export
+from hal.execution import Execution
 from hal.library import Gemm, Routine, library_spec
 from hal.registry import (
     DriverFactory,
@@ -81,6 +82,7 @@ __all__ = [
     "DriverInfo",
     "Executable",
     "ExecutableSpec",
+    "Execution",
     "Export",
     "FailedPreconditionError",
     "Gemm",

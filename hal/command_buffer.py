@@ -106,16 +106,12 @@ class CommandBuffer:
         self._direct: dict[int, Buffer] = {}
         #: Dispatch bindings of whole buffers, checked once per buffer (drivers never modify refs).
         self._whole_refs: dict[Buffer, BufferRef] = {}
-        self._whole_refs_at = device._release_count
-        #: Set by Device.queue_execute: what the last submission of this buffer validated.
-        self.validated: object = None
+        self._whole_refs_at = device.release_epoch
         #: The workgroups tuple the last dispatch passed as it was (checked; tuples are immutable).
         self._checked_workgroups: object = _NOTHING_CHECKED
         #: (executable, entry point as passed, ordinal, export) of the last dispatch: a loop's
         #: dispatches of one export are resolved once (executables never change device or exports).
         self._last_export: tuple = (_NOTHING_CHECKED, _NOTHING_CHECKED, 0, None)
-        #: Earlier validations still remembered (``hal.device.REMEMBERED_TABLES`` with the last), newest first.
-        self.validated_before: list = []
 
     @property
     def reusable(self) -> bool:
@@ -153,7 +149,7 @@ class CommandBuffer:
         except HalError as exc:
             # A close() racing the end tears down what the driver was building (a GPU graph's
             # context): that is the close's rejection, not a fault of the commands.
-            if self.device._closed and not isinstance(exc, FailedPreconditionError):
+            if self.device.closed and not isinstance(exc, FailedPreconditionError):
                 raise FailedPreconditionError(f"the device was closed while the command buffer ended ({exc})") from exc
             raise
         self.state = CommandBufferState.EXECUTABLE
@@ -245,7 +241,7 @@ class CommandBuffer:
                  workgroups: int | Sequence[int] = (1, 1, 1), constants: Sequence[int] = (),
                  bindings: Sequence[object] = ()) -> None:
         """Run export ``entry_point`` over ``workgroups`` with uint32 ``constants`` and buffer ``bindings``."""
-        if self.state is not _RECORDING or self.device._closed:
+        if self.state is not _RECORDING or self.device.closed:
             self._check_recording("dispatch")
         device = self.device
         last_executable, last_entry, ordinal, export = self._last_export
@@ -265,9 +261,9 @@ class CommandBuffer:
                 f"export {export.name!r} takes {export.bindings} bindings, got {len(bindings)}")
         refs = []
         whole_refs = self._whole_refs
-        if self._whole_refs_at != device._release_count:  # a release since: look at every buffer again
+        if self._whole_refs_at != device.release_epoch:  # a release since: look at every buffer again
             whole_refs.clear()
-            self._whole_refs_at = device._release_count
+            self._whole_refs_at = device.release_epoch
         for b in bindings:
             # A whole buffer's ref is made once (device and usage never change, liveness as above).
             ref = whole_refs.get(b) if type(b) is Buffer else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import functools
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -17,11 +18,12 @@ from hal.errors import (
     InvalidArgumentError,
 )
 from hal.executable import Executable, ExecutableSpec, numpy_functions
+from hal.execution import Execution, Issue, held_buffers
 from hal.library import routines_of
 from hal.log import driver_logger
 from hal.pickling import not_picklable
 from hal.semaphore import Fence, Semaphore
-from hal.types import BufferUsage, CommandBufferMode, CommandBufferState, MemoryType
+from hal.types import BufferUsage, CommandBufferMode, MemoryType
 from hal.validation import (
     MAX_U64,
     check_binding,
@@ -46,56 +48,7 @@ DEFAULT_LIMITS = {
 }
 
 
-_EXECUTABLE = CommandBufferState.EXECUTABLE
-_SUBMITTED = CommandBufferState.SUBMITTED
-
-
-#: Validated binding tables a reusable command buffer remembers (the last and the ones before it).
-REMEMBERED_TABLES = 4
-
-
-def _same(remembered: object, table: object) -> bool:
-    """Whether a binding table equals the one remembered (entries compare by identity and value)."""
-    try:
-        return bool(remembered == table)
-    except Exception:  # an entry whose comparison fails is no remembered entry
-        return False
-
-
-_UNKNOWN = object()
 _FIRST_QUEUE = 0
-_NO_FENCES = ()
-
-
-def remember(cb: CommandBuffer, count: int, given: list | None, checked: list[Binding] | None) -> None:
-    """Record that ``cb`` was validated with the binding table ``given`` (``checked`` once resolved)
-    at release count ``count``; the last validation moves among the ones remembered before it."""
-    last = cb.validated
-    if last is not None and last[0] == count:
-        cb.validated_before = [last, *cb.validated_before][:REMEMBERED_TABLES - 1]
-    else:
-        cb.validated_before = []
-    cb.validated = (count, given, checked)
-
-
-def recall(cb: CommandBuffer, count: int, table: object) -> object:
-    """The checked table of a validation of ``cb`` with an equal table at release count ``count``:
-    the last one, or an earlier one (double-buffered tables alternate), which is made the last one;
-    else ``_UNKNOWN``."""
-    last = cb.validated
-    if last is not None and last[0] == count and _same(last[1], table):
-        return last[2]
-    before = cb.validated_before
-    if not before or cb.state is not _EXECUTABLE:
-        return _UNKNOWN
-    for i, entry in enumerate(before):
-        if entry[0] == count and _same(entry[1], table):
-            last = cb.validated
-            if last is not None:
-                before[i] = last
-            cb.validated = entry
-            return entry[2]
-    return _UNKNOWN
 
 
 class Device(abc.ABC):
@@ -113,12 +66,13 @@ class Device(abc.ABC):
         self.queue_count = queue_count
         self.limits = dict(DEFAULT_LIMITS, **(limits or {}))
         self.allocator: Allocator
-        self._closed = False
+        #: Set once by close(); from then on every call is rejected.
+        self.closed = False
         #: Held while a submission enters the driver and while close() begins: a submission
         #: either enters before close() (and completes or fails) or is rejected after it.
-        self._gate = threading.RLock()
-        #: Bumped by every buffer release: a validation made at the same count still holds.
-        self._release_count = 0
+        self.submission_gate = threading.RLock()
+        #: Bumped by every buffer release: an execution prepared at the same epoch holds live buffers.
+        self.release_epoch = 0
         self._executables: dict[tuple, tuple[ExecutableSpec, Executable]] = {}
         self._executables_lock = threading.Lock()
 
@@ -128,24 +82,20 @@ class Device(abc.ABC):
 
     # -- lifetime ---------------------------------------------------------------
     def _check_open(self) -> None:
-        if self._closed:
+        if self.closed:
             raise FailedPreconditionError(f"device {self.info.uri} is closed")
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def note_release(self) -> None:
         """A buffer of this device was released (called by ``Buffer.release``)."""
-        self._release_count += 1
+        self.release_epoch += 1
 
     def close(self) -> None:
         """Reject new work, fail work parked on unreached waits, wait for the rest, then release
         everything the device holds. Idempotent and safe to race with submissions."""
-        with self._gate:
-            if self._closed:
+        with self.submission_gate:
+            if self.closed:
                 return
-            self._closed = True  # from here on every submission is rejected
+            self.closed = True  # from here on every submission is rejected
         # Work parked on waits that nothing will ever reach would keep the device busy forever.
         self._cancel_parked(FailedPreconditionError(
             f"device {self.info.uri} was closed before the work's waits were reached"))
@@ -253,61 +203,18 @@ class Device(abc.ABC):
     def _check_submission(self, wait: object, signal: object) -> tuple[list[Fence], list[Fence]]:
         return check_fences(wait, "wait", self), check_signal_fences(signal, self)
 
-    def queue_execute(self, command_buffers: Sequence[CommandBuffer], wait: Sequence[Fence] = (),
-                      signal: Sequence[Fence] = (), binding_tables: Sequence[object] | None = None,
-                      *, queue: int = 0) -> None:
-        """Run command buffers in order once every ``wait`` is reached, then signal ``signal``.
+    def prepare(self, command_buffers: Sequence[CommandBuffer], binding_tables: Sequence[object] | None = None,
+                *, queue: int = 0) -> Execution:
+        """Validate command buffers and their binding tables once, for submissions on ``queue``.
 
-        A submission that repeats one validated before (the same reusable command buffers, equal
-        binding tables, no buffer of the device released since) is recognised by identity and
-        equality checks and not validated again; the fences are checked every time.
+        The returned ``hal.Execution``'s ``submit(wait, signal)`` issues the work as
+        ``queue_execute`` would, checking only the fences; it refuses once a buffer the work uses
+        is released or the device closes. ONE_SHOT command buffers make an execution submittable once.
         """
-        if self._closed:
-            self._check_open()
-        # The defaults by identity (0 is a cached int, () the empty tuple): the usual call's checks in
-        # four bytecodes each; any other value, a numpy 0 say, takes the whole check.
+        self._check_open()
         if queue is not _FIRST_QUEUE and (type(queue) is not int or not 0 <= queue < self.queue_count):
             queue = check_queue(self, queue)
-        if type(command_buffers) is list and len(command_buffers) == 1 and (
-                type(binding_tables) is list and len(binding_tables) == 1 or binding_tables is None):
-            # The usual replay, one command buffer, without the loop of _recall_validation.
-            cb = command_buffers[0]
-            if isinstance(cb, CommandBuffer) and cb.device is self:
-                checked = recall(cb, self._release_count, binding_tables[0] if binding_tables else None)
-            else:
-                checked = _UNKNOWN
-            if checked is not _UNKNOWN:
-                # Run with this table before and still valid. The driver gets lists of its own (the
-                # caller's may change while the work waits to be issued).
-                command_buffers, tables, one_shot = [cb], [checked], ()
-            else:
-                command_buffers, tables, one_shot = self._validate_execution(command_buffers, binding_tables)
-        else:
-            tables = self._recall_validation(command_buffers, binding_tables)
-            if tables is not None:
-                command_buffers, one_shot = list(command_buffers), ()  # type: ignore[call-overload]
-            else:
-                command_buffers, tables, one_shot = self._validate_execution(command_buffers, binding_tables)
-        waits = [] if wait is _NO_FENCES else check_fences(wait, "wait", self)
-        signals = check_signal_fences(signal, self)
-        with self._gate:
-            if self._closed:
-                self._check_open()
-            for cb in one_shot:  # a ONE_SHOT buffer runs at most once, also when threads race
-                if cb.state is not _EXECUTABLE:
-                    raise FailedPreconditionError("a ONE_SHOT command buffer was already submitted")
-                cb.state = _SUBMITTED
-            if tracing.ENABLED:
-                tracing.call("queue_execute", self._queue_execute, queue, command_buffers, tables, waits, signals,
-                             device=self.info.uri, command_buffers=len(command_buffers))
-            else:
-                self._queue_execute(queue, command_buffers, tables, waits, signals)
-
-    def _validate_execution(self, command_buffers: object, binding_tables: object
-                            ) -> tuple[list[CommandBuffer], list[list[Binding] | None], list[CommandBuffer]]:
-        """Full validation of the command buffers and tables of a submission; each reusable command
-        buffer remembers its table, so a submission repeating them skips it."""
-        count = self._release_count  # read before the checks: a release during them invalidates
+        epoch = self.release_epoch  # read before the checks: a release during them is seen at submit
         command_buffers, one_shot, uses_tables = check_command_buffers(self, command_buffers)
         for i, cb in enumerate(command_buffers):
             check_direct_buffers(cb, i)
@@ -315,33 +222,16 @@ class Device(abc.ABC):
             tables: list[list[Binding] | None] = [None] * len(command_buffers)
         else:
             tables = check_binding_tables(self, command_buffers, binding_tables)
-        for i, cb in enumerate(command_buffers):
-            if cb.state is _EXECUTABLE and cb.reusable:
-                given = None if binding_tables is None else binding_tables[i]  # type: ignore[index]
-                remember(cb, count, None if given is None else list(given), tables[i])
-        return command_buffers, tables, one_shot
+        buffers = held_buffers(command_buffers, tables)
+        issue = self._prepare_execution(queue, command_buffers, tables)
+        return Execution(self, queue, command_buffers, tables, issue, epoch, buffers, one_shot)
 
-    def _recall_validation(self, command_buffers: object, binding_tables: object) -> list[list[Binding] | None] | None:
-        """The checked tables of a submission whose every command buffer was validated before with an
-        equal binding table, while no buffer of the device was released since; or None."""
-        if type(command_buffers) is not list:
-            return None
-        count = self._release_count
-        if binding_tables is None:
-            given: list = [None] * len(command_buffers)
-        elif type(binding_tables) is list and len(binding_tables) == len(command_buffers):
-            given = binding_tables
-        else:
-            return None
-        tables = []
-        for cb, table in zip(command_buffers, given):
-            if not isinstance(cb, CommandBuffer) or cb.device is not self:
-                return None
-            checked = recall(cb, count, table)
-            if checked is _UNKNOWN:
-                return None
-            tables.append(checked)
-        return tables
+    def queue_execute(self, command_buffers: Sequence[CommandBuffer], wait: Sequence[Fence] = (),
+                      signal: Sequence[Fence] = (), binding_tables: Sequence[object] | None = None,
+                      *, queue: int = 0) -> None:
+        """Run command buffers in order once every ``wait`` is reached, then signal ``signal``:
+        ``prepare`` and one ``submit`` (a loop repeating a submission prepares it once instead)."""
+        self.prepare(command_buffers, binding_tables, queue=queue).submit(wait, signal)
 
     def _check_binding(self, entry: object, what: str) -> Binding:
         return check_binding(entry, self, what)
@@ -352,7 +242,7 @@ class Device(abc.ABC):
         self._check_open()
         queue = self._check_queue(queue)
         waits, signals = self._check_submission(wait, signal)
-        with self._gate:
+        with self.submission_gate:
             self._check_open()
             if tracing.ENABLED:
                 tracing.call("queue_barrier", self._queue_execute, queue, [], [], waits, signals, device=self.info.uri)
@@ -367,7 +257,7 @@ class Device(abc.ABC):
         queue = self._check_queue(queue)
         size, memory_type, usage = self.allocator.check_request(size, memory_type, usage)
         waits, signals = self._check_submission(wait, signal)
-        with self._gate:
+        with self.submission_gate:
             self._check_open()
             if size == 0:  # an empty buffer needs no stream ordering: a plain one, signalled in order
                 buffer = self.allocator.allocate(0, memory_type, usage)
@@ -387,7 +277,7 @@ class Device(abc.ABC):
         if buffer.root is not buffer:
             raise InvalidArgumentError("queue_dealloca takes a root buffer, not a subspan")
         waits, signals = self._check_submission(wait, signal)
-        with self._gate:
+        with self.submission_gate:
             self._check_open()
             if tracing.ENABLED:
                 tracing.call("queue_dealloca", self._queue_dealloca, queue, buffer, waits, signals,
@@ -424,6 +314,13 @@ class Device(abc.ABC):
                        binding_tables: list[list[Binding] | None], waits: list[Fence],
                        signals: list[Fence]) -> None: ...
 
+    def _prepare_execution(self, queue: int, command_buffers: list[CommandBuffer],
+                           binding_tables: list[list[Binding] | None]) -> Issue:
+        """What issues a prepared execution: ``issue(waits, signals)``. By default each submit is a
+        ``_queue_execute``; a driver that can do part of the work once (pick the queue's objects,
+        the graph for the tables) returns its own callable."""
+        return functools.partial(self._queue_execute, queue, command_buffers, binding_tables)
+
     @abc.abstractmethod
     def _queue_alloca(self, queue: int, size: int, memory_type: MemoryType, usage: BufferUsage,
                       waits: list[Fence], signals: list[Fence]) -> Buffer: ...
@@ -442,5 +339,5 @@ class Device(abc.ABC):
         pass
 
     def __repr__(self) -> str:
-        state = " closed" if self._closed else ""
+        state = " closed" if self.closed else ""
         return f"<hal.Device {self.info.uri} {self.info.name!r}{state}>"

@@ -98,7 +98,7 @@ class Semaphore:
         return self._value
 
     def _check_device_open(self) -> None:
-        if self.device._closed:
+        if self.device.closed:
             raise FailedPreconditionError(f"the semaphore's device {self.device.info.uri} is closed")
 
     # -- host operations -------------------------------------------------------
@@ -128,7 +128,7 @@ class Semaphore:
         if type(value) is not int or not 0 <= value <= MAX_VALUE:
             value = check_u64(value, "semaphore wait value")
         deadline = None if timeout is None else deadline_from(timeout)
-        if self.device._closed:  # nothing can signal it any more: report what it reached, never block
+        if self.device.closed:  # nothing can signal it any more: report what it reached, never block
             if self._failure is not None:
                 raise aborted_by(self._failure, f"semaphore failed before value {value} was reached")
             if self._value < value:

@@ -108,7 +108,7 @@ def check_buffer(buffer: object, device: Device, what: str) -> Buffer:
 def check_live(buffer: Buffer, what: str) -> None:
     if buffer._released or buffer.root._released:
         raise FailedPreconditionError(f"{what} has been released and can no longer be used")
-    if buffer.device._closed:
+    if buffer.device.closed:
         raise FailedPreconditionError(f"{what} belongs to a closed device ({buffer.device.info.uri})")
 
 

@@ -36,19 +36,15 @@ from hal.drivers.gpu.completion import Completion
 from hal.drivers.gpu.event_pool import EventPool
 from hal.drivers.gpu.event_semaphore import EventSemaphore
 from hal.drivers.gpu.executable_cache import ExecutableCache
+from hal.drivers.gpu.execution import GpuExecution
 from hal.drivers.gpu.graph_command_buffer import INDIRECT_AFTER_REBINDS, JOIN_KINDS, GraphCommandBuffer
 from hal.drivers.gpu.library import Capturer
 from hal.drivers.gpu.library import prepare as prepare_library
 from hal.drivers.gpu.pending_queue import PendingQueue
 from hal.drivers.gpu.queue import GpuQueue
-from hal.drivers.gpu.replay import bind_dispatch as bind_replay_dispatch
-from hal.drivers.gpu.replay import bind_wait as bind_replay_wait
-from hal.drivers.gpu.replay import install as install_replay
-from hal.drivers.gpu.replay import uninstall as uninstall_replay
 from hal.drivers.gpu.staging import StagingPool
 from hal.drivers.gpu.status import DeviceLostError
 from hal.drivers.gpu.stream_command_buffer import StreamCommandBuffer
-from hal.drivers.gpu.submission import Submission
 from hal.errors import FailedPreconditionError, HalError, InvalidArgumentError
 from hal.executable import Executable, ExecutableSpec
 from hal.semaphore import Fence, Semaphore
@@ -126,11 +122,6 @@ class GpuDevice(Device):
         self.graph_resources: weakref.WeakSet = weakref.WeakSet()
         self._lost_lock = threading.Lock()
         self.completion.start()
-        #: The C replay where it serves (hal/drivers/gpu/replay.py), else None: its entry points are
-        #: bound to this device's queue_execute, semaphores and command buffers.
-        self.replay: Any = None
-        #: Whether queue_execute's repeat of a validated submission runs in C.
-        self.native_replay = install_replay(self)
 
     # -- context -----------------------------------------------------------------------
     def make_current(self) -> None:
@@ -147,20 +138,14 @@ class GpuDevice(Device):
 
     # -- objects -------------------------------------------------------------------------
     def _create_semaphore(self, initial_value: int) -> Semaphore:
-        sem = EventSemaphore(self, initial_value)
-        if self.native_replay:
-            bind_replay_wait(self, sem)
-        return sem
+        return EventSemaphore(self, initial_value)
 
     def _create_command_buffer(self, mode: CommandBufferMode, binding_capacity: int) -> CommandBuffer:
         kind = self.command_buffer_mode
         if kind == "auto":
             kind = "graph" if CommandBufferMode.REUSABLE in mode else "stream"
         cls = GraphCommandBuffer if kind == "graph" else StreamCommandBuffer
-        cb = cls(self, mode, binding_capacity)
-        if self.native_replay:
-            bind_replay_dispatch(self, cb)
-        return cb
+        return cls(self, mode, binding_capacity)
 
     def _prepare_executable(self, spec: ExecutableSpec) -> Executable:
         if spec.format == "library":
@@ -229,28 +214,14 @@ class GpuDevice(Device):
         return out.raw
 
     # -- submissions -------------------------------------------------------------------------
+    def _prepare_execution(self, queue: int, command_buffers: list[CommandBuffer],
+                           binding_tables: list[list[Binding] | None]) -> Callable[[list, list], None]:
+        return GpuExecution(self.queues[queue], self.completion, self.pending, command_buffers, binding_tables).issue
+
     def _queue_execute(self, queue: int, command_buffers: list[CommandBuffer],
                        binding_tables: list[list[Binding] | None], waits: list[Fence],
                        signals: list[Fence]) -> None:
-        # _submit, inlined: this is every execution's path.
-        completion = self.completion
-        seq = next(completion.sequence)
-        q = self.queues[queue]
-        if waits:
-            # Waits the queue's own stream order already satisfies (a timeline whose latest signal
-            # was issued on this queue: every submission of a runtime context) cost nothing further.
-            for sem, value in waits:
-                if not sem.ordered_on(value, q):  # type: ignore[attr-defined]
-                    break
-            else:
-                waits = []
-        sub = Submission(q, command_buffers, binding_tables, waits, signals, None, seq)
-        completion.outstanding[seq] = sub
-        for sem, value in waits:
-            if not sem.issuable(value):  # type: ignore[attr-defined]
-                self.pending.park(sub)
-                return
-        q.issue(sub)
+        self._prepare_execution(queue, command_buffers, binding_tables)(waits, signals)
 
     def _queue_alloca(self, queue: int, size: int, memory_type: MemoryType, usage: BufferUsage,
                       waits: list[Fence], signals: list[Fence]) -> Buffer:
@@ -283,16 +254,8 @@ class GpuDevice(Device):
 
     def _submit(self, queue: int, command_buffers: list[CommandBuffer], tables: list[list[Binding] | None],
                 waits: list[Fence], signals: list[Fence], action: Callable[[GpuQueue], None] | None) -> None:
-        completion = self.completion
-        seq = next(completion.sequence)
-        q = self.queues[queue]
-        sub = Submission(q, command_buffers, tables, waits, signals, action, seq)
-        completion.outstanding[seq] = sub
-        for sem, value in waits:
-            if not sem.issuable(value):  # type: ignore[attr-defined]
-                self.pending.park(sub)
-                return
-        q.issue(sub)
+        GpuExecution(self.queues[queue], self.completion, self.pending, command_buffers, tables, action).issue(
+            waits, signals)
 
     def _cancel_parked(self, cause: BaseException) -> None:
         self.pending.close(cause)
@@ -346,7 +309,6 @@ class GpuDevice(Device):
         self._modules.append(module)
 
     def _close(self) -> None:
-        uninstall_replay(self)
         self.pending.close(FailedPreconditionError(f"device {self.info.uri} was closed"))
         self.completion.stop()
         api = self.api

@@ -194,7 +194,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self._image_base_index: np.ndarray | None = None
         self._image_offsets: np.ndarray | None = None
         self._image_bases: np.ndarray | None = None
-        self._image_memo: dict[int, tuple] = {}
+        self._image_memo: dict[tuple, tuple] = {}
         #: The slot addresses of the image last copied to the device table (None: copy it again).
         self._image_addresses: tuple | None = None
         #: Per indirect dispatch: (command, function, first device-table entry), in argument order.
@@ -379,27 +379,26 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self._image_slots = slots
         self._image_entries = entries_getter(slots)
         self._image_addresses = None
-        #: id(table) -> (table, its addresses, its packed image, the image's address) for the last few
-        #: tables (a double-buffered table alternates between two): packed once, copied many times.
-        self._image_memo: dict[int, tuple] = {}
+        #: slot addresses -> (their packed image, the image's address) for the last few tables (a
+        #: double-buffered table alternates between two): packed once, copied many times.
+        self._image_memo: dict[tuple, tuple] = {}
 
     def _bind_image(self, table: Sequence[Binding] | None, stream: Any, submission) -> None:
         """Make the next launch read ``table``'s addresses: the executable graph of a recurring table,
         or the main one, its device table copied (stream-ordered) when the addresses changed."""
-        memo = self._image_memo
-        packed = memo.get(id(table))
-        recurring = False  # a table seen before (in the memo): it may get an executable graph of its own
-        if packed is None or packed[0] is not table:  # (the memo keeps its tables alive: ids stay theirs)
-            addresses, image = self._image_of(table)
-            if len(memo) >= IMAGE_MEMO:
-                del memo[next(iter(memo))]
-            packed = memo[id(table)] = (table, addresses, image, image.ctypes.data)
-        else:
-            recurring = True
-        _, addresses, image, image_address = packed
+        addresses = self._addresses_of(table)
         if addresses == self._image_addresses:
             self._launch_exec = self._resources.graph_exec
             return
+        memo = self._image_memo
+        packed = memo.get(addresses)
+        recurring = packed is not None  # a table seen before: it may get an executable graph of its own
+        if packed is None:
+            if len(memo) >= IMAGE_MEMO:
+                del memo[next(iter(memo))]
+            image = self._image_for(addresses)
+            packed = memo[addresses] = (image, image.ctypes.data)
+        image, image_address = packed
         if self._table_execs_allowed:
             table_exec = self._resources.table_execs.get(addresses)
             if table_exec is None and recurring:
@@ -424,12 +423,19 @@ class GraphCommandBuffer(RecordingCommandBuffer):
 
     def _image_of(self, table: Sequence[Binding] | None) -> tuple[tuple, np.ndarray]:
         """(the slot addresses, the packed device-table image) of ``table``."""
-        entries = self._image_entries(table)
-        addresses = tuple([buffer.allocation.ptr + buffer.offset + base  # slot_address, inlined: per slot
-                           for buffer, base, _ in entries])
+        addresses = self._addresses_of(table)
+        return addresses, self._image_for(addresses)
+
+    def _addresses_of(self, table: Sequence[Binding] | None) -> tuple:
+        """The device addresses of ``table``'s entries the device table holds."""
+        return tuple([buffer.allocation.ptr + buffer.offset + base  # slot_address, inlined: per slot
+                      for buffer, base, _ in self._image_entries(table)])
+
+    def _image_for(self, addresses: tuple) -> np.ndarray:
+        """The packed device-table image of these slot addresses."""
         bases = self._image_bases
         bases[:-1] = addresses  # type: ignore[index]
-        return addresses, np.add(bases[self._image_base_index], self._image_offsets)  # type: ignore[index]
+        return np.add(bases[self._image_base_index], self._image_offsets)  # type: ignore[index]
 
     def _indirect_arena(self, table_ptr: int) -> tuple[ArgArena, list[int]]:
         """The indirect dispatches' argument slots, reading a device table at ``table_ptr``, and
