@@ -12,13 +12,15 @@ bandwidth and the soak's device memory are not measured there).
   (record + submit, and submit alone) vs a raw cuLaunchKernel loop with pre-packed
   arguments (target <= 1.3x);
 - graph_resubmit: re-submission of a reusable 100-dispatch command buffer in 10 barrier
-  levels (host time of the submit, GPU time of the graph), with the same binding table
-  and with a new one each time, for each barrier lowering, vs raw cuGraphLaunch of the
+  levels (host time of the submit, GPU time of the graph): one prepared execution again
+  (same table), two prepared on two tables in turn (new table: the graph rebinds each
+  time), and ``queue_execute`` with the two tables in turn (unprepared: validated each
+  time, for reference), for each barrier lowering, vs raw cuGraphLaunch of the
   same levels joined by empty nodes and by direct edges, the better of the two as the
   baseline (targets <= 1.3x host same table, <= 1.5x new table, <= 1.1x GPU); and the
   new-table re-submit of a 10-dispatch buffer against the 100-dispatch one (< 1.2x apart);
-- round_trip: submit + semaphore wait of one empty dispatch vs raw launch + event
-  record + cuEventSynchronize (target <= 1.5x);
+- round_trip: submit of a prepared execution of one empty dispatch + semaphore wait vs raw
+  launch + event record + cuEventSynchronize (target <= 1.5x; queue_execute's, for reference);
 - bandwidth: 256 MiB fill and copy vs cuMemsetD32Async / cuMemcpyDtoDAsync (target >= 0.95x);
 - soak: 100k submissions; device memory, host memory and live objects before and after;
 - bytecodes: Python bytecodes per operation in the GPU driver, the core and the rest
@@ -423,14 +425,15 @@ def bench_table_cost(backend: Backend, raw: Raw, levels: int, width: int, rounds
         launches = {}
         for size, size_levels in (("large", levels), ("small", 1)):
             cb, tables = levels_command_buffer(device, exe, size_levels, width)
+            executions = [device.prepare([cb], [table]) for table in tables]
             sem = device.create_semaphore(0)
             state = {"value": 0, "which": 0}
 
-            def submit(new_table: bool, cb=cb, tables=tables, sem=sem, state=state) -> None:
+            def submit(new_table: bool, executions=executions, sem=sem, state=state) -> None:
                 if new_table:
                     state["which"] ^= 1
                 state["value"] += 1
-                device.queue_execute([cb], signal=[(sem, state["value"])], binding_tables=[tables[state["which"]]])
+                executions[state["which"]].submit(signal=[(sem, state["value"])])
 
             launches[f"{size}_same"] = (stream, lambda submit=submit: submit(False))
             launches[f"{size}_new"] = (stream, lambda submit=submit: submit(True))
@@ -453,20 +456,24 @@ def bench_lowering(backend: Backend, raw: Raw, lowering: str, levels: int, width
     try:
         exe = backend.exe_for(device)
         cb, tables = levels_command_buffer(device, exe, levels, width)
+        executions = [device.prepare([cb], [table]) for table in tables]
         stream = device_stream(device)
         sem = device.create_semaphore(0)
         state = {"value": 0, "which": 0}
 
-        def submit(new_table: bool) -> None:
-            if new_table:
+        def submit(how: str) -> None:
+            if how != "same_table":
                 state["which"] ^= 1
             state["value"] += 1
-            device.queue_execute([cb], signal=[(sem, state["value"])], binding_tables=[tables[state["which"]]])
+            if how == "unprepared_table":  # prepare and submit each time: the tables validated again
+                device.queue_execute([cb], signal=[(sem, state["value"])], binding_tables=[tables[state["which"]]])
+            else:
+                executions[state["which"]].submit(signal=[(sem, state["value"])])
 
         entry: dict = {}
-        for name, new_table in (("same_table", False), ("new_table", True)):
+        for name in ("same_table", "new_table", "unprepared_table"):
             updated = cb.updated_nodes
-            measured = measure_launches(raw, {**baselines, "hal": (stream, lambda nt=new_table: submit(nt))}, rounds)
+            measured = measure_launches(raw, {**baselines, "hal": (stream, lambda how=name: submit(how))}, rounds)
             host, gpu = measured.pop("hal")
             base_host = min(h for h, _ in measured.values())
             base_gpu = min(g for _, g in measured.values())
@@ -499,10 +506,18 @@ def bench_round_trip(backend: Backend, raw: Raw, rounds: int) -> dict:
         cb = device.create_command_buffer(hal.CommandBufferMode.REUSABLE)
         with cb.record():
             cb.dispatch(exe, 1, (1, 1, 1))
+        execution = device.prepare([cb])
         sem = device.create_semaphore(0)
         value = [0]
 
         def hal_trip() -> float:
+            value[0] += 1
+            t0 = ns()
+            execution.submit(signal=[(sem, value[0])])
+            sem.wait(value[0])
+            return (ns() - t0) / 1e3
+
+        def hal_unprepared_trip() -> float:
             value[0] += 1
             t0 = ns()
             device.queue_execute([cb], signal=[(sem, value[0])])
@@ -519,11 +534,12 @@ def bench_round_trip(backend: Backend, raw: Raw, rounds: int) -> dict:
         def hal_timeout_trip() -> float:
             value[0] += 1
             t0 = ns()
-            device.queue_execute([cb], signal=[(sem, value[0])])
+            execution.submit(signal=[(sem, value[0])])
             sem.wait(value[0], timeout=10)
             return (ns() - t0) / 1e3
 
-        trips = {"raw_us": raw_trip, "hal_us": hal_trip, "hal_barrier_us": hal_barrier_trip,
+        trips = {"raw_us": raw_trip, "hal_us": hal_trip, "hal_queue_execute_us": hal_unprepared_trip,
+                 "hal_barrier_us": hal_barrier_trip,
                  "hal_wait_with_timeout_us": hal_timeout_trip}
         for fn in trips.values():
             for _ in range(20):
@@ -696,17 +712,18 @@ def bench_bytecodes(backend: Backend, calls: int = 64, levels: int = 10, width: 
         sem = device.create_semaphore(0)
         value = [0]
         cb, tables = levels_command_buffer(device, exe, levels, width)
+        executions = [device.prepare([cb], [table]) for table in tables]
         which = [0]
 
         def resubmit(new_table: bool) -> None:
             if new_table:
                 which[0] ^= 1
             value[0] += 1
-            device.queue_execute([cb], signal=[(sem, value[0])], binding_tables=[tables[which[0]]])
+            executions[which[0]].submit(signal=[(sem, value[0])])
             sem.wait(value[0])
 
-        # More tables than a command buffer remembers (hal.device.REMEMBERED_TABLES): each submission
-        # validates and packs a table it has not seen recently.
+        # Tables rotating through every order, not prepared: each submission validates and packs a
+        # table the graph has not seen recently.
         rotations = [tables[0][i:] + tables[0][:i] for i in range(len(tables[0]))]
 
         turn = [0]
@@ -720,10 +737,11 @@ def bench_bytecodes(backend: Backend, calls: int = 64, levels: int = 10, width: 
         trip_cb = device.create_command_buffer(hal.CommandBufferMode.REUSABLE)
         with trip_cb.record():
             trip_cb.dispatch(exe, 1, (1, 1, 1))
+        trip = device.prepare([trip_cb])
 
         def round_trip() -> None:
             value[0] += 1
-            device.queue_execute([trip_cb], signal=[(sem, value[0])])
+            trip.submit(signal=[(sem, value[0])])
             sem.wait(value[0])
 
         buf = device.allocator.allocate(256)

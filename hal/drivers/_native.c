@@ -134,12 +134,26 @@ static int Calls_init(Calls *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
+/* The callbacks are the shim's bound methods, and the shim holds this object: a cycle the
+   collector must see (else every closed device's shim would stay alive). */
+static int Calls_traverse(Calls *self, visitproc visit, void *arg) {
+    Py_VISIT(self->on_failure);
+    Py_VISIT(self->make_current);
+    return 0;
+}
+
+static int Calls_clear(Calls *self) {
+    Py_CLEAR(self->on_failure);
+    Py_CLEAR(self->make_current);
+    return 0;
+}
+
 static void Calls_dealloc(Calls *self) {
     /* The library stays loaded: the vendor bindings hold it too, and a handle closed while
        another thread is inside one of its functions would unmap it. (Each thread's remembered
        context keeps its reference: contexts live as long as their driver.) */
-    Py_CLEAR(self->on_failure);
-    Py_CLEAR(self->make_current);
+    PyObject_GC_UnTrack(self);
+    Calls_clear(self);
     if (self->has_current)
         PyThread_tss_delete(&self->current);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -286,6 +300,10 @@ static PyObject *Calls_stream_wait_event(Calls *self, PyObject *const *args, Py_
     flags = PyLong_AsUnsignedLong(args[2]);
     if (flags == (unsigned long)-1 && PyErr_Occurred())
         return NULL;
+    if (flags > UINT_MAX) {
+        PyErr_Format(PyExc_OverflowError, "stream_wait_event flags %lu do not fit 32 bits", flags);
+        return NULL;
+    }
     Py_BEGIN_ALLOW_THREADS
     status = self->stream_wait_event(stream, event, (unsigned)flags);
     Py_END_ALLOW_THREADS
@@ -335,20 +353,24 @@ static PyObject *Calls_activate(Calls *self, PyObject *context) {
         PyErr_SetString(PyExc_RuntimeError, "activate() before set_activate()");
         return NULL;
     }
-    PyObject *current = (PyObject *)PyThread_tss_get(&self->current);
-    if (current == context)
+    if ((PyObject *)PyThread_tss_get(&self->current) == context)
         Py_RETURN_NONE;
     PyObject *result = PyObject_CallOneArg(self->make_current, context);
     if (result == NULL)
         return NULL;
     Py_DECREF(result);
+    /* Read the record only now: make_current ran Python code (a finalizer freeing another device's
+       memory, say), which may have entered activate() on this thread and replaced it. */
+    PyObject *previous = (PyObject *)PyThread_tss_get(&self->current);
+    if (previous == context)
+        Py_RETURN_NONE;
     Py_INCREF(context);
     if (PyThread_tss_set(&self->current, context) != 0) {
         Py_DECREF(context);
         PyErr_SetString(PyExc_RuntimeError, "cannot record the thread's current context");
         return NULL;
     }
-    Py_XDECREF(current);
+    Py_XDECREF(previous);
     Py_RETURN_NONE;
 }
 
@@ -437,7 +459,9 @@ static PyTypeObject CallsType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "hal.drivers._native.Calls",
     .tp_basicsize = sizeof(Calls),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Calls_traverse,
+    .tp_clear = (inquiry)Calls_clear,
     .tp_doc = "Calls(library, launch, graph_launch, event_record, event_query, event_synchronize, "
               "stream_wait_event): the named functions of a loaded driver library, called from C.",
     .tp_new = PyType_GenericNew,

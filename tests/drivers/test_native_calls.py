@@ -417,3 +417,46 @@ def test_the_shim_activates_through_c_and_records_the_context(shim):
         shim.activate(context)
     assert switches == [first, second, first]
     assert shim._current.context is first  # the calls that take the context explicitly read it here
+
+
+def test_activate_entered_again_by_the_switch_keeps_one_reference_per_record(calls):
+    """A switch runs Python (make_current): a finalizer there may activate another context on this
+    thread. The outer call records its own context last and releases only what it replaced."""
+    outer, inner = Handle(10), Handle(20)
+    calls.set_activate(lambda context: calls.activate(inner) if context is outer else None)
+    before = sys.getrefcount(outer), sys.getrefcount(inner)
+    calls.activate(outer)  # enters activate(inner) from inside its own switch
+    calls.activate(Handle(30))  # replaces the record: outer's reference is given back once
+    assert (sys.getrefcount(outer), sys.getrefcount(inner)) == before
+    calls.activate(outer)
+    assert sys.getrefcount(inner) == before[1]
+
+
+def test_calls_and_the_shim_holding_them_are_collected_together(fake_driver):
+    import gc
+    import weakref
+
+    class Holder:
+        def __init__(self) -> None:
+            self.calls = _native.Calls(fake_driver.path, **NAMES)
+            self.calls.set_activate(self.make_current)  # holder -> calls -> bound method -> holder
+            self.calls.set_failure(self.fail, 600)
+
+        def make_current(self, context) -> None:
+            pass
+
+        def fail(self, status, call) -> None:
+            raise hal.InternalError(call)
+
+    holder = Holder()
+    alive = weakref.ref(holder)
+    del holder
+    gc.collect()
+    assert alive() is None
+
+
+def test_stream_wait_flags_beyond_32_bits_are_refused(calls, fake_driver):
+    with pytest.raises(OverflowError, match="32 bits"):
+        calls.stream_wait_event(1, 2, 1 << 32)
+    assert fake_driver.log() == []
+    assert calls.stream_wait_event(1, 2, (1 << 32) - 1) == 0
