@@ -42,7 +42,7 @@ class Allocator(abc.ABC):
     def allocate(self, size: int, memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
                  usage: BufferUsage = BufferUsage.DEFAULT) -> Buffer:
         """A new root buffer of ``size`` bytes (0 gives a valid empty buffer)."""
-        self.device._check_open()
+        self.device.check_open()
         size, memory_type, usage = self.check_request(size, memory_type, usage)
         # An empty buffer still gets a (1-byte) allocation: drivers never see size 0, and an empty
         # buffer has an address like any other.
@@ -79,13 +79,24 @@ class Allocator(abc.ABC):
             return AllocatorStatistics(0, peak, 0)
         return AllocatorStatistics(allocated, peak, live)
 
-    def _release_buffer(self, buffer: Buffer) -> None:
+    # -- what buffers ask of their allocator (Buffer.release, map, device_address) ----------
+    def release_buffer(self, buffer: Buffer) -> None:
+        """A root buffer was released: give its allocation back (nothing once the device closed)."""
         if self.device.closed:
             return  # closing the device released every allocation; the driver's objects are gone
         with self._stats_lock:
             self._bytes_allocated -= buffer.size
             self._live_buffers -= 1
         self._free(buffer.allocation)
+
+    def device_address(self, allocation: Any) -> int:
+        return self._device_address(allocation)
+
+    def map_range(self, allocation: Any, offset: int, length: int, access: MemoryAccess) -> memoryview:
+        return self._map(allocation, offset, length, access)
+
+    def unmap_range(self, allocation: Any, offset: int, length: int, access: MemoryAccess) -> None:
+        self._unmap(allocation, offset, length, access)
 
     # -- driver hooks --------------------------------------------------------
     @abc.abstractmethod

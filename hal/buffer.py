@@ -51,7 +51,8 @@ class Buffer:
     # -- state -------------------------------------------------------------
     @property
     def released(self) -> bool:
-        return self._released or self.root._released
+        root = self.root
+        return self._released or (root is not self and root.released)
 
     # Transitional aliases of ``allocation`` and ``root`` for drivers not yet using the names above.
     @property
@@ -74,7 +75,7 @@ class Buffer:
         # After the flag: submissions validated before this release look again (see Device).
         self.device.note_release()
         if self.root is self:
-            self.allocator._release_buffer(self)
+            self.allocator.release_buffer(self)
 
     def __enter__(self) -> Buffer:
         return self
@@ -101,7 +102,7 @@ class Buffer:
         """The address kernels see for this buffer's first byte (for interop: DLPack,
         ``__cuda_array_interface__``). Valid until the buffer is released."""
         self.check_live()
-        return self.allocator._device_address(self.allocation) + self.offset
+        return self.allocator.device_address(self.allocation) + self.offset
 
     # -- host access ---------------------------------------------------------
     @contextlib.contextmanager
@@ -118,14 +119,14 @@ class Buffer:
         if BufferUsage.MAPPING not in self.usage:
             raise FailedPreconditionError(f"buffer usage {self.usage} lacks BufferUsage.MAPPING")
         offset, length = self.check_range(offset, length, "map")
-        view = self.allocator._map(self.allocation, self.offset + offset, length, access)
+        view = self.allocator.map_range(self.allocation, self.offset + offset, length, access)
         if not (access & (MemoryAccess.WRITE | MemoryAccess.DISCARD)):
             view = view.toreadonly()
         try:
             yield view
         finally:
             view.release()
-            self.allocator._unmap(self.allocation, self.offset + offset, length, access)
+            self.allocator.unmap_range(self.allocation, self.offset + offset, length, access)
 
     def __repr__(self) -> str:
         state = " released" if self.released else ""

@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 MAX_UPDATE_SIZE = 64 * 1024
 UINT32_MAX = (1 << 32) - 1
 _RECORDING = CommandBufferState.RECORDING
-_REUSABLE_BIT = CommandBufferMode.REUSABLE.value
 
 
 class Slot(NamedTuple):
@@ -94,6 +93,8 @@ class CommandBuffer:
     def __init__(self, device: Device, mode: CommandBufferMode, binding_capacity: int) -> None:
         self.device = device
         self.mode = mode
+        #: Whether the command buffer may be submitted again (``mode`` holds REUSABLE).
+        self.reusable = CommandBufferMode.REUSABLE in mode
         self.binding_capacity = binding_capacity
         self.state = CommandBufferState.INITIAL
         self._slot_uses: list[_SlotUse] = []
@@ -112,10 +113,6 @@ class CommandBuffer:
         #: (executable, entry point as passed, ordinal, export) of the last dispatch: a loop's
         #: dispatches of one export are resolved once (executables never change device or exports).
         self._last_export: tuple = (_NOTHING_CHECKED, _NOTHING_CHECKED, 0, None)
-
-    @property
-    def reusable(self) -> bool:
-        return bool(self.mode._value_ & _REUSABLE_BIT)
 
     @property
     def direct_buffers(self) -> Iterable[Buffer]:
@@ -138,7 +135,7 @@ class CommandBuffer:
         if self.state is not CommandBufferState.INITIAL:
             raise FailedPreconditionError(
                 f"begin() needs a command buffer in the initial state, it is {self.state.value}")
-        self.device._check_open()
+        self.device.check_open()
         self.state = CommandBufferState.RECORDING
         self._begin()
 
@@ -165,7 +162,7 @@ class CommandBuffer:
         if self.state is not CommandBufferState.RECORDING:
             raise FailedPreconditionError(
                 f"{what} needs a command buffer in the recording state, it is {self.state.value}")
-        self.device._check_open()
+        self.device.check_open()
 
     # -- references -------------------------------------------------------------
     def _ref(self, ref: object, what: str, usage: BufferUsage, alignment: int = 1) -> BufferRef:
@@ -203,7 +200,7 @@ class CommandBuffer:
         if isinstance(target, Buffer):
             target = (target, 0, len(payload))
         elif isinstance(target, Slot) and target.length is None:
-            target = target._replace(length=len(payload))
+            target = Slot(target.index, target.offset, len(payload))
         elif isinstance(target, tuple) and len(target) == 2:
             target = (*target, len(payload))
         ref = self._ref(target, "update target", BufferUsage.TRANSFER)

@@ -81,7 +81,7 @@ class Device(abc.ABC):
         return self.info.driver
 
     # -- lifetime ---------------------------------------------------------------
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self.closed:
             raise FailedPreconditionError(f"device {self.info.uri} is closed")
 
@@ -114,12 +114,12 @@ class Device(abc.ABC):
 
     # -- objects ------------------------------------------------------------------
     def create_semaphore(self, initial: int = 0) -> Semaphore:
-        self._check_open()
+        self.check_open()
         return self._create_semaphore(check_int(initial, "semaphore initial value", maximum=MAX_U64))
 
     def create_command_buffer(self, mode: CommandBufferMode = CommandBufferMode.ONE_SHOT,
                               binding_capacity: int = 0) -> CommandBuffer:
-        self._check_open()
+        self.check_open()
         if not isinstance(mode, CommandBufferMode) or not mode:
             raise InvalidArgumentError(f"mode must be a hal.CommandBufferMode, got {mode!r}")
         if mode == CommandBufferMode.ONE_SHOT | CommandBufferMode.REUSABLE:
@@ -132,7 +132,7 @@ class Device(abc.ABC):
 
     def load_executable(self, specs: ExecutableSpec | Sequence[ExecutableSpec]) -> Executable:
         """Prepare the first spec whose format this device supports; cached by content."""
-        self._check_open()
+        self.check_open()
         if isinstance(specs, ExecutableSpec):
             specs = [specs]
         if not isinstance(specs, Sequence) or not specs or not all(isinstance(s, ExecutableSpec) for s in specs):
@@ -173,7 +173,7 @@ class Device(abc.ABC):
     # -- host transfers -------------------------------------------------------------
     def write(self, buffer: Buffer, data: object, offset: int = 0) -> None:
         """Synchronously copy host ``data`` into ``buffer`` at ``offset`` (not ordered with queued work)."""
-        self._check_open()
+        self.check_open()
         self._check_own_buffer(buffer, "write target")
         try:
             payload = memoryview(data).cast("B")  # type: ignore[arg-type]
@@ -186,7 +186,7 @@ class Device(abc.ABC):
 
     def read(self, buffer: Buffer, offset: int = 0, length: int | None = None) -> bytes:
         """Synchronously copy ``buffer[offset:offset+length]`` to the host."""
-        self._check_open()
+        self.check_open()
         self._check_own_buffer(buffer, "read source")
         offset, length = check_range(buffer, offset, length, "read")
         return self._read(buffer, offset, length) if length else b""
@@ -211,7 +211,7 @@ class Device(abc.ABC):
         ``queue_execute`` would, checking only the fences; it refuses once a buffer the work uses
         is released or the device closes. ONE_SHOT command buffers make an execution submittable once.
         """
-        self._check_open()
+        self.check_open()
         if queue is not _FIRST_QUEUE and (type(queue) is not int or not 0 <= queue < self.queue_count):
             queue = check_queue(self, queue)
         epoch = self.release_epoch  # read before the checks: a release during them is seen at submit
@@ -239,11 +239,11 @@ class Device(abc.ABC):
     def queue_barrier(self, wait: Sequence[Fence] = (), signal: Sequence[Fence] = (),
                       *, queue: int = 0) -> None:
         """Signal ``signal`` once ``wait`` is reached and prior work on the queue completed."""
-        self._check_open()
+        self.check_open()
         queue = self._check_queue(queue)
         waits, signals = self._check_submission(wait, signal)
         with self.submission_gate:
-            self._check_open()
+            self.check_open()
             if tracing.ENABLED:
                 tracing.call("queue_barrier", self._queue_execute, queue, [], [], waits, signals, device=self.info.uri)
             else:
@@ -253,12 +253,12 @@ class Device(abc.ABC):
                      memory_type: MemoryType = MemoryType.DEVICE_LOCAL,
                      usage: BufferUsage = BufferUsage.DEFAULT, *, queue: int = 0) -> Buffer:
         """A buffer usable by work ordered after ``signal`` (stream-ordered allocation)."""
-        self._check_open()
+        self.check_open()
         queue = self._check_queue(queue)
         size, memory_type, usage = self.allocator.check_request(size, memory_type, usage)
         waits, signals = self._check_submission(wait, signal)
         with self.submission_gate:
-            self._check_open()
+            self.check_open()
             if size == 0:  # an empty buffer needs no stream ordering: a plain one, signalled in order
                 buffer = self.allocator.allocate(0, memory_type, usage)
                 self._queue_execute(queue, [], [], waits, signals)
@@ -271,14 +271,14 @@ class Device(abc.ABC):
     def queue_dealloca(self, buffer: Buffer, wait: Sequence[Fence] = (),
                        signal: Sequence[Fence] = (), *, queue: int = 0) -> None:
         """Release ``buffer`` once ``wait`` is reached; ``signal`` follows the release."""
-        self._check_open()
+        self.check_open()
         queue = self._check_queue(queue)
         self._check_own_buffer(buffer, "dealloca buffer")
         if buffer.root is not buffer:
             raise InvalidArgumentError("queue_dealloca takes a root buffer, not a subspan")
         waits, signals = self._check_submission(wait, signal)
         with self.submission_gate:
-            self._check_open()
+            self.check_open()
             if tracing.ENABLED:
                 tracing.call("queue_dealloca", self._queue_dealloca, queue, buffer, waits, signals,
                              device=self.info.uri)
@@ -287,7 +287,7 @@ class Device(abc.ABC):
 
     def wait_idle(self, timeout: float | None = None) -> None:
         """Block until all submitted work completed; DeadlineExceededError after ``timeout``."""
-        self._check_open()
+        self.check_open()
         if tracing.ENABLED:
             tracing.call("wait_idle", self._wait_idle, deadline_from(timeout), device=self.info.uri)
         else:

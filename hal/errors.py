@@ -33,6 +33,10 @@ class StatusCode(enum.IntEnum):
     INCOMPATIBLE = 17
 
 
+#: The subclass of each status code (the first one declared), for ``HalError(code, message)``.
+_BY_CODE: dict[StatusCode, type[HalError]] = {}
+
+
 class HalError(Exception):
     """Base of every error the HAL raises.
 
@@ -41,11 +45,10 @@ class HalError(Exception):
     """
 
     code: StatusCode = StatusCode.UNKNOWN
-    _by_code: dict[StatusCode, type[HalError]] = {}
 
     def __new__(cls, *args: object) -> HalError:
         if cls is HalError and len(args) == 2 and isinstance(args[0], (StatusCode, int)):
-            target = HalError._by_code.get(StatusCode(args[0]), HalError)
+            target = _BY_CODE.get(StatusCode(args[0]), HalError)
             return super().__new__(target)
         return super().__new__(cls)
 
@@ -62,7 +65,7 @@ class HalError(Exception):
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        HalError._by_code.setdefault(cls.code, cls)
+        _BY_CODE.setdefault(cls.code, cls)
 
     def __str__(self) -> str:
         text = f"{self.code.name}: {self.message}"

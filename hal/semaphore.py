@@ -17,8 +17,9 @@ Driver-facing surface (what a driver may use besides the public API):
 - ``has_listeners()``: whether some host listener waits (a completion thread must run).
 
 A subclass (a driver's semaphore) may override the hooks ``_advance``, ``_fail``,
-``_notify_at`` and ``_wait`` (calling the base), and read ``_value``/``_failure``
-and use ``_reached``/``_waiters`` while holding ``_lock``.
+``_notify_at`` and ``_wait`` (calling the base), and use ``_reached``/``_waiters``
+while holding ``_lock``. ``current_value`` and ``failure`` are public attributes,
+read-only outside the semaphore's own methods.
 """
 
 from __future__ import annotations
@@ -62,8 +63,11 @@ class Semaphore:
         self.device = device
         self._lock = threading.Lock()
         self._reached = threading.Condition(self._lock)
-        self._value = initial_value
-        self._failure: BaseException | None = None
+        #: The value reached so far, also after a failure (``value`` raises then). Read-only by
+        #: convention: only the semaphore's own methods change it, under its lock.
+        self.current_value = initial_value
+        #: The exception the semaphore failed with, or None (set once, by ``fail`` or failed work).
+        self.failure: BaseException | None = None
         #: Heap of (value, token, listener); entries whose token left ``_parked`` were cancelled.
         self._listeners: list[tuple[int, int, Listener]] = []
         self._parked: set[int] = set()
@@ -75,27 +79,17 @@ class Semaphore:
     @property
     def value(self) -> int:
         """The current value; raises AbortedError if the semaphore failed."""
-        failure = self._failure
+        failure = self.failure
         if failure is not None:
             raise aborted_by(failure, "semaphore failed")
-        return self._value
-
-    @property
-    def failure(self) -> BaseException | None:
-        """The exception the semaphore failed with, or None."""
-        return self._failure
-
-    @property
-    def current_value(self) -> int:
-        """The value reached so far, also after a failure (driver-facing; ``value`` raises then)."""
-        return self._value
+        return self.current_value
 
     def has_listeners(self) -> bool:
         """Whether a listener (a host ``wait_any``/``wait_all``, parked work) waits for a value."""
         return bool(self._parked)
 
     def _query(self) -> int:
-        return self._value
+        return self.current_value
 
     def _check_device_open(self) -> None:
         if self.device.closed:
@@ -106,11 +100,12 @@ class Semaphore:
         """Set the value from the host; it must be above the current one."""
         value = check_u64(value, "semaphore signal value")
         self._check_device_open()
-        if self._failure is not None:
-            raise aborted_by(self._failure, "cannot signal a failed semaphore")
-        if value <= self._value:
+        if self.failure is not None:
+            raise aborted_by(self.failure, "cannot signal a failed semaphore")
+        if value <= self.current_value:
             raise InvalidArgumentError(
-                f"semaphore values only increase: signal value {value} is not above the current value {self._value}")
+                f"semaphore values only increase: signal value {value} is not above the current value "
+                f"{self.current_value}")
         self._advance(value)
 
     def fail(self, cause: BaseException | str) -> None:
@@ -129,9 +124,9 @@ class Semaphore:
             value = check_u64(value, "semaphore wait value")
         deadline = None if timeout is None else deadline_from(timeout)
         if self.device.closed:  # nothing can signal it any more: report what it reached, never block
-            if self._failure is not None:
-                raise aborted_by(self._failure, f"semaphore failed before value {value} was reached")
-            if self._value < value:
+            if self.failure is not None:
+                raise aborted_by(self.failure, f"semaphore failed before value {value} was reached")
+            if self.current_value < value:
                 self._check_device_open()
             return
         if tracing.ENABLED:
@@ -139,10 +134,18 @@ class Semaphore:
         else:
             self._wait(value, deadline)
 
+    def wait_until(self, value: int, deadline: float | None) -> None:
+        """``wait`` with checked arguments: ``deadline`` a ``time.monotonic()`` value or None."""
+        self._wait(value, deadline)
+
     # -- driver-facing ---------------------------------------------------------------
     def advance(self, value: int) -> None:
         """Raise the value to ``value`` (completed device work); no-op if already there or failed."""
         self._advance(value)
+
+    def fail_from_device(self, cause: BaseException) -> None:
+        """The work that was to signal this semaphore failed (also while its device closes)."""
+        self._fail(cause)
 
     def notify_at(self, value: int, listener: Listener) -> int | None:
         """Call ``listener`` once ``value`` is reached or the semaphore fails; a token for
@@ -164,26 +167,26 @@ class Semaphore:
     # -- shared machinery (hooks a driver's semaphore may extend) ------------------------
     def _wait(self, value: int, deadline: float | None) -> None:
         with self._lock:
-            while self._value < value and self._failure is None:
+            while self.current_value < value and self.failure is None:
                 left = remaining(deadline)
                 if left == 0.0:
                     raise DeadlineExceededError(
-                        f"timed out waiting for semaphore value {value} (current value {self._value})")
+                        f"timed out waiting for semaphore value {value} (current value {self.current_value})")
                 self._waiters += 1
                 try:
                     self._reached.wait(left)
                 finally:
                     self._waiters -= 1
-            if self._failure is not None:
-                raise aborted_by(self._failure, f"semaphore failed while waiting for value {value}")
+            if self.failure is not None:
+                raise aborted_by(self.failure, f"semaphore failed while waiting for value {value}")
 
     def _advance(self, value: int) -> None:
         """Raise the value (device or host completion); fires listeners reached by it."""
         ready: list[Listener] = []
         with self._lock:
-            if value <= self._value or self._failure is not None:
+            if value <= self.current_value or self.failure is not None:
                 return
-            self._value = value
+            self.current_value = value
             listeners = self._listeners
             if listeners and listeners[0][0] <= value:
                 parked = self._parked
@@ -199,9 +202,9 @@ class Semaphore:
 
     def _fail(self, cause: BaseException) -> None:
         with self._lock:
-            if self._failure is not None:
+            if self.failure is not None:
                 return
-            self._failure = cause
+            self.failure = cause
             parked = self._parked
             pending = [entry for entry in self._listeners if entry[1] in parked]
             self._listeners = []
@@ -214,8 +217,8 @@ class Semaphore:
         """See ``notify_at``; runs the listener at once (on this thread) when the value was
         already reached or the semaphore failed, else later on the thread that advances or fails it."""
         with self._lock:
-            failure = self._failure
-            if failure is None and self._value < value:
+            failure = self.failure
+            if failure is None and self.current_value < value:
                 token = next(self._tokens)
                 heapq.heappush(self._listeners, (value, token, listener))
                 self._parked.add(token)
@@ -227,8 +230,8 @@ class Semaphore:
         self.cancel_notify(token)
 
     def __repr__(self) -> str:
-        state = f" failed: {self._failure}" if self._failure is not None else ""
-        return f"<hal.Semaphore value={self._value}{state}>"
+        state = f" failed: {self.failure}" if self.failure is not None else ""
+        return f"<hal.Semaphore value={self.current_value}{state}>"
 
 
 def _listener_order(entry: tuple[int, int, Listener]) -> tuple[int, int]:
@@ -244,17 +247,17 @@ def wait_all(fences: Sequence[Fence], timeout: float | None = None) -> None:
     fences = check_fences(fences, "fences")
     deadline = deadline_from(timeout)
     for index, (sem, _) in enumerate(fences):
-        if sem._failure is not None:
-            raise aborted_by(sem._failure, f"fence {index} failed")
-    pending = [(index, sem, value) for index, (sem, value) in enumerate(fences) if sem._value < value]
+        if sem.failure is not None:
+            raise aborted_by(sem.failure, f"fence {index} failed")
+    pending = [(index, sem, value) for index, (sem, value) in enumerate(fences) if sem.current_value < value]
     if not pending:
         return
     if len(pending) == 1:  # one semaphore: its own wait already fails fast
         _, sem, value = pending[0]
         if tracing.ENABLED:
-            tracing.call("wait_all", sem._wait, value, deadline, fences=1)
+            tracing.call("wait_all", sem.wait_until, value, deadline, fences=1)
         else:
-            sem._wait(value, deadline)
+            sem.wait_until(value, deadline)
         return
     if tracing.ENABLED:
         tracing.call("wait_all", lambda: _wait_fences(len(fences), pending, deadline, every=True),
@@ -284,9 +287,9 @@ def wait_any(fences: Sequence[Fence], timeout: float | None = None) -> int:
 def _first_settled(fences: Sequence[Fence]) -> int | None:
     """The index of the first fence reached (None if none is); AbortedError for a failed one."""
     for index, (sem, value) in enumerate(fences):
-        if sem._failure is not None:
-            raise aborted_by(sem._failure, f"fence {index} failed")
-        if sem._value >= value:
+        if sem.failure is not None:
+            raise aborted_by(sem.failure, f"fence {index} failed")
+        if sem.current_value >= value:
             return index
     return None
 
@@ -318,7 +321,7 @@ def _wait_fences(count: int, pending: list[tuple[int, Semaphore, int]], deadline
     registered = []
     try:
         for index, sem, value in pending:
-            registered.append((sem, sem._notify_at(value, listener_for(index))))
+            registered.append((sem, sem.notify_at(value, listener_for(index))))
             if woken.is_set() and (failed or not every):
                 break
         if not woken.wait(remaining(deadline)):
@@ -351,7 +354,7 @@ class FenceWaiter:
         self._on_failed = on_failed
         registered = []
         for sem, value in waits:
-            token = sem._notify_at(value, self._reached)
+            token = sem.notify_at(value, self._reached)
             if token is not None:
                 registered.append((sem, token))
         self._registered = registered

@@ -63,9 +63,9 @@ class HostSubmissions:
         def finish(failure: BaseException | None) -> None:
             for sem, value in signals:
                 if failure is None:
-                    sem._advance(value)
+                    sem.advance(value)
                 else:
-                    sem._fail(failure)
+                    sem.fail_from_device(failure)
             with self._lock:
                 self._outstanding -= 1
                 if not self._outstanding and self._idle_waiters:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from hal.errors import FailedPreconditionError, InvalidArgumentError, OutOfRangeError
-from hal.types import BufferUsage, CommandBufferMode, CommandBufferState
+from hal.types import BufferUsage, CommandBufferState
 
 if TYPE_CHECKING:
     from hal.device import Device
@@ -32,8 +32,6 @@ UINT32_MAX = (1 << 32) - 1
 UNLIMITED_TIMEOUT = min(threading.TIMEOUT_MAX, 1e9)
 
 _EXECUTABLE = CommandBufferState.EXECUTABLE
-_REUSABLE_BIT = CommandBufferMode.REUSABLE.value
-_DISPATCH_BIT = BufferUsage.DISPATCH_STORAGE.value
 
 
 # -- scalars ---------------------------------------------------------------------------------
@@ -91,8 +89,7 @@ def check_sequence(value: object, what: str, of: str = "values") -> Sequence:
 # -- buffers -------------------------------------------------------------------------------------
 def is_live_buffer_of(buffer: object, device: Device) -> bool:
     """Whether ``buffer`` is a whole hal.Buffer of ``device`` that is not released (the fast path)."""
-    return type(buffer) is Buffer and buffer.device is device and not buffer._released \
-        and not buffer.root._released  # type: ignore[union-attr]
+    return type(buffer) is Buffer and buffer.device is device and not buffer.released  # type: ignore[union-attr]
 
 
 def check_buffer(buffer: object, device: Device, what: str) -> Buffer:
@@ -106,7 +103,7 @@ def check_buffer(buffer: object, device: Device, what: str) -> Buffer:
 
 
 def check_live(buffer: Buffer, what: str) -> None:
-    if buffer._released or buffer.root._released:
+    if buffer.released:
         raise FailedPreconditionError(f"{what} has been released and can no longer be used")
     if buffer.device.closed:
         raise FailedPreconditionError(f"{what} belongs to a closed device ({buffer.device.info.uri})")
@@ -304,10 +301,10 @@ def _check_fences_slowly(fences: object, what: str, device: Device | None) -> li
 def check_signals(signals: list[Fence]) -> None:
     """Each signal value is above its semaphore's current value (a failed one takes anything)."""
     for sem, value in signals:
-        if value <= sem._value and sem._failure is None:
+        if value <= sem.current_value and sem.failure is None:
             raise InvalidArgumentError(
                 f"signal[{signals.index((sem, value))}] value {value} is not above the semaphore's "
-                f"current value {sem._value}")
+                f"current value {sem.current_value}")
 
 
 def check_signal_fences(fences: object, device: Device) -> list[Fence]:
@@ -319,7 +316,7 @@ def check_signal_fences(fences: object, device: Device) -> list[Fence]:
         if type(pair) is tuple and len(pair) == 2:
             sem, value = pair
             if type(value) is int and isinstance(sem, Semaphore) and sem.device is device \
-                    and sem._value < value <= MAX_U64 and sem._failure is None:
+                    and sem.current_value < value <= MAX_U64 and sem.failure is None:
                 return [pair]
     signals = check_fences(fences, "signal", device)
     check_signals(signals)
@@ -346,7 +343,7 @@ def check_command_buffers(device: Device, command_buffers: object) -> tuple[list
             if state is CommandBufferState.SUBMITTED:
                 raise FailedPreconditionError(f"command_buffers[{i}] is ONE_SHOT and was already submitted")
             raise FailedPreconditionError(f"command_buffers[{i}] is {state.value}; end() it before submitting")
-        if not cb.mode._value_ & _REUSABLE_BIT:
+        if not cb.reusable:
             one_shot.append(cb)
         if cb.binding_capacity:
             uses_tables = True
@@ -358,7 +355,7 @@ def check_command_buffers(device: Device, command_buffers: object) -> tuple[list
 def check_direct_buffers(cb: CommandBuffer, index: int) -> None:
     """Buffers a recording references directly (not through a slot) are all still live."""
     for buffer in cb.direct_buffers:
-        if buffer._released or buffer.root._released:
+        if buffer.released:
             raise FailedPreconditionError(
                 f"command_buffers[{index}] references a buffer that was released ({buffer!r}); "
                 "it cannot be submitted")
@@ -402,7 +399,7 @@ def check_slot_uses(cb: CommandBuffer, table: Sequence[Binding], index: int = 0)
     for use in cb.slot_uses:
         ref = use.ref
         buffer, base, size = table[ref.slot]  # type: ignore[index]
-        if use.usage._value_ & ~buffer.usage._value_:
+        if use.usage not in buffer.usage:
             raise FailedPreconditionError(
                 f"binding_tables[{index}] entry {ref.slot} (used as {use.what}) lacks usage {use.usage}")
         length = size - ref.offset if ref.length is None else ref.length

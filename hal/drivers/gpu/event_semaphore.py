@@ -56,8 +56,8 @@ class EventSemaphore(Semaphore):
         retiring stays cheap; a passed timepoint only keeps its submission's event out of the
         pool a little longer)."""
         with self._lock:
-            current = self._value
-            if value <= current or self._failure is not None:
+            current = self.current_value
+            if value <= current or self.failure is not None:
                 return False
             timepoints = self._timepoints
             if len(timepoints) >= PRUNE_AT and timepoints[0][0] <= current:
@@ -82,12 +82,12 @@ class EventSemaphore(Semaphore):
     def device_wait(self, value: int) -> Submission | None:
         """None if ``value`` is reached on the host, else the submission whose event a device
         wait for ``value`` waits on (called at issue: one covers it). AbortedError if failed."""
-        if self._value >= value and self._failure is None:
+        if self.current_value >= value and self.failure is None:
             return None
         with self._lock:
-            if self._failure is not None:
-                raise aborted_by(self._failure, f"semaphore failed before value {value} was reached")
-            if self._value >= value:
+            if self.failure is not None:
+                raise aborted_by(self.failure, f"semaphore failed before value {value} was reached")
+            if self.current_value >= value:
                 return None
             timepoint = self._covering(value)
         if timepoint is None:
@@ -100,9 +100,9 @@ class EventSemaphore(Semaphore):
         stream runs that work first). False sends the wait down the general path (``issuable``,
         ``device_wait`` at issue), which also reports a failure. Read without the lock: timepoints
         are only added or dropped once passed, and a list emptied meanwhile only answers False."""
-        if self._failure is not None:
+        if self.failure is not None:
             return False
-        if self._value >= value:
+        if self.current_value >= value:
             return True
         try:
             latest, timepoint = self._timepoints[-1]
@@ -113,14 +113,10 @@ class EventSemaphore(Semaphore):
     def issuable(self, value: int) -> bool:
         """Whether work waiting for ``value`` can be issued now: the value is reached, a
         timepoint covers it, or the semaphore failed (then issuing fails the work)."""
-        if self._value >= value or self._failure is not None:
+        if self.current_value >= value or self.failure is not None:
             return True
         timepoints = self._timepoints
         return bool(timepoints) and timepoints[-1][0] >= value
-
-    def fail_from_device(self, cause: BaseException) -> None:
-        """The device work that was to signal this semaphore failed (also while the device closes)."""
-        self._fail(cause)
 
     def _covering(self, value: int) -> Submission | None:
         """The timepoint of the smallest value >= ``value`` (call with the lock held)."""
@@ -132,7 +128,7 @@ class EventSemaphore(Semaphore):
 
     def _peek_timepoint(self, value: int) -> Submission | None:
         with self._lock:
-            if self._failure is not None or self._value >= value:
+            if self.failure is not None or self.current_value >= value:
                 return None
             return self._covering(value)
 
@@ -141,9 +137,9 @@ class EventSemaphore(Semaphore):
         a timepoint covers it, or the semaphore failed (then with the failure). Returns a token
         for ``cancel_issuable`` when it had to wait (None when it ran at once)."""
         with self._lock:
-            failure = self._failure
+            failure = self.failure
             timepoints = self._timepoints
-            if failure is None and self._value < value and not (timepoints and timepoints[-1][0] >= value):
+            if failure is None and self.current_value < value and not (timepoints and timepoints[-1][0] >= value):
                 token = next(self._tokens)
                 heapq.heappush(self._issuable, (value, token, listener))
                 self._issuable_tokens.add(token)
@@ -182,7 +178,7 @@ class EventSemaphore(Semaphore):
         Semaphore._advance(self, value)
         if self._issuable:  # parked work waiting for a value no timepoint covered
             with self._lock:
-                ready = self._pop_issuable(self._value)
+                ready = self._pop_issuable(self.current_value)
             for listener in ready:
                 listener(None)
 
@@ -203,7 +199,7 @@ class EventSemaphore(Semaphore):
     def value(self) -> int:
         """The current value, counting device work that completed since the last retirement."""
         timepoints = self._timepoints
-        if timepoints and timepoints[-1][0] > self._value:  # (else nothing issued can raise it further)
+        if timepoints and timepoints[-1][0] > self.current_value:  # (else nothing issued can raise it further)
             self.device.retire_completed(blocking=False)
         return Semaphore.value.fget(self)  # type: ignore[attr-defined]
 
@@ -211,7 +207,7 @@ class EventSemaphore(Semaphore):
         """Wait on the event of the timepoint covering ``value`` and retire the work this thread;
         before the work is issued (wait-before-signal), sleep until a timepoint or the value
         arrives. Host waiters never need the completion thread."""
-        while self._value < value and self._failure is None:
+        while self.current_value < value and self.failure is None:
             timepoints = self._timepoints
             try:  # the usual case, read without the lock: waiting for the latest signal
                 latest, timepoint = timepoints[-1]
@@ -223,11 +219,11 @@ class EventSemaphore(Semaphore):
                 if self.device.closed_for_good:
                     break
                 timepoint.queue.wait(timepoint, deadline)
-                if self._value >= value and self._failure is None:
+                if self.current_value >= value and self.failure is None:
                     return  # retired by this thread: no need to look again under the lock
                 break
             with self._lock:
-                if self._value >= value or self._failure is not None or self._covering(value) is not None:
+                if self.current_value >= value or self.failure is not None or self._covering(value) is not None:
                     continue
                 left = remaining(deadline)
                 if left == 0.0:
@@ -251,7 +247,7 @@ def _order(entry: tuple[int, int, Listener]) -> tuple[int, int]:
 class Issuable:
     """Adapts an EventSemaphore so the core's FenceWaiter waits for *issuable* rather than *reached*.
 
-    FenceWaiter registers with ``_notify_at(value, listener)`` and cancels with
+    FenceWaiter registers with ``notify_at(value, listener)`` and cancels with
     ``cancel_notify(token)``; this view routes them to ``notify_issuable`` and
     ``cancel_issuable``, which also fire when a device timepoint covers the value.
     """
@@ -261,7 +257,7 @@ class Issuable:
     def __init__(self, sem: EventSemaphore) -> None:
         self.sem = sem
 
-    def _notify_at(self, value: int, listener: Listener) -> int | None:
+    def notify_at(self, value: int, listener: Listener) -> int | None:
         return self.sem.notify_issuable(value, listener)
 
     def cancel_notify(self, token: int | None) -> None:

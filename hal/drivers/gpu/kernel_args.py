@@ -21,10 +21,11 @@ import numpy as np
 class ArgArena:
     """Argument slots of many dispatches; ``add`` while recording, ``pack`` once at the end."""
 
-    __slots__ = ("_pending", "values", "pointers", "_values_address", "_pointers_address")
+    __slots__ = ("pending", "values", "pointers", "_values_address", "_pointers_address")
 
     def __init__(self) -> None:
-        self._pending: list[int] = []
+        #: The slots added since the last pack (recording appends to it directly).
+        self.pending: list[int] = []
         self.values: np.ndarray | None = None
         self.pointers: np.ndarray | None = None
         self._values_address = 0
@@ -32,25 +33,25 @@ class ArgArena:
 
     def add(self, pointers: list[int], constants: tuple[int, ...]) -> int:
         """Reserve slots for one dispatch's arguments; returns the index of its first slot."""
-        start = len(self._pending)
-        self._pending.extend(pointers)
-        self._pending.extend(constants)
+        start = len(self.pending)
+        self.pending.extend(pointers)
+        self.pending.extend(constants)
         return start
 
     @property
     def next_index(self) -> int:
         """The slot index the next ``add`` starts at."""
-        return len(self._pending)
+        return len(self.pending)
 
     def pack(self) -> None:
         """Build the value and address arrays (after the last ``add``)."""
-        count = len(self._pending)
-        self.values = np.array(self._pending, dtype=np.uint64) if count else np.zeros(1, np.uint64)
+        count = len(self.pending)
+        self.values = np.array(self.pending, dtype=np.uint64) if count else np.zeros(1, np.uint64)
         self._values_address = self.values.ctypes.data
         self.pointers = (np.arange(max(count, 1), dtype=np.uint64) * np.uint64(8)
                          + np.uint64(self._values_address))
         self._pointers_address = self.pointers.ctypes.data
-        self._pending = []
+        self.pending = []
 
     def params_address(self, start: int, count: int) -> int:
         """The ``void**`` to pass for a dispatch whose slots begin at ``start`` (0 without parameters)."""

@@ -181,7 +181,7 @@ class RecordingCommandBuffer(CommandBuffer):
     def _dispatch(self, executable: Executable, ordinal: int, export: Export,
                   workgroups: tuple[int, int, int], constants: tuple[int, ...],
                   bindings: list[BufferRef]) -> None:
-        pending = self.args._pending
+        pending = self.args.pending
         start = len(pending)  # this dispatch's first argument slot
         for ref in bindings:  # the usual case first: direct bindings only, no Targets needed
             buffer = ref.buffer

@@ -24,8 +24,8 @@ class _DonatingSemaphore(Semaphore):
 
     def _wait(self, value: int, deadline: float | None) -> None:
         # A timed wait keeps its deadline: it must not start a submission that may outlast it.
-        if deadline is None and self._value < value and self._failure is None:
-            self.device._donate(lambda: self._value >= value or self._failure is not None)
+        if deadline is None and self.current_value < value and self.failure is None:
+            self.device.donate_work(lambda: self.current_value >= value or self.failure is not None)
         super()._wait(value, deadline)
 
 
@@ -40,14 +40,14 @@ class LocalTaskDevice(LocalDevice):
     def _schedule(self, queue: int, run: Callable[[], None]) -> None:
         self._runners[queue].put(run)
 
-    def _donate(self, done: Callable[[], bool]) -> None:
+    def donate_work(self, done: Callable[[], bool]) -> None:
         """Run ready work of every queue on this thread until ``done()`` or none is left to run here."""
         for runner in self._runners:
             runner.donate(done)
 
     def _wait_idle(self, deadline: float | None) -> None:
         if deadline is None:
-            self._donate(lambda: all(runner.idle() for runner in self._runners))
+            self.donate_work(lambda: all(runner.idle() for runner in self._runners))
         super()._wait_idle(deadline)
 
     def _close(self) -> None:
