@@ -8,10 +8,10 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from hal.buffer import Buffer
+from hal.checks import check_int
 from hal.errors import InvalidArgumentError, ResourceExhaustedError, UnimplementedError
 from hal.pickling import not_picklable
 from hal.types import BufferUsage, MemoryAccess, MemoryType
-from hal.validation import check_int
 
 if TYPE_CHECKING:
     from hal.device import Device

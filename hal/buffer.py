@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from hal.checks import check_int, check_live, check_range  # noqa: F401  (check_int: re-exported)
 from hal.errors import FailedPreconditionError, InvalidArgumentError
 from hal.pickling import not_picklable
 from hal.types import BufferUsage, MemoryAccess, MemoryType
@@ -133,5 +134,37 @@ class Buffer:
         return f"<hal.Buffer {self.size} bytes @{self.offset} {self.memory_type}{state}>"
 
 
-# Imported last: the checks refer to Buffer (see hal/validation.py).
-from hal.validation import check_int, check_live, check_range  # noqa: E402,F401  (check_int: re-exported)
+# -- checks of buffer arguments (the core's hot paths call these) ----------------------------------
+def is_live_buffer_of(buffer: object, device: Device) -> bool:
+    """Whether ``buffer`` is a whole hal.Buffer of ``device`` that is not released (the fast path)."""
+    return type(buffer) is Buffer and buffer.device is device and not buffer.released  # type: ignore[union-attr]
+
+
+def check_buffer(buffer: object, device: Device, what: str) -> Buffer:
+    """A live hal.Buffer of ``device``."""
+    if not isinstance(buffer, Buffer):
+        raise InvalidArgumentError(f"{what} must be a hal.Buffer, got {type(buffer).__name__} {buffer!r}")
+    check_live(buffer, what)
+    if buffer.device is not device:
+        raise InvalidArgumentError(f"{what} belongs to another device ({buffer.device!r})")
+    return buffer
+
+
+def split_buffer_range(ref: object, what: str) -> tuple[Buffer, object, object]:
+    """(buffer, offset, length) of ``Buffer`` or ``(Buffer, offset[, length])``, unchecked."""
+    if isinstance(ref, Buffer):
+        return ref, 0, None
+    if isinstance(ref, tuple) and len(ref) in (2, 3) and isinstance(ref[0], Buffer):
+        return ref[0], ref[1], (ref[2] if len(ref) == 3 else None)
+    raise InvalidArgumentError(f"{what} must be a Buffer or a (Buffer, offset, length) tuple, got {ref!r}")
+
+
+def check_binding(entry: object, device: Device, what: str) -> tuple[Buffer, int, int]:
+    """A binding-table entry resolved to (buffer, offset, length)."""
+    if is_live_buffer_of(entry, device):
+        return entry, 0, entry.size  # type: ignore[return-value,union-attr]
+    buffer, offset, length = split_buffer_range(entry, what)
+    check_buffer(buffer, device, what)
+    offset, length = check_range(buffer, offset, length, what)
+    return buffer, offset, length
+

@@ -11,8 +11,16 @@ import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from hal.buffer import Buffer
-from hal.errors import FailedPreconditionError, HalError, InvalidArgumentError
+from hal.buffer import Buffer, check_buffer, check_range, split_buffer_range
+from hal.checks import (
+    check_constants,
+    check_int,
+    check_pattern,
+    check_sequence,
+    check_update_data,
+    check_workgroups,
+)
+from hal.errors import FailedPreconditionError, HalError, InvalidArgumentError, OutOfRangeError
 from hal.executable import Executable, Export
 from hal.library import Routine
 from hal.pickling import not_picklable
@@ -333,13 +341,78 @@ class CommandBuffer:
         return f"<hal.CommandBuffer {self.mode} {self.state.value} capacity={self.binding_capacity}>"
 
 
-from hal.validation import (  # noqa: E402  (the checks refer to this module's classes)
-    check_buffer_ref,
-    check_constants,
-    check_no_overlap,
-    check_pattern,
-    check_sequence,
-    check_slot_uses,
-    check_update_data,
-    check_workgroups,
-)
+# -- checks of commands' buffer operands (recording and submission call these) ------------------------
+def check_buffer_ref(cb: CommandBuffer, ref: object, what: str, usage: BufferUsage,
+                     alignment: int = 1) -> BufferRef:
+    """A command's buffer operand: a Buffer, (Buffer, offset[, length]) or hal.Slot."""
+    if isinstance(ref, Slot):
+        return _slot_ref(cb, ref, what, usage, alignment)
+    buffer, offset, length = split_buffer_range(ref, what)
+    check_buffer(buffer, cb.device, what)
+    if usage not in buffer.usage:
+        raise FailedPreconditionError(f"{what} usage {buffer.usage} lacks {usage}")
+    offset, length = check_range(buffer, offset, length, what)
+    if alignment > 1 and ((buffer.offset + offset) % alignment or length % alignment):
+        raise InvalidArgumentError(
+            f"{what} offset {offset} and length {length} must be multiples of the "
+            f"{alignment}-byte pattern length")
+    return BufferRef(buffer, None, offset, length)
+
+
+def _slot_ref(cb: CommandBuffer, slot: Slot, what: str, usage: BufferUsage, alignment: int) -> BufferRef:
+    if cb.binding_capacity == 0:
+        raise InvalidArgumentError(f"{what} uses {slot!r} but the command buffer has binding_capacity 0")
+    index = check_int(slot.index, f"{what} slot index")
+    if index >= cb.binding_capacity:
+        raise InvalidArgumentError(
+            f"{what} slot index {index} is not below the binding capacity {cb.binding_capacity}")
+    offset = check_int(slot.offset, f"{what} slot offset")
+    length = None if slot.length is None else check_int(slot.length, f"{what} slot length")
+    if alignment > 1 and (offset % alignment or (length is not None and length % alignment)):
+        raise InvalidArgumentError(
+            f"{what} slot offset {offset} and length {length} must be multiples of the "
+            f"{alignment}-byte pattern length")
+    return BufferRef(None, index, offset, length)
+
+
+def check_no_overlap(src: BufferRef, dst: BufferRef, what: str = "copy") -> None:
+    """Direct copy ranges must not overlap within one allocation."""
+    if src.buffer is None or dst.buffer is None or src.buffer.root is not dst.buffer.root:
+        return
+    a = src.buffer.offset + src.offset
+    b = dst.buffer.offset + dst.offset
+    if a < b + dst.length and b < a + src.length:  # type: ignore[operator]
+        raise InvalidArgumentError(
+            f"{what} source [{a}, {a + src.length}) and target [{b}, {b + dst.length}) "  # type: ignore[operator]
+            "overlap in the same allocation")
+
+
+def check_slot_uses(cb: CommandBuffer, table: Sequence[Binding], index: int = 0) -> None:
+    """Every use of a slot in ``cb`` fits the entry ``table`` gives it: usage, range, alignment,
+    and commands whose operands come from two entries (copies) agree on length and do not overlap."""
+    for use in cb.slot_uses:
+        ref = use.ref
+        buffer, base, size = table[ref.slot]  # type: ignore[index]
+        if use.usage not in buffer.usage:
+            raise FailedPreconditionError(
+                f"binding_tables[{index}] entry {ref.slot} (used as {use.what}) lacks usage {use.usage}")
+        length = size - ref.offset if ref.length is None else ref.length
+        if ref.offset + length > size or length < 0:
+            raise OutOfRangeError(
+                f"{use.what} [{ref.offset}, {ref.offset + length}) exceeds binding_tables[{index}] entry "
+                f"{ref.slot} of {size} bytes")
+        if use.alignment > 1 and ((buffer.offset + base + ref.offset) % use.alignment or length % use.alignment):
+            raise InvalidArgumentError(
+                f"{use.what} through binding_tables[{index}] entry {ref.slot} is not aligned to the "
+                f"{use.alignment}-byte pattern length")
+    for src, dst in cb.slot_copies:
+        s_buffer, s_offset, s_length = src.resolve(table)
+        d_buffer, d_offset, d_length = dst.resolve(table)
+        if s_length != d_length:
+            raise InvalidArgumentError(
+                f"copy source length {s_length} differs from target length {d_length} "
+                f"through binding_tables[{index}] (entries {src.slot}, {dst.slot})")
+        check_no_overlap(BufferRef(s_buffer, None, s_offset, s_length), BufferRef(d_buffer, None, d_offset, d_length))
+    for routine, checked, refs in cb.slot_routines:
+        routine.check_lengths(checked, [ref.resolve(table)[2] for ref in refs])
+

@@ -8,10 +8,10 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from hal.checks import check_int
 from hal.errors import HalError, InternalError, NotFoundError, ResourceExhaustedError, UnavailableError
 from hal.log import driver_logger
 from hal.pickling import not_picklable
-from hal.validation import check_int
 
 if TYPE_CHECKING:
     from hal.device import Device

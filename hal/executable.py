@@ -8,6 +8,7 @@ import pickle
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hal.checks import check_int
 from hal.errors import InvalidArgumentError
 from hal.pickling import not_picklable
 
@@ -148,4 +149,3 @@ def numpy_functions(spec: ExecutableSpec) -> list[NumpyKernel]:
 
 
 from hal.library import Routine, routines_of  # noqa: E402
-from hal.validation import check_int  # noqa: E402  (hal.validation imports this module's classes)

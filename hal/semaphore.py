@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from hal import tracing
+from hal.checks import MAX_U64, check_sequence, check_u64, deadline_from
 from hal.errors import (
     DeadlineExceededError,
     FailedPreconditionError,
@@ -386,4 +387,61 @@ class FenceWaiter:
             self._on_failed(failure)
 
 
-from hal.validation import check_fences, check_u64, deadline_from  # noqa: E402,F401  (check_fences: re-exported)
+# -- fence checks (submissions and the waits above call these) ------------------------------------------
+def check_fences(fences: object, what: str, device: Device | None = None) -> list[Fence]:
+    """A fence list: a sequence of (Semaphore, int in [0, 2**64-1]) pairs of ``device``."""
+    if type(fences) is list or type(fences) is tuple:
+        if not fences:
+            return []
+        for pair in fences:  # the common case: well-formed (Semaphore, int) pairs of this device
+            if type(pair) is not tuple or len(pair) != 2:
+                break
+            sem, value = pair
+            if type(value) is not int or not 0 <= value <= MAX_U64 or not isinstance(sem, Semaphore) \
+                    or (device is not None and sem.device is not device):
+                break
+        else:
+            return list(fences)
+    elif fences is None:
+        return []
+    return _check_fences_slowly(fences, what, device)
+
+
+def _check_fences_slowly(fences: object, what: str, device: Device | None) -> list[Fence]:
+    fences = check_sequence(fences, what, "(Semaphore, value) pairs")
+    result = []
+    for i, pair in enumerate(fences):
+        if not isinstance(pair, Sequence) or isinstance(pair, (str, bytes)) or len(pair) != 2 \
+                or not isinstance(pair[0], Semaphore):
+            raise InvalidArgumentError(f"{what}[{i}] must be a (Semaphore, value) pair, got {pair!r}")
+        value = check_u64(pair[1], f"{what}[{i}] value")
+        if device is not None and pair[0].device is not device:
+            raise InvalidArgumentError(f"{what}[{i}] semaphore belongs to another device ({pair[0].device!r})")
+        result.append((pair[0], value))
+    return result
+
+
+def check_signals(signals: list[Fence]) -> None:
+    """Each signal value is above its semaphore's current value (a failed one takes anything)."""
+    for sem, value in signals:
+        if value <= sem.current_value and sem.failure is None:
+            raise InvalidArgumentError(
+                f"signal[{signals.index((sem, value))}] value {value} is not above the semaphore's "
+                f"current value {sem.current_value}")
+
+
+def check_signal_fences(fences: object, device: Device) -> list[Fence]:
+    """A submission's signal list: ``check_fences`` and ``check_signals`` in one. The usual list of
+    one well-formed pair whose value is above its semaphore's is recognised in one pass; anything
+    else takes the two checks, which report what is wrong."""
+    if type(fences) is list and len(fences) == 1:
+        pair = fences[0]
+        if type(pair) is tuple and len(pair) == 2:
+            sem, value = pair
+            if type(value) is int and isinstance(sem, Semaphore) and sem.device is device \
+                    and sem.current_value < value <= MAX_U64 and sem.failure is None:
+                return [pair]
+    signals = check_fences(fences, "signal", device)
+    check_signals(signals)
+    return signals
+
