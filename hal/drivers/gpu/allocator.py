@@ -2,9 +2,9 @@
 
 A buffer's driver allocation is an ``Allocation`` record holding the device
 address commands use. Frees never race queued work: a released buffer's memory
-is handed to the device, which frees it once every submission made before the
-release has completed (``GpuDevice.defer``); ``queue_dealloca`` frees
-stream-ordered instead (``mem_free_async`` after the work on its stream).
+is freed once every submission made before the release has completed
+(``Completion.defer_release``); ``queue_dealloca`` frees stream-ordered instead
+(``mem_free_async`` after the work on its stream).
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from hal.errors import FailedPreconditionError
 from hal.types import BufferUsage, MemoryAccess, MemoryType
 
 if TYPE_CHECKING:
-    from hal.drivers.gpu.device import GpuDevice
+    from hal.device import Device
+    from hal.drivers.gpu.completion import Completion
+    from hal.drivers.gpu.context import GpuContext
 
 DEVICE_MEMORY = MemoryType.DEVICE_LOCAL | MemoryType.DEVICE_VISIBLE
 #: Pinned host memory mapped into the device's address space.
@@ -31,18 +33,19 @@ _HOST_BITS = MemoryType.HOST_LOCAL | MemoryType.HOST_VISIBLE | MemoryType.HOST_C
 class Allocation:
     """One driver allocation: ``ptr`` is the device address (for pinned memory too), ``host`` the host address."""
 
-    __slots__ = ("ptr", "size", "kind", "host", "queue", "freed", "free_stream")
+    __slots__ = ("ptr", "size", "kind", "host", "stream", "freed", "free_stream")
 
     DEVICE = "device"  #: mem_alloc
-    POOL = "pool"  #: mem_alloc_async from the device's memory pool, on queue ``queue``
+    POOL = "pool"  #: mem_alloc_async from the device's memory pool, on ``stream``
     HOST = "host"  #: host_alloc (pinned)
 
-    def __init__(self, ptr: int, size: int, kind: str, host: int = 0, queue: int = 0) -> None:
+    def __init__(self, ptr: int, size: int, kind: str, host: int = 0, stream: Any = None) -> None:
         self.ptr = ptr
         self.size = size
         self.kind = kind
         self.host = host
-        self.queue = queue
+        #: The queue's stream a pool allocation was made on (its free follows that stream's work).
+        self.stream = stream
         self.freed = False
         #: Set by queue_dealloca: free stream-ordered on this stream instead of after pending work.
         self.free_stream: Any = None
@@ -65,10 +68,11 @@ def wants_host_memory(memory_type: MemoryType) -> bool:
 class GpuAllocator(Allocator):
     """Device-local memory unless the request asks for host-visible memory (then pinned host memory)."""
 
-    device: GpuDevice
-
-    def __init__(self, device: GpuDevice, device_memory_bytes: int) -> None:
+    def __init__(self, device: Device, context: GpuContext, completion: Completion,
+                 device_memory_bytes: int) -> None:
         super().__init__(device)
+        self.context = context
+        self.completion = completion
         self.max_allocation_size = max(device_memory_bytes, physical_memory_bytes())
         self._live: set[Allocation] = set()
         # Re-entrant: finalizers free memory (free_now) and may run on a thread inside this lock
@@ -76,10 +80,10 @@ class GpuAllocator(Allocator):
         self._live_lock = threading.RLock()
 
     def _allocate(self, size: int, memory_type: MemoryType, usage: BufferUsage) -> tuple[Allocation, MemoryType]:
-        device = self.device
-        device.check_usable()
-        device.make_current()
-        api = device.api
+        context = self.context
+        context.check_usable()
+        context.make_current()
+        api = context.api
         if wants_host_memory(memory_type):
             host = api.host_alloc(size)
             allocation = Allocation(api.host_device_pointer(host), size, Allocation.HOST, host=host)
@@ -99,7 +103,7 @@ class GpuAllocator(Allocator):
             self.free_now(allocation, allocation.free_stream)
             return
         # Work submitted before the release may still read or write the memory.
-        self.device.defer(lambda: self.free_now(allocation))
+        self.completion.defer_release(lambda: self.free_now(allocation))
 
     def free_now(self, allocation: Allocation, stream: Any = None) -> None:
         """Give the memory back to the driver (``stream``: stream-ordered, for pool memory)."""
@@ -108,22 +112,20 @@ class GpuAllocator(Allocator):
                 return
             allocation.freed = True
             self._live.discard(allocation)
-        device = self.device
-        if device.closed_for_good:
-            return  # released with the context
-        device.make_current()
-        api = device.api
+        context = self.context
+        if context.closed_for_good:
+            return  # released with the context (the streams too: none is used after that)
+        context.make_current()
+        api = context.api
         try:
             if allocation.kind == Allocation.HOST:
                 api.host_free(allocation.host)
             elif allocation.kind == Allocation.POOL:
-                stream = stream if stream is not None else device.stream(allocation.queue)
-                if stream is not None:  # None: the device closed its streams; the pool frees it with the context
-                    api.mem_free_async(allocation.ptr, stream)
+                api.mem_free_async(allocation.ptr, stream if stream is not None else allocation.stream)
             else:
                 api.mem_free(allocation.ptr)
         except Exception:  # a lost device frees everything with its context
-            if not device.lost:
+            if not context.lost:
                 raise
 
     def free_all(self) -> None:

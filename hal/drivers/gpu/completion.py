@@ -29,7 +29,8 @@ from hal.errors import DeadlineExceededError, HalError
 from hal.semaphore import remaining
 
 if TYPE_CHECKING:
-    from hal.drivers.gpu.device import GpuDevice
+    from hal.drivers.gpu.context import GpuContext
+    from hal.drivers.gpu.queue import GpuQueue
     from hal.drivers.gpu.submission import Submission
 
 #: Submissions in flight on one queue that wake the sleeping completion thread even when nothing
@@ -41,8 +42,10 @@ RETIRE_DELAY = 1e-3
 
 
 class Completion:
-    def __init__(self, device: GpuDevice) -> None:
-        self.device = device
+    def __init__(self, context: GpuContext) -> None:
+        self.context = context
+        #: The device's queues (set by the device once it made them): the thread retires their work.
+        self.queues: list[GpuQueue] = []
         #: Submissions made and not retired, by sequence number.
         self.outstanding: dict[int, Submission] = {}
         self.sequence = itertools.count(1)
@@ -60,7 +63,7 @@ class Completion:
         #: True while the completion thread sleeps (submitters read it to decide whether to wake it).
         self.idle = False
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name=f"hal-{device.info.driver}-completion", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"hal-{context.driver}-completion", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -80,7 +83,7 @@ class Completion:
                 cb.retired()  # type: ignore[attr-defined]
         if sub.resources is not None:
             for release in sub.resources:
-                self.device.run_released(release)
+                self.context.run_released(release)
         outstanding = self.outstanding
         outstanding.pop(sub.seq, None)
         if self._deferred:
@@ -93,6 +96,11 @@ class Completion:
             self._idle.notify_all()
 
     # -- deferred releases ------------------------------------------------------------------------
+    def defer_release(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` once every submission made so far has completed (now if none is outstanding)."""
+        if self.context.closed_for_good or not self.defer(fn):
+            self.context.run_released(fn)
+
     def defer(self, fn: Callable[[], Any]) -> bool:
         """Run ``fn`` once every submission made so far has retired; False if none is outstanding
         (the caller runs it now)."""
@@ -113,7 +121,7 @@ class Completion:
             while deferred and (oldest is None or deferred[0][0] < oldest):
                 run.append(deferred.popleft()[1])
         for fn in run:
-            self.device.run_released(fn)
+            self.context.run_released(fn)
 
     def take_deferred(self) -> list[Callable[[], Any]]:
         """Every deferred release, removed (device close)."""
@@ -125,7 +133,7 @@ class Completion:
     # -- waiting for everything -----------------------------------------------------------------------
     def wait_idle(self, deadline: float | None) -> None:
         """Wait on each queue's oldest in-flight event and retire, until nothing is outstanding."""
-        queues = self.device.queues
+        queues = self.queues
         while self.outstanding:
             busy = [q for q in queues if q.inflight]
             if not busy:  # only parked work: wait for it to be issued or to fail
@@ -180,9 +188,9 @@ class Completion:
         Host waiters retire their own work first; the thread lets them for ``RETIRE_DELAY``
         before blocking on the oldest event of a queue.
         """
-        device = self.device
-        queues = device.queues
-        api = device.api
+        context = self.context
+        queues = self.queues
+        api = context.api
         inbox = self._inbox
         while not self._stopping:
             if not any(q.inflight for q in queues):
@@ -204,7 +212,7 @@ class Completion:
                     except IndexError:
                         continue
                     try:
-                        api.activate(device.context)
+                        api.activate(context.context)
                         api.event_synchronize(sub.event)
                     except HalError:
                         pass  # retire_completed records the failure

@@ -1,5 +1,7 @@
 """The GPU-generic device: it composes the machinery of each concern, in a module named for it.
 
+- ``context.GpuContext``: the bottom layer every part below shares: the vendor API and
+  context, make-current, the lost state after a sticky fault, releases from any thread;
 - ``queue.GpuQueue``: a stream per queue; issue (device waits, commands, one event)
   and in-order retirement of what was issued on it;
 - ``pending_queue.PendingQueue``: submissions waiting for values nothing has
@@ -22,7 +24,6 @@ semaphores with the same ``DeviceLostError``, so nothing waits forever.
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,7 @@ from hal.device import Device
 from hal.drivers.gpu.allocator import DEVICE_MEMORY, Allocation, GpuAllocator, wants_host_memory
 from hal.drivers.gpu.api import GpuApi
 from hal.drivers.gpu.completion import Completion
+from hal.drivers.gpu.context import GpuContext
 from hal.drivers.gpu.event_pool import EventPool
 from hal.drivers.gpu.event_semaphore import EventSemaphore
 from hal.drivers.gpu.executable_cache import ExecutableCache
@@ -43,7 +45,6 @@ from hal.drivers.gpu.library import prepare as prepare_library
 from hal.drivers.gpu.pending_queue import PendingQueue
 from hal.drivers.gpu.queue import GpuQueue
 from hal.drivers.gpu.staging import StagingPool
-from hal.drivers.gpu.status import DeviceLostError
 from hal.drivers.gpu.stream_command_buffer import StreamCommandBuffer
 from hal.errors import FailedPreconditionError, HalError, InvalidArgumentError
 from hal.executable import Executable, ExecutableSpec
@@ -93,6 +94,8 @@ class GpuDevice(Device):
                  limits: dict[str, Any], memory_bytes: int, memory_pools: bool, executables: ExecutableCache) -> None:
         options = parse_options(options)
         super().__init__(driver, info, queue_count=options["queue_count"], limits=limits)
+        #: The vendor API, context and lost state every part below shares (hal/drivers/gpu/context.py).
+        self.gpu = GpuContext(api, handle, context, info.uri, info.driver)
         self.api = api
         self.handle = handle
         self.context = context
@@ -102,35 +105,42 @@ class GpuDevice(Device):
         self.barrier_lowering: str = options["barrier_lowering"]
         # One device table per command buffer: with several queues a buffer could run on two at once.
         self.indirect_bindings: str | bool = options["indirect_bindings"] if self.queue_count == 1 else False
-        self.closed_for_good = False
-        self.lost: BaseException | None = None
         self.make_current()
         self.events = EventPool(api)
         self.staging = StagingPool(api)
-        self.allocator = GpuAllocator(self, memory_bytes)
+        self.completion = Completion(self.gpu)
+        self.allocator = GpuAllocator(self, self.gpu, self.completion, memory_bytes)
         self.memory_pools = memory_pools
         if memory_pools:
             api.configure_memory_pool(handle, POOL_RELEASE_THRESHOLD)
-        self.completion = Completion(self)
         self.pending = PendingQueue(self.completion)
-        self.queues = [GpuQueue(self, i) for i in range(self.queue_count)]
+        self.queues = [GpuQueue(self.gpu, self.completion, self.events, i) for i in range(self.queue_count)]
+        self.completion.queues = self.queues
         self._modules: list[Any] = []
         self._join_function: Any = None
         #: Captures library calls into graphs for graph command buffers (hal/drivers/gpu/library.py).
         self.capturer = Capturer(self)
         #: Graph command buffers' device objects, released at close if still alive.
         self.graph_resources: weakref.WeakSet = weakref.WeakSet()
-        self._lost_lock = threading.Lock()
         self.completion.start()
 
-    # -- context -----------------------------------------------------------------------
+    # -- context (the parts above the GpuContext: command buffers, executables, library calls) ----------
     def make_current(self) -> None:
         """Make this device's context current on the calling thread (a cheap check when it is)."""
-        self.api.activate(self.context)
+        self.gpu.make_current()
 
     def check_usable(self) -> None:
-        if self.lost is not None:
-            raise self.lost
+        self.gpu.check_usable()
+
+    @property
+    def lost(self) -> BaseException | None:
+        """The failure every submission reports once a GPU fault lost the device, or None."""
+        return self.gpu.lost
+
+    @property
+    def closed_for_good(self) -> bool:
+        """Whether the close released the device's objects (releases are skipped from then on)."""
+        return self.gpu.closed_for_good
 
     def stream(self, queue: int) -> Any:
         """The stream of queue ``queue`` (None once the device is closed)."""
@@ -236,7 +246,7 @@ class GpuDevice(Device):
                 if q.closed:
                     raise FailedPreconditionError(f"device {self.info.uri} is closed")
                 ptr = self.api.mem_alloc_async(size, q.stream)
-            allocation = Allocation(ptr, size, Allocation.POOL, queue=queue)
+            allocation = Allocation(ptr, size, Allocation.POOL, stream=q.stream)
             self.allocator.track(allocation)
             buffer = self.allocator.wrap(allocation, size, DEVICE_MEMORY, usage)
         self._submit(queue, [], [], waits, signals, None)
@@ -269,40 +279,17 @@ class GpuDevice(Device):
     def wake_completion(self) -> None:
         self.completion.wake()
 
-    def fault(self, exc: BaseException) -> BaseException:
-        """The failure to report for an API error: a sticky fault marks the device lost."""
-        if isinstance(exc, DeviceLostError):
-            with self._lost_lock:
-                if self.lost is None:
-                    self.lost = DeviceLostError(f"device {self.info.uri} is lost after a GPU fault; create a new "
-                                                f"process to use it again: {exc}")
-                    self.lost.__cause__ = exc
-        return self.lost or exc
-
     def _wait_idle(self, deadline: float | None) -> None:
         self.completion.wait_idle(deadline)
 
     # -- deferred releases ---------------------------------------------------------------------
     def defer(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` once every submission made so far has completed (now if none is outstanding)."""
-        if self.closed_for_good or not self.completion.defer(fn):
-            self.run_released(fn)
+        self.completion.defer_release(fn)
 
     def release_later(self, fn: Callable[..., Any], *args: Any) -> None:
         """Release a resource from any thread (a finalizer): skipped once the device is closed."""
-        if self.closed_for_good:
-            return
-        self.run_released(lambda: fn(*args))
-
-    def run_released(self, fn: Callable[[], Any]) -> None:
-        if self.closed_for_good:
-            return
-        try:
-            self.make_current()
-            fn()
-        except HalError:
-            if self.lost is None:
-                raise
+        self.gpu.release_later(fn, *args)
 
     # -- close ------------------------------------------------------------------------------------
     def register_module(self, module: Any) -> None:
@@ -331,7 +318,7 @@ class GpuDevice(Device):
         for module in self._modules:
             self._quietly(lambda module=module: api.module_unload(module))
         self._modules = []
-        self.closed_for_good = True
+        self.gpu.closed_for_good = True
 
     @staticmethod
     def _quietly(fn: Callable[[], Any]) -> None:

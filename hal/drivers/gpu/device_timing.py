@@ -53,7 +53,7 @@ def end(queue: GpuQueue, sub: Submission, started: Any) -> None:
     start, anchor, host = started
     stop = api.timing_event_create()
     api.event_record(stop, queue.stream)
-    track = f"{queue.device.info.uri} queue {queue.index} (device)"
+    track = f"{queue.context.uri} queue {queue.index} (device)"
     name = f"submission ({len(sub.command_buffers)} command buffers)" if sub.command_buffers else "barrier"
 
     def emit() -> None:

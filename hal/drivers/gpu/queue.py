@@ -33,16 +33,18 @@ from hal.errors import AbortedError, FailedPreconditionError, HalError
 
 if TYPE_CHECKING:
     from hal.drivers.gpu.completion import Completion
-    from hal.drivers.gpu.device import GpuDevice
+    from hal.drivers.gpu.context import GpuContext
+    from hal.drivers.gpu.event_pool import EventPool
     from hal.drivers.gpu.submission import Submission
 
+
 class GpuQueue:
-    def __init__(self, device: GpuDevice, index: int) -> None:
-        self.device = device
+    def __init__(self, context: GpuContext, completion: Completion, events: EventPool, index: int) -> None:
+        self.context = context
         self.index = index
-        self.api = device.api
-        self.events = device.events
-        self.stream: Any = device.api.stream_create()
+        self.api = context.api
+        self.events = events
+        self.stream: Any = context.api.stream_create()
         #: Set under ``lock`` at close: nothing is issued on the stream afterwards.
         self.closed = False
         #: Serialises the calls on the stream (issue order is stream order).
@@ -50,21 +52,21 @@ class GpuQueue:
         #: Issued submissions not yet retired, in issue order.
         self.inflight: collections.deque[Submission] = collections.deque()
         self.retire_lock = threading.Lock()
-        self.completion: Completion = device.completion
+        self.completion = completion
 
     # -- issue ------------------------------------------------------------------------------
     def issue(self, sub: Submission) -> None:
         """Issue ``sub`` on the stream now (its waits are issuable); a failure fails its signals."""
-        device = self.device
-        if device.lost is not None:
-            self.completion.finish(sub, device.lost)
+        context = self.context
+        if context.lost is not None:
+            self.completion.finish(sub, context.lost)
             return
         api = self.api
         try:
-            api.activate(device.context)
+            api.activate(context.context)
             with self.lock:
                 if self.closed:
-                    raise FailedPreconditionError(f"device {device.info.uri} was closed before the work was issued")
+                    raise FailedPreconditionError(f"device {context.uri} was closed before the work was issued")
                 stream = self.stream
                 for sem, value in sub.waits:
                     timepoint = sem.device_wait(value)  # type: ignore[attr-defined]
@@ -108,7 +110,7 @@ class GpuQueue:
         """Issuing ``sub`` raised ``exc``: nothing of it runs, its signals carry the failure."""
         if isinstance(exc, AbortedError) and exc.__cause__ is not None:
             exc = exc.__cause__  # a failed wait: the original failure travels on
-        self.completion.finish(sub, self.device.fault(exc))
+        self.completion.finish(sub, self.context.fault(exc))
 
     # -- retirement ----------------------------------------------------------------------------
     def retire_through(self, sub: Submission) -> None:
@@ -155,7 +157,7 @@ class GpuQueue:
                         if not api.event_query(sub.event):
                             return False
                     except HalError as exc:
-                        failure = self.device.fault(exc)
+                        failure = self.context.fault(exc)
                 elif sub is done_through:
                     done_through = None
                 inflight.popleft()
@@ -172,10 +174,9 @@ class GpuQueue:
         the deadline without retiring (the caller reports the timeout)."""
         if sub.retired:
             return
-        device = self.device
         api = self.api
         try:
-            api.activate(device.context)
+            api.activate(self.context.context)
             if deadline is None:
                 try:
                     api.event_synchronize(sub.event)
@@ -202,8 +203,8 @@ class GpuQueue:
         # Anything the queries could not retire (a lost context) fails rather than waits forever.
         with self.retire_lock:
             while self.inflight:
-                self.completion.finish(self.inflight.popleft(), self.device.lost or DeviceLostError(
-                    f"device {self.device.info.uri} was closed before the work completed"))
+                self.completion.finish(self.inflight.popleft(), self.context.lost or DeviceLostError(
+                    f"device {self.context.uri} was closed before the work completed"))
 
     def destroy(self) -> None:
         """Destroy the stream (after ``drain`` and the stream-ordered frees of the close)."""
