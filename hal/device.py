@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import collections
 import functools
 import threading
 from collections.abc import Sequence
@@ -42,6 +43,10 @@ from hal.validation import (
 if TYPE_CHECKING:
     from hal.driver import DeviceInfo, Driver
 
+#: Executables a device keeps loaded for ``load_executable`` to find again (the least recently
+#: used go first; one still used by a command buffer stays alive through it).
+EXECUTABLE_CACHE_ENTRIES = 512
+
 DEFAULT_LIMITS = {
     "max_workgroup_count": ((1 << 31) - 1, 65535, 65535),
     "max_workgroup_size": 1024,
@@ -73,7 +78,8 @@ class Device(abc.ABC):
         self.submission_gate = threading.RLock()
         #: Bumped by every buffer release: an execution prepared at the same epoch holds live buffers.
         self.release_epoch = 0
-        self._executables: dict[tuple, tuple[ExecutableSpec, Executable]] = {}
+        self._executables: collections.OrderedDict[tuple, tuple[ExecutableSpec, Executable]] = \
+            collections.OrderedDict()
         self._executables_lock = threading.Lock()
 
     @property
@@ -159,6 +165,7 @@ class Device(abc.ABC):
             log = driver_logger(self.info.driver)
             if cached is not None:
                 log.debug("executable cache hit: %s %s", spec.format, [e.name for e in spec.exports])
+                self._executables.move_to_end(key)
                 return cached[1]
             log.debug("preparing %s executable %s", spec.format, [e.name for e in spec.exports])
             if tracing.ENABLED:
@@ -168,6 +175,8 @@ class Device(abc.ABC):
                 executable = self._prepare_executable(spec)
             # Keep the spec alive: callables are keyed by identity.
             self._executables[key] = (spec, executable)
+            if len(self._executables) > EXECUTABLE_CACHE_ENTRIES:
+                self._executables.popitem(last=False)
             return executable
 
     # -- host transfers -------------------------------------------------------------

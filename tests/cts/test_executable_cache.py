@@ -135,3 +135,43 @@ def test_executable_from_another_device_is_invalid_argument(device, make_device)
     with pytest.raises(hal.InvalidArgumentError):
         cb.dispatch(foreign, "cts_iota", workgroups=1, constants=[4], bindings=[buf])
     buf.release()
+
+
+def test_the_executable_cache_is_bounded_and_evicted_executables_still_run(device, monkeypatch):
+    """Distinct executables beyond the cache's bound push out the least recently used; one evicted
+    while a command buffer holds it still runs, and loading its spec again works."""
+    import hal.device
+
+    if "numpy" not in device.executable_formats:
+        pytest.skip("the bound is checked with numpy executables (format of the CPU drivers)")
+    monkeypatch.setattr(hal.device, "EXECUTABLE_CACHE_ENTRIES", 4)
+
+    def spec_adding(amount):
+        def add(workgroups, bindings, constants):
+            words = np.frombuffer(bindings[0], np.uint32)
+            words += np.uint32(amount)
+        return hal.ExecutableSpec("numpy", add, [hal.Export("add", bindings=1)])
+
+    buf = device.allocator.allocate(16)
+    device.write(buf, bytes(16))
+    specs = [spec_adding(i + 1) for i in range(10)]
+    first = device.load_executable(specs[0])
+    cb = device.create_command_buffer(hal.CommandBufferMode.REUSABLE)
+    with cb.record():
+        cb.dispatch(first, "add", 1, [], [buf])
+    for spec in specs[1:]:
+        device.load_executable(spec)
+    sem = device.create_semaphore(0)
+    device.queue_execute([cb], signal=[(sem, 1)])
+    sem.wait(1, timeout=30)
+    assert np.frombuffer(device.read(buf), np.uint32).tolist() == [1, 1, 1, 1]
+    assert device.load_executable(specs[-1]) is device.load_executable(specs[-1])  # recent ones stay cached
+    again = device.load_executable(specs[0])  # evicted: loaded again, and it works
+    assert again is not first
+    cb2 = device.create_command_buffer()
+    with cb2.record():
+        cb2.dispatch(again, "add", 1, [], [buf])
+    device.queue_execute([cb2], signal=[(sem, 2)])
+    sem.wait(2, timeout=30)
+    assert np.frombuffer(device.read(buf), np.uint32).tolist() == [2, 2, 2, 2]
+    buf.release()
