@@ -1,7 +1,5 @@
 """What pyproject.toml cannot say: the conformance suite ships as the package ``hal_cts``, and the
-optional C extensions ``hal.drivers._native`` (a driver library's hot calls),
-and ``runtime._native``
-(the eager graph key walk and node constructors).
+optional C extension ``hal.drivers._native`` (a driver library's hot calls).
 
 The suite's home in the repository stays tests/cts; installed, a driver author runs it with
 ``python -m hal_cts --driver NAME`` (see tests/cts/README.md).
@@ -12,9 +10,9 @@ of ``.pth`` files but run no import hooks, then find ``hal`` and ``runtime``. ``
 folder of that name in the checkout; the stand-in ``hal_cts/__init__.py`` at the root loads
 tests/cts as ``hal_cts`` there. Wheels map ``hal_cts`` to tests/cts and do not contain the stand-in.
 
-The extensions are built at install when a C compiler and the Python headers are there, and
+The extension is built at install when a C compiler and the Python headers are there, and
 skipped otherwise (``optional``): the pure-Python code is the fallback, and ``HAL_NATIVE=0``
-selects it where they were built too (see hal/drivers/native_calls.py, runtime/lowering.py).
+selects it where it was built too (see hal/drivers/native_calls.py).
 """
 
 from setuptools import Extension, find_packages, setup
@@ -25,6 +23,5 @@ setup(
     packages=[*find_packages(include=["hal", "hal.*", "runtime", "runtime.*"]), "hal_cts"],
     package_dir={"hal_cts": "tests/cts"},
     package_data={"hal": ["py.typed"], "runtime": ["py.typed"], "hal_cts": ["README.md"]},
-    ext_modules=[Extension("hal.drivers._native", ["hal/drivers/_native.c"], optional=True),
-                 Extension("runtime._native", ["runtime/_native.c"], optional=True)],
+    ext_modules=[Extension("hal.drivers._native", ["hal/drivers/_native.c"], optional=True)],
 )

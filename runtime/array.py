@@ -10,7 +10,6 @@ import numpy as np
 import hal
 
 from . import dtypes as _dt
-from . import native
 from .device import DeviceContext, Storage, context_for
 from .errors import DeviceFallbackWarning, InvalidTypeError, InvalidValueError
 from .shapes import size_of
@@ -237,12 +236,6 @@ def new_view(op: str, src: Array, params, shape: tuple, strides: tuple, offset: 
 
 #: The op of a traced placeholder (rt.compile's inputs): no storage, and nothing computes it.
 PLACEHOLDER = "placeholder"
-#: runtime._native where built and allowed (runtime/native.py): the constructors above in C.
-NATIVE = native.load(Array, PLACEHOLDER, Storage)
-if NATIVE is not None:
-    new_node = NATIVE.new_node  # noqa: F811 - the same constructor, in C
-    new_view = NATIVE.new_view  # noqa: F811
-
 #: new_evaluated(shape, dtype, ctx, storage): an array whose contents `storage` holds. A partial of
 #: new_node, so every replay output costs one Python call, not two.
 new_evaluated = functools.partial(new_node, None, (), None)

@@ -8,13 +8,13 @@ consumer calls the deleter. Imports copy into a runtime buffer.
 from __future__ import annotations
 
 import ctypes
+import sys
 
 import numpy as np
 
 import hal
 
 from . import dtypes as _dt
-from .array import NATIVE
 
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_ROCM = 1, 2, 3, 10
 _DL_CODE = {"i": 0, "u": 1, "f": 2, "b": 6}
@@ -52,30 +52,32 @@ def _delete(managed) -> None:
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New
 _PyCapsule_New.restype = ctypes.py_object
 _PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-# The destructor receives the dying capsule: touch it only as a raw pointer (no new references).
-_api = ctypes.PyDLL(None)
-_PyCapsule_IsValid = _api.PyCapsule_IsValid
+_PyCapsule_IsValid = ctypes.pythonapi.PyCapsule_IsValid
 _PyCapsule_IsValid.restype = ctypes.c_int
-_PyCapsule_IsValid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-_PyCapsule_GetPointer = _api.PyCapsule_GetPointer
-_PyCapsule_GetPointer.restype = ctypes.c_void_p
-_PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
-_CapsuleDestructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+# Capsules handed out that may still be unconsumed: address of their tensor -> the capsule.
+#
+# The capsules have no destructor. A consumer that refuses a capsule (numpy, for a CUDA device)
+# releases it with its error pending, and Python code run then (a ctypes callback) would replace that
+# error with a SystemError. Instead, each export looks at the capsules handed out before
+# (`release_dropped_capsules`): one that nothing else references any more was either consumed (renamed
+# "used_dltensor": its consumer calls the tensor's deleter when done) or never will be (its tensor is
+# dropped here).
+_handed: dict[int, object] = {}
+# sys.getrefcount of a value only its dict references, read as release_dropped_capsules reads it.
+_probe = {0: object()}
+_UNREFERENCED = sys.getrefcount(_probe[0])
+del _probe
 
 
-@_CapsuleDestructor
-def _capsule_destructor(capsule) -> None:
-    # An unconsumed capsule still owns its tensor; a consumed one was renamed "used_dltensor".
-    if _PyCapsule_IsValid(capsule, b"dltensor"):
-        ptr = _PyCapsule_GetPointer(capsule, b"dltensor")
-        _alive.pop(ptr, None)
-
-
-# A consumer that refuses a capsule (numpy, for a CUDA device) releases it with its error pending;
-# the ctypes destructor above then fails to convert its argument (a SystemError in the consumer, and
-# the tensor's entry stays in _alive). runtime._native's destructor keeps that error aside.
-_DESTRUCTOR = NATIVE.setup_dlpack(_alive) if NATIVE is not None else ctypes.cast(_capsule_destructor, ctypes.c_void_p)
+def release_dropped_capsules() -> None:
+    """Forget the capsules nothing references any more; drop the tensors of those never consumed."""
+    for addr in list(_handed):
+        if sys.getrefcount(_handed[addr]) <= _UNREFERENCED:
+            capsule = _handed.pop(addr)
+            if _PyCapsule_IsValid(capsule, b"dltensor"):  # not consumed, and no one can any more
+                _alive.pop(addr, None)
 
 
 def make_capsule(data_ptr: int, device: tuple, shape: tuple, strides_elems: tuple, dtype, keepalive):
@@ -95,8 +97,11 @@ def make_capsule(data_ptr: int, device: tuple, shape: tuple, strides_elems: tupl
     managed.manager_ctx = None
     managed.deleter = _delete
     addr = ctypes.addressof(managed)
+    release_dropped_capsules()
     _alive[addr] = (managed, shape_arr, strides_arr, keepalive)
-    return _PyCapsule_New(addr, b"dltensor", _DESTRUCTOR)
+    capsule = _PyCapsule_New(addr, b"dltensor", None)
+    _handed[addr] = capsule
+    return capsule
 
 
 def _cuda_ordinal(ctx) -> int | None:

@@ -25,7 +25,7 @@ import hal
 from hal import env, tracing
 
 from . import cpu_program, graph_cache
-from .array import NATIVE, PLACEHOLDER, Array, new_node
+from .array import PLACEHOLDER, Array, new_node
 from .autodiff import GRAD, expand_noting, protect, resolved
 from .buffer_cache import BufferCache, bucket_size
 from .cpu_program import binding_bucket, program_executable
@@ -150,10 +150,6 @@ class Variants:
         Only a recording that once found its buffers busy (``moved``) is checked.
         """
         recs = self.recs
-        if _native_pick is not None:  # the usual answer in C, else None and the loop below
-            rec = _native_pick(recs, ext, buffers)
-            if rec is not None:
-                return rec
         same_inputs = None
         for rec in recs:
             last = rec.last_ext
@@ -505,30 +501,7 @@ def _eval_key_python(targets: list, live: bool) -> tuple:
     return order, key, externals, live_mask(order, direct, viewed) if order else None
 
 
-_native_walk = NATIVE.walk if NATIVE is not None else None
-_python_storage_del = Storage.__del__
-_python_context_wait = DeviceContext.wait
-_native_submit = _native_pick = _native_evaluate = _native_eval_arrays = None
-if NATIVE is not None:
-    NATIVE.setup_submit(Recording, DeviceContext, BufferCache, MAX_IN_FLIGHT)
-    _native_submit, _native_pick, _native_evaluate = NATIVE.submit, NATIVE.pick, NATIVE.evaluate
-    _native_eval_arrays = NATIVE.eval_arrays
-    # A dying array hands its buffer back from C (~50 bytecodes a storage in Python), and a wait for
-    # the timeline does its bookkeeping there (~40 bytecodes after the wait returns).
-    Storage.__del__ = NATIVE.storage_del_method(_python_storage_del)  # type: ignore[method-assign]
-    DeviceContext.wait = NATIVE.context_wait_method(_python_context_wait, hal.AbortedError)  # type: ignore
-_native_attach = NATIVE.attach if NATIVE is not None else None
-
-
-def eval_key(targets: list, live: bool) -> tuple:
-    """(order, key, externals, keep) of the pending graph behind `targets`: collect_key's order, key
-    and externals, and with `live` live_mask's bits (else None). The C walk where it is loaded (it
-    answers None for nodes not of type Array), collect_key otherwise."""
-    if _native_walk is not None:
-        got = _native_walk(targets, live)
-        if got is not None:
-            return got
-    return _eval_key_python(targets, live)
+eval_key = _eval_key_python
 
 
 @tracing.traced("rt.record", "runtime")
@@ -780,8 +753,6 @@ def _pending_after(root: Array, placed: set) -> list:
 
 def evaluate(arrays) -> None:
     """Evaluate the given arrays (and everything pending they depend on): one submission per device."""
-    if _native_eval_arrays is not None and type(arrays) is tuple and _native_eval_arrays(arrays):
-        return  # pending arrays of one context, the usual call: grouped, locked and evaluated in C
     if len(arrays) == 1:  # the usual call, one array not yet computed, without the grouping below
         r = arrays[0]
         if type(r) is Array and r.storage is None and r.base is None and r.op != PLACEHOLDER:
@@ -816,21 +787,7 @@ def _evaluate_locked(ctx: DeviceContext, targets: list) -> None:
 def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
     # Nodes nothing reads afterwards are fused away, or scratch (owned on CPUs): which ones is `keep`.
     live = not ctx.is_gpu or FUSION
-    walked = None
-    if _native_evaluate is not None and not tracing.ENABLED:  # a graph the cache holds: all in C
-        walked = _native_evaluate(ctx, targets, live)
-        if walked is True:
-            return
-    _evaluate_walked(ctx, targets, live, walked)
-
-
-def _evaluate_walked(ctx: DeviceContext, targets: list, live: bool, walked: tuple | bool | None) -> None:
-    """The eval from the C walk's tuple (``runtime._native.evaluate`` left the rest to this code),
-    or walking here: the C walk (None) or the Python walk (False: the C walk declined)."""
-    if walked:
-        order, key, externals, keep = walked  # type: ignore[misc]
-    else:
-        order, key, externals, keep = eval_key(targets, live) if walked is None else _eval_key_python(targets, live)
+    order, key, externals, keep = eval_key(targets, live)
     if not order:
         return
     if live:
@@ -892,10 +849,6 @@ def submit(ctx: DeviceContext, rec: Recording, ext: list, queue: bool = False) -
     (a closed one refuses it at once), and any wait for a queued value hands the queue over
     first (``DeviceContext.flush``).
     """
-    if not queue and _native_submit is not None:  # the usual case in C, else None and the code below
-        done = _native_submit(ctx, rec, ext)
-        if done is not None:
-            return done
     last = rec.last_table
     if last is None:
         table = ext + list(map(ctx.buffers.take, rec.buckets, rec.no_prefer))
@@ -967,9 +920,6 @@ def _hand_over(ctx: DeviceContext, command_buffers: list, tables: list, value: i
 def attach(ctx: DeviceContext, rec: Recording, order: list, table: list, value: int) -> None:
     """Hand the materialized nodes of an eval their buffers; nodes fused away keep their inputs
     (they are garbage unless referenced)."""
-    if _native_attach is not None:
-        _native_attach(ctx, rec.fresh, rec.n_ext, order, table, value)
-        return
     for pos, (i, bucket, nb) in enumerate(rec.fresh, rec.n_ext):
         node = order[i]
         node.storage = Storage(table[pos], bucket, ctx, value, nb)
@@ -977,9 +927,3 @@ def attach(ctx: DeviceContext, rec: Recording, order: list, table: list, value: 
         node.inputs = ()
         node.params = None
 
-
-if NATIVE is not None:
-    from . import autodiff
-
-    NATIVE.setup_evaluate(Variants, graph_cache.GraphCache, vars(graph_cache), autodiff._handed_out, protect,
-                          vars(tracing), globals(), _evaluate_walked)

@@ -9,7 +9,7 @@ import operator
 import numpy as np
 
 from . import dtypes as _dt
-from .array import NATIVE, Array, constant, keep_constant, new_node, new_view, upload
+from .array import Array, constant, keep_constant, new_node, new_view, upload
 from .device import context_for
 from .errors import InvalidTypeError, InvalidValueError, ScalarOverflowError
 from .kernels.matmul import matmul_precision
@@ -213,18 +213,9 @@ def binary_signature(op: str, dt: _dt.DType) -> tuple:
 
 _SIGNATURES: dict = {}
 _UNARY_SIGNATURES: dict = {}
-if NATIVE is not None:  # runtime/native.py: the usual cases of _binary and _unary in C
-    NATIVE.setup_ops(_PROMOTE, _SIGNATURES, _UNARY_SIGNATURES)
-    _native_binary, _native_unary = NATIVE.binary, NATIVE.unary
-else:
-    _native_binary = _native_unary = None
 
 
 def _binary(op: str, a, b) -> Array:
-    if _native_binary is not None:  # two arrays of one shape and a known signature, in C
-        node = _native_binary(op, a, b)
-        if node is not None:
-            return node
     if type(a) is Array and type(b) is Array and a.ctx is b.ctx:
         dt = _PROMOTE[a.dtype, b.dtype]
     else:
@@ -292,10 +283,6 @@ def unary_signature(op: str, d: _dt.DType) -> tuple:
 
 
 def _unary(op: str, x, out: _dt.DType | None = None) -> Array:
-    if out is None and _native_unary is not None:  # an array and a known signature, in C
-        node = _native_unary(op, x)
-        if node is not None:
-            return node
     if type(x) is not Array:
         x = asarray(x)
     if out is None:

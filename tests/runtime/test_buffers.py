@@ -6,7 +6,9 @@ from __future__ import annotations
 import gc
 
 import numpy as np
+import pytest
 
+import hal
 import runtime as rt
 from runtime.buffer_cache import BufferCache, bucket_size
 from runtime.device import context_for
@@ -86,3 +88,119 @@ def test_numpy_view_keeps_storage_alive(dev):
     for _ in range(3):
         rt.eval(x * 7)
     np.testing.assert_allclose(host, np.arange(8) + 1)
+
+
+def _device_for(driver: str):
+    """A fresh device of `driver`: a CPU driver's, or ``fake-gpu``, the simulated GPU in graph mode."""
+    if driver == "fake-gpu":
+        fake_gpu = pytest.importorskip("drivers.fake_gpu")
+        return fake_gpu.FakeGpuDriver().create_device(command_buffer="graph")
+    return hal.create_device(driver)
+
+
+@pytest.mark.parametrize("driver", ["local-task", "fake-gpu"])
+def test_a_program_of_evals_computes_and_recycles_alike_each_time(driver: str) -> None:
+    """Repeats of one graph (its table unchanged), results held across evals (their buffers busy: the
+    graph's other recording serves), evals queued without a wait between them and reductions with
+    scratch in the table give numpy's values; the same program on a fresh device takes and gives back
+    the same buffers."""
+    outcomes = []
+    for _ in range(2):
+        device = _device_for(driver)
+        try:
+            outcomes.append(_evals_program(device))
+        finally:
+            device.close()
+    assert outcomes[0] == outcomes[1]
+    results = outcomes[0][0]
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((64, 33)).astype(np.float32)
+    b = rng.standard_normal((64, 33)).astype(np.float32)
+    for step in range(12):
+        np.testing.assert_allclose(results[step], ((a + b) * np.float32(step % 3)).sum(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(results[12], (a - b).sum(), rtol=1e-4, atol=1e-4)
+
+
+def _evals_program(device) -> tuple[list, dict]:
+    rng = np.random.default_rng(7)
+    a_np = rng.standard_normal((64, 33)).astype(np.float32)
+    b_np = rng.standard_normal((64, 33)).astype(np.float32)
+    ctx = context_for(device)  # a context of its own for this device object
+    ctx.is_gpu = ctx.is_gpu or device.info.driver == "fake"
+    a, b = rt.array(a_np, device=ctx), rt.array(b_np, device=ctx)
+    results, held = [], []
+    for step in range(12):
+        c = (a + b) * float(step % 3)
+        s = c.sum()
+        if step % 4 == 1:
+            held.append(c)  # kept: the next eval of the graph finds its buffer busy
+        rt.eval(s)
+        results.append(float(s))
+    for _ in range(6):  # queued without a wait in between
+        rt.eval(a * b)
+    results.append(float((a - b).sum()))
+    big = rt.array(rng.standard_normal((512, 4096)).astype(np.float32), device=ctx)
+    for _ in range(3):  # scratch through the binding table (large reductions' partials on a CPU)
+        results.append((rt.exp(big * 0.1).max(axis=0) + big.mean()).numpy().tolist())
+    del c, s, held  # their storages give their buffers back
+    gc.collect()
+    cache = ctx.buffers
+    counters = {"hits": cache.hits, "misses": cache.misses, "free_bytes": cache.free_bytes,
+                "allocated_bytes": cache.allocated_bytes, "submitted": ctx.submitted,
+                "graph_cache": ctx.graphs.stats()}
+    return results, counters
+
+
+@pytest.mark.parametrize("driver", ["local-task", "fake-gpu"])
+def test_a_refused_submission_gives_its_buffers_back(driver: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device refusing an eval's submission: the error comes out, and the buffers taken for the
+    eval go back to the cache."""
+    device = _device_for(driver)
+    ctx = context_for(device)
+    host = np.linspace(0, 1, 4096, dtype=np.float32)
+    a = rt.array(host, device=ctx)
+    try:
+        for _ in range(2):
+            rt.eval(rt.exp(a))
+        cache = ctx.buffers
+        before = cache.free_bytes
+
+        def refuse(*args, **kwargs):
+            raise hal.ResourceExhaustedError("refused")
+
+        monkeypatch.setattr(device, "queue_execute", refuse, raising=False)
+        monkeypatch.setattr(device, "prepare", refuse, raising=False)
+        with pytest.raises(hal.ResourceExhaustedError):
+            rt.eval(rt.exp(a) + 1.0)  # a graph not recorded before
+        gc.collect()
+        assert cache.free_bytes >= before
+        monkeypatch.undo()
+        np.testing.assert_allclose((rt.exp(a) + 1.0).numpy(), np.exp(host) + 1, rtol=1e-6)
+    finally:
+        device.close()
+
+
+def test_a_failed_timeline_raises_for_its_work_and_the_context_goes_on() -> None:
+    """Waits on a context whose work failed raise AbortedError; the context moves to a new timeline,
+    what was computed before stays readable and new work computes."""
+    device = hal.create_device("local-task")
+    try:
+        ctx = context_for(device)
+        a = rt.array(np.arange(4, dtype=np.float32), device=ctx)
+        x = a + 1.0
+        rt.eval(x)
+        ctx.wait(np.int64(x.root.storage.ready))  # a numpy value works as a timeline value
+        ctx.wait(x.root.storage.ready)  # reached: nothing to do
+        assert x.numpy().tolist() == [1, 2, 3, 4]
+        y = a * 2.0
+        rt.eval(y)
+        value = y.root.storage.ready
+        old = ctx.semaphore
+        old.fail(hal.HalError(13, "the work failed"))  # as a failed kernel fails the timeline
+        with pytest.raises(hal.AbortedError):
+            ctx.wait(value)
+        assert ctx.semaphore is not old and ctx.completed == ctx.submitted and old in ctx.failed
+        assert x.numpy().tolist() == [1, 2, 3, 4]
+        assert (a - 1.0).numpy().tolist() == [-1, 0, 1, 2]
+    finally:
+        device.close()

@@ -346,3 +346,59 @@ def test_cpu_kernels_ignore_floating_point_errors_and_keep_the_callers_state(dev
         assert np.geterr() == {"divide": "raise", "over": "raise", "under": "raise", "invalid": "raise"}
         with pytest.raises(FloatingPointError):
             np.exp(np.float32(1000.0))
+
+
+def _random_program(rng: np.random.Generator, device, steps: int) -> list[tuple]:
+    """Pending arrays built by random ops over a few externals (views, broadcasts, reductions, one
+    operand twice, Python scalars), each with the numpy value it must have; returns (array, value)
+    pairs of four of them."""
+    hosts = [rng.standard_normal((4, 6)).astype(np.float32), rng.standard_normal((6,)).astype(np.float32),
+             rng.standard_normal((4, 1)).astype(np.float32)]
+    pool = [(rt.array(h, device=device), h) for h in hosts]
+    for _ in range(steps):
+        (a, na), (b, nb) = pool[rng.integers(len(pool))], pool[rng.integers(len(pool))]
+        kind = rng.integers(9)
+        try:
+            np.broadcast_shapes(na.shape, nb.shape)
+        except ValueError:
+            kind = 0 if kind in (1, 8) else kind
+        if kind == 0:
+            made = rt.exp(a), np.exp(na)
+        elif kind == 1:
+            made = a + b, na + nb
+        elif kind == 2:
+            made = a * a, na * na
+        elif kind == 3:
+            made = (a.T, na.T) if a.ndim == 2 else (a.reshape((-1, 1)), na.reshape((-1, 1)))
+        elif kind == 4:
+            made = (a[1:], na[1:]) if a.shape and a.shape[0] > 1 else (-a, -na)
+        elif kind == 5:
+            made = (a.sum(axis=0), na.sum(axis=0)) if a.ndim else (a + 1.5, na + np.float32(1.5))
+        elif kind == 6:
+            made = rt.maximum(a, 0.0), np.maximum(na, np.float32(0))
+        elif kind == 7:
+            made = a.reshape((-1,)), na.reshape((-1,))
+        else:
+            made = a - b * 2.0, na - nb * np.float32(2)
+        pool.append(made)
+    picked = rng.choice(len(pool), size=4, replace=False)
+    return [pool[i] for i in picked]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_graphs_give_numpys_values_and_replay_from_the_cache(seed: int) -> None:
+    """Graphs with views, shared nodes, repeated externals and intermediates still referenced: the eval
+    gives numpy's values, and the same program built again is a graph-cache hit with the same values."""
+    device = "local-sync"
+    ctx = context_for(device)
+    values = []
+    for attempt in range(2):
+        picked = _random_program(np.random.default_rng(seed), device, 12)
+        misses = ctx.graphs.misses
+        rt.eval(*[a for a, _ in picked])
+        if attempt:
+            assert ctx.graphs.misses == misses, "the same graph again is a hit"
+        for a, want in picked:
+            np.testing.assert_allclose(a.numpy(), want, rtol=1e-5, atol=1e-5)
+        values.append([a.numpy().tolist() for a, _ in picked])
+    assert values[0] == values[1]
