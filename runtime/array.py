@@ -1,47 +1,59 @@
-"""The lazy Array: a node of the op graph, or an evaluated buffer, or a strided view of either."""
+"""The lazy Array: a node of the op graph, or an evaluated buffer, or a strided view of either.
+
+Its fields are the graph node's (``graph.Node``); its operators and methods are all here, each a
+call into the module that builds or computes it: ``ops`` (elementwise, reductions, views), the array
+API functions (``array_api``), indexing, numpy's protocols, the lowering (``eval``), host reads and
+DLPack (``host``, ``interop``).
+"""
 
 from __future__ import annotations
 
-import functools
+import sys
 import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 import hal
 
+from . import array_api, ops
 from . import dtypes as _dt
-from .device import DeviceContext, Storage, context_for
+from .device import context_for
 from .errors import DeviceFallbackWarning, InvalidTypeError, InvalidValueError
+from .graph import Node, upload
+from .host import to_numpy
+from .indexing import AtIndexer, getitem
+from .interop import cuda_array_interface, dlpack_device, to_dlpack
+from .lowering.evaluate import evaluate
+from .numpy_protocols import array_function, array_ufunc
+from .ops import binary, unary
 from .shapes import size_of
 
+if TYPE_CHECKING:
+    from types import ModuleType
 
-class Array:
+    from .ops import ArrayLike
+
+
+class Array(Node):
     """A lazily evaluated n-d array on a HAL device.
 
-    Nodes that run a kernel (or are evaluated data) are *roots*: they own
-    storage once evaluated. Views (reshape, transpose, broadcast_to, slicing)
-    are not scheduled: they describe a strided window (`strides`, `offset`, in
-    elements) onto their root's storage and keep `op`/`inputs` for autodiff.
+    Nodes that run a kernel (or are evaluated data) are *roots*: they own storage once evaluated.
+    Views (reshape, transpose, broadcast_to, slicing) are not scheduled: they describe a strided
+    window (`strides`, `offset`, in elements) onto their root's storage and keep `op`/`inputs` for
+    autodiff. Arrays are immutable; `x.at[idx].set(v)` is the functional update.
     """
 
-    __slots__ = ("op", "inputs", "params", "shape", "dtype", "ctx", "base", "strides", "offset",
-                 "storage", "__weakref__")
+    __slots__ = ()
 
     # Tell numpy to defer to our reflected operators (np_array + rt_array).
     __array_priority__ = 100
 
-    op: str | None
-    shape: tuple
-    dtype: _dt.DType
-
+    # -- structure ----------------------------------------------------------------------------------
     @property
     def root(self) -> Array:
-        """The array owning the storage this one views (itself unless it is a view).
-
-        Roots keep `base` None rather than a reference to themselves, so that
-        arrays are freed by reference counting (and their buffers recycled)
-        without waiting for the cycle collector.
-        """
+        """The array owning the storage this one views (itself unless it is a view)."""
         base = self.base
         return self if base is None else base
 
@@ -65,19 +77,159 @@ class Array:
     def is_evaluated(self) -> bool:
         return self.root.storage is not None
 
-    def layout(self) -> tuple:
+    def layout(self) -> tuple[tuple, int]:
         """(strides, offset) in elements relative to the root's storage."""
         strides = self.strides
         if strides is None:
-            strides = _row_major(self.shape)
+            strides = ops.row_major(self.shape)
         return strides, self.offset
+
+    # -- operators ----------------------------------------------------------------------------------
+    def __add__(self, other: ArrayLike) -> Array: return binary("add", self, other)
+    def __radd__(self, other: ArrayLike) -> Array: return binary("add", other, self)
+    def __sub__(self, other: ArrayLike) -> Array: return binary("sub", self, other)
+    def __rsub__(self, other: ArrayLike) -> Array: return binary("sub", other, self)
+    def __mul__(self, other: ArrayLike) -> Array: return binary("mul", self, other)
+    def __rmul__(self, other: ArrayLike) -> Array: return binary("mul", other, self)
+    def __truediv__(self, other: ArrayLike) -> Array: return binary("div", self, other)
+    def __rtruediv__(self, other: ArrayLike) -> Array: return binary("div", other, self)
+    def __floordiv__(self, other: ArrayLike) -> Array: return binary("floor_divide", self, other)
+    def __rfloordiv__(self, other: ArrayLike) -> Array: return binary("floor_divide", other, self)
+    def __mod__(self, other: ArrayLike) -> Array: return binary("remainder", self, other)
+    def __rmod__(self, other: ArrayLike) -> Array: return binary("remainder", other, self)
+    def __pow__(self, other: ArrayLike) -> Array: return binary("pow", self, other)
+    def __rpow__(self, other: ArrayLike) -> Array: return binary("pow", other, self)
+    def __matmul__(self, other: ArrayLike) -> Array: return ops.matmul(self, other)
+    def __rmatmul__(self, other: ArrayLike) -> Array: return ops.matmul(other, self)
+    def __and__(self, other: ArrayLike) -> Array: return binary("bitwise_and", self, other)
+    def __rand__(self, other: ArrayLike) -> Array: return binary("bitwise_and", other, self)
+    def __or__(self, other: ArrayLike) -> Array: return binary("bitwise_or", self, other)
+    def __ror__(self, other: ArrayLike) -> Array: return binary("bitwise_or", other, self)
+    def __xor__(self, other: ArrayLike) -> Array: return binary("bitwise_xor", self, other)
+    def __rxor__(self, other: ArrayLike) -> Array: return binary("bitwise_xor", other, self)
+    def __lshift__(self, other: ArrayLike) -> Array: return binary("left_shift", self, other)
+    def __rlshift__(self, other: ArrayLike) -> Array: return binary("left_shift", other, self)
+    def __rshift__(self, other: ArrayLike) -> Array: return binary("right_shift", self, other)
+    def __rrshift__(self, other: ArrayLike) -> Array: return binary("right_shift", other, self)
+    def __eq__(self, other: ArrayLike) -> Array: return binary("eq", self, other)  # type: ignore[override]
+    def __ne__(self, other: ArrayLike) -> Array: return binary("ne", self, other)  # type: ignore[override]
+    def __lt__(self, other: ArrayLike) -> Array: return binary("lt", self, other)
+    def __le__(self, other: ArrayLike) -> Array: return binary("le", self, other)
+    def __gt__(self, other: ArrayLike) -> Array: return binary("gt", self, other)
+    def __ge__(self, other: ArrayLike) -> Array: return binary("ge", self, other)
+    def __neg__(self) -> Array: return unary("neg", self)
+    def __pos__(self) -> Array: return self
+    def __abs__(self) -> Array: return unary("abs", self)
+    def __invert__(self) -> Array: return unary("bitwise_invert", self)
+    def __divmod__(self, other: ArrayLike) -> tuple[Array, Array]:
+        return binary("floor_divide", self, other), binary("remainder", self, other)
+
+    __hash__ = object.__hash__  # (by identity: __eq__ is elementwise)
+
+    def __getitem__(self, key: Any) -> Array: return getitem(self, key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise InvalidTypeError("runtime arrays are immutable: use x = x.at[key].set(value) (or .add, .multiply, "
+                               ".min, .max) for a functional update")
+
+    @property
+    def at(self) -> AtIndexer:
+        """Functional updates, as in JAX: `x.at[idx].set(v)`, `.add(v)`, `.multiply(v)`, `.min(v)`, `.max(v)`."""
+        return AtIndexer(self)
+
+    # -- methods --------------------------------------------------------------------------------------
+    @property
+    def T(self) -> Array:  # noqa: N802 - numpy's name
+        return ops.transpose(self)
+
+    @property
+    def mT(self) -> Array:  # noqa: N802 - the array API's name
+        if self.ndim < 2:
+            raise InvalidValueError("mT needs an array of at least 2 dimensions")
+        return ops.swapaxes(self, -1, -2)
+
+    def reshape(self, *shape: Any) -> Array: return ops.reshape(self, shape[0] if len(shape) == 1 else shape)
+    def transpose(self, *axes: Any) -> Array: return ops.transpose(self, axes or None)
+    def swapaxes(self, a: int, b: int) -> Array: return ops.swapaxes(self, a, b)
+    def broadcast_to(self, shape: tuple) -> Array: return ops.broadcast_to(self, shape)
+    def squeeze(self, axis: int | tuple | None = None) -> Array: return ops.squeeze(self, axis)
+    def flatten(self) -> Array: return ops.reshape(self, (-1,))
+    def ravel(self) -> Array: return ops.reshape(self, (-1,))
+    def astype(self, dtype: Any, /, *, copy: bool = True, device: Any = None) -> Array:
+        return ops.astype(self, dtype, copy=copy, device=device)
+    def copy(self) -> Array: return ops.copy_array(self)
+    def exp(self) -> Array: return unary("exp", self)
+    def log(self) -> Array: return unary("log", self)
+    def sqrt(self) -> Array: return unary("sqrt", self)
+    def tanh(self) -> Array: return unary("tanh", self)
+    def sigmoid(self) -> Array: return unary("sigmoid", self)
+    def abs(self) -> Array: return unary("abs", self)
+    def sum(self, axis: Any = None, keepdims: bool = False) -> Array: return ops.sum(self, axis, keepdims)
+    def mean(self, axis: Any = None, keepdims: bool = False) -> Array: return ops.mean(self, axis, keepdims)
+    def max(self, axis: Any = None, keepdims: bool = False) -> Array: return ops.max(self, axis, keepdims)
+    def min(self, axis: Any = None, keepdims: bool = False) -> Array: return ops.min(self, axis, keepdims)
+    def argmax(self, axis: Any = None, keepdims: bool = False) -> Array: return ops.argmax(self, axis, keepdims)
+    def argmin(self, axis: Any = None, keepdims: bool = False) -> Array: return ops.argmin(self, axis, keepdims)
+    def prod(self, axis: Any = None, keepdims: bool = False) -> Array:
+        return array_api.prod(self, axis=axis, keepdims=keepdims)
+    def any(self, axis: Any = None, keepdims: bool = False) -> Array:
+        return array_api.any(self, axis=axis, keepdims=keepdims)
+    def all(self, axis: Any = None, keepdims: bool = False) -> Array:
+        return array_api.all(self, axis=axis, keepdims=keepdims)
+    def std(self, axis: Any = None, ddof: float = 0, keepdims: bool = False) -> Array:
+        return array_api.std(self, axis=axis, correction=ddof, keepdims=keepdims)
+    def var(self, axis: Any = None, ddof: float = 0, keepdims: bool = False) -> Array:
+        return array_api.var(self, axis=axis, correction=ddof, keepdims=keepdims)
+    def clip(self, *bounds: Any, **named: Any) -> Array: return array_api.clip(self, *bounds, **named)
+    def cumsum(self, axis: int | None = None) -> Array:
+        if axis is None:
+            return array_api.cumulative_sum(ops.reshape(self, (-1,)), axis=0)
+        return array_api.cumulative_sum(self, axis=axis)
+    def sort(self, axis: int = -1) -> Array: return array_api.sort(self, axis=axis)
+    def argsort(self, axis: int = -1) -> Array: return array_api.argsort(self, axis=axis)
+    def take(self, indices: Any, axis: int | None = None) -> Array:
+        if axis is None:
+            return array_api.take(ops.reshape(self, (-1,)), indices, axis=0)
+        return array_api.take(self, indices, axis=axis)
+    def round(self, decimals: int = 0) -> Array:
+        if decimals != 0:
+            raise InvalidTypeError("round(decimals != 0) is not supported")
+        return ops.round(self)
+
+    def to_device(self, device: Any, /, *, stream: Any = None) -> Array:
+        return ops.asarray(self, device=device)
+
+    def __array_namespace__(self, *, api_version: str | None = None) -> ModuleType:
+        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
+            raise InvalidValueError(f"unsupported array API version {api_version!r}")
+        return sys.modules[__package__]  # the runtime package (imported: this module is part of it)
+
+    # -- evaluation and host values -------------------------------------------------------------------
+    def eval(self) -> Array:
+        evaluate((self,))
+        return self
+
+    def numpy(self) -> np.ndarray:
+        """The value as a numpy array (a read-only zero-copy view of mapped memory where possible)."""
+        return to_numpy(self)
+
+    def tolist(self) -> Any:
+        return self.numpy().tolist()
+
+    def item(self) -> Any:
+        return self._scalar().item()
+
+    def _scalar(self) -> np.ndarray:
+        if self.size != 1:
+            raise InvalidTypeError("only arrays of size 1 can be converted to Python scalars")
+        return self.numpy().reshape(())[()]
 
     def __len__(self) -> int:
         if not self.shape:
             raise TypeError("len() of unsized object")
         return self.shape[0]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Array]:
         if not self.shape:
             raise TypeError("iteration over a 0-d array")
         for i in range(self.shape[0]):
@@ -102,14 +254,6 @@ class Array:
             raise TypeError("only integer arrays can be used as an index")
         return int(self._scalar())
 
-    def item(self):
-        return self._scalar().item()
-
-    def _scalar(self):
-        if self.size != 1:
-            raise InvalidTypeError("only arrays of size 1 can be converted to Python scalars")
-        return self.numpy().reshape(())[()]
-
     def __repr__(self) -> str:
         body = np.array2string(self.numpy(), separator=", ", prefix="rt.Array(")
         return f"rt.Array({body}, dtype={self.dtype.name}, device={self.ctx.device.info.uri!r})"
@@ -124,7 +268,7 @@ class Array:
             return format(self.item(), spec)
         raise InvalidTypeError(f"unsupported format string {spec!r} for a {self.ndim}-d array")
 
-    def __array__(self, dtype=None, copy=None):
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         out = self.numpy()
         if copy:
             out = out.copy()
@@ -132,7 +276,25 @@ class Array:
             out = out.astype(dtype, copy=False)
         return out
 
-    def __reduce__(self):
+    # -- numpy's dispatch, DLPack, pickling -----------------------------------------------------------
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        return array_ufunc(self, ufunc, method, *inputs, **kwargs)
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        return array_function(self, func, types, args, kwargs)
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: bool | None = None) -> Any:
+        return to_dlpack(self, stream, max_version, dl_device, copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return dlpack_device(self)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return cuda_array_interface(self)
+
+    def __reduce__(self) -> tuple:
         """Pickled as host data and the device's URI: unpickled on that device, or, where it is missing, on
         the default device with a `DeviceFallbackWarning` (turn it into an error with the warnings filter)."""
         return (_unpickle, (np.array(self.numpy()), self.dtype, self.ctx.device.info.uri))
@@ -140,55 +302,8 @@ class Array:
     def __copy__(self) -> Array:
         return self  # arrays are immutable: a copy is the same value
 
-    def __deepcopy__(self, memo) -> Array:
+    def __deepcopy__(self, memo: dict) -> Array:
         return self
-
-    def __setitem__(self, key, value) -> None:
-        raise InvalidTypeError("runtime arrays are immutable: use x = x.at[key].set(value) (or .add, .multiply, "
-                               ".min, .max) for a functional update")
-
-    @property
-    def at(self):
-        """Functional updates, as in JAX: `x.at[idx].set(v)`, `.add(v)`, `.multiply(v)`, `.min(v)`, `.max(v)`."""
-        from .indexing import AtIndexer
-        return AtIndexer(self)
-
-    @property
-    def mT(self) -> Array:
-        from .ops import swapaxes
-        if self.ndim < 2:
-            raise InvalidValueError("mT needs an array of at least 2 dimensions")
-        return swapaxes(self, -1, -2)
-
-    def to_device(self, device, /, *, stream=None) -> Array:
-        from .ops import asarray
-        return asarray(self, device=device)
-
-    def __array_namespace__(self, *, api_version: str | None = None):
-        if api_version not in (None, "2021.12", "2022.12", "2023.12", "2024.12"):
-            raise InvalidValueError(f"unsupported array API version {api_version!r}")
-        import runtime
-        return runtime
-
-    def eval(self) -> Array:
-        from .lowering import evaluate
-        evaluate((self,))
-        return self
-
-    def numpy(self) -> np.ndarray:
-        """The value as a numpy array (a read-only zero-copy view of mapped memory where possible)."""
-        from .host import to_numpy
-        return to_numpy(self)
-
-    tolist = lambda self: self.numpy().tolist()  # noqa: E731
-
-
-def _row_major(shape: tuple) -> tuple:
-    """ops._row_major, bound on first use (ops imports this module): a function-level import
-    statement costs a trip through the import machinery at every call of layout()."""
-    global _row_major
-    from .ops import _row_major
-    return _row_major(shape)
 
 
 def _unpickle(host: np.ndarray, dtype: _dt.DType, uri: str) -> Array:
@@ -199,84 +314,3 @@ def _unpickle(host: np.ndarray, dtype: _dt.DType, uri: str) -> Array:
         warnings.warn(f"an unpickled array's device {uri!r} is not usable here ({exc.message}); the array is on "
                       f"the default device {ctx.device.info.uri!r} instead", DeviceFallbackWarning, stacklevel=2)
     return upload(host, dtype, ctx)
-
-
-
-def new_node(op: str | None, inputs: tuple, params, shape: tuple, dtype: _dt.DType, ctx: DeviceContext,
-             storage: Storage | None = None) -> Array:
-    """A root node that one kernel computes (or, with `storage`, an evaluated array)."""
-    a = Array.__new__(Array)
-    a.op = op
-    a.inputs = inputs
-    a.params = params
-    a.shape = shape
-    a.dtype = dtype
-    a.ctx = ctx
-    a.base = None
-    a.strides = None
-    a.offset = 0
-    a.storage = storage
-    return a
-
-
-def new_view(op: str, src: Array, params, shape: tuple, strides: tuple, offset: int) -> Array:
-    a = Array.__new__(Array)
-    a.op = op
-    a.inputs = (src,)
-    a.params = params
-    a.shape = shape
-    a.dtype = src.dtype
-    a.ctx = src.ctx
-    a.base = src.root
-    a.strides = strides
-    a.offset = offset
-    a.storage = None
-    return a
-
-
-#: The op of a traced placeholder (rt.compile's inputs): no storage, and nothing computes it.
-PLACEHOLDER = "placeholder"
-#: new_evaluated(shape, dtype, ctx, storage): an array whose contents `storage` holds. A partial of
-#: new_node, so every replay output costs one Python call, not two.
-new_evaluated = functools.partial(new_node, None, (), None)
-
-
-def upload(data: np.ndarray, dtype: _dt.DType, ctx: DeviceContext) -> Array:
-    """Copy host data into a fresh device buffer (synchronous; the buffer is idle)."""
-    shape = tuple(data.shape)
-    host = np.ascontiguousarray(_dt.convert_host(data, dtype))
-    nbytes = host.nbytes
-    buf, bucket = ctx.buffers.acquire(nbytes)
-    if nbytes:
-        ctx.device.write(buf, host.reshape(-1).view(np.uint8))
-    storage = Storage(buf, bucket, ctx, 0, nbytes)
-    return new_evaluated(shape, dtype, ctx, storage)
-
-
-def constant(value, dtype: _dt.DType, ctx: DeviceContext) -> Array:
-    """A cached evaluated 0-d array holding a Python scalar (used for weak scalar operands)."""
-    # Floats by their hex form: -0.0 and 0.0 compare (and hash) equal but are different constants.
-    key = (dtype, value.hex()) if type(value) is float else (type(value), value, dtype)
-    cache = ctx.constants
-    arr = cache.get(key)
-    if arr is None:
-        if dtype is _dt.bfloat16:
-            host = np.array(value, dtype=np.float32)
-        else:
-            with np.errstate(over="ignore"):
-                host = np.array(value, dtype=dtype.storage)
-        arr = upload(host, dtype, ctx)
-        arr.params = host  # an evaluated array's params are free: the value, for folding (autodiff.py)
-        keep_constant(cache, key, arr)
-    return arr
-
-
-def keep_constant(cache: dict, key, entry) -> None:
-    """Put `entry` in a context's constant cache, dropping its oldest entry at 4,096."""
-    if len(cache) >= 4096:
-        cache.pop(next(iter(cache)))
-    cache[key] = entry
-
-
-def as_context(device) -> DeviceContext:
-    return context_for(device)

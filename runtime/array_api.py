@@ -13,15 +13,19 @@ from __future__ import annotations
 import builtins
 import math
 import operator
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from . import dtypes as _dt
 from . import ops
-from .array import Array, upload
 from .device import context_for
 from .errors import InvalidTypeError, InvalidValueError
+from .graph import Node, upload
 from .shapes import broadcast_shapes, normalize_axes, normalize_axis
+
+if TYPE_CHECKING:
+    from .array import Array
 
 __array_api_version__ = "2024.12"
 
@@ -33,7 +37,7 @@ newaxis = None
 
 
 def _arr(x) -> Array:
-    return x if type(x) is Array else ops.asarray(x)
+    return x if isinstance(x, Node) else ops.asarray(x)
 
 
 def _on_host(x: Array, result: np.ndarray, dtype: _dt.DType | None = None) -> Array:
@@ -109,7 +113,7 @@ class finfo:  # noqa: N801 - the standard's name
     """Machine limits of a float dtype (bits, eps, max, min, smallest_normal, dtype)."""
 
     def __init__(self, dtype) -> None:
-        dt = _dt.as_dtype(dtype.dtype if type(dtype) is Array else dtype)
+        dt = _dt.as_dtype(dtype.dtype if isinstance(dtype, Node) else dtype)
         if not dt.is_float:
             raise InvalidTypeError(f"finfo needs a float dtype, got {dt.name}")
         if dt is _dt.bfloat16:
@@ -127,7 +131,7 @@ class iinfo:  # noqa: N801 - the standard's name
     """Limits of an integer dtype (bits, max, min, dtype)."""
 
     def __init__(self, dtype) -> None:
-        dt = _dt.as_dtype(dtype.dtype if type(dtype) is Array else dtype)
+        dt = _dt.as_dtype(dtype.dtype if isinstance(dtype, Node) else dtype)
         if not dt.is_int:
             raise InvalidTypeError(f"iinfo needs an integer dtype, got {dt.name}")
         self.bits = dt.itemsize * 8
@@ -139,7 +143,7 @@ def result_type(*arrays_and_dtypes) -> _dt.DType:
     dts = []
     scalars = []
     for a in arrays_and_dtypes:
-        if type(a) is Array:
+        if isinstance(a, Node):
             dts.append(a.dtype)
         elif isinstance(a, (bool, int, float, complex)) and not isinstance(a, np.generic):
             scalars.append(a)
@@ -154,7 +158,7 @@ def result_type(*arrays_and_dtypes) -> _dt.DType:
 
 
 def can_cast(from_, to, /) -> bool:
-    src = from_.dtype if type(from_) is Array else _dt.as_dtype(from_)
+    src = from_.dtype if isinstance(from_, Node) else _dt.as_dtype(from_)
     dst = _dt.as_dtype(to)
     if src is _dt.bfloat16 or dst is _dt.bfloat16:
         return src is dst or (dst is not _dt.bfloat16 and dst.is_float and dst.itemsize > 2) or src is _dt.bool_
@@ -238,7 +242,7 @@ def concat(arrays, /, *, axis=0) -> Array:
     if axis is None:
         arrays = [ops.reshape(a, (-1,)) for a in arrays]
         axis = 0
-    ops._ctx_of(*arrays)
+    ops.ctx_of(*arrays)
     nd = arrays[0].ndim
     if nd == 0:
         raise InvalidValueError("zero-dimensional arrays cannot be concatenated")
@@ -330,8 +334,8 @@ def repeat(x, repeats, /, *, axis=None) -> Array:
         x = ops.reshape(x, (-1,))
         axis = 0
     axis = normalize_axis(axis, x.ndim)
-    if type(repeats) is Array or isinstance(repeats, (list, tuple, np.ndarray)):
-        counts = np.asarray(repeats.numpy() if type(repeats) is Array else repeats).astype(np.int64)
+    if isinstance(repeats, Node) or isinstance(repeats, (list, tuple, np.ndarray)):
+        counts = np.asarray(repeats.numpy() if isinstance(repeats, Node) else repeats).astype(np.int64)
         if counts.ndim == 0:
             repeats = int(counts)
         else:
@@ -364,7 +368,7 @@ def take(x, indices, /, *, axis=None) -> Array:
         if x.ndim > 1:
             raise InvalidValueError("take needs an axis for arrays of more than one dimension")
         axis = 0
-    idx = indices if type(indices) is Array else ops.asarray(indices, device=x.ctx)
+    idx = indices if isinstance(indices, Node) else ops.asarray(indices, device=x.ctx)
     if not idx.dtype.is_int:
         raise InvalidTypeError(f"take indices must be integers, got {idx.dtype.name}")
     axis = normalize_axis(axis, x.ndim)
@@ -384,7 +388,7 @@ def take(x, indices, /, *, axis=None) -> Array:
     mid = ops.reshape(idx, idx.shape + (1,) * (x.ndim - axis - 1))
     flat = (o_flat * n + mid) * inner + i_flat
     out_shape = outer + idx.shape + x.shape[axis + 1:]
-    return gather_flat(x, ops.broadcast_to(flat, out_shape) if type(flat) is Array else flat)
+    return gather_flat(x, ops.broadcast_to(flat, out_shape) if isinstance(flat, Node) else flat)
 
 
 def take_along_axis(x, indices, /, *, axis=-1) -> Array:
@@ -414,7 +418,7 @@ def take_along_axis(x, indices, /, *, axis=-1) -> Array:
 
 def gather_flat(x: Array, flat) -> Array:
     """out[i] = x.flat[flat[i]] (x made contiguous; flat int64 of the output's shape)."""
-    if type(flat) is not Array:
+    if not isinstance(flat, Node):
         flat = ops.asarray(np.asarray(flat, np.int64), device=x.ctx)
     if flat.size and x.size == 0:
         raise InvalidValueError("cannot take elements of an empty array")
@@ -445,7 +449,7 @@ def prod(x, /, *, axis=None, dtype=None, keepdims=False) -> Array:
     dt = _out_dtype(x, dtype, "prod")
     if dtype is not None and dt is not x.dtype:
         x = ops.astype(x, dt)
-    r = ops._reduce("prod", x, axis, keepdims)
+    r = ops.reduction("prod", x, axis, keepdims)
     return r if r.dtype is dt else ops.astype(r, dt)
 
 
@@ -526,7 +530,7 @@ def clip(x, /, min=None, max=None) -> Array:  # noqa: A002
     for bound, fn in ((min, ops.maximum), (max, ops.minimum)):
         if bound is None:
             continue
-        if type(bound) is Array:
+        if isinstance(bound, Node):
             bound = ops.astype(bound, x.dtype)
         elif x.dtype.is_int and isinstance(bound, float):
             raise InvalidTypeError("clip bounds of an integer array must be integers")
@@ -640,25 +644,36 @@ def unique_values(x, /) -> Array:
     return _on_host(x, values, x.dtype)
 
 
-def unique_counts(x, /):
+class UniqueCountsResult(NamedTuple):
+    values: Array
+    counts: Array
+
+
+class UniqueInverseResult(NamedTuple):
+    values: Array
+    inverse_indices: Array
+
+
+class UniqueAllResult(NamedTuple):
+    values: Array
+    indices: Array
+    inverse_indices: Array
+    counts: Array
+
+
+def unique_counts(x, /) -> UniqueCountsResult:
     x, values, _, _, counts = _unique(x)
-    from collections import namedtuple
-    result = namedtuple("UniqueCountsResult", ["values", "counts"])
-    return result(_on_host(x, values, x.dtype), _on_host(x, counts.astype(np.int64), _dt.int64))
+    return UniqueCountsResult(_on_host(x, values, x.dtype), _on_host(x, counts.astype(np.int64), _dt.int64))
 
 
-def unique_inverse(x, /):
+def unique_inverse(x, /) -> UniqueInverseResult:
     x, values, _, inverse, _ = _unique(x)
-    from collections import namedtuple
-    result = namedtuple("UniqueInverseResult", ["values", "inverse_indices"])
-    return result(_on_host(x, values, x.dtype), _on_host(x, inverse.astype(np.int64), _dt.int64))
+    return UniqueInverseResult(_on_host(x, values, x.dtype), _on_host(x, inverse.astype(np.int64), _dt.int64))
 
 
-def unique_all(x, /):
+def unique_all(x, /) -> UniqueAllResult:
     x, values, index, inverse, counts = _unique(x)
-    from collections import namedtuple
-    result = namedtuple("UniqueAllResult", ["values", "indices", "inverse_indices", "counts"])
-    return result(_on_host(x, values, x.dtype), _on_host(x, index.astype(np.int64), _dt.int64),
+    return UniqueAllResult(_on_host(x, values, x.dtype), _on_host(x, index.astype(np.int64), _dt.int64),
                   _on_host(x, inverse.astype(np.int64), _dt.int64), _on_host(x, counts.astype(np.int64), _dt.int64))
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import weakref
 from itertools import repeat
 from operator import is_
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,9 +24,12 @@ import hal
 
 from . import dtypes as _dt
 from . import ops
-from .array import Array, constant, new_node
 from .errors import InvalidTypeError
+from .graph import Node, constant, new_node
 from .ops import COMPARE
+
+if TYPE_CHECKING:
+    from .array import Array
 
 GRAD = "grad"
 # Grad nodes handed out and maybe still pending: an eval that would clear part of their forward
@@ -364,7 +368,7 @@ def _backward(out: Array, wrt: list) -> list:
             if id(inp) not in relevant:
                 push((inp, False))
     cot: dict = {id(out): constant(1.0, out.dtype, out.ctx) if out.dtype.is_float
-                 else constant(1.0, ops._dt.float32, out.ctx)}
+                 else constant(1.0, _dt.float32, out.ctx)}
     memo: dict = {}
     for node in reversed(order):
         nid = id(node)
@@ -477,7 +481,7 @@ def value_and_grad(fn, argnums=0):
         wrt = []
         for i in nums:
             a = args[i]
-            if type(a) is not Array:
+            if not isinstance(a, Node):
                 a = ops.asarray(a)
             if not a.dtype.is_float:
                 raise InvalidTypeError(
@@ -487,7 +491,7 @@ def value_and_grad(fn, argnums=0):
             args[i] = m
             wrt.append(m)
         out = fn(*args, **kwargs)
-        if type(out) is not Array:
+        if not isinstance(out, Node):
             raise hal.InvalidArgumentError("the differentiated function must return an Array")
         if out.shape != () and out.size != 1:
             raise hal.InvalidArgumentError(

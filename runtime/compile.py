@@ -6,7 +6,7 @@ reusable command buffer. Later calls skip Python graph building: one
 dictionary look-up, a binding table of the arguments' buffers (in argument
 order, then captured arrays) and the outputs' buffers (values that never
 leave the function live in buffers the recording owns), one submission
-(`lowering.submit`, shared with evals; while earlier work runs, replays are
+(`lowering.execute.submit`, shared with evals; while earlier work runs, replays are
 queued and handed to the device several to a submission), and one Storage and
 Array per output. A recording keeps the outputs of its last replay: when nothing
 else references them any more (the usual `w, loss = step(w, ...)` loop), the
@@ -31,23 +31,18 @@ from operator import attrgetter, itemgetter
 import hal
 from hal import env, tracing
 
-from .array import PLACEHOLDER, Array, new_evaluated, new_node
+from .array import Array
 from .autodiff import GRAD, materialize, resolved
 from .device import Storage
-from .lowering import (
-    MAX_VARIANTS,
-    Variants,
-    collect,
-    graph_key,
-    held_free,
-    hold,
-    record,
-    replay_held,
-    submit,
-)
+from .graph import PLACEHOLDER, new_evaluated, new_node
+from .lowering.evaluate import evaluate
+from .lowering.execute import MAX_VARIANTS, Variants, held_free, hold, replay_held, submit
+from .lowering.key import collect, graph_key
+from .lowering.record import record
+from .ops import contiguous
 
 #: Output bytes up to which a compiled function's recording keeps its outputs for its next replay
-#: (lowering.hold): a replay whose previous outputs were dropped then hands the same arrays out
+#: (lowering.execute.hold): a replay whose previous outputs were dropped then hands the same arrays out
 #: again, without taking buffers from the cache, giving them back or making a Storage and an Array
 #: each (~300 bytecodes a step of two outputs). The kept buffers stay out of the cache until the
 #: next replay or until the function's cache is cleared; above this size the step's own work
@@ -215,7 +210,7 @@ class _Traced:
         return self.structure(outs)
 
     def _again(self, ctx, rec, ext: list):
-        """Replay `rec` with its held outputs, which nothing else references (lowering.held_free):
+        """Replay `rec` with its held outputs, which nothing else references (lowering.execute.held_free):
         the same arrays and buffers serve again, marked ready at the new value."""
         if tracing.ENABLED:
             value = tracing.call("rt.replay", replay_held, ctx, rec, ext, category="runtime", compiled=True)
@@ -290,7 +285,6 @@ def compile(fn):  # noqa: A001 - mirrors mx.compile / jax.jit
             if a.storage is None:
                 pending.append(a)
         if pending:
-            from .lowering import evaluate
             evaluate(pending)
         if not kwargs and len(leaves) == len(args):
             key = tuple(map(_signature, leaves))
@@ -333,5 +327,4 @@ def _traced_through(leaves: list) -> bool:
 
 
 def _dense(a: Array) -> Array:
-    from .ops import contiguous
     return contiguous(a)

@@ -1,4 +1,5 @@
-"""Per-device runtime state: the timeline semaphore, buffer cache, graph cache and executables."""
+"""Per-device runtime state: the timeline semaphore, buffer cache, graph cache and executables, and the
+submission of prepared executions on the context's timeline (``DeviceContext.submit``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import hal
 from hal import env
 
 from .buffer_cache import BufferCache
+from .errors import ArrayTooLargeError
 from .graph_cache import GraphCache
 
 MAX_IN_FLIGHT = env.integer("RUNTIME_MAX_IN_FLIGHT", 4, minimum=1)  # submissions handed over before the host waits
@@ -16,13 +18,15 @@ MAX_IN_FLIGHT = env.integer("RUNTIME_MAX_IN_FLIGHT", 4, minimum=1)  # submission
 #: Batching is what MLX's command encoder does with its ops: the submission's fixed host cost (fences,
 #: the driver's event, retirement) is paid once for the batch; each replay adds its launch.
 SUBMIT_BATCH = env.integer("RUNTIME_SUBMIT_BATCH", 8, minimum=1)
+#: Prepared executions of batches of queued replays kept per context (a loop's batches repeat).
+BATCHES_KEPT = 8
 
 
 class DeviceContext:
     """Everything the runtime keeps for one hal.Device."""
 
-    __slots__ = ("device", "semaphore", "submitted", "completed", "flushed", "queued", "in_flight", "buffers",
-                 "graphs", "failed", "programs", "retired_programs",
+    __slots__ = ("device", "semaphore", "submitted", "completed", "flushed", "queued", "batches", "in_flight",
+                 "buffers", "graphs", "failed", "programs", "retired_programs",
                  "executables", "fusion_wanted", "constants", "is_gpu", "gpu_format", "lock", "name", "max_array_bytes",
                  "__weakref__")
 
@@ -32,9 +36,11 @@ class DeviceContext:
         self.submitted = 0  # value of the latest submission, queued ones included
         self.completed = 0  # last value seen reached (a hint, refreshed by refresh())
         self.flushed = 0  # value the latest submission handed to the device signals
-        #: Replays not handed to the device yet: (command buffer, binding table), values flushed+1 ...
-        #: submitted, in order. Submitted with the next submission, or by flush() before any wait.
-        self.queued: list = []
+        #: Replays not handed to the device yet (their executions), values flushed+1 ... submitted, in
+        #: order. Submitted with the next submission, or by flush() before any wait.
+        self.queued: list[hal.Execution] = []
+        #: tuple of the executions of a batch -> the execution of their command buffers as one submission.
+        self.batches: dict[tuple, hal.Execution] = {}
         #: Values signalled by the submissions handed to the device that may still run (throttle()).
         self.in_flight: collections.deque[int] = collections.deque()
         self.buffers = BufferCache(device)
@@ -63,7 +69,6 @@ class DeviceContext:
         for dim in shape:
             n *= dim
         if n > self.max_array_bytes:
-            from .errors import ArrayTooLargeError
             raise ArrayTooLargeError(
                 f"an array of shape {shape} and dtype {dtype.name} needs {n} bytes, more than the largest "
                 f"allocation of {self.max_array_bytes} bytes that {self.device.info.uri} supports")
@@ -102,12 +107,62 @@ class DeviceContext:
                 self.wait(in_flight.popleft())
                 self.refresh()
 
+    def submit(self, execution: hal.Execution, queue: bool = False) -> int:
+        """Submit `execution` after every earlier submission of this context: the timeline value it
+        signals. The one place the runtime hands work to a device.
+
+        ``queue=True`` (rt.compile's replays): while work handed to the device earlier may still run,
+        the execution is queued and handed over with the next submission, up to SUBMIT_BATCH in one;
+        a device known idle gets it at once (a closed one refuses it at once), and any wait for a
+        queued value hands the queue over first (``flush``).
+        """
+        value = self.submitted + 1
+        if (queue and self.flushed > self.completed and len(self.queued) < SUBMIT_BATCH - 1
+                and not self.device.closed):
+            self.queued.append(execution)
+        else:
+            self._hand_over(execution, value)
+        self.submitted = value
+        return value
+
     def flush(self) -> None:
         """Hand the queued replays to the device now (one submission)."""
         with self.lock:
             if self.queued:
-                from .lowering import submit_queued
-                submit_queued(self)
+                self._hand_over(None, self.submitted)
+
+    def _hand_over(self, execution: hal.Execution | None, value: int) -> None:
+        """Submit the queued executions, then `execution`, as one submission signalling `value`; if the
+        device refuses it, the queued replays fail with it (their arrays raise the error when read)."""
+        if len(self.in_flight) >= MAX_IN_FLIGHT:  # (the usual case asked here, not in a call)
+            self.throttle()
+        queued = self.queued
+        sem = self.semaphore
+        try:
+            if queued:
+                execution = self._batch(queued if execution is None else [*queued, execution])
+            if execution is not None:
+                execution.submit([(sem, self.flushed)] if self.flushed > self.completed else (), [(sem, value)])
+        except BaseException as exc:
+            if queued:
+                self.recover(exc)
+            raise
+        if queued:
+            self.queued = []
+        self.flushed = value
+        self.in_flight.append(value)
+
+    def _batch(self, executions: list[hal.Execution]) -> hal.Execution:
+        """One execution running `executions`' command buffers in order, prepared once per batch."""
+        key = tuple(executions)
+        batch = self.batches.get(key)
+        if batch is None:
+            batch = self.device.prepare([cb for e in executions for cb in e.command_buffers],
+                                        [table for e in executions for table in e.binding_tables])
+            if len(self.batches) >= BATCHES_KEPT:
+                del self.batches[next(iter(self.batches))]
+            self.batches[key] = batch
+        return batch
 
     def retire_program(self, pid: int) -> None:
         """Forget a dropped recording's CPU program once the submissions already queued have run."""
@@ -154,6 +209,7 @@ class DeviceContext:
         self.failed[old] = (self.completed, exc)
         # Queued replays read what the failed work wrote, or were refused with it: they fail with it.
         self.queued = []
+        self.batches.clear()
         self.in_flight.clear()
         try:
             self.device.wait_idle()
@@ -206,6 +262,11 @@ _contexts: dict[int, DeviceContext] = {}
 _by_uri: dict[str, DeviceContext] = {}
 _default: list = [None]
 _registry_lock = threading.Lock()
+
+
+def contexts() -> list[DeviceContext]:
+    """The contexts of every device the runtime has used."""
+    return list(_contexts.values())
 
 
 def context_for(device=None) -> DeviceContext:

@@ -11,6 +11,8 @@ that bfloat16 with float16 gives float32.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .errors import InvalidTypeError, ScalarOverflowError
@@ -67,7 +69,7 @@ class DType:
     def numpy(self) -> np.dtype:
         """The numpy dtype host copies use (float32 for bfloat16 unless ml_dtypes is present)."""
         if self is bfloat16:
-            return _numpy_bfloat16() or np.dtype(np.float32)
+            return numpy_bfloat16() or np.dtype(np.float32)
         return self.storage
 
     @property
@@ -121,7 +123,9 @@ def _by_name(name: str) -> DType:
     return _BY_NAME[name]
 
 
-def _numpy_bfloat16():
+@functools.cache
+def numpy_bfloat16() -> np.dtype | None:
+    """ml_dtypes' bfloat16 where it is installed (optional), else None."""
     try:
         import ml_dtypes  # optional
     except ImportError:
@@ -148,7 +152,7 @@ def as_dtype(dtype) -> DType:
         npd = np.dtype(dtype)
     except (TypeError, ValueError) as exc:
         raise InvalidTypeError(f"unsupported dtype {dtype!r}") from exc
-    bf = _numpy_bfloat16()
+    bf = numpy_bfloat16()
     if bf is not None and npd == bf:
         return bfloat16
     try:
@@ -183,17 +187,17 @@ def _build_promotion() -> dict:
     return table
 
 
-_PROMOTE = _build_promotion()
+PROMOTE = _build_promotion()
 
 
 def promote(a: DType, b: DType) -> DType:
-    return _PROMOTE[a, b]
+    return PROMOTE[a, b]
 
 
 def result_type(*dts: DType) -> DType:
     out = dts[0]
     for d in dts[1:]:
-        out = _PROMOTE[out, d]
+        out = PROMOTE[out, d]
     return out
 
 

@@ -36,10 +36,10 @@ def _host_visible(buf) -> bool:
 
 
 def to_numpy(a) -> np.ndarray:
-    from .lowering import evaluate
+    """The value of `a` (evaluated first if pending) as a read-only numpy array."""
     root = a.root
     if root.storage is None:
-        evaluate((a,))
+        a.eval()
     st = root.storage
     ctx = st.ctx
     ctx.wait_storage(st)
@@ -59,7 +59,7 @@ def to_numpy(a) -> np.ndarray:
     view = strided_view(memoryview(base), dt, a.shape, strides, offset)
     if dt is _dt.bfloat16:
         f32 = _dt.from_bfloat16_bits(view)
-        bf = _dt._numpy_bfloat16()
+        bf = _dt.numpy_bfloat16()
         return f32.astype(bf) if bf is not None else f32
     view.flags.writeable = False
     return view

@@ -9,14 +9,19 @@ computed on the device are clamped to the array by the gather kernel.
 from __future__ import annotations
 
 import operator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import dtypes as _dt
 from . import ops
-from .array import Array
+from .array_api import gather_flat
 from .errors import InvalidIndexError
-from .shapes import contiguous_strides, parse_index
+from .graph import Node
+from .shapes import broadcast_shapes, contiguous_strides, parse_index
+
+if TYPE_CHECKING:
+    from .array import Array
 
 
 def _is_bool_scalar(k) -> bool:
@@ -24,7 +29,7 @@ def _is_bool_scalar(k) -> bool:
 
 
 def _is_array_index(k) -> bool:
-    if type(k) is Array:
+    if isinstance(k, Node):
         return k.ndim > 0 or k.dtype is _dt.bool_
     if isinstance(k, np.ndarray):
         return k.ndim > 0 or k.dtype == np.bool_
@@ -32,21 +37,21 @@ def _is_array_index(k) -> bool:
 
 
 def _zero_d_mask(k):
-    if (type(k) is Array or isinstance(k, np.ndarray)) and k.ndim == 0 and _is_array_index(k):
-        return bool(k.item() if type(k) is Array else k)
+    if (isinstance(k, Node) or isinstance(k, np.ndarray)) and k.ndim == 0 and _is_array_index(k):
+        return bool(k.item() if isinstance(k, Node) else k)
     return k
 
 
 def getitem(x: Array, key) -> Array:
     key = key if isinstance(key, tuple) else (key,)
     if any(_is_array_index(k) for k in key):
-        if any(np.ndim(k) == 0 for k in key if type(k) is Array or isinstance(k, np.ndarray)):
+        if any(np.ndim(k) == 0 for k in key if isinstance(k, Node) or isinstance(k, np.ndarray)):
             key = tuple(_zero_d_mask(k) for k in key)  # a 0-d boolean array masks as True / False
         if any(_is_array_index(k) for k in key):
             return _advanced(x, key)
     if any(_is_bool_scalar(k) for k in key):
         return _bool_scalars(x, key)
-    key = tuple(operator.index(k) if type(k) is Array else k for k in key)
+    key = tuple(operator.index(k) if isinstance(k, Node) else k for k in key)
     return ops.getitem(x, key)
 
 
@@ -65,7 +70,7 @@ def _bool_scalars(x: Array, key: tuple) -> Array:
             pos += x.ndim - n_real
         else:
             basic.append(k)
-            pos += 0 if isinstance(k, (int, np.integer)) or type(k) is Array else 1
+            pos += 0 if isinstance(k, (int, np.integer)) or isinstance(k, Node) else 1
     out = ops.getitem(x, tuple(basic))
     for p in empties:
         out = out[(slice(None),) * p + (slice(0, 0),)]
@@ -73,7 +78,7 @@ def _bool_scalars(x: Array, key: tuple) -> Array:
 
 
 def _is_bool_array(k) -> bool:
-    return k.dtype is _dt.bool_ if type(k) is Array else np.asarray(k).dtype == np.bool_
+    return k.dtype is _dt.bool_ if isinstance(k, Node) else np.asarray(k).dtype == np.bool_
 
 
 def _expand(x: Array, key: tuple) -> list:
@@ -84,7 +89,7 @@ def _expand(x: Array, key: tuple) -> list:
         if k is None or k is Ellipsis:
             continue
         if _is_array_index(k) and _is_bool_array(k):
-            n_used += k.ndim if type(k) is Array else np.asarray(k).ndim
+            n_used += k.ndim if isinstance(k, Node) else np.asarray(k).ndim
         else:
             n_used += 1
     if n_used > x.ndim:
@@ -101,7 +106,7 @@ def _expand(x: Array, key: tuple) -> list:
             out.append(None)
             continue
         if _is_array_index(k):
-            host = None if type(k) is Array else np.asarray(k)
+            host = None if isinstance(k, Node) else np.asarray(k)
             is_bool = (k.dtype is _dt.bool_) if host is None else host.dtype == np.bool_
             if is_bool:
                 mask = np.asarray(k.numpy()) if host is None else host
@@ -127,7 +132,7 @@ def _advanced(x: Array, key: tuple) -> Array:
     """Integer-array indexing (numpy's rules): the index arrays broadcast together; their dims replace the
     indexed axes where those are adjacent, else lead the result."""
     items = _expand(x, key)
-    adv = [i for i, k in enumerate(items) if isinstance(k, (np.ndarray, Array)) or
+    adv = [i for i, k in enumerate(items) if isinstance(k, (np.ndarray, Node)) or
            (k is not None and not isinstance(k, slice))]
     # basic part first: advanced axes kept whole, then gathered
     basic = []
@@ -153,7 +158,7 @@ def _advanced(x: Array, key: tuple) -> Array:
             if k.size and (k.min() < -d or k.max() >= d):
                 raise InvalidIndexError(f"index out of bounds for axis with size {d}")
             k = ops.asarray(np.where(k < 0, k + d, k), device=x.ctx)
-        elif type(k) is Array:
+        elif isinstance(k, Node):
             k = ops.astype(k, _dt.int64)
             k = ops.where(k < 0, k + d, k)
         else:
@@ -163,7 +168,6 @@ def _advanced(x: Array, key: tuple) -> Array:
             k = ops.asarray(np.int64(idx % d), device=x.ctx)
         arrays.append(k)
         dims[i] = d
-    from .shapes import broadcast_shapes
     bshape = broadcast_shapes(*(a.shape for a in arrays))
     adv_axes = [axis_of[i] for i in adv]
     adjacent = adv_axes == list(range(adv_axes[0], adv_axes[0] + len(adv_axes)))
@@ -188,7 +192,6 @@ def _advanced(x: Array, key: tuple) -> Array:
         pos = [1] * len(out_shape)
         pos[oa] = y.shape[a]
         flat = flat + ops.reshape(ops.arange(y.shape[a], dtype=_dt.int64, device=x.ctx), tuple(pos)) * strides[a]
-    from .array_api import gather_flat
     if 0 in out_shape:
         return ops.zeros(out_shape, dtype=x.dtype, device=x.ctx)
     return gather_flat(y, ops.broadcast_to(flat, out_shape))
@@ -238,10 +241,10 @@ class _At:
         key = self.key if isinstance(self.key, tuple) else (self.key,)
         if any(_is_array_index(k) or _is_bool_scalar(k) for k in key):
             return self._update_on_host(value, combine)
-        key = tuple(operator.index(k) if type(k) is Array else k for k in key)
+        key = tuple(operator.index(k) if isinstance(k, Node) else k for k in key)
         view = ops.getitem(x, key)
         info = parse_index(key, x.shape, *x.layout())[3]
-        v = ops.astype(ops.broadcast_to(ops.asarray(value, device=x.ctx) if type(value) is not Array else value,
+        v = ops.astype(ops.broadcast_to(ops.asarray(value, device=x.ctx) if not isinstance(value, Node) else value,
                                         view.shape), x.dtype)
         kept = tuple(count for (_, _, count, keep) in info if keep)
         if combine is not None:
@@ -254,9 +257,9 @@ class _At:
         """Array indices (which may repeat) updated as numpy's ufunc.at does, on host data."""
         x = self.x
         host = np.array(np.asarray(x.numpy()))
-        key = tuple(np.asarray(k.numpy()) if type(k) is Array else k for k in
+        key = tuple(np.asarray(k.numpy()) if isinstance(k, Node) else k for k in
                     (self.key if isinstance(self.key, tuple) else (self.key,)))
-        val = np.asarray(value.numpy()) if type(value) is Array else np.asarray(value)
+        val = np.asarray(value.numpy()) if isinstance(value, Node) else np.asarray(value)
         ufunc = {None: None, ops.add: np.add, ops.multiply: np.multiply, ops.minimum: np.minimum,
                  ops.maximum: np.maximum}[combine]
         try:

@@ -3,6 +3,9 @@
 Exports hand out the array's device memory itself (a legacy `dltensor`
 capsule built with ctypes); the capsule keeps the storage alive until the
 consumer calls the deleter. Imports copy into a runtime buffer.
+
+The exports take the array (``Array.__dlpack__`` and the others call them) and use its own
+methods to evaluate it, copy it or view it on the host.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import numpy as np
 import hal
 
 from . import dtypes as _dt
+from .device import context_for
+from .graph import Node, upload
 
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_ROCM = 1, 2, 3, 10
 _DL_CODE = {"i": 0, "u": 1, "f": 2, "b": 6}
@@ -117,9 +122,8 @@ def device_pointer(buffer) -> int:
 
 
 def _ready_storage(a):
-    from .lowering import evaluate
     if a.root.storage is None:
-        evaluate((a,))
+        a.eval()
     st = a.root.storage
     st.ctx.wait_storage(st)
     return st
@@ -141,11 +145,9 @@ def to_dlpack(a, stream=None, max_version=None, dl_device=None, copy=None):
     if dl_device is not None and tuple(dl_device) != dev:
         raise BufferError(f"array is on DLPack device {dev}, not {tuple(dl_device)}")
     if copy:
-        from .ops import contiguous
-        return to_dlpack(contiguous(a) if a.root is not a else a + 0, stream, max_version, dl_device, False)
+        return to_dlpack(a.copy(), stream, max_version, dl_device, False)
     if dev[0] == KDL_CPU:
-        from .host import to_numpy
-        host = to_numpy(a)  # zero-copy view of mapped memory that keeps the storage alive
+        host = a.numpy()  # zero-copy view of mapped memory that keeps the storage alive
         base = host
         ptr = base.__array_interface__["data"][0]
         return make_capsule(ptr, dev, a.shape, tuple(s // a.dtype.itemsize for s in host.strides)
@@ -168,9 +170,7 @@ def cuda_array_interface(a) -> dict:
 
 def from_dlpack(obj, /, *, device=None, copy=None):
     """An Array holding a copy of any DLPack-exporting object (numpy, torch, cupy, another runtime Array)."""
-    from .array import Array, upload
-    from .device import context_for
-    if type(obj) is Array:
+    if isinstance(obj, Node):
         return obj
     ctx = context_for(device)
     dev = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (KDL_CPU, 0)
@@ -184,13 +184,3 @@ def from_dlpack(obj, /, *, device=None, copy=None):
         raise hal.UnimplementedError(f"cannot import a DLPack tensor from device type {dev[0]}")
     return upload(host, _dt.from_numpy(host.dtype), ctx)
 
-
-def _install() -> None:
-    from .array import Array
-    Array.__dlpack__ = lambda self, *, stream=None, max_version=None, dl_device=None, copy=None: to_dlpack(
-        self, stream, max_version, dl_device, copy)
-    Array.__dlpack_device__ = dlpack_device
-    Array.__cuda_array_interface__ = property(cuda_array_interface)
-
-
-_install()

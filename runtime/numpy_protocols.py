@@ -7,11 +7,16 @@ numpy functions without a runtime counterpart raise numpy's TypeError naming the
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from . import array_api, ops
-from .array import Array
 from .errors import InvalidTypeError
+from .graph import Node
+
+if TYPE_CHECKING:
+    from .array import Array
 
 _UFUNCS = {
     "add": ops.add, "subtract": ops.subtract, "multiply": ops.multiply, "divide": ops.divide,
@@ -59,7 +64,7 @@ def _reduction(fn):
     def call(a, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
         if out is not None or kwargs.get("where", True) is not True:
             return NotImplemented
-        x = a if type(a) is Array else ops.asarray(a)
+        x = a if isinstance(a, Node) else ops.asarray(a)
         if dtype is not None:
             x = ops.astype(x, dtype)
         return fn(x, axis=axis, keepdims=keepdims)
@@ -135,7 +140,7 @@ _FUNCTIONS = {
 
 
 def _isclose(a, b, rtol, atol, equal_nan) -> Array:
-    a, b, _ = ops._operands(a, b)
+    a, b, _ = ops.operands(a, b)
     close = ops.less_equal(ops.absolute(a - b), atol + rtol * ops.absolute(b))
     if equal_nan:
         close = ops.logical_or(close, ops.logical_and(ops.isnan(a), ops.isnan(b)))
@@ -146,6 +151,6 @@ def array_function(self: Array, func, types, args, kwargs):
     fn = _FUNCTIONS.get(func)
     if fn is None:
         return NotImplemented
-    if not all(issubclass(t, (Array, np.ndarray)) for t in types):
+    if not all(issubclass(t, (Node, np.ndarray)) for t in types):
         return NotImplemented
     return fn(*args, **kwargs)

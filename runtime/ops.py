@@ -5,17 +5,20 @@ from __future__ import annotations
 import builtins
 import math
 import operator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import dtypes as _dt
-from .array import Array, constant, keep_constant, new_node, new_view, upload
 from .device import context_for
 from .errors import InvalidTypeError, InvalidValueError, ScalarOverflowError
+from .graph import Node, constant, keep_constant, new_node, new_view, upload
+from .interop import from_dlpack
 from .kernels.matmul import matmul_precision
 from .shapes import (
     MAX_DIMS,
     broadcast_shapes,
+    check_shape,
     contiguous_strides,
     normalize_axes,
     parse_index,
@@ -23,6 +26,15 @@ from .shapes import (
     reshape_target,
     size_of,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any, TypeAlias
+
+    from .array import Array
+
+    #: What an op takes as an array: an Array, or host data it copies to the device.
+    ArrayLike: TypeAlias = Array | np.ndarray | np.generic | bool | int | float | Sequence[Any]
 
 UNARY_FLOAT = ("exp", "log", "sqrt", "tanh", "sigmoid", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
                "cosh", "asinh", "acosh", "atanh", "expm1", "log1p", "log2", "log10", "reciprocal")
@@ -41,10 +53,10 @@ VIEWS = frozenset(("reshape", "transpose", "broadcast_to", "slice", "alias"))
 _Scalar = (bool, int, float)
 
 
-def _ctx_of(*xs):
+def ctx_of(*xs):
     ctx = None
     for x in xs:
-        if type(x) is Array:
+        if isinstance(x, Node):
             if ctx is None:
                 ctx = x.ctx
             elif x.ctx is not ctx:
@@ -61,7 +73,7 @@ def asarray(x, dtype=None, device=None, copy=None) -> Array:
     ints the default integer dtype (int64). `device` moves an Array to another device (through
     host memory); `copy=True` always copies, `copy=False` refuses to.
     """
-    if type(x) is Array:
+    if isinstance(x, Node):
         if device is not None and context_for(device) is not x.ctx:
             if copy is False:
                 raise InvalidValueError("asarray(copy=False) cannot move an array to another device")
@@ -74,7 +86,6 @@ def asarray(x, dtype=None, device=None, copy=None) -> Array:
         return copy_array(x) if copy else x
     ctx = context_for(device)
     if hasattr(x, "__dlpack__") and not isinstance(x, (np.ndarray, np.generic)):
-        from .interop import from_dlpack
         return asarray(from_dlpack(x, device=ctx), dtype=dtype)
     host, dt = host_data(x)
     if dtype is not None:
@@ -116,7 +127,7 @@ def _python_floats(seq) -> bool:
         if isinstance(item, (list, tuple)):
             if not _python_floats(item):
                 return False
-        elif isinstance(item, (np.ndarray, np.generic, Array)) and np.dtype(item.dtype) == np.float64:
+        elif isinstance(item, (np.ndarray, np.generic, Node)) and np.dtype(item.dtype) == np.float64:
             return False
     return True
 
@@ -148,12 +159,12 @@ def _scalar_operand(value, other: Array):
     return constant(value.item(), sdt, other.ctx), _dt.promote(other.dtype, sdt)
 
 
-def _operands(a, b):
+def operands(a, b):
     """Turn (a, b) with at least one Array into two Arrays and the promoted dtype."""
-    ta, tb = type(a) is Array, type(b) is Array
+    ta, tb = isinstance(a, Node), isinstance(b, Node)
     if ta and tb:
         if a.ctx is not b.ctx:
-            _ctx_of(a, b)
+            ctx_of(a, b)
         return a, b, _dt.promote(a.dtype, b.dtype)
     if ta:
         if type(b) in _WEAK or isinstance(b, np.generic):
@@ -168,7 +179,7 @@ def _operands(a, b):
         a = asarray(a, device=b.ctx)
         return a, b, _dt.promote(a.dtype, b.dtype)
     a = asarray(a)
-    return _operands(a, b)
+    return operands(a, b)
 
 
 def _bshape(a: Array, b: Array) -> tuple:
@@ -180,7 +191,7 @@ def _bshape(a: Array, b: Array) -> tuple:
     return broadcast_shapes(sa, sb)
 
 
-_PROMOTE = _dt._PROMOTE
+_PROMOTE = _dt.PROMOTE
 
 
 def binary_signature(op: str, dt: _dt.DType) -> tuple:
@@ -215,14 +226,14 @@ _SIGNATURES: dict = {}
 _UNARY_SIGNATURES: dict = {}
 
 
-def _binary(op: str, a, b) -> Array:
-    if type(a) is Array and type(b) is Array and a.ctx is b.ctx:
+def binary(op: str, a, b) -> Array:
+    if isinstance(a, Node) and isinstance(b, Node) and a.ctx is b.ctx:
         dt = _PROMOTE[a.dtype, b.dtype]
     else:
         if op == "pow" and isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b < 0 \
-                and type(a) is Array and a.dtype.kind in "iub":
+                and isinstance(a, Node) and a.dtype.kind in "iub":
             raise InvalidValueError("Integers to negative integer powers are not allowed.")
-        a, b, dt = _operands(a, b)
+        a, b, dt = operands(a, b)
     shape = _bshape(a, b)
     sig = _SIGNATURES.get((op, dt))
     out, cdt = sig if sig is not None else binary_signature(op, dt)
@@ -231,38 +242,42 @@ def _binary(op: str, a, b) -> Array:
     return new_node(op, (a, b), cdt, shape, out, a.ctx)
 
 
-def add(a, b): return _binary("add", a, b)
-def subtract(a, b): return _binary("sub", a, b)
-def multiply(a, b): return _binary("mul", a, b)
-def divide(a, b): return _binary("div", a, b)
-def power(a, b): return _binary("pow", a, b)
-def maximum(a, b): return _binary("maximum", a, b)
-def minimum(a, b): return _binary("minimum", a, b)
-def equal(a, b): return _binary("eq", a, b)
-def not_equal(a, b): return _binary("ne", a, b)
-def less(a, b): return _binary("lt", a, b)
-def less_equal(a, b): return _binary("le", a, b)
-def greater(a, b): return _binary("gt", a, b)
-def greater_equal(a, b): return _binary("ge", a, b)
 
+# The elementwise functions of two operands: numpy broadcasting and promotion (Python scalars weak).
+def add(a: ArrayLike, b: ArrayLike) -> Array: return binary("add", a, b)
+def subtract(a: ArrayLike, b: ArrayLike) -> Array: return binary("sub", a, b)
+def multiply(a: ArrayLike, b: ArrayLike) -> Array: return binary("mul", a, b)
+def divide(a: ArrayLike, b: ArrayLike) -> Array: return binary("div", a, b)
+def power(a: ArrayLike, b: ArrayLike) -> Array: return binary("pow", a, b)
+def maximum(a: ArrayLike, b: ArrayLike) -> Array: return binary("maximum", a, b)
+def minimum(a: ArrayLike, b: ArrayLike) -> Array: return binary("minimum", a, b)
+def floor_divide(a: ArrayLike, b: ArrayLike) -> Array: return binary("floor_divide", a, b)
+def remainder(a: ArrayLike, b: ArrayLike) -> Array: return binary("remainder", a, b)
+def equal(a: ArrayLike, b: ArrayLike) -> Array: return binary("eq", a, b)
+def not_equal(a: ArrayLike, b: ArrayLike) -> Array: return binary("ne", a, b)
+def less(a: ArrayLike, b: ArrayLike) -> Array: return binary("lt", a, b)
+def less_equal(a: ArrayLike, b: ArrayLike) -> Array: return binary("le", a, b)
+def greater(a: ArrayLike, b: ArrayLike) -> Array: return binary("gt", a, b)
+def greater_equal(a: ArrayLike, b: ArrayLike) -> Array: return binary("ge", a, b)
+def atan2(a: ArrayLike, b: ArrayLike) -> Array: return binary("atan2", a, b)
+def hypot(a: ArrayLike, b: ArrayLike) -> Array: return binary("hypot", a, b)
+def copysign(a: ArrayLike, b: ArrayLike) -> Array: return binary("copysign", a, b)
+def nextafter(a: ArrayLike, b: ArrayLike) -> Array: return binary("nextafter", a, b)
+def logaddexp(a: ArrayLike, b: ArrayLike) -> Array: return binary("logaddexp", a, b)
+def bitwise_and(a: ArrayLike, b: ArrayLike) -> Array: return binary("bitwise_and", a, b)
+def bitwise_or(a: ArrayLike, b: ArrayLike) -> Array: return binary("bitwise_or", a, b)
+def bitwise_xor(a: ArrayLike, b: ArrayLike) -> Array: return binary("bitwise_xor", a, b)
+def left_shift(a: ArrayLike, b: ArrayLike) -> Array: return binary("left_shift", a, b)
+def right_shift(a: ArrayLike, b: ArrayLike) -> Array: return binary("right_shift", a, b)
+def logical_and(a: ArrayLike, b: ArrayLike) -> Array: return binary("logical_and", a, b)
+def logical_or(a: ArrayLike, b: ArrayLike) -> Array: return binary("logical_or", a, b)
+def logical_xor(a: ArrayLike, b: ArrayLike) -> Array: return binary("logical_xor", a, b)
 
-def _binary_fn(op: str):
-    def fn(a, b) -> Array:
-        return _binary(op, a, b)
-    fn.__name__ = op
-    fn.__doc__ = f"Elementwise {op} with numpy broadcasting and promotion."
-    return fn
-
-
-for _op in ("floor_divide", "remainder") + BINARY_FLOAT + BITWISE + LOGICAL:
-    globals()[_op] = _binary_fn(_op)
-floor_divide, remainder = globals()["floor_divide"], globals()["remainder"]
 
 sub = subtract
 mul = multiply
 div = true_divide = divide
 pow = power  # noqa: A001
-
 
 def unary_signature(op: str, d: _dt.DType) -> tuple:
     """(result dtype, compute dtype) of unary `op` on `d` (numpy's rules)."""
@@ -282,8 +297,8 @@ def unary_signature(op: str, d: _dt.DType) -> tuple:
     return d, d
 
 
-def _unary(op: str, x, out: _dt.DType | None = None) -> Array:
-    if type(x) is not Array:
+def unary(op: str, x, out: _dt.DType | None = None) -> Array:
+    if not isinstance(x, Node):
         x = asarray(x)
     if out is None:
         sig = _UNARY_SIGNATURES.get((op, x.dtype))
@@ -299,29 +314,58 @@ def _unary(op: str, x, out: _dt.DType | None = None) -> Array:
 ROUNDING = frozenset(("floor", "ceil", "trunc", "round"))
 
 
-def _unary_fn(op: str, doc: str):
-    if op in ROUNDING:
-        def fn(x) -> Array:
-            x = x if type(x) is Array else asarray(x)
-            return _unary(op, x) if x.dtype.is_float else x
-    else:
-        def fn(x) -> Array:
-            return _unary(op, x)
-    fn.__name__ = op
-    fn.__doc__ = doc
-    return fn
+
+def rounding(op: str, x: ArrayLike) -> Array:
+    """A rounding op: the identity on integers and bools."""
+    if not isinstance(x, Node):
+        x = asarray(x)
+    return unary(op, x) if x.dtype.is_float else x
 
 
-negative = neg = _unary_fn("neg", "Elementwise -x.")
-absolute = abs = _unary_fn("abs", "Elementwise |x|.")  # noqa: A001
-for _op in UNARY_FLOAT + UNARY_SAME[2:] + UNARY_PREDICATE:
-    globals()[_op] = _unary_fn(_op, f"Elementwise {_op} (integers and bools give numpy's float result where "
-                                    "the op is a float function).")
-exp, log, sqrt, tanh, sigmoid = (globals()[n] for n in ("exp", "log", "sqrt", "tanh", "sigmoid"))
+# The elementwise functions of one operand (integers and bools give numpy's float result where the op is
+# a float function).
+def negative(x: ArrayLike) -> Array: return unary("neg", x)
+def absolute(x: ArrayLike) -> Array: return unary("abs", x)
+def exp(x: ArrayLike) -> Array: return unary("exp", x)
+def log(x: ArrayLike) -> Array: return unary("log", x)
+def sqrt(x: ArrayLike) -> Array: return unary("sqrt", x)
+def tanh(x: ArrayLike) -> Array: return unary("tanh", x)
+def sigmoid(x: ArrayLike) -> Array: return unary("sigmoid", x)
+def sin(x: ArrayLike) -> Array: return unary("sin", x)
+def cos(x: ArrayLike) -> Array: return unary("cos", x)
+def tan(x: ArrayLike) -> Array: return unary("tan", x)
+def asin(x: ArrayLike) -> Array: return unary("asin", x)
+def acos(x: ArrayLike) -> Array: return unary("acos", x)
+def atan(x: ArrayLike) -> Array: return unary("atan", x)
+def sinh(x: ArrayLike) -> Array: return unary("sinh", x)
+def cosh(x: ArrayLike) -> Array: return unary("cosh", x)
+def asinh(x: ArrayLike) -> Array: return unary("asinh", x)
+def acosh(x: ArrayLike) -> Array: return unary("acosh", x)
+def atanh(x: ArrayLike) -> Array: return unary("atanh", x)
+def expm1(x: ArrayLike) -> Array: return unary("expm1", x)
+def log1p(x: ArrayLike) -> Array: return unary("log1p", x)
+def log2(x: ArrayLike) -> Array: return unary("log2", x)
+def log10(x: ArrayLike) -> Array: return unary("log10", x)
+def reciprocal(x: ArrayLike) -> Array: return unary("reciprocal", x)
+def square(x: ArrayLike) -> Array: return unary("square", x)
+def sign(x: ArrayLike) -> Array: return unary("sign", x)
+def bitwise_invert(x: ArrayLike) -> Array: return unary("bitwise_invert", x)
+def isnan(x: ArrayLike) -> Array: return unary("isnan", x)
+def isinf(x: ArrayLike) -> Array: return unary("isinf", x)
+def isfinite(x: ArrayLike) -> Array: return unary("isfinite", x)
+def signbit(x: ArrayLike) -> Array: return unary("signbit", x)
+def logical_not(x: ArrayLike) -> Array: return unary("logical_not", x)
+def floor(x: ArrayLike) -> Array: return rounding("floor", x)
+def ceil(x: ArrayLike) -> Array: return rounding("ceil", x)
+def trunc(x: ArrayLike) -> Array: return rounding("trunc", x)
+def round(x: ArrayLike) -> Array: return rounding("round", x)  # noqa: A001
 
+
+neg = negative
+abs = absolute  # noqa: A001
 
 def positive(x) -> Array:
-    x = x if type(x) is Array else asarray(x)
+    x = x if isinstance(x, Node) else asarray(x)
     if x.dtype is _dt.bool_:
         raise InvalidTypeError("positive is not supported for bool")
     return x
@@ -331,7 +375,7 @@ def astype(x, dtype, /, *, copy=True, device=None) -> Array:
     dt = _dt.as_dtype(dtype)
     if device is not None:
         x = asarray(x, device=device)
-    if type(x) is not Array:
+    if not isinstance(x, Node):
         x = asarray(x)
     if dt is x.dtype:
         return x
@@ -351,17 +395,17 @@ def contiguous(x: Array) -> Array:
 
 
 def where(cond, x, y) -> Array:
-    ctx = _ctx_of(cond, x, y)
+    ctx = ctx_of(cond, x, y)
     if ctx is None:
         cond = asarray(cond)
         ctx = cond.ctx
-    if type(cond) is not Array:
+    if not isinstance(cond, Node):
         cond = asarray(cond, device=ctx)
     if cond.dtype is not _dt.bool_:
         cond = not_equal(cond, False if cond.dtype is _dt.bool_ else 0)
-    if type(x) is not Array and type(y) is not Array:
+    if not isinstance(x, Node) and not isinstance(y, Node):
         x = asarray(x, device=ctx)
-    x, y, dt = _operands(x, y)
+    x, y, dt = operands(x, y)
     shape = broadcast_shapes(cond.shape, x.shape, y.shape)
     ctx.check_fits(shape, dt)
     return new_node("where", (cond, x, y), dt, shape, dt, ctx)
@@ -369,8 +413,8 @@ def where(cond, x, y) -> Array:
 
 # ---- reductions -------------------------------------------------------------------------------
 
-def _reduce(op: str, x, axis, keepdims: bool) -> Array:
-    if type(x) is not Array:
+def reduction(op: str, x, axis, keepdims: bool) -> Array:
+    if not isinstance(x, Node):
         x = asarray(x)
     # Memoized for None and int axes only: a tuple may hold anything (an array, kept alive here).
     key = (op, x.shape, x.dtype, axis, keepdims) if axis is None or type(axis) is int else None
@@ -406,28 +450,28 @@ def _reduction_of(op: str, xshape: tuple, dtype: _dt.DType, axis, keepdims) -> t
 
 
 def sum(x, axis=None, keepdims=False) -> Array:  # noqa: A001
-    return _reduce("sum", x, axis, keepdims)
+    return reduction("sum", x, axis, keepdims)
 
 
 def mean(x, axis=None, keepdims=False) -> Array:
-    return _reduce("mean", x, axis, keepdims)
+    return reduction("mean", x, axis, keepdims)
 
 
 def max(x, axis=None, keepdims=False) -> Array:  # noqa: A001
-    return _reduce("max", x, axis, keepdims)
+    return reduction("max", x, axis, keepdims)
 
 
 def min(x, axis=None, keepdims=False) -> Array:  # noqa: A001
-    return _reduce("min", x, axis, keepdims)
+    return reduction("min", x, axis, keepdims)
 
 
 def _arg_reduce(op: str, x, axis, keepdims: bool) -> Array:
-    if type(x) is not Array:
+    if not isinstance(x, Node):
         x = asarray(x)
     if axis is None and x.ndim != 1:  # over the flattened array; keepdims keeps every axis as 1
-        r = _reduce(op, reshape(x, (-1,)), None, False)
+        r = reduction(op, reshape(x, (-1,)), None, False)
         return reshape(r, (1,) * x.ndim) if keepdims else r
-    return _reduce(op, x, axis, keepdims)
+    return reduction(op, x, axis, keepdims)
 
 
 def argmax(x, axis=None, keepdims=False) -> Array:
@@ -441,7 +485,7 @@ def argmin(x, axis=None, keepdims=False) -> Array:
 # ---- matmul -----------------------------------------------------------------------------------
 
 def matmul(a, b) -> Array:
-    a, b, dt = _operands(a, b)
+    a, b, dt = operands(a, b)
     shapes = _matmul_shapes.get((a.shape, b.shape))
     if shapes is None:
         shapes = _matmul_shapes_of(a.shape, b.shape)
@@ -492,10 +536,10 @@ _UNKNOWN = object()
 
 
 def reshape(x, /, shape, *, copy=None) -> Array:
-    if copy is False and type(x) is Array and x.strides is not None and x.size and reshape_strides(
+    if copy is False and isinstance(x, Node) and x.strides is not None and x.size and reshape_strides(
             x.shape, x.layout()[0], reshape_target(x.shape, shape, x.size)) is None:
         raise InvalidValueError("reshape(copy=False): this view cannot be reshaped without a copy")
-    if type(x) is not Array:
+    if not isinstance(x, Node):
         x = asarray(x)
     key = (x.shape, shape)
     newshape = _reshape_targets.get(key) if type(shape) is tuple else None
@@ -506,7 +550,7 @@ def reshape(x, /, shape, *, copy=None) -> Array:
     if newshape == x.shape:
         return x
     if x.strides is None:  # a dense root: the new shape's row-major strides
-        return new_view("reshape", x, newshape, newshape, _row_major(newshape), x.offset)
+        return new_view("reshape", x, newshape, newshape, row_major(newshape), x.offset)
     strides, offset = x.layout()
     key = (x.shape, strides, newshape)
     new_strides = _view_strides.get(key, _UNKNOWN)
@@ -520,7 +564,7 @@ def reshape(x, /, shape, *, copy=None) -> Array:
     return new_view("reshape", x, newshape, newshape, new_strides, offset)
 
 
-def _row_major(shape: tuple) -> tuple:
+def row_major(shape: tuple) -> tuple:
     strides = _strides_cache.get(shape)
     if strides is None:
         strides = contiguous_strides(shape)
@@ -533,14 +577,14 @@ _strides_cache: dict = {}
 
 
 def transpose(x, axes=None) -> Array:
-    if type(x) is not Array:
+    if not isinstance(x, Node):
         x = asarray(x)
     nd = x.ndim
     if axes is None:
         if nd < 2:
             return x
         axes = tuple(range(nd - 1, -1, -1))
-        strides = x.strides if x.strides is not None else _row_major(x.shape)
+        strides = x.strides if x.strides is not None else row_major(x.shape)
         return new_view("transpose", x, axes, x.shape[::-1], strides[::-1], x.offset)
     else:
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
@@ -562,7 +606,7 @@ def swapaxes(x, a: int, b: int) -> Array:
 
 
 def broadcast_to(x, shape) -> Array:
-    if type(x) is not Array:
+    if not isinstance(x, Node):
         x = asarray(x)
     shape = tuple(shape)
     if shape == x.shape:
@@ -595,7 +639,7 @@ def squeeze(x, axis=None) -> Array:
 
 
 def getitem(x: Array, key) -> Array:
-    if isinstance(key, Array) or isinstance(key, (list, np.ndarray)):
+    if isinstance(key, Node) or isinstance(key, (list, np.ndarray)):
         raise InvalidValueError("advanced (array) indexing is not supported; use basic slicing")
     strides, offset = x.layout()
     shape, new_strides, new_offset, info = parse_index(key, x.shape, strides, offset)
@@ -619,10 +663,9 @@ def pad_slice(g: Array, in_shape: tuple, info: tuple) -> Array:
 # ---- creation ---------------------------------------------------------------------------------
 
 def full(shape, fill_value, dtype=None, device=None) -> Array:
-    from .shapes import check_shape
     shape = check_shape(shape)
     ctx = context_for(device)
-    if type(fill_value) is Array:
+    if isinstance(fill_value, Node):
         fill_value = fill_value.item()
     if dtype is not None:
         dt = _dt.as_dtype(dtype)
@@ -703,70 +746,3 @@ def arange(start, stop=None, step=1, dtype=None, device=None) -> Array:
     else:
         dt = _dt.DEFAULT_FLOAT if host.dtype.kind == "f" else _dt.DEFAULT_INT
     return upload(host, dt, ctx)
-
-
-# ---- Python operators -------------------------------------------------------------------------
-
-def _install_operators() -> None:
-    A = Array
-    A.__add__ = lambda s, o: _binary("add", s, o)
-    A.__radd__ = lambda s, o: _binary("add", o, s)
-    A.__sub__ = lambda s, o: _binary("sub", s, o)
-    A.__rsub__ = lambda s, o: _binary("sub", o, s)
-    A.__mul__ = lambda s, o: _binary("mul", s, o)
-    A.__rmul__ = lambda s, o: _binary("mul", o, s)
-    A.__truediv__ = lambda s, o: _binary("div", s, o)
-    A.__rtruediv__ = lambda s, o: _binary("div", o, s)
-    A.__pow__ = lambda s, o: _binary("pow", s, o)
-    A.__rpow__ = lambda s, o: _binary("pow", o, s)
-    A.__matmul__ = lambda s, o: matmul(s, o)
-    A.__rmatmul__ = lambda s, o: matmul(o, s)
-    A.__neg__ = negative
-    A.__pos__ = lambda s: s
-    A.__abs__ = absolute
-    A.__eq__ = lambda s, o: _binary("eq", s, o)
-    A.__ne__ = lambda s, o: _binary("ne", s, o)
-    A.__lt__ = lambda s, o: _binary("lt", s, o)
-    A.__le__ = lambda s, o: _binary("le", s, o)
-    A.__gt__ = lambda s, o: _binary("gt", s, o)
-    A.__ge__ = lambda s, o: _binary("ge", s, o)
-    A.__floordiv__ = lambda s, o: _binary("floor_divide", s, o)
-    A.__rfloordiv__ = lambda s, o: _binary("floor_divide", o, s)
-    A.__mod__ = lambda s, o: _binary("remainder", s, o)
-    A.__rmod__ = lambda s, o: _binary("remainder", o, s)
-    A.__divmod__ = lambda s, o: (_binary("floor_divide", s, o), _binary("remainder", s, o))
-    A.__and__ = lambda s, o: _binary("bitwise_and", s, o)
-    A.__rand__ = lambda s, o: _binary("bitwise_and", o, s)
-    A.__or__ = lambda s, o: _binary("bitwise_or", s, o)
-    A.__ror__ = lambda s, o: _binary("bitwise_or", o, s)
-    A.__xor__ = lambda s, o: _binary("bitwise_xor", s, o)
-    A.__rxor__ = lambda s, o: _binary("bitwise_xor", o, s)
-    A.__lshift__ = lambda s, o: _binary("left_shift", s, o)
-    A.__rlshift__ = lambda s, o: _binary("left_shift", o, s)
-    A.__rshift__ = lambda s, o: _binary("right_shift", s, o)
-    A.__rrshift__ = lambda s, o: _binary("right_shift", o, s)
-    A.__invert__ = lambda s: _unary("bitwise_invert", s)
-    A.__hash__ = object.__hash__
-    A.__getitem__ = getitem
-    A.T = property(lambda s: transpose(s))
-    A.reshape = lambda s, *shape: reshape(s, shape[0] if len(shape) == 1 else shape)
-    A.transpose = lambda s, *axes: transpose(s, axes or None)
-    A.astype = astype
-    A.sum = lambda s, axis=None, keepdims=False: sum(s, axis, keepdims)
-    A.mean = lambda s, axis=None, keepdims=False: mean(s, axis, keepdims)
-    A.max = lambda s, axis=None, keepdims=False: max(s, axis, keepdims)
-    A.min = lambda s, axis=None, keepdims=False: min(s, axis, keepdims)
-    A.argmax = lambda s, axis=None, keepdims=False: argmax(s, axis, keepdims)
-    A.argmin = lambda s, axis=None, keepdims=False: argmin(s, axis, keepdims)
-    A.exp = exp
-    A.log = log
-    A.sqrt = sqrt
-    A.tanh = tanh
-    A.sigmoid = sigmoid
-    A.abs = absolute
-    A.broadcast_to = broadcast_to
-    A.squeeze = squeeze
-    A.flatten = lambda s: reshape(s, (-1,))
-
-
-_install_operators()

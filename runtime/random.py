@@ -6,12 +6,19 @@ generator itself, so a training loop can draw fresh numbers without host work.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
+import hal
+
 from . import dtypes as _dt
-from .array import Array, new_node, upload
 from .device import context_for
+from .graph import Node, new_node, upload
 from .shapes import check_shape
+
+if TYPE_CHECKING:
+    from .array import Array
 
 
 def key(seed: int, device=None) -> Array:
@@ -22,9 +29,8 @@ def key(seed: int, device=None) -> Array:
 
 
 def _check_key(k) -> Array:
-    if type(k) is not Array or k.shape != (2,) or k.dtype is not _dt.int32:
-        from hal import InvalidArgumentError
-        raise InvalidArgumentError("a random key is an int32 array of shape (2,), from rt.random.key(seed)")
+    if not isinstance(k, Node) or k.shape != (2,) or k.dtype is not _dt.int32:
+        raise hal.InvalidArgumentError("a random key is an int32 array of shape (2,), from rt.random.key(seed)")
     return k
 
 
@@ -56,8 +62,7 @@ def split(key: Array, num: int = 2) -> Array:
 def uniform(shape=(), key: Array | None = None, dtype=_dt.float32, low=0.0, high=1.0) -> Array:
     dt = _dt.as_dtype(dtype)
     if not dt.is_float:
-        from hal import InvalidArgumentError
-        raise InvalidArgumentError("uniform needs a float dtype")
+        raise hal.InvalidArgumentError("uniform needs a float dtype")
     k = _check_key(key if key is not None else _default_key())
     shape = check_shape(shape)
     k.ctx.check_fits(shape, dt)
@@ -70,8 +75,7 @@ def uniform(shape=(), key: Array | None = None, dtype=_dt.float32, low=0.0, high
 def normal(shape=(), key: Array | None = None, dtype=_dt.float32, loc=0.0, scale=1.0) -> Array:
     dt = _dt.as_dtype(dtype)
     if not dt.is_float:
-        from hal import InvalidArgumentError
-        raise InvalidArgumentError("normal needs a float dtype")
+        raise hal.InvalidArgumentError("normal needs a float dtype")
     k = _check_key(key if key is not None else _default_key())
     shape = check_shape(shape)
     k.ctx.check_fits(shape, dt)

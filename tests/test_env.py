@@ -53,7 +53,7 @@ def test_integer_settings(monkeypatch):
 
 
 def test_runtime_switches_use_the_same_words(monkeypatch):
-    from runtime import cpu_program
+    from runtime.lowering import cpu_program
 
     # RUNTIME_GRAPH_CACHE is read at import: tests/runtime/test_graph_cache.py checks its words in a
     # fresh interpreter.

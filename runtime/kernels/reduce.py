@@ -16,53 +16,13 @@ import hal
 
 from .. import dtypes as _dt
 from ..shapes import MAX_DIMS, collapse, contiguous_strides, size_of
+from . import reduce_columns
 from .cuda_common import load_expr, store_expr
-from .numpy_util import ERRSTATE, compute_np, signed, store, strided_view, to_compute
+from .numpy_util import compute_np, signed, store, strided_view, to_compute
+from .reduce_ops import acc_dtype, c_combine, c_identity, np_reduce
 from .source import WORKGROUP, KernelSource, source, u32
 
 _ARG = ("argmax", "argmin")
-
-
-def acc_dtype(op: str, dt):
-    """The type partial results are kept in (float32 for the narrow floats, 64 bits for integer sums)."""
-    if dt is _dt.float64:
-        return dt
-    if dt.is_float:
-        return _dt.float32
-    if op in ("sum", "mean", "prod"):
-        return _dt.uint64 if dt.kind == "u" else _dt.int64
-    if dt.kind == "b":
-        return _dt.int32
-    return dt
-
-
-# Identities of max / min in each integer compute type.
-_C_INT_LIMITS = {"int": ("(-2147483647 - 1)", "2147483647"),
-                 "unsigned int": ("0u", "4294967295u"),
-                 "long long": ("(-9223372036854775807LL - 1)", "9223372036854775807LL"),
-                 "unsigned long long": ("0ull", "18446744073709551615ull")}
-
-
-def _c_identity(op, acc):
-    if op in ("sum", "mean"):
-        return "0"
-    if op == "prod":
-        return "1"
-    if acc.is_float:
-        inf = "(double)__int_as_float(0x7f800000)" if acc is _dt.float64 else "__int_as_float(0x7f800000)"
-        return f"(-{inf})" if op in ("max", "argmax") else inf
-    lo, hi = _C_INT_LIMITS[acc.c_compute]
-    return lo if op in ("max", "argmax") else hi
-
-
-def _c_combine(op, acc):
-    if op in ("sum", "mean"):
-        return "(x + y)"
-    if op == "prod":
-        return "(x * y)"
-    if acc.is_float:
-        return "rt_fmax(x, y)" if op == "max" else "rt_fmin(x, y)"
-    return "(x > y ? x : y)" if op == "max" else "(x < y ? x : y)"
 
 
 def _names(op, dt, out):
@@ -102,7 +62,7 @@ def _cuda(op, dt, out, names) -> str:
     acc = acc_dtype(op, dt)
     A = acc.c_compute
     arg = op in _ARG
-    ident = _c_identity(op, acc)
+    ident = c_identity(op, acc)
     lines = []
     if arg:
         better = ">" if op == "argmax" else "<"
@@ -133,7 +93,7 @@ RT_DEV void rt_block_reduce({A}& v, u32& iv) {{
 }}
 """)
     else:
-        comb = _c_combine(op, acc)
+        comb = c_combine(op, acc)
         lines.append(f"""
 RT_DEV {A} rt_comb({A} x, {A} y) {{ return {comb}; }}
 RT_DEV {A} rt_block_reduce({A} v) {{
@@ -271,27 +231,6 @@ def _mean(out) -> str:
 
 # ---- numpy ------------------------------------------------------------------------------------
 
-def _np_reduce(op, x: np.ndarray, dt, out_dt) -> np.ndarray:
-    """Reduce the last axis of a 2-D (O, R) array of dtype dt's compute values."""
-    with np.errstate(**ERRSTATE):
-        if op in ("sum", "mean"):
-            acc = acc_dtype(op, dt).storage
-            r = np.add.reduce(x, axis=1, dtype=acc)
-            if op == "mean":
-                f = out_dt.storage if out_dt.is_float and out_dt is not _dt.bfloat16 else np.dtype(np.float32)
-                r = r / f.type(x.shape[1]) if x.shape[1] else np.full(r.shape, np.nan, f)
-            return r
-        if op == "prod":
-            return np.multiply.reduce(x, axis=1, dtype=acc_dtype(op, dt).storage)
-        if op == "max":
-            return np.maximum.reduce(x, axis=1)
-        if op == "min":
-            return np.minimum.reduce(x, axis=1)
-        if op == "argmax":
-            return np.argmax(x, axis=1)
-        return np.argmin(x, axis=1)
-
-
 def _numpy(op, dt, out, names) -> dict:
     def run(bindings, c, strided):
         n_out, R, off = c[0], c[1], c[3]
@@ -305,7 +244,7 @@ def _numpy(op, dt, out, names) -> dict:
         x = to_compute(x, dt)
         if dt is _dt.float16 and op in ("sum", "mean", "prod"):
             x = x.astype(np.float32)
-        res = _np_reduce(op, x, dt, out)
+        res = np_reduce(op, x, dt, out)
         o = np.frombuffer(bindings[0], dtype=out.storage, count=n_out)
         store(o, res, out)
 
@@ -365,7 +304,6 @@ def plan(node, layouts: list, ctx) -> list:
     pshape = tuple(shape[i] for i in order)
     pstrides = tuple(strides[i] for i in order)
     if ctx.is_gpu and op not in _ARG:  # kept axes innermost in memory: read along them (reduce_columns.py)
-        from . import reduce_columns  # (it builds on this module's helpers)
         kshape, (kstr,) = collapse(pshape[:len(kept)], [pstrides[:len(kept)]])
         rshape, (rstr,) = collapse(pshape[len(kept):], [pstrides[len(kept):]])
         if len(rshape) == 1:

@@ -21,7 +21,7 @@ import hal
 from .. import dtypes as _dt
 from .cuda_common import load_expr, store_expr
 from .numpy_util import ERRSTATE, signed, store, strided_view, to_compute
-from .reduce import _c_combine, _c_identity, _np_reduce, acc_dtype
+from .reduce_ops import acc_dtype, c_combine, c_identity, np_reduce
 from .source import WORKGROUP, KernelSource, source, u32
 
 OPS = frozenset(("sum", "mean", "max", "min", "prod"))
@@ -58,9 +58,9 @@ def _final(op: str, out, value: str, count: str) -> str:
 def _cuda(op, dt, out, vec, names) -> str:
     acc = acc_dtype(op, dt)
     A = acc.c_compute
-    ident = _c_identity(op, acc)
+    ident = c_identity(op, acc)
     S = dt.c_storage
-    lines = [f"RT_DEV {A} rt_comb({A} x, {A} y) {{ return {_c_combine(op, acc)}; }}"]
+    lines = [f"RT_DEV {A} rt_comb({A} x, {A} y) {{ return {c_combine(op, acc)}; }}"]
     for kind in ("final", "part"):
         dest = f"{out.c_storage}* __restrict__ out" if kind == "final" else f"{A}* __restrict__ pv"
         body = [
@@ -156,7 +156,7 @@ def _numpy(op, dt, out, names) -> dict:
 
     def final(wg, bindings, c):
         x, A, R, B = view(bindings, c)
-        store(np.frombuffer(bindings[0], out.storage, A * B), _np_reduce(op, x, dt, out), out)
+        store(np.frombuffer(bindings[0], out.storage, A * B), np_reduce(op, x, dt, out), out)
 
     def part(wg, bindings, c):
         x, A, R, B = view(bindings, c)
@@ -165,7 +165,7 @@ def _numpy(op, dt, out, names) -> dict:
         with np.errstate(**ERRSTATE):
             for k in range(C):
                 piece = x[:, k * chunk:(k + 1) * chunk]
-                pv[:, k, :] = _np_reduce("sum" if op == "mean" else op, piece, dt, out).astype(acc.storage) \
+                pv[:, k, :] = np_reduce("sum" if op == "mean" else op, piece, dt, out).astype(acc.storage) \
                     .reshape(A, B)
 
     def combine(wg, bindings, c):

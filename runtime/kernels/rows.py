@@ -42,7 +42,7 @@ from .. import dtypes as _dt
 from .cuda_common import convert, load_expr, store_expr
 from .elementwise import PREDICATES, arity, c_expr, ew_source, export_name
 from .numpy_util import ERRSTATE, signed, store, strided_view, to_compute
-from .reduce import _c_combine, _c_identity, _np_reduce, acc_dtype
+from .reduce_ops import acc_dtype, c_combine, c_identity, np_reduce
 from .source import KernelSource, source, u32
 
 #: Elements a thread keeps of each full value in register mode, at most; rows longer than
@@ -335,7 +335,7 @@ class _Gen:
         for j in reds:
             m = spec.members[j]
             acc = acc_dtype(m[1], m[2])
-            self.emit(f"  {acc.c_compute} a{j} = {_c_identity(m[1], acc)};")
+            self.emit(f"  {acc.c_compute} a{j} = {c_identity(m[1], acc)};")
         if c.loop:
             self.emit("  for (u32 base = j0; base < j1; base += T * (E / VEC)) {")
             self._arrays(members, inputs, "    ")
@@ -413,7 +413,7 @@ class _Gen:
             if m[0] == "red":
                 acc = acc_dtype(m[1], m[2])
                 A = acc.c_compute
-                out.append(f"RT_DEV {A} rt_comb{j}({A} x, {A} y) {{ return {_c_combine(m[1], acc)}; }}")
+                out.append(f"RT_DEV {A} rt_comb{j}({A} x, {A} y) {{ return {c_combine(m[1], acc)}; }}")
         return out
 
     def main(self, name: str) -> str:
@@ -454,7 +454,7 @@ class _Gen:
         for j in reds:
             m = spec.members[j]
             acc = acc_dtype(m[1], m[2])
-            self.emit(f"  {acc.c_compute} a{j} = {_c_identity(m[1], acc)};")
+            self.emit(f"  {acc.c_compute} a{j} = {c_identity(m[1], acc)};")
             self.emit(f"  for (u32 k = t; row_ok && k < C; k += T) a{j} = rt_comb{j}(a{j}, pv{j}[(u64)o * C + k]);")
         self.reduce_step(reds)
         self.finish_row_members(1)
@@ -512,7 +512,7 @@ def _numpy(spec: RowSpec, config: Config, name: str) -> dict:
                 if in_dt is _dt.float16 and op in ("sum", "mean"):
                     x = x.astype(np.float32)
                 with np.errstate(**ERRSTATE):
-                    res = _np_reduce(op, x, in_dt, out)
+                    res = np_reduce(op, x, in_dt, out)
                 r = np.empty(O, out.storage)
                 store(r, res, out)
                 members.append(r)

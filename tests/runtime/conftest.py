@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 
 import pytest
 from rt_helpers import DEVICES
 
 import hal
 import runtime as rt
-from runtime import lowering
 from runtime.device import context_for
+from runtime.lowering import evaluate, record
 
 
 @pytest.fixture(params=DEVICES, scope="module")
@@ -37,12 +38,13 @@ def gpu_like(request):
 def recordings(monkeypatch):
     """The recordings made while the test runs."""
     made = []
-    real = lowering.record
+    real = record.record
 
     def spy(*args, **kwargs):
         rec = real(*args, **kwargs)
         made.append(rec)
         return rec
 
-    monkeypatch.setattr(lowering, "record", spy)
+    for caller in (evaluate, importlib.import_module("runtime.compile")):  # (rt.compile is the function)
+        monkeypatch.setattr(caller, "record", spy)
     return made

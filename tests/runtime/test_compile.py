@@ -39,7 +39,7 @@ def test_compiled_step_matches_eager_and_traces_once(dev, monkeypatch):
             # Later calls must not build any graph node in Python.
             def no_graph(*args, **kwargs):
                 raise AssertionError("graph building after the first call")
-            monkeypatch.setattr(ops, "_binary", no_graph)
+            monkeypatch.setattr(ops, "new_node", no_graph)
     assert step.stats == {"traces": 1, "calls": 5}
 
 
@@ -111,13 +111,13 @@ def test_binding_table_holds_only_inputs_and_outputs(dev, monkeypatch):
     from runtime.device import context_for
     ctx = context_for(dev)
     tables = []
-    real = ctx.device.queue_execute
+    real = ctx.device.prepare
 
-    def spy(cbs, wait=(), signal=(), binding_tables=None):
+    def spy(cbs, binding_tables=None, **kwargs):
         tables.append(binding_tables)
-        return real(cbs, wait=wait, signal=signal, binding_tables=binding_tables)
+        return real(cbs, binding_tables, **kwargs)
 
-    monkeypatch.setattr(ctx.device, "queue_execute", spy)
+    monkeypatch.setattr(ctx.device, "prepare", spy)
     f = rt.compile(lambda a, b: rt.tanh(a * b + 1.0).sum())
     x = rt.array(np.ones(4, np.float32), device=dev)
     for _ in range(2):

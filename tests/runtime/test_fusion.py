@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import runtime as rt
-from runtime import lowering
 from runtime.device import context_for
 from runtime.kernels.fused import FusedSpec, fused_source
+from runtime.lowering import execute, fusion, key, record
 
 cuda_emu = pytest.importorskip("cuda_emu")
 
@@ -79,13 +79,13 @@ def test_unevaluated_member_recomputes_when_read_later(gpu_like):
     x = rt.array(x_np, device=gpu_like)
     t = x * 2
     z = t + 1
-    order = lowering.collect([z])
+    order = key.collect([z])
     direct = [0] * len(order)
-    parts, externals, viewed = lowering.graph_key(order, direct)
-    rec = lowering.record(context_for(gpu_like), order, externals, keep=1 << (len(order) - 1))
+    parts, externals, viewed = key.graph_key(order, direct)
+    rec = record.record(context_for(gpu_like), order, externals, keep=1 << (len(order) - 1))
     ctx = context_for(gpu_like)
-    table, value = lowering.submit(ctx, rec, [r.storage.buffer for r in externals])
-    lowering.attach(ctx, rec, order, table, value)
+    table, value = execute.submit(ctx, rec, [r.storage.buffer for r in externals])
+    execute.attach(ctx, rec, order, table, value)
     assert t.storage is None and t.op == "mul"
     np.testing.assert_allclose(z.numpy(), x_np * 2 + 1)
     np.testing.assert_allclose(t.numpy(), x_np * 2)
@@ -140,7 +140,7 @@ def test_compiled_step_variants_replay_without_graph_building(gpu_like, monkeypa
         if i == 0:
             def no_graph(*args, **kwargs):
                 raise AssertionError("graph building after the first call")
-            monkeypatch.setattr(ops, "_binary", no_graph)
+            monkeypatch.setattr(ops, "new_node", no_graph)
     assert step.stats["traces"] == 1
 
 
@@ -157,7 +157,7 @@ def test_fused_spec_names_are_stable_and_distinct():
 
 
 def test_fusion_switch(gpu_like, recordings, monkeypatch):
-    monkeypatch.setattr(lowering, "FUSION", False)
+    monkeypatch.setattr(fusion, "ENABLED", False)
     x = rt.array(np.ones(5, np.float32), device=gpu_like)
     y = (x + 1) * 2 - 3
     np.testing.assert_allclose(y.numpy(), np.full(5, 1.0))

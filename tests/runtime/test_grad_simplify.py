@@ -8,7 +8,7 @@ import pytest
 
 import runtime as rt
 from runtime import autodiff
-from runtime.lowering import collect
+from runtime.lowering.key import collect
 
 
 def backward_nodes(fn, *args):

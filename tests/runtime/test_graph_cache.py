@@ -9,8 +9,9 @@ import pytest
 
 import hal
 import runtime as rt
-from runtime import graph_cache, lowering
+from runtime import graph_cache
 from runtime.device import context_for
+from runtime.lowering import fusion, key
 
 
 def model(x, w):
@@ -74,7 +75,7 @@ def test_recording_binds_only_slots(dev, monkeypatch, cpu_program):
 
 def test_barriers_only_between_dependent_levels(dev, monkeypatch):
     monkeypatch.setenv("RUNTIME_CPU_PROGRAM", "0")  # one dispatch per kernel, as on GPUs
-    monkeypatch.setattr(lowering, "FUSION", False)  # on GPUs these ops would be one fused kernel
+    monkeypatch.setattr(fusion, "ENABLED", False)  # on GPUs these ops would be one fused kernel
     ctx = context_for(dev)
     ctx.graphs.clear()
     barriers = []
@@ -184,19 +185,19 @@ def test_failed_submission_is_reported_and_device_recovers(dev):
     ok = x + 1
     rt.eval(ok)
     ok.numpy()
-    real = lowering.PLANNERS["neg"]
+    real = fusion.PLANNERS["neg"]
 
     def broken(node, layouts, ctx):
         cmds = real(node, layouts, ctx)
         _, src, name, wg, consts, roles = cmds[0]
         return [("dispatch", src, name, wg, [2**31] + consts[1:], roles)]  # out-of-range element count
 
-    lowering.PLANNERS["neg"] = broken
+    fusion.PLANNERS["neg"] = broken
     try:
         bad = -rt.array(np.ones(7, np.float32), device=dev)
         rt.eval(bad)
     finally:
-        lowering.PLANNERS["neg"] = real
+        fusion.PLANNERS["neg"] = real
         ctx.graphs.clear()
     with pytest.raises(hal.AbortedError):
         bad.numpy()
@@ -264,7 +265,7 @@ def test_eager_training_step_replays_unchanged_tables_on_cpu(dev, monkeypatch):
 def test_graph_deeper_than_the_recursive_key_walk_is_keyed_iteratively_and_replayed(dev):
     """A chain deeper than the recursive walk allows starts over with the explicit stack: right
     values, and the same structure evaluated again is a cache hit."""
-    depth = lowering._MAX_KEY_DEPTH * 3
+    depth = key._MAX_KEY_DEPTH * 3
     ctx = context_for(dev)
     ctx.graphs.clear()
     for step in range(2):
@@ -294,13 +295,13 @@ def test_recursive_and_iterative_key_walks_order_and_count_alike(dev):
     targets = [b, (a * b).sum()]
     direct_r: list = []
     direct_i: list = []
-    order_r, key_r, ext_r, viewed_r = lowering._collect_key_recursive(targets, direct_r)
-    order_i, key_i, ext_i, viewed_i = lowering._collect_key_iterative(targets, direct_i)
+    order_r, key_r, ext_r, viewed_r = key._collect_key_recursive(targets, direct_r)
+    order_i, key_i, ext_i, viewed_i = key._collect_key_iterative(targets, direct_i)
     assert [id(n) for n in order_r] == [id(n) for n in order_i]
     assert direct_r == direct_i and viewed_r == viewed_i
     assert sorted(map(id, ext_r)) == sorted(map(id, ext_i))
     assert len(key_r[0]) == len(key_i[0]) == len(order_r) and len(key_r[1]) == len(key_i[1])
-    assert key_r == lowering._collect_key_recursive(targets, None)[1]  # a walk is deterministic
+    assert key_r == key._collect_key_recursive(targets, None)[1]  # a walk is deterministic
 
 
 def test_key_walk_leaves_no_references_to_the_nodes(dev):
@@ -311,7 +312,7 @@ def test_key_walk_leaves_no_references_to_the_nodes(dev):
     x = rt.array(np.ones(5, dtype=np.float32), device=dev)
     y = rt.exp(x) + 1.0
     before = sys.getrefcount(y)
-    lowering.collect_key([y], [])
+    key.collect_key([y], [])
     assert sys.getrefcount(y) == before
 
 

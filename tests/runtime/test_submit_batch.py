@@ -13,7 +13,7 @@ import pytest
 
 import hal
 import runtime as rt
-from runtime import lowering
+from runtime import device as runtime_device
 from runtime.device import context_for
 
 
@@ -31,16 +31,17 @@ def reference(w: np.ndarray, b: np.ndarray, steps: int) -> list[np.ndarray]:
 
 @pytest.fixture
 def submissions(dev, monkeypatch):
-    """The command-buffer count of each queue_execute the runtime makes on `dev`."""
+    """The command-buffer count of each submission the runtime makes on `dev` (its executions' submits)."""
     device = context_for(dev).device
     counts: list[int] = []
-    real = device.queue_execute
+    real = hal.Execution.submit
 
-    def spy(command_buffers, *args, **kwargs):
-        counts.append(len(command_buffers))
-        return real(command_buffers, *args, **kwargs)
+    def spy(execution, *args, **kwargs):
+        if execution.device is device:
+            counts.append(len(execution.command_buffers))
+        return real(execution, *args, **kwargs)
 
-    monkeypatch.setattr(device, "queue_execute", spy)
+    monkeypatch.setattr(hal.Execution, "submit", spy)
     return counts
 
 
@@ -61,12 +62,12 @@ def test_replays_are_batched_while_work_runs_and_match_numpy(dev, submissions):
         w = step(w, b)
     np.testing.assert_allclose(w.numpy(), reference(w_np, b_np, steps)[-1], rtol=1e-5, atol=1e-6)
     assert sum(submissions) == steps  # every replay ran exactly once
-    assert max(submissions) <= lowering.SUBMIT_BATCH
+    assert max(submissions) <= runtime_device.SUBMIT_BATCH
     assert len(submissions) <= steps // 2, submissions  # the first after a wait goes alone, later ones batch
 
 
 def test_batch_of_one_submits_every_replay_alone(dev, submissions, monkeypatch):
-    monkeypatch.setattr(lowering, "SUBMIT_BATCH", 1)
+    monkeypatch.setattr(runtime_device, "SUBMIT_BATCH", 1)
     w_np, b_np, w, b = _inputs(dev, seed=1)
     step = rt.compile(affine)
     rt.synchronize(dev)

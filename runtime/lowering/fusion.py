@@ -28,13 +28,22 @@ from __future__ import annotations
 import hal
 from hal import env
 
+from ..kernels import elementwise, gather, matmul, pad, random, reduce
+from ..kernels import rows as row_kernels
+from ..kernels.fused import FUSABLE_DTYPES, FusedSpec
+from ..kernels.fused import plan as plan_fused
+from ..ops import ELEMENTWISE, REDUCTIONS
+from ..shapes import contiguous_strides
 from . import epilogues, row_groups
-from .kernels import elementwise, gather, matmul, pad, random, reduce
-from .kernels import rows as row_kernels
-from .kernels.fused import FUSABLE_DTYPES, FusedSpec
-from .kernels.fused import plan as plan_fused
-from .ops import ELEMENTWISE, REDUCTIONS
-from .shapes import contiguous_strides
+
+#: RUNTIME_FUSION=0: every elementwise node its own kernel on GPUs. Read once, at import: every eval
+#: asks (an environment look-up was a twentieth of a one-op eval's bytecodes).
+ENABLED = env.switch("RUNTIME_FUSION", True)
+
+
+def enabled(ctx) -> bool:
+    """Whether a recording on `ctx` fuses elementwise nodes (GPUs, unless RUNTIME_FUSION=0)."""
+    return ENABLED and ctx.is_gpu
 
 
 def _plan_full(node, layouts, ctx) -> list:

@@ -25,10 +25,10 @@ outside the group reads stay on chip; the others are the program's outputs.
 
 from __future__ import annotations
 
-from . import dtypes as _dt
-from .kernels import rows
-from .ops import ELEMENTWISE
-from .shapes import broadcast_strides, collapse, contiguous_strides, size_of
+from .. import dtypes as _dt
+from ..kernels import rows
+from ..ops import ELEMENTWISE
+from ..shapes import broadcast_strides, collapse, contiguous_strides, size_of
 
 REDUCE_OPS = frozenset(("sum", "mean", "max", "min"))
 #: Types a member may have (its value and its compute type) and an input may be read as.

@@ -13,8 +13,8 @@ the product to fit a library dispatch (``matmul.plan_library``).
 
 from __future__ import annotations
 
-from .kernels import matmul
-from .shapes import broadcast_strides, contiguous_strides
+from ..kernels import matmul
+from ..shapes import broadcast_strides, contiguous_strides
 
 
 def bias_folds(ctx, order: list, index: dict, keep: int | None) -> dict:

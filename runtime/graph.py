@@ -1,0 +1,139 @@
+"""The op graph's nodes: the fields every array has and the constructors every layer builds arrays with.
+
+An array is a node of the lazy op graph (``op``, ``inputs``, ``params``, ``shape``, ``dtype``, on a
+device context ``ctx``), or evaluated data (``storage``), or a strided view of either (``base``,
+``strides``, ``offset`` in elements). ``Node`` declares those fields; ``Array`` (array.py) is the one
+kind of node there is, with the operators and methods, and the constructors here build instances of
+it: the modules below array.py (ops, autodiff, the lowering) make arrays through them without
+importing the class whose methods call into them.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import dtypes as _dt
+from .device import DeviceContext, Storage
+
+if TYPE_CHECKING:
+    from .array import Array
+
+#: The op of a traced placeholder (rt.compile's inputs): no storage, and nothing computes it.
+PLACEHOLDER = "placeholder"
+
+
+class Node:
+    """The fields of an array (see the module); instances are always of its subclass ``Array``.
+
+    Nodes that run a kernel (or are evaluated data) are *roots*: they own storage once evaluated and
+    keep ``base`` None (not a reference to themselves, so that reference counting frees them and
+    recycles their buffers without the cycle collector). Views keep ``op``/``inputs`` for autodiff.
+    """
+
+    __slots__ = ("op", "inputs", "params", "shape", "dtype", "ctx", "base", "strides", "offset", "storage",
+                 "__weakref__")
+
+    op: str | None
+    inputs: tuple
+    params: Any
+    shape: tuple
+    dtype: _dt.DType
+    ctx: DeviceContext
+    base: Array | None
+    strides: tuple | None
+    offset: int
+    storage: Storage | None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        global _array_type
+        _array_type = cls
+
+
+#: The class the constructors build: ``Array``, once array.py declared it.
+_array_type: type[Array]
+
+
+def new_node(op: str | None, inputs: tuple, params: Any, shape: tuple, dtype: _dt.DType, ctx: DeviceContext,
+             storage: Storage | None = None) -> Array:
+    """A root node that one kernel computes (or, with `storage`, an evaluated array)."""
+    a = _array_type.__new__(_array_type)
+    a.op = op
+    a.inputs = inputs
+    a.params = params
+    a.shape = shape
+    a.dtype = dtype
+    a.ctx = ctx
+    a.base = None
+    a.strides = None
+    a.offset = 0
+    a.storage = storage
+    return a
+
+
+def new_view(op: str, src: Node, params: Any, shape: tuple, strides: tuple, offset: int) -> Array:
+    """A strided window onto `src`'s root (no kernel, no copy)."""
+    a = _array_type.__new__(_array_type)
+    a.op = op
+    a.inputs = (src,)
+    a.params = params
+    a.shape = shape
+    a.dtype = src.dtype
+    a.ctx = src.ctx
+    base = src.base
+    a.base = src if base is None else base
+    a.strides = strides
+    a.offset = offset
+    a.storage = None
+    return a
+
+
+#: new_evaluated(shape, dtype, ctx, storage): an array whose contents `storage` holds. A partial of
+#: new_node, so every replay output costs one Python call, not two.
+new_evaluated = functools.partial(new_node, None, (), None)
+
+
+def root_of(a: Node) -> Node:
+    """The array owning the storage `a` views (`a` itself unless it is a view)."""
+    base = a.base
+    return a if base is None else base
+
+
+def upload(data: np.ndarray, dtype: _dt.DType, ctx: DeviceContext) -> Array:
+    """Copy host data into a fresh device buffer (synchronous; the buffer is idle)."""
+    shape = tuple(data.shape)
+    host = np.ascontiguousarray(_dt.convert_host(data, dtype))
+    nbytes = host.nbytes
+    buf, bucket = ctx.buffers.acquire(nbytes)
+    if nbytes:
+        ctx.device.write(buf, host.reshape(-1).view(np.uint8))
+    storage = Storage(buf, bucket, ctx, 0, nbytes)
+    return new_evaluated(shape, dtype, ctx, storage)
+
+
+def constant(value: bool | int | float, dtype: _dt.DType, ctx: DeviceContext) -> Array:
+    """A cached evaluated 0-d array holding a Python scalar (used for weak scalar operands)."""
+    # Floats by their hex form: -0.0 and 0.0 compare (and hash) equal but are different constants.
+    key = (dtype, value.hex()) if type(value) is float else (type(value), value, dtype)
+    cache = ctx.constants
+    arr = cache.get(key)
+    if arr is None:
+        if dtype is _dt.bfloat16:
+            host = np.array(value, dtype=np.float32)
+        else:
+            with np.errstate(over="ignore"):
+                host = np.array(value, dtype=dtype.storage)
+        arr = upload(host, dtype, ctx)
+        arr.params = host  # an evaluated array's params are free: the value, for folding (autodiff.py)
+        keep_constant(cache, key, arr)
+    return arr
+
+
+def keep_constant(cache: dict, key: object, entry: object) -> None:
+    """Put `entry` in a context's constant cache, dropping its oldest entry at 4,096."""
+    if len(cache) >= 4096:
+        cache.pop(next(iter(cache)))
+    cache[key] = entry

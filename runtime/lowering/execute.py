@@ -1,0 +1,190 @@
+"""The execute stage: picking the recording of a graph to run, its binding table, its execution.
+
+A graph key keeps up to MAX_VARIANTS recordings (one more on CPU drivers), each replayed with its own
+binding table: the graph's external inputs, then the buffers of the nodes the eval materializes,
+taken from the buffer cache preferring the ones of the recording's last submission, then scratch.
+A recording holds the prepared execution (``hal.Execution``) of its latest table: an unchanged
+table, the usual case, is submitted again with no validation and replayed by the driver without
+patching anything. ``DeviceContext.submit`` hands it to the device on the context's timeline.
+"""
+
+from __future__ import annotations
+
+from sys import getrefcount
+from typing import TYPE_CHECKING
+from weakref import getweakrefcount
+
+from hal import env
+
+from ..device import Storage
+from .record import Recording
+
+if TYPE_CHECKING:
+    from ..buffer_cache import BufferCache
+    from ..device import DeviceContext
+
+#: Recordings kept per graph key on GPUs, each replaying its own binding table unchanged (a step that
+#: alternates between two buffers, as `w = step(w)` does, then never patches a graph).
+MAX_VARIANTS = env.integer("RUNTIME_GRAPH_VARIANTS", 2, minimum=1)
+#: CPU drivers keep one more: there an unchanged table also spares re-making the byte views and re-binding
+#: the CPU program's kernels, and an eager step rotates three buffers of one size (w, its successor and
+#: the gradient), which two recordings keep missing.
+CPU_VARIANTS = MAX_VARIANTS + 1
+
+
+class Variants:
+    """The recordings of one graph key (GPU: up to MAX_VARIANTS, each with its own binding table)."""
+
+    __slots__ = ("recs", "dropped", "by_ext")
+
+    def __init__(self, rec: Recording) -> None:
+        self.recs = [rec]
+        self.dropped = 0  # footprint of recordings pick() let go, for the graph cache's count
+        self.by_ext: dict = {}  # rt.compile: tuple of a recording's last external buffers -> it
+
+    @property
+    def footprint(self) -> int:
+        return sum(r.footprint for r in self.recs)
+
+    def pick(self, ext: list, limit: int, buffers: BufferCache) -> Recording | None:
+        """The recording to run with these external buffers; None: record another.
+
+        Preferred: one that last ran with the same externals and whose buffers for the nodes it
+        materializes are all free again (scratch goes back at each submission), so its binding
+        table is unchanged and the driver replays it without patching or uploading anything. A
+        result kept alive across evaluations (``c = a + b`` while the previous ``c`` is still
+        held) takes the other buffer each time: each of two recordings then sees its own again.
+        Only a recording that once found its buffers busy (``moved``) is checked.
+        """
+        recs = self.recs
+        same_inputs = None
+        for rec in recs:
+            last = rec.last_ext
+            if last is None:
+                if rec.guards and not _guards_hold(rec.guards, ext):
+                    continue
+                return rec
+            if last == ext:  # (so are the guarded constants)
+                if not rec.moved or (held_free(rec) if rec.held is not None else
+                                     buffers.all_free(rec.last_table, rec.n_ext, rec.fresh_buckets)):
+                    return rec
+                if same_inputs is None:
+                    same_inputs = rec
+        if len(recs) < limit:
+            return None
+        if same_inputs is not None:
+            return same_inputs
+        for i, rec in enumerate(recs):  # the least recently rebound whose constants are these
+            if not rec.guards or _guards_hold(rec.guards, ext):
+                recs.append(recs.pop(i))
+                return rec
+        rec = recs.pop(0)  # none was recorded for these constants: make room
+        rec.drop()
+        self.dropped += rec.footprint
+        return None
+
+    def drop(self) -> None:
+        for rec in self.recs:
+            rec.drop()
+
+
+# What sum(map(getrefcount, ...)) counts for an object held by nothing but the list it is in.
+_HELD_REFS = sum(map(getrefcount, [object()]))
+
+
+def hold(rec: Recording, outs: list, table: list) -> None:
+    """Keep `outs`, the arrays a submission of `rec` with `table` made of its fresh buffers, for
+    the next replay (see ``held_free``). Only for recordings that own their scratch (rt.compile's):
+    the table holds the externals, then those buffers."""
+    storages = [a.storage for a in outs]
+    rec.held = outs + storages
+    rec.held_outs = outs
+    rec.held_storages = storages
+    rec.held_buffers = table[rec.n_ext:]
+    # Referenced by nothing but the recording: an array by `held` and `held_outs`, its storage by
+    # `held`, `held_storages` and the array.
+    rec.held_refs = len(outs) * (2 * _HELD_REFS + 3)
+
+
+def held_free(rec: Recording) -> bool:
+    """Whether nothing but `rec` references the arrays it holds (no array, view, host view,
+    pending node or weak reference): they are unobservable, and the next replay may write their
+    buffers and hand out the same arrays with the new values, taking and making nothing. The
+    counting runs in C; each count is at least its share of `held_refs`, so the sum is exact."""
+    held = rec.held
+    return sum(map(getrefcount, held)) == rec.held_refs and not any(map(getweakrefcount, held))
+
+
+def replay_held(ctx: DeviceContext, rec: Recording, ext: list) -> int:
+    """``submit(ctx, rec, ext, queue=True)`` for a compiled replay whose outputs are the arrays it
+    holds (``held_free``): their buffers are bound again, nothing is taken or given back. Returns
+    the timeline value; the caller marks the held storages ready at it."""
+    return _execute(ctx, rec, ext, ext + rec.held_buffers, True)
+
+
+def _guards_hold(guards: list, ext: list) -> bool:
+    for slot, buf, _ in guards:
+        if ext[slot] is not buf:
+            return False
+    return True
+
+
+def submit(ctx: DeviceContext, rec: Recording, ext: list, queue: bool = False) -> tuple[list, int]:
+    """Execute a recording with `ext` bound to its externals: (binding table, timeline value).
+
+    The one submission path of evals and rt.compile. Buffers for the nodes the recording
+    materializes and its per-submission scratch are taken from the buffer cache next to the
+    externals, preferring the ones of its last submission (an unchanged table is replayed
+    without validating or patching anything); scratch goes back at once (later submissions run
+    after it). ``queue``: see ``DeviceContext.submit``.
+    """
+    last = rec.last_table
+    take = ctx.buffers.take
+    if last is None:
+        table = ext + list(map(take, rec.buckets, rec.no_prefer))
+    else:
+        n_ext = rec.n_ext
+        own = last[n_ext:n_ext + len(rec.buckets)]
+        fresh = list(map(take, rec.buckets, own))
+        if fresh != own:
+            rec.moved = True
+        table = ext + fresh
+    if rec.tail:
+        table += rec.tail
+    try:
+        value = _execute(ctx, rec, ext, table, queue)
+    except BaseException:
+        release = ctx.buffers.release
+        for bucket, buf in zip(rec.buckets, table[rec.n_ext:]):
+            release(buf, bucket)
+        raise
+    if rec.temps:
+        release = ctx.buffers.release
+        for pos, bucket in enumerate(rec.temps, rec.n_ext + len(rec.fresh)):
+            release(table[pos], bucket, value)
+    return table, value
+
+
+def _execute(ctx: DeviceContext, rec: Recording, ext: list, table: list, queue: bool) -> int:
+    """Submit `rec` bound to `table` through its execution (prepared again for a new table): the
+    timeline value it signals."""
+    execution = rec.execution
+    if execution is None or table != rec.last_table:
+        rec.execution = None
+        execution = ctx.device.prepare([rec.cb], [table])
+        rec.execution = execution
+        rec.last_table = table
+    value = ctx.submit(execution, queue)
+    rec.last_ext = ext
+    return value
+
+
+def attach(ctx: DeviceContext, rec: Recording, order: list, table: list, value: int) -> None:
+    """Hand the materialized nodes of an eval their buffers; nodes fused away keep their inputs
+    (they are garbage unless referenced)."""
+    for pos, (i, bucket, nb) in enumerate(rec.fresh, rec.n_ext):
+        node = order[i]
+        node.storage = Storage(table[pos], bucket, ctx, value, nb)
+        node.op = None
+        node.inputs = ()
+        node.params = None
