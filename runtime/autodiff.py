@@ -14,9 +14,10 @@ second derivative) turns the grad node into a view of its expansion first
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from operator import is_
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ParamSpec
 
 import numpy as np
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from .array import Array
 
 GRAD = "grad"
+P = ParamSpec("P")
 # Grad nodes handed out and maybe still pending: an eval that would clear part of their forward
 # graph (evaluating the loss alone, say) builds their backward graphs first (`protect`).
 # (id -> weak reference: arrays compare elementwise, so they cannot sit in a WeakSet)
@@ -471,7 +473,7 @@ def resolved(grads: list) -> None:
         _handed_out.pop(id(g), None)
 
 
-def value_and_grad(fn, argnums=0):
+def value_and_grad(fn: Callable[P, Array], argnums: int | Sequence[int] = 0) -> Callable[P, tuple[Array, Any]]:
     """fn(*args) -> (fn's scalar value, gradient(s) with respect to args[argnums])."""
     single = isinstance(argnums, int)
     nums = (argnums,) if single else tuple(argnums)
@@ -506,7 +508,7 @@ def value_and_grad(fn, argnums=0):
     return wrapped
 
 
-def grad(fn, argnums=0):
+def grad(fn: Callable[P, Array], argnums: int | Sequence[int] = 0) -> Callable[P, Any]:
     """The gradient of a scalar-valued fn with respect to args[argnums] (lazy arrays)."""
     vg = value_and_grad(fn, argnums)
 

@@ -26,7 +26,9 @@ gradients flow through it, as jax.jit's functions are traced through by grad.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from operator import attrgetter, itemgetter
+from typing import ParamSpec, Protocol, TypeVar, cast
 
 import hal
 from hal import env, tracing
@@ -246,7 +248,22 @@ _signature = attrgetter("shape", "dtype", "ctx", "base")  # base: None for the d
 _buffer_of = attrgetter("storage.buffer")  # AttributeError for a pending argument (storage None)
 
 
-def compile(fn):  # noqa: A001 - mirrors mx.compile / jax.jit
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Compiled(Protocol[P, R]):
+    """What ``rt.compile(fn)`` returns: a function called as `fn` is, with ``stats`` (traces and calls
+    counted) and ``cache_clear()`` (every traced signature dropped)."""
+
+    stats: dict[str, int]
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    def cache_clear(self) -> None: ...
+
+
+def compile(fn: Callable[P, R]) -> Compiled[P, R]:  # noqa: A001 - mirrors mx.compile / jax.jit
     """Trace `fn` once per input signature into a reusable recording; later calls rebind and replay."""
     traced: dict = {}
     stats = {"traces": 0, "calls": 0}
@@ -305,9 +322,9 @@ def compile(fn):  # noqa: A001 - mirrors mx.compile / jax.jit
         with ctx.lock:
             return entry.run(leaves)
 
-    wrapped.stats = stats
-    wrapped.cache_clear = traced.clear
-    return wrapped
+    wrapped.stats = stats  # type: ignore[attr-defined]
+    wrapped.cache_clear = traced.clear  # type: ignore[attr-defined]
+    return cast("Compiled[P, R]", wrapped)
 
 
 def _traced_through(leaves: list) -> bool:
