@@ -13,9 +13,17 @@ try:
 except importlib.metadata.PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"
 
-from hal import executable, pickling, semaphore, submission  # noqa: F401 - modules of the API reference
+from hal import channel_provider, executable, pickling, semaphore, submission  # noqa: F401 - modules of the API reference
 from hal.allocator import Allocator, AllocatorStatistics
 from hal.buffer import Buffer
+from hal.channel import (
+    Channel,
+    CollectiveMismatchError,
+    create_channel,
+    create_channel_id,
+    create_channels,
+    split_channels,
+)
 from hal.command_buffer import BufferRef, CommandBuffer, Slot
 from hal.device import Device
 from hal.driver import MAX_QUEUE_COUNT, DeviceInfo, Driver, DriverInfo
@@ -70,6 +78,8 @@ __all__ = [
     "BufferRef",
     "BufferUsage",
     "CancelledError",
+    "Channel",
+    "CollectiveMismatchError",
     "CommandBuffer",
     "CommandBufferMode",
     "CommandBufferState",
@@ -104,6 +114,9 @@ __all__ = [
     "StatusCode",
     "UnavailableError",
     "UnimplementedError",
+    "create_channel",
+    "create_channel_id",
+    "create_channels",
     "create_device",
     "get_driver",
     "hookimpl",
@@ -113,6 +126,7 @@ __all__ = [
     "plugin_manager",
     "plugin_problems",
     "register_driver",
+    "split_channels",
     "trace",
     "wait_all",
     "wait_any",

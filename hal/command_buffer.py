@@ -1,8 +1,8 @@
-"""Command buffers: validated recording of transfers, dispatches and barriers.
+"""Command buffers: validated recording of transfers, dispatches, collectives and barriers.
 
 The public methods check every argument and the recording state once, here;
 drivers implement the protected hooks (``_fill``, ``_update``, ``_copy``,
-``_dispatch``, ``_barrier``, ``_begin``, ``_end``) and never re-validate.
+``_dispatch``, ``_collective``, ``_barrier``, ``_begin``, ``_end``) and never re-validate.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from hal.buffer import Buffer, check_buffer, check_range, split_buffer_range
+from hal.channel import Channel, Collective, check_collective, check_operands
 from hal.checks import (
     check_constants,
     check_int,
@@ -111,6 +112,8 @@ class CommandBuffer:
         self._slot_copies: list[tuple[BufferRef, BufferRef]] = []
         #: Library dispatches binding a slot: (routine, what its check returned, refs), checked per table.
         self._slot_routines: list[tuple[Routine, object, list[BufferRef]]] = []
+        #: Collectives with an operand through a slot: (operation, rank, ranks, send, recv), checked per table.
+        self._slot_collectives: list[tuple[Collective, int, int, BufferRef | None, BufferRef | None]] = []
         #: Buffers referenced directly, by identity (views and roots alike).
         self._direct: dict[int, Buffer] = {}
         #: Dispatch bindings of whole buffers, checked once per buffer (drivers never modify refs).
@@ -137,6 +140,10 @@ class CommandBuffer:
     @property
     def slot_routines(self) -> Sequence[tuple[Routine, object, list[BufferRef]]]:
         return self._slot_routines
+
+    @property
+    def slot_collectives(self) -> Sequence[tuple[Collective, int, int, BufferRef | None, BufferRef | None]]:
+        return self._slot_collectives
 
     # -- recording state -------------------------------------------------------
     def begin(self) -> None:
@@ -307,6 +314,79 @@ class CommandBuffer:
             self._whole_refs[binding] = ref
         return ref
 
+    # -- collectives (hal.channel) ----------------------------------------------------
+    def collective(self, channel: Channel, kind: str, send: object = None, recv: object = None, count: int = 0, *,
+                   dtype: object = "float32", reduction: str | None = None, root: int | None = None,
+                   peer: int | None = None) -> None:
+        """Record collective operation ``kind`` of ``channel`` over ``count`` elements of ``dtype``
+        (``hal.channel`` tabulates each kind's operands, roots, peers and in-place rules); ``send``
+        and ``recv`` are buffer refs like other commands' (a Buffer, (Buffer, offset[, length]) or a
+        ``hal.Slot``), None where the kind takes none on this rank."""
+        self._check_recording("collective")
+        if not isinstance(channel, Channel):
+            raise InvalidArgumentError(f"collective channel must be a hal.Channel, got {type(channel).__name__}")
+        if channel.device is not self.device:
+            raise InvalidArgumentError("collective channel belongs to another device")
+        channel.check_usable(f"collective {kind!r}")
+        op = check_collective(channel, kind, count, dtype, reduction, root, peer)
+        rank, ranks = channel.rank, channel.count
+        send_ref = self._collective_operand(op, "send", send, op.needs_send(rank), rank)
+        recv_ref = self._collective_operand(op, "recv", recv, op.needs_recv(rank), rank)
+        if (send_ref is not None and send_ref.buffer is None) or (recv_ref is not None and recv_ref.buffer is None):
+            self._slot_collectives.append((op, rank, ranks, send_ref, recv_ref))
+            if send_ref is not None and send_ref.buffer is not None:  # the direct one is checked now
+                check_operands(op, rank, ranks, _absolute(send_ref), None)
+            if recv_ref is not None and recv_ref.buffer is not None:
+                check_operands(op, rank, ranks, None, _absolute(recv_ref))
+        else:
+            check_operands(op, rank, ranks, _absolute(send_ref), _absolute(recv_ref))
+        self._collective(channel, op, send_ref, recv_ref)
+
+    def _collective_operand(self, op: Collective, name: str, ref: object, needed: bool, rank: int) -> BufferRef | None:
+        if ref is None:
+            if needed:
+                raise InvalidArgumentError(f"{op.kind} needs a {name} operand on rank {rank}")
+            return None
+        if (op.kind, name) in (("send", "recv"), ("recv", "send")):
+            raise InvalidArgumentError(f"{op.kind} takes no {name} operand; got {ref!r}")
+        return self._ref(ref, f"{op.kind} {name}", BufferUsage.DISPATCH_STORAGE)
+
+    def all_reduce(self, channel: Channel, send: object, recv: object, count: int, dtype: object = "float32",
+                   reduction: str = "sum") -> None:
+        """recv = send reduced over every rank (``count`` elements; in place when send is recv)."""
+        self.collective(channel, "all_reduce", send, recv, count, dtype=dtype, reduction=reduction)
+
+    def all_gather(self, channel: Channel, send: object, recv: object, count: int, dtype: object = "float32") -> None:
+        """recv = every rank's ``count`` elements of send, in rank order."""
+        self.collective(channel, "all_gather", send, recv, count, dtype=dtype)
+
+    def reduce_scatter(self, channel: Channel, send: object, recv: object, count: int, dtype: object = "float32",
+                       reduction: str = "sum") -> None:
+        """recv = chunk ``rank`` (``count`` elements) of send reduced over every rank."""
+        self.collective(channel, "reduce_scatter", send, recv, count, dtype=dtype, reduction=reduction)
+
+    def all_to_all(self, channel: Channel, send: object, recv: object, count: int, dtype: object = "float32") -> None:
+        """Chunk i of send goes to rank i; chunk i of recv comes from rank i (``count`` elements each)."""
+        self.collective(channel, "all_to_all", send, recv, count, dtype=dtype)
+
+    def broadcast(self, channel: Channel, send: object, recv: object, count: int, dtype: object = "float32",
+                  root: int = 0) -> None:
+        """recv = the root's send (``send`` may be None on the other ranks)."""
+        self.collective(channel, "broadcast", send, recv, count, dtype=dtype, root=root)
+
+    def reduce(self, channel: Channel, send: object, recv: object, count: int, dtype: object = "float32",
+               reduction: str = "sum", root: int = 0) -> None:
+        """The root's recv = send reduced over every rank (``recv`` may be None on the other ranks)."""
+        self.collective(channel, "reduce", send, recv, count, dtype=dtype, reduction=reduction, root=root)
+
+    def send(self, channel: Channel, source: object, count: int, peer: int, dtype: object = "float32") -> None:
+        """Send ``count`` elements to rank ``peer``, which records the matching ``recv``."""
+        self.collective(channel, "send", source, None, count, dtype=dtype, peer=peer)
+
+    def recv(self, channel: Channel, target: object, count: int, peer: int, dtype: object = "float32") -> None:
+        """Receive ``count`` elements from rank ``peer``, which records the matching ``send``."""
+        self.collective(channel, "recv", None, target, count, dtype=dtype, peer=peer)
+
     # -- driver hooks -------------------------------------------------------------
     def _begin(self) -> None:
         pass
@@ -329,6 +409,10 @@ class CommandBuffer:
     def _dispatch(self, executable: Executable, ordinal: int, export: Export,
                   workgroups: tuple[int, int, int], constants: tuple[int, ...],
                   bindings: list[BufferRef]) -> None:
+        raise NotImplementedError
+
+    def _collective(self, channel: Channel, op: Collective, send: BufferRef | None, recv: BufferRef | None) -> None:
+        """Record a checked collective (``hal.channel``); operands None where the kind takes none here."""
         raise NotImplementedError
 
     def _dispatch_routine(self, executable: Executable, ordinal: int, export: Export, routine: Routine,
@@ -415,4 +499,16 @@ def check_slot_uses(cb: CommandBuffer, table: Sequence[Binding], index: int = 0)
         check_no_overlap(BufferRef(s_buffer, None, s_offset, s_length), BufferRef(d_buffer, None, d_offset, d_length))
     for routine, checked, refs in cb.slot_routines:
         routine.check_lengths(checked, [ref.resolve(table)[2] for ref in refs])
+    for op, rank, ranks, send, recv in cb.slot_collectives:
+        resolved = [None if ref is None else ref.resolve(table) for ref in (send, recv)]
+        check_operands(op, rank, ranks, *[None if r is None else (r[0].root, r[0].offset + r[1], r[2])
+                                          for r in resolved], where=f" through binding_tables[{index}]")
+
+
+def _absolute(ref: BufferRef | None) -> tuple[Buffer, int, int] | None:
+    """(root buffer, offset in it, length) of a direct ref."""
+    if ref is None:
+        return None
+    buffer = ref.buffer
+    return buffer.root, buffer.offset + ref.offset, ref.length  # type: ignore[union-attr,return-value]
 

@@ -4,11 +4,18 @@ The CPU drivers (and any driver whose work finishes on a host thread) share
 this bookkeeping: which submissions are parked on unreached waits (so
 ``close()`` can fail them), how many are outstanding (for ``wait_idle``), and
 how a failure reaches every semaphore the work would have signalled.
+
+Work may finish after it returns: work that stops to wait for other ranks of a
+collective returns a ``Deferred``, which whoever finishes the work completes
+(its signals advance then). A queue whose submissions may do so passes a
+``QueueGate``: its submissions run one at a time in order, each from its start
+to its completion, so later work never overtakes one that waits.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import threading
 from collections.abc import Callable
@@ -39,6 +46,65 @@ def run_inline(run: Callable[[], None]) -> None:
         _inline.pending = None
 
 
+class Deferred:
+    """The completion of work that returned before it finished (see the module)."""
+
+    __slots__ = ("_lock", "_done", "_failure", "_callback")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = False
+        self._failure: BaseException | None = None
+        self._callback: Callable[[BaseException | None], None] | None = None
+
+    def when_done(self, callback: Callable[[BaseException | None], None]) -> None:
+        """Call ``callback(failure)`` once completed (now, if it already is)."""
+        with self._lock:
+            if not self._done:
+                self._callback = callback
+                return
+        callback(self._failure)
+
+    def complete(self, failure: BaseException | None = None) -> None:
+        """The work finished (``failure``: how it failed); at most once."""
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            self._failure = failure
+            callback, self._callback = self._callback, None
+        if callback is not None:
+            callback(failure)
+
+
+class QueueGate:
+    """One queue's submissions in order, each from its start to its completion (see the module)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._busy = False
+        self._backlog: collections.deque[tuple[Callable[[], None], Callable[[Callable[[], None]], None]]] = \
+            collections.deque()
+
+    def enter(self, run: Callable[[], None], schedule: Callable[[Callable[[], None]], None]) -> None:
+        """Schedule ``run`` now if no submission of the queue is unfinished, else after those."""
+        with self._lock:
+            if self._busy:
+                self._backlog.append((run, schedule))
+                return
+            self._busy = True
+        schedule(run)
+
+    def leave(self) -> None:
+        """The submission that entered last completed: schedule the next one."""
+        with self._lock:
+            if not self._backlog:
+                self._busy = False
+                return
+            run, schedule = self._backlog.popleft()
+        schedule(run)
+
+
 class HostSubmissions:
     def __init__(self) -> None:
         # A plain lock on the per-submission paths (a Condition's own enter and exit are Python
@@ -51,11 +117,13 @@ class HostSubmissions:
         self._parked: dict[int, FenceWaiter] = {}
         self._numbers = itertools.count()
 
-    def submit(self, waits: list[Fence], signals: list[Fence], work: Callable[[], None] | None,
-               schedule: Callable[[Callable[[], None]], None]) -> None:
+    def submit(self, waits: list[Fence], signals: list[Fence], work: Callable[[], object] | None,
+               schedule: Callable[[Callable[[], None]], None], gate: QueueGate | None = None) -> None:
         """Run ``work`` through ``schedule`` once ``waits`` are reached, then advance ``signals``.
 
         An exception from ``work``, or a failed wait, fails every signal semaphore with the cause.
+        Work returning a ``Deferred`` completes when that does. With a ``gate``, the work runs after
+        every earlier submission through the gate completed.
         """
         with self._lock:
             self._outstanding += 1
@@ -71,18 +139,29 @@ class HostSubmissions:
                 if not self._outstanding and self._idle_waiters:
                     self._idle.notify_all()
 
+        def completed(failure: BaseException | None) -> None:
+            finish(failure)
+            if gate is not None:
+                gate.leave()
+
         def run() -> None:
+            result = None
             try:
                 if work is not None:
                     if tracing.ENABLED:  # the work on the thread that runs it (local-task: the queue's worker)
-                        tracing.call("execute", work, category="device")
+                        result = tracing.call("execute", work, category="device")
                     else:
-                        work()
+                        result = work()
             except BaseException as exc:  # the failure travels to every semaphore we would signal
-                finish(exc)
+                completed(exc)
+                return
+            if type(result) is Deferred:
+                result.when_done(completed)
             else:
-                finish(None)
+                completed(None)
 
+        if gate is not None:
+            schedule = functools.partial(gate.enter, schedule=schedule)
         if not waits:
             schedule(run)
             return
