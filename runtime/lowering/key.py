@@ -8,9 +8,10 @@ mask (``live_mask``), it also says which nodes may be read after the eval.
 
 from __future__ import annotations
 
-from itertools import compress
+from collections import Counter
+from itertools import chain, compress, repeat
 from itertools import count as counter
-from operator import sub
+from operator import attrgetter, sub
 from sys import getrefcount
 
 from ..graph import PLACEHOLDER
@@ -81,149 +82,125 @@ def graph_key(order: list, direct: list | None = None):
     return tuple(parts), externals, viewed
 
 
-def _view_referrer(node_index: dict, ext_index: dict, externals: list, viewed: set, views: list):
-    """The key walks' reference to an input read through a view: the chain of views from its root
-    (each numbered once, as the walk meets it) and the root, a node's index or an external's slot."""
-    view_index: dict = {}
-
-    def root_ref(r):
-        j = node_index.get(r)
-        if j is not None:
-            viewed.add(j)
-            return j
-        j = ext_index.get(r)
-        if j is None:
-            j = ext_index[r] = len(externals)
-            externals.append(r)
-        return (-1 - j, r.dtype, r.shape)
-
-    def view_ref(v):
-        chain = []
-        while v.base is not None and v not in view_index:
-            chain.append(v)
-            v = v.inputs[0] if v.inputs else v.base
-        src = ("v", view_index[v]) if v.base is not None else root_ref(v)
-        for w in reversed(chain):
-            view_index[w] = len(views)
-            views.append((w.op, w.params, w.shape, w.strides, w.offset, src))
-            src = ("v", len(views) - 1)
-        return src
-
-    return view_ref
+#: A node's own part of the key, read by C: its op, params, shape and dtype.
+_PIECE = attrgetter("op", "params", "shape", "dtype")
+_INPUTS = attrgetter("inputs")
 
 
-class _TooDeep(Exception):
-    """A graph deeper than _MAX_KEY_DEPTH: collect_key walks it with an explicit stack instead."""
+def collect_key(targets: list) -> tuple[list, tuple, list, set]:
+    """The pending graph behind `targets` and its key: (order, key, externals, nodes read through views).
 
+    The walk numbers every pending root node in depth-first post-order (`order`), every external
+    input (evaluated arrays and placeholders) in the order it meets them (their slots), and every view
+    an input is read through, view by view from its root; `refs` maps each of these objects to its
+    reference in the key: a node's index, an external's ``(-1 - slot, dtype, shape)``, a view's
+    ``("v", number)``. The key is then made by C-level maps over the order: each node's op, params,
+    shape and dtype, the references of its inputs, and the views (op, params, layout, source), so
+    that it also determines the backward graph of any grad node (which reads of a differentiated
+    input go through its alias is part of the structure). Equal keys are equal graphs with their
+    externals in the same slots. Arrays are the dict's keys themselves: they hash by identity and a
+    dict tests identity before equality (elementwise ``__eq__`` is never reached).
 
-#: Nesting the recursive key walk allows before it starts over with the iterative one (far below
-#: the interpreter's recursion limit, also when the caller is deep in recursion itself).
-_MAX_KEY_DEPTH = 200
-
-
-def collect_key(targets: list, direct: list | None = None):
-    """collect() and the graph key in one pass: (order, key, externals, nodes read through views).
-
-    The key describes every pending node (op, params, shape, dtype, inputs) and every view
-    an input is read through, view by view (op, params, layout, source), so that it also
-    determines the backward graph of any grad node (which reads of a differentiated input
-    go through its alias is part of the structure). With `direct` (an empty list), it
-    receives per node the number of its consumers' direct references to it (see live_mask).
-    Arrays are the dicts' keys themselves: they hash by identity and a dict tests identity
-    before equality, so no id() call is needed (elementwise __eq__ is never reached).
-
-    A recursive walk visits each node once and each input once (the explicit stack of the
-    iterative walk visits each node twice and each input twice: about twice the bytecodes). Both
-    number nodes in the same depth-first post-order; views and externals are numbered as the walk
-    meets them, so the two walks may number a graph's views differently, each always the same way
-    for the same structure: a key describes its graph completely either way, so equal keys are
-    equal graphs with their externals in the same slots.
+    The walk recurses (each node and each input visited once); a graph deeper than the interpreter's
+    recursion allows is walked again with an explicit stack, which numbers nodes in the same order and
+    views and externals as it meets them (always the same way for the same structure).
     """
     try:
-        return _collect_key_recursive(targets, direct)
-    except _TooDeep:
-        if direct is not None:
-            direct.clear()
-        return _collect_key_iterative(targets, direct)
+        order, refs, externals, views, viewed = _walk_recursive(targets)
+    except RecursionError:
+        order, refs, externals, views, viewed = _walk_iterative(targets)
+    # Per node, its inputs' references: tuple(map(refs.__getitem__, node.inputs)) for each node, in C.
+    edges = tuple(map(tuple, map(map, repeat(refs.__getitem__), map(_INPUTS, order))))
+    return order, (tuple(map(_PIECE, order)), edges, tuple(views)), externals, viewed
 
 
-def _collect_key_recursive(targets: list, direct: list | None):
-    order: list = []
-    parts: list = []
-    views: list = []
-    externals: list = []
-    node_index: dict = {}
-    ext_index: dict = {}
-    viewed = set()
-    append, add_part = order.append, parts.append
-    count = direct is not None
+class _Walk:
+    """What a walk found so far (see collect_key)."""
 
-    view_ref = _view_referrer(node_index, ext_index, externals, viewed, views)
+    __slots__ = ("order", "refs", "externals", "views", "viewed")
 
-    def visit(node, depth):
-        """Number `node` after every pending node it reads from; its index."""
-        if depth > _MAX_KEY_DEPTH:
-            raise _TooDeep
-        ins = []
+    def __init__(self) -> None:
+        self.order: list = []
+        self.refs: dict = {}
+        self.externals: list = []
+        self.views: list = []
+        self.viewed: set = set()
+
+    def external(self, r) -> tuple:
+        """The reference of an external input, numbered on first sight."""
+        ref = self.refs.get(r)
+        if ref is None:
+            externals = self.externals
+            ref = self.refs[r] = (-1 - len(externals), r.dtype, r.shape)
+            externals.append(r)
+        return ref
+
+    def view(self, v, root_ref) -> tuple:
+        """The reference of view `v`: the views from the root (whose reference is `root_ref`) to `v`,
+        each numbered on first sight."""
+        refs = self.refs
+        chain = []
+        while v.base is not None and v not in refs:
+            chain.append(v)
+            v = v.inputs[0] if v.inputs else v.base
+        src = refs[v] if v.base is not None else root_ref
+        if type(src) is int:
+            self.viewed.add(src)
+        views = self.views
+        for w in reversed(chain):
+            views.append((w.op, w.params, w.shape, w.strides, w.offset, src))
+            src = refs[w] = ("v", len(views) - 1)
+        return src
+
+
+def _walk_recursive(targets: list) -> tuple:
+    walk = _Walk()
+    order, refs, externals = walk.order, walk.refs, walk.externals
+    append = order.append
+
+    def visit(node):
+        """Number `node` after every pending node it reads from."""
         for inp in node.inputs:
-            r = inp.base
-            if r is not None:  # a view: its root first, if pending
-                if r.storage is None and r.op != PLACEHOLDER and r not in node_index:
-                    visit(r, depth + 1)
-                ins.append(view_ref(inp))
+            if inp in refs:
                 continue
-            j = node_index.get(inp)
-            if j is None:
+            r = inp.base
+            if r is None:
                 if inp.storage is None and inp.op != PLACEHOLDER:
-                    j = visit(inp, depth + 1)
+                    visit(inp)
+                else:  # (walk.external, without the call)
+                    refs[inp] = (-1 - len(externals), inp.dtype, inp.shape)
+                    externals.append(inp)
+                continue
+            if r not in refs:
+                if r.storage is None and r.op != PLACEHOLDER:
+                    visit(r)
                 else:
-                    j = ext_index.get(inp)
-                    if j is None:
-                        j = ext_index[inp] = len(externals)
-                        externals.append(inp)
-                    ins.append((-1 - j, inp.dtype, inp.shape))
-                    continue
-            ins.append(j)
-            if count:
-                direct[j] += 1
-        j = len(order)
-        node_index[node] = j
+                    walk.external(r)
+            walk.view(inp, refs[r])
+        refs[node] = len(order)
         append(node)
-        add_part((node.op, node.params, node.shape, node.dtype, tuple(ins)))
-        if count:
-            direct.append(0)
-        return j
 
     try:
         for target in targets:
-            if target not in node_index:
-                visit(target, 0)
+            if target not in refs:
+                visit(target)
     finally:
         # visit refers to itself through its closure cell: the cycle would keep every node of the
-        # walk referenced (node_index) until the garbage collector ran, and live_mask would read
-        # those references as consumers holding them.
+        # walk referenced (refs) until the garbage collector ran, and live_mask would read those
+        # references as consumers holding them.
         visit = None  # noqa: F841
-    return order, (tuple(parts), tuple(views)), externals, viewed
+    return order, refs, externals, walk.views, walk.viewed
 
 
-def _collect_key_iterative(targets: list, direct: list | None = None):
-    """collect_key with an explicit stack, for graphs deeper than _MAX_KEY_DEPTH."""
-    order: list = []
-    parts: list = []
-    views: list = []
-    externals: list = []
-    node_index: dict = {}
-    ext_index: dict = {}
-    viewed = set()
+def _walk_iterative(targets: list) -> tuple:
+    """_walk_recursive with an explicit stack, for graphs deeper than recursion allows."""
+    walk = _Walk()
+    order, refs = walk.order, walk.refs
     stack = [(t, False) for t in reversed(targets)]
-    push, pop, append = stack.append, stack.pop, order.append
-    count = direct is not None
-
-    view_ref = _view_referrer(node_index, ext_index, externals, viewed, views)
-
+    push, pop = stack.append, stack.pop
     while stack:
         node, expanded = pop()
-        if node in node_index:
+        if node in refs:
             continue
         if not expanded:
             push((node, True))
@@ -231,31 +208,26 @@ def _collect_key_iterative(targets: list, direct: list | None = None):
                 r = inp.base
                 if r is None:
                     r = inp
-                if r.storage is None and r.op != PLACEHOLDER and r not in node_index:
+                if r.storage is None and r.op != PLACEHOLDER and r not in refs:
                     push((r, False))
             continue
-        ins = []
-        for inp in node.inputs:
-            if inp.base is not None:
-                ins.append(view_ref(inp))
+        for inp in node.inputs:  # every pending root it reads is numbered by now
+            if inp in refs:
                 continue
-            j = node_index.get(inp)
-            if j is None:
-                j = ext_index.get(inp)
-                if j is None:
-                    j = ext_index[inp] = len(externals)
-                    externals.append(inp)
-                ins.append((-1 - j, inp.dtype, inp.shape))
+            r = inp.base
+            if r is None:
+                walk.external(inp)
             else:
-                ins.append(j)
-                if count:
-                    direct[j] += 1
-        node_index[node] = len(order)
-        append(node)
-        parts.append((node.op, node.params, node.shape, node.dtype, tuple(ins)))
-        if count:
-            direct.append(0)
-    return order, (tuple(parts), tuple(views)), externals, viewed
+                walk.view(inp, refs[r] if r in refs else walk.external(r))
+        refs[node] = len(order)
+        order.append(node)
+    return order, refs, walk.externals, walk.views, walk.viewed
+
+
+def direct_references(key: tuple, n: int) -> list[int]:
+    """Per node of a key's graph of `n` nodes, how many of its consumers' inputs are the node itself."""
+    counts = Counter(chain.from_iterable(key[1]))
+    return list(map(counts.__getitem__, range(n)))  # (a Counter gives 0 for the others)
 
 
 def _excess_refs(nodes: list, direct: list):
@@ -288,9 +260,7 @@ def live_mask(order: list, direct: list, viewed: set) -> int:
 def eval_key(targets: list, live: bool) -> tuple:
     """(order, key, externals, keep) of the pending graph behind `targets`: collect_key's order, key and
     externals, and with `live` live_mask's bits (else None)."""
-    if not live:
-        order, key, externals, _ = collect_key(targets)
+    order, key, externals, viewed = collect_key(targets)
+    if not live or not order:
         return order, key, externals, None
-    direct: list = []
-    order, key, externals, viewed = collect_key(targets, direct)
-    return order, key, externals, live_mask(order, direct, viewed) if order else None
+    return order, key, externals, live_mask(order, direct_references(key, len(order)), viewed)

@@ -6,8 +6,10 @@ unified index: the graph's external inputs first, then one buffer per node the e
 (``fresh``: taken at each submission and attached to the node), then scratch (values nothing reads
 after the eval, and kernels' temporaries), then constants bound directly. Scratch is taken at each
 submission (``temps``), or owned by the recording: bound directly for rt.compile's (``fixed``), and
-through the table after the fresh buffers on CPU drivers (``tail``), whose queues run one submission
-at a time. Everything but the owned scratch and the constants is bound through the binding table.
+through the table after the fresh buffers for an eval's up to OWNED_SCRATCH (``tail``). The
+submissions of a context run one after another, so a recording's next submission may write the
+scratch its last one used, as the buffer cache hands a freed buffer to the next submission at once.
+Everything but the scratch bound directly and the constants is bound through the binding table.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ if TYPE_CHECKING:
     from ..array import Array
     from ..device import DeviceContext
 
-#: Scratch bytes up to which a recording on a CPU device owns its scratch buffers (held while it is
-#: cached) rather than taking them from the buffer cache at each submission.
-CPU_OWNED_SCRATCH = env.integer("RUNTIME_CPU_OWNED_SCRATCH", 1 << 20, minimum=0)
+#: Scratch bytes up to which an eval's recording owns its scratch buffers (held while it is cached)
+#: rather than taking them from the buffer cache and giving them back at each submission.
+OWNED_SCRATCH = env.integer("RUNTIME_OWNED_SCRATCH", 1 << 20, minimum=0)
 
 
 class Plan:
@@ -83,7 +85,7 @@ def plan(ctx: DeviceContext, order: list, externals: list, keep: int | None, own
         p.fresh.append((att, bucket_size(nb), nb))
         k += 1
     scratch += [(("tmp", id(unit), t), nb) for unit in p.units for t, nb in enumerate(unit.temps)]
-    own_tail = not owned and not ctx.is_gpu and sum(nb for _, nb in scratch) <= CPU_OWNED_SCRATCH
+    own_tail = not owned and sum(nb for _, nb in scratch) <= OWNED_SCRATCH
     for what, nb in scratch:
         if what[0] == "node":
             index_of_node[what[1]] = k

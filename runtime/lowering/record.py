@@ -52,7 +52,7 @@ class Recording:
         self.captured: list = []  # storages of constants bound directly (their fences follow the submissions)
         self.scratch = None  # unified index -> (buffer, bucket) the recording owns (rt.compile, small CPU scratch)
         self.owner = None  # the context its owned scratch goes back to when it is dropped
-        self.tail: list = []  # owned scratch bound through the table, after the fresh buffers (CPU evals)
+        self.tail: list = []  # owned scratch bound through the table, after the fresh buffers (evals)
         self.program = None  # (context, id) of the CPU program this recording runs
         self.last_table = None  # the buffers of the latest submission, preferred for the next one
         self.last_ext = None  # its external buffers, to pick the recording whose table is unchanged

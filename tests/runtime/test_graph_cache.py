@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -263,9 +264,9 @@ def test_eager_training_step_replays_unchanged_tables_on_cpu(dev, monkeypatch):
 
 
 def test_graph_deeper_than_the_recursive_key_walk_is_keyed_iteratively_and_replayed(dev):
-    """A chain deeper than the recursive walk allows starts over with the explicit stack: right
+    """A chain deeper than the interpreter's recursion allows is walked with an explicit stack: right
     values, and the same structure evaluated again is a cache hit."""
-    depth = key._MAX_KEY_DEPTH * 3
+    depth = sys.getrecursionlimit() // 2 + 10  # two nodes a step
     ctx = context_for(dev)
     ctx.graphs.clear()
     for step in range(2):
@@ -293,15 +294,18 @@ def test_recursive_and_iterative_key_walks_order_and_count_alike(dev):
     a = rt.exp(-abs(z))
     b = a + z.reshape((2, 2)).reshape((4,)) * a
     targets = [b, (a * b).sum()]
-    direct_r: list = []
-    direct_i: list = []
-    order_r, key_r, ext_r, viewed_r = key._collect_key_recursive(targets, direct_r)
-    order_i, key_i, ext_i, viewed_i = key._collect_key_iterative(targets, direct_i)
+    order_r, refs_r, ext_r, views_r, viewed_r = key._walk_recursive(targets)
+    order_i, refs_i, ext_i, views_i, viewed_i = key._walk_iterative(targets)
     assert [id(n) for n in order_r] == [id(n) for n in order_i]
-    assert direct_r == direct_i and viewed_r == viewed_i
+    assert viewed_r == viewed_i and len(views_r) == len(views_i)
     assert sorted(map(id, ext_r)) == sorted(map(id, ext_i))
-    assert len(key_r[0]) == len(key_i[0]) == len(order_r) and len(key_r[1]) == len(key_i[1])
-    assert key_r == key._collect_key_recursive(targets, None)[1]  # a walk is deterministic
+    assert {refs_r[n] for n in order_r} == {refs_i[n] for n in order_i} == set(range(len(order_r)))
+    del refs_r, refs_i
+    order, key_r, _, viewed = key.collect_key(targets)
+    assert len(key_r[0]) == len(key_r[1]) == len(order)
+    direct = key.direct_references(key_r, len(order))
+    assert direct == [sum(inp is n for m in order for inp in m.inputs) for n in order]
+    assert key_r == key.collect_key(targets)[1]  # a walk is deterministic
 
 
 def test_key_walk_leaves_no_references_to_the_nodes(dev):
@@ -312,7 +316,7 @@ def test_key_walk_leaves_no_references_to_the_nodes(dev):
     x = rt.array(np.ones(5, dtype=np.float32), device=dev)
     y = rt.exp(x) + 1.0
     before = sys.getrefcount(y)
-    key.collect_key([y], [])
+    key.collect_key([y])
     assert sys.getrefcount(y) == before
 
 
