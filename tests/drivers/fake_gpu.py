@@ -15,6 +15,12 @@ status conventions (``VENDORS``), as the vendor's shim would.
 ``fake-gpu`` registers as a HAL driver (``HAL_PLUGINS=tests.drivers.fake_gpu``)
 so the conformance suite runs the generic GPU driver end to end:
 ``pytest tests/cts --driver fake-gpu [--driver-option command_buffer=graph]``.
+
+``FakeNccl`` stands for NCCL behind the driver's channels: calls between ``group_start`` and
+``group_end`` become one piece of stream work per stream (captured like any other while the
+stream captures) that meets the other ranks' work and computes the result in host memory with
+the CPU drivers' reference (``hal.drivers.local.channel``); a piece of work whose peers never come
+faults its stream after ``FakeNccl.TIMEOUT`` seconds, as a hung GPU kernel would need an abort.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from __future__ import annotations
 import bisect
 import ctypes
 import enum
+import itertools
+import os
 import queue
 import threading
 import time
@@ -30,14 +38,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from hal.channel import Collective
 from hal.driver import DeviceInfo, Driver
 from hal.drivers.cuda.status import CUDA
+from hal.drivers.gpu.channel import GpuCollectives
 from hal.drivers.gpu.device import GpuDevice
 from hal.drivers.gpu.executable_cache import ExecutableCache, GpuExecutable
 from hal.drivers.gpu.status import StatusTable
 from hal.drivers.hip.status import HIP
+from hal.drivers.local.channel import Arrival, Group
 from hal.drivers.local.executable import NumpyExecutable
-from hal.errors import FailedPreconditionError, UnimplementedError
+from hal.errors import AbortedError, FailedPreconditionError, InvalidArgumentError, UnimplementedError
 from hal.registry import DriverFactory, hookimpl
 
 
@@ -596,28 +607,228 @@ class FakeExecutableCache(ExecutableCache):
         return FakeFunction(lambda grid, views, constants: None, 0, 0)
 
 
+class FakeComm:
+    """A simulated communicator: one rank of a ``Group`` (filled in at group_end when made by a split)."""
+
+    def __init__(self, group: Group | None = None, rank: int = 0, count: int = 1) -> None:
+        self.group = group
+        self.rank = rank
+        self.count = count
+        self.destroyed = False
+        self.sequence = itertools.count()
+        self.sends: dict[int, itertools.count] = {}
+        self.recvs: dict[int, itertools.count] = {}
+        self.splits = itertools.count()
+
+
+_FAKE_DTYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16"}
+
+
+class FakeNccl:
+    """NCCL on the simulated GPU (see the module): the ``CollectiveLibrary`` of ``hal/drivers/gpu/channel.py``."""
+
+    name = "fake NCCL"
+    #: Seconds a piece of stream work waits for its peers before it faults the stream.
+    TIMEOUT = 30.0
+
+    def __init__(self, api: FakeGpuApi) -> None:
+        self.api = api
+        self._lock = threading.Condition()
+        self._groups: dict[bytes, tuple[Group, list[FakeComm | None]]] = {}
+        self._local = threading.local()
+        self._splits: dict[tuple[int, int], dict[int, tuple[int | None, int, FakeComm, FakeComm]]] = {}
+        #: Calls by name, and the operations of each group_end (what the tests look at).
+        self.calls: dict[str, int] = {}
+        self.groups: list[list[str]] = []
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    # -- communicators --------------------------------------------------------------------------
+    def new_id(self) -> bytes:
+        return os.urandom(128)
+
+    def init_rank(self, count: int, id: bytes, rank: int) -> FakeComm:
+        self._count("ncclCommInitRank")
+        if len(id) != 128:
+            raise InvalidArgumentError(f"an NCCL channel id is 128 bytes, got {len(id)}")
+        with self._lock:
+            group, members = self._groups.setdefault(id, (Group(id, count), [None] * count))
+            comm = members[rank] = FakeComm(group, rank, count)
+            self._lock.notify_all()
+            if not self._lock.wait_for(lambda: all(m is not None for m in members), timeout=self.TIMEOUT):
+                raise TimeoutError("ncclCommInitRank: the other ranks never joined")
+        return comm
+
+    def init_all(self, ordinals) -> list[FakeComm]:
+        self._count("ncclCommInitAll")
+        group = Group(os.urandom(16), len(ordinals))
+        return [FakeComm(group, rank, len(ordinals)) for rank in range(len(ordinals))]
+
+    def split(self, comm: FakeComm, color: int | None, key: int) -> FakeComm | None:
+        self._count("ncclCommSplit")
+        new = FakeComm()
+        with self._lock:
+            number = next(comm.splits)
+            entries = self._splits.setdefault((id(comm.group), number), {})
+            entries[comm.rank] = (color, key, comm, new)
+            if len(entries) == comm.count:
+                by_color: dict[int, list] = {}
+                for rank, (c, k, _, made) in entries.items():
+                    if c is not None:
+                        by_color.setdefault(c, []).append((k, rank, made))
+                for members in by_color.values():
+                    group = Group(os.urandom(16), len(members))
+                    for new_rank, (_, _, made) in enumerate(sorted(members)):
+                        made.group, made.rank, made.count = group, new_rank, len(members)
+                del self._splits[(id(comm.group), number)]
+                self._lock.notify_all()
+            elif not getattr(self._local, "depth", 0):  # outside a group: ncclCommSplit blocks for the others
+                if not self._lock.wait_for(lambda: (id(comm.group), number) not in self._splits, timeout=self.TIMEOUT):
+                    raise TimeoutError("ncclCommSplit: the other ranks never split")
+        return None if color is None else new
+
+    def comm_rank(self, comm: FakeComm) -> tuple[int, int]:
+        return comm.rank, comm.count
+
+    def destroy(self, comm: FakeComm) -> None:
+        self._count("ncclCommDestroy")
+        comm.destroyed = True
+
+    def abort(self, comm: FakeComm) -> None:
+        self._count("ncclCommAbort")
+        comm.destroyed = True
+        comm.group.fail(AbortedError("ncclCommAbort"))  # type: ignore[union-attr]
+
+    # -- groups --------------------------------------------------------------------------------------
+    def group_start(self) -> None:
+        self._count("ncclGroupStart")
+        local = self._local
+        local.depth = getattr(local, "depth", 0) + 1
+        if local.depth == 1:
+            local.pending = []
+
+    def group_end(self) -> None:
+        self._count("ncclGroupEnd")
+        local = self._local
+        local.depth -= 1
+        if local.depth:
+            return
+        pending, local.pending = local.pending, []
+        self.groups.append([op.kind for _, _, op, _, _ in pending])
+        by_stream: dict[int, list] = {}
+        for item in pending:
+            by_stream.setdefault(id(item[0]), []).append(item)
+        for items in by_stream.values():
+            self.api.enqueue_work(items[0][0], self._work(items))
+
+    def _add(self, stream: Any, comm: FakeComm, op: Collective, send: int, recv: int) -> None:
+        if comm.destroyed:
+            raise RuntimeError("a destroyed communicator")
+        if op.dtype not in _FAKE_DTYPES:
+            raise InvalidArgumentError(f"NCCL has no {op.dtype}")
+        self._count(op.kind)
+        if getattr(self._local, "depth", 0):
+            self._local.pending.append((stream, comm, op, send, recv))
+        else:
+            self.group_start()
+            self._local.pending.append((stream, comm, op, send, recv))
+            self.group_end()
+
+    def _work(self, items: list):
+        api = self.api
+
+        def run() -> None:
+            events = []
+            for _, comm, op, send, recv in items:
+                size, count = op.element_size, comm.count
+                send_bytes = op.send_elements(comm.rank, count) * size
+                recv_bytes = op.recv_elements(comm.rank, count) * size
+                send_view = np.frombuffer(api.view(send), np.uint8)[:send_bytes] if send_bytes else None
+                recv_view = np.frombuffer(api.view(recv), np.uint8)[:recv_bytes] if recv_bytes else None
+                if op.kind == "send":
+                    key: tuple = ("p2p", comm.rank, op.peer, next(comm.sends.setdefault(op.peer, itertools.count())))
+                elif op.kind == "recv":
+                    key = ("p2p", op.peer, comm.rank, next(comm.recvs.setdefault(op.peer, itertools.count())))
+                else:
+                    key = ("collective", next(comm.sequence))
+                event = threading.Event()
+                failures: list = []
+                events.append((event, failures))
+
+                def done(failure, event=event, failures=failures) -> None:
+                    failures.append(failure)
+                    event.set()
+
+                comm.group.post(key, 2 if op.kind in ("send", "recv") else count,  # type: ignore[union-attr]
+                                Arrival(comm.rank, op, send_view, recv_view, done), self.TIMEOUT)
+            for event, failures in events:
+                if not event.wait(self.TIMEOUT):
+                    raise TimeoutError("a simulated NCCL kernel waited for its peers beyond the timeout")
+                if failures[0] is not None:
+                    raise failures[0]
+
+        return run
+
+    # -- operations ------------------------------------------------------------------------------------
+    def all_reduce(self, send, recv, count, dtype, op, comm, stream) -> None:
+        self._add(stream, comm, Collective("all_reduce", dtype, count, op), send, recv)
+
+    def reduce_scatter(self, send, recv, count, dtype, op, comm, stream) -> None:
+        self._add(stream, comm, Collective("reduce_scatter", dtype, count, op), send, recv)
+
+    def reduce(self, send, recv, count, dtype, op, root, comm, stream) -> None:
+        self._add(stream, comm, Collective("reduce", dtype, count, op, root=root), send, recv)
+
+    def all_gather(self, send, recv, count, dtype, comm, stream) -> None:
+        self._add(stream, comm, Collective("all_gather", dtype, count), send, recv)
+
+    def broadcast(self, send, recv, count, dtype, root, comm, stream) -> None:
+        self._add(stream, comm, Collective("broadcast", dtype, count, root=root), send, recv)
+
+    def send(self, buffer, count, dtype, peer, comm, stream) -> None:
+        self._add(stream, comm, Collective("send", dtype, count, peer=peer), buffer, 0)
+
+    def recv(self, buffer, count, dtype, peer, comm, stream) -> None:
+        self._add(stream, comm, Collective("recv", dtype, count, peer=peer), 0, buffer)
+
+
 class FakeGpuDriver(Driver):
     name = "fake-gpu"
     summary = "the GPU-generic driver over a simulated GPU API (tests only)"
+    #: Simulated GPUs the driver lists (ranks of the collective tests).
+    DEVICES = 4
 
-    def __init__(self, vendor: str = "cuda", libraries: bool = True) -> None:
+    def __init__(self, vendor: str = "cuda", libraries: bool = True, nccl: bool = True) -> None:
         super().__init__()
         self.api = FakeGpuApi(vendor)
         #: Whether its devices run library routines (False: as a GPU whose GEMM library is missing).
         self.libraries = libraries
+        #: The simulated NCCL behind the devices' channels (None: as a machine without nccl4py).
+        self.nccl = FakeNccl(self.api) if nccl else None
 
     def _probe(self) -> tuple[bool, str | None]:
         return True, None
 
     def _query_devices(self) -> list[DeviceInfo]:
         props = {"memory_total": 1 << 34, "memory_pools_supported": True}
-        return [DeviceInfo(self.name, 0, "FAKE-0", "simulated GPU", "fake-gpu://0", props)]
+        return [DeviceInfo(self.name, i, f"FAKE-{i}", "simulated GPU", f"fake-gpu://{i}", props)
+                for i in range(self.DEVICES)]
+
+    def _load_nccl(self) -> FakeNccl:
+        if self.nccl is None:
+            from hal.errors import UnavailableError
+
+            raise UnavailableError("fake-gpu channels need the simulated NCCL (the driver was made without it)")
+        return self.nccl
 
     def _create_device(self, info: DeviceInfo, **options: Any) -> GpuDevice:
         limits = {"max_workgroup_count": ((1 << 31) - 1, 65535, 65535), "max_workgroup_size": 1024}
         executables = FakeExecutableCache(self.api if self.libraries else None)
-        return GpuDevice(self, info, api=self.api, handle=0, context=self.api.conventions.context, options=options,
-                         limits=limits, memory_bytes=1 << 34, memory_pools=True, executables=executables)
+        device = GpuDevice(self, info, api=self.api, handle=0, context=self.api.conventions.context, options=options,
+                           limits=limits, memory_bytes=1 << 34, memory_pools=True, executables=executables)
+        device.collectives = GpuCollectives(device, self._load_nccl)
+        return device
 
 
 @hookimpl

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from hal.driver import DeviceInfo, Driver
-from hal.drivers.cuda import blas
+from hal.drivers.cuda import blas, nccl
 from hal.drivers.cuda.executable_cache import CudaExecutableCache
+from hal.drivers.gpu.channel import GpuCollectives
 from hal.drivers.gpu.device import GpuDevice
 
 
@@ -26,7 +27,7 @@ def create_device(
     }
     executables = CudaExecutableCache((props["compute_capability_major"], props["compute_capability_minor"]))
     executables.libraries = blas.load(info.ordinal, api)
-    return GpuDevice(
+    device = GpuDevice(
         driver,
         info,
         api=api,
@@ -38,3 +39,5 @@ def create_device(
         memory_pools=bool(props.get("memory_pools_supported")),
         executables=executables,
     )
+    device.collectives = GpuCollectives(device, nccl.load)  # loaded at the first channel
+    return device

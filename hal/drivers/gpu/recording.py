@@ -17,7 +17,9 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from hal.channel import Channel, Collective
 from hal.command_buffer import Binding, BufferRef, CommandBuffer
+from hal.drivers.gpu import channel as collectives
 from hal.drivers.gpu.kernel_args import ArgArena
 from hal.drivers.gpu.library import LibraryCall
 from hal.executable import Executable, Export
@@ -212,6 +214,10 @@ class RecordingCommandBuffer(CommandBuffer):
                                 executable, ordinal, targets, constants)
         self._level.append(dispatch)
         self.slot_dispatches.append(dispatch)
+
+    def _collective(self, channel: Channel, op: Collective, send: BufferRef | None, recv: BufferRef | None) -> None:
+        collectives.record(self._level, channel, op, None if send is None else self._target(send),  # type: ignore[arg-type]
+                           None if recv is None else self._target(recv))
 
     def _dispatch_routine(self, executable: Executable, ordinal: int, export: Export, routine: Routine,
                           checked: object, constants: tuple[int, ...], bindings: list[BufferRef]) -> None:

@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from hal.driver import DeviceInfo, Driver
+from hal.drivers.gpu.channel import GpuCollectives
 from hal.drivers.gpu.device import GpuDevice
-from hal.drivers.hip import blas
+from hal.drivers.hip import blas, rccl
 from hal.drivers.hip.executable_cache import HipExecutableCache
 
 
@@ -22,7 +23,7 @@ def create_device(driver: Driver, info: DeviceInfo, *, api: Any, options: dict[s
     limits = {"max_workgroup_count": props["max_grid_dims"], "max_workgroup_size": props["max_threads_per_block"]}
     executables = HipExecutableCache(props["gcn_arch_name"])
     executables.libraries = blas.load(info.ordinal, api)
-    return GpuDevice(
+    device = GpuDevice(
         driver,
         info,
         api=api,
@@ -34,3 +35,5 @@ def create_device(driver: Driver, info: DeviceInfo, *, api: Any, options: dict[s
         memory_pools=bool(props.get("memory_pools_supported")),
         executables=executables,
     )
+    device.collectives = GpuCollectives(device, rccl.load)  # loaded at the first channel
+    return device

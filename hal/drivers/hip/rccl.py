@@ -1,0 +1,133 @@
+"""RCCL behind the HIP driver's channels, through hip-python's bindings (``from hip import rccl``).
+
+The same ``CollectiveLibrary`` as CUDA's NCCL (``hal/drivers/gpu/channel.py``), with hip-python's
+conventions: each call returns a tuple whose first item is the ``ncclResult_t`` and element types
+and reductions are passed as the bindings' enums (RCCL keeps NCCL's values). ``load()`` imports
+the bindings when the first channel is made; without them, or without ``librccl``, it raises
+``UnavailableError`` saying what to install.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from hal.distribution import install_hint
+from hal.drivers.cuda.nccl import DATA_TYPES, REDUCTIONS, nccl_error
+from hal.errors import InvalidArgumentError, UnavailableError
+
+
+class RcclFailure(Exception):
+    """An RCCL call's non-zero ``ncclResult_t`` (``status``), turned into a hal error by ``nccl_error``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Rccl:
+    """The ``CollectiveLibrary`` over hip-python's ``rccl`` module (``bindings``)."""
+
+    def __init__(self, bindings: Any) -> None:
+        self.bindings = bindings
+        version = self._call("ncclGetVersion")
+        self.name = f"RCCL {version // 10000}.{version // 100 % 100}.{version % 100}"
+
+    def _call(self, name: str, *args: Any) -> Any:
+        try:
+            result = getattr(self.bindings, name)(*args)
+        except Exception as exc:
+            raise nccl_error(name, exc) from exc
+        status, *values = result if isinstance(result, tuple) else (result,)
+        if int(status) != 0:
+            raise nccl_error(name, RcclFailure(int(status), f"{getattr(status, 'name', status)}"))
+        return values[0] if len(values) == 1 else values or None
+
+    def _dtype(self, name: str) -> Any:
+        return self.bindings.ncclDataType_t(DATA_TYPES[name])
+
+    def _op(self, name: str) -> Any:
+        return self.bindings.ncclRedOp_t(REDUCTIONS[name])
+
+    def new_id(self) -> bytes:
+        unique = self._call("ncclGetUniqueId")
+        return bytes(bytearray(unique.internal)) if hasattr(unique, "internal") else bytes(unique)
+
+    def init_rank(self, count: int, id: bytes, rank: int) -> Any:
+        unique = self.bindings.ncclUniqueId()
+        size = len(unique.internal)
+        if len(id) != size:
+            raise InvalidArgumentError(f"an RCCL channel id is {size} bytes (hal.create_channel_id), got {len(id)}")
+        unique.internal = list(id)
+        return self._call("ncclCommInitRank", count, unique, rank)
+
+    def init_all(self, ordinals: Sequence[int]) -> list[Any]:
+        comms = [self.bindings.ncclComm() for _ in ordinals]
+        self._call("ncclCommInitAll", comms, len(ordinals), list(ordinals))
+        return comms
+
+    def split(self, comm: Any, color: int | None, key: int) -> Any:
+        new = self._call("ncclCommSplit", comm, -1 if color is None else color, key, None)
+        return new if new else None
+
+    def comm_rank(self, comm: Any) -> tuple[int, int]:
+        return int(self._call("ncclCommUserRank", comm)), int(self._call("ncclCommCount", comm))
+
+    def group_start(self) -> None:
+        self._call("ncclGroupStart")
+
+    def group_end(self) -> None:
+        self._call("ncclGroupEnd")
+
+    def destroy(self, comm: Any) -> None:
+        self._call("ncclCommDestroy", comm)
+
+    def abort(self, comm: Any) -> None:
+        self._call("ncclCommAbort", comm)
+
+    def all_reduce(self, send, recv, count, dtype, op, comm, stream) -> None:
+        self._call("ncclAllReduce", send, recv, count, self._dtype(dtype), self._op(op), comm, stream)
+
+    def reduce_scatter(self, send, recv, count, dtype, op, comm, stream) -> None:
+        self._call("ncclReduceScatter", send, recv, count, self._dtype(dtype), self._op(op), comm, stream)
+
+    def reduce(self, send, recv, count, dtype, op, root, comm, stream) -> None:
+        self._call("ncclReduce", send, recv, count, self._dtype(dtype), self._op(op), root, comm, stream)
+
+    def all_gather(self, send, recv, count, dtype, comm, stream) -> None:
+        self._call("ncclAllGather", send, recv, count, self._dtype(dtype), comm, stream)
+
+    def broadcast(self, send, recv, count, dtype, root, comm, stream) -> None:
+        self._call("ncclBroadcast", send, recv, count, self._dtype(dtype), root, comm, stream)
+
+    def send(self, buffer, count, dtype, peer, comm, stream) -> None:
+        self._call("ncclSend", buffer, count, self._dtype(dtype), peer, comm, stream)
+
+    def recv(self, buffer, count, dtype, peer, comm, stream) -> None:
+        self._call("ncclRecv", buffer, count, self._dtype(dtype), peer, comm, stream)
+
+
+_library: Rccl | None = None
+_lock = threading.Lock()
+
+
+def load() -> Rccl:
+    """RCCL through hip-python (one per process); UnavailableError with what to install when it is missing."""
+    global _library
+    with _lock:
+        if _library is not None:
+            return _library
+        try:
+            from hip import rccl as bindings
+        except Exception as exc:
+            raise UnavailableError(
+                f"HIP channels need hip-python's RCCL bindings ({type(exc).__name__}: {exc}); "
+                f"{install_hint('hip')} and ROCm's RCCL (librccl.so on the loader's path)") from exc
+        try:
+            _library = Rccl(bindings)
+        except Exception as exc:
+            raise UnavailableError(
+                f"hip-python cannot use RCCL ({type(exc).__name__}: {exc}); install ROCm's RCCL "
+                "(librccl.so on the loader's path)") from exc
+        return _library
