@@ -101,7 +101,14 @@ def check_binding_tables(device: Device, command_buffers: list[CommandBuffer],
             f"binding_tables must be None or hold one table per command buffer "
             f"({len(command_buffers)}), got {len(binding_tables)}")  # type: ignore[arg-type]
     resolved: list[list[Binding] | None] = []
+    # A command buffer given the same table object again (a batch repeating a recording) gets the same
+    # resolved table: drivers recognise a table they were last bound with by identity.
+    seen: dict[tuple[int, int], list[Binding]] = {}
     for i, (cb, table) in enumerate(zip(command_buffers, binding_tables)):  # type: ignore[call-overload]
+        again = seen.get((id(cb), id(table)))
+        if again is not None:
+            resolved.append(again)
+            continue
         capacity = cb.binding_capacity
         if capacity == 0:
             if table:
@@ -118,6 +125,7 @@ def check_binding_tables(device: Device, command_buffers: list[CommandBuffer],
         entries = [check_binding(entry, device, f"binding_tables[{i}][{j}]") for j, entry in enumerate(table)]
         check_slot_uses(cb, entries, i)
         resolved.append(entries)
+        seen[id(cb), id(table)] = entries
     return resolved
 
 
