@@ -330,6 +330,8 @@ class ChannelFactory(Protocol):
 
     #: The library behind the channels, for messages ("NCCL 2.28.9", "numpy reference").
     name: str
+    #: (optional, default False) Whether several ranks may use devices of one physical device.
+    ranks_share_devices: bool
 
     def new_id(self) -> bytes:
         """A new communicator id (rank 0 makes it, every rank passes it to ``create``)."""

@@ -91,6 +91,11 @@ GUIDANCE: dict[str, tuple[tuple[str, ...], str]] = {
         "raise typed hal.HalError subclasses, never bare exceptions, and leave the device usable after any "
         "rejected call (the core validates arguments: do not validate again in hooks).",
     ),
+    "test_collectives": (
+        ("CommandBuffer._collective", "device.collectives (hal.channel.ChannelFactory)"),
+        "run every collective of a channel in queue order, meeting the other ranks' (hal.channel's table of "
+        "operands and in-place rules), and fail the submission's semaphores when a rank times out or aborts.",
+    ),
     "test_threads": (
         ("Device._queue_execute", "Device._create_semaphore"),
         "accept submissions, waits and signals from several threads at once: guard shared driver state.",

@@ -213,7 +213,8 @@ class GpuChannel(Channel):
         with self._comm_lock:
             comm, self.comm = self.comm, None
         if comm is not None:
-            device.make_current()  # type: ignore[attr-defined]
+            if not device.closed:
+                device.make_current()  # type: ignore[attr-defined]
             self.library.destroy(comm)
 
 

@@ -316,6 +316,8 @@ class LocalCollectives:
     """The ``device.collectives`` of the CPU drivers: groups of this process, by id."""
 
     name = "numpy reference (in-process)"
+    #: Any number of ranks may use devices of one CPU (a GPU library wants one rank per GPU).
+    ranks_share_devices = True
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
