@@ -182,15 +182,6 @@ def operands(a, b):
     return operands(a, b)
 
 
-def _bshape(a: Array, b: Array) -> tuple:
-    sa, sb = a.shape, b.shape
-    if sa == sb or not sb:
-        return sa
-    if not sa:
-        return sb
-    return broadcast_shapes(sa, sb)
-
-
 _PROMOTE = _dt.PROMOTE
 
 
@@ -222,25 +213,34 @@ def binary_signature(op: str, dt: _dt.DType) -> tuple:
     return out, cdt
 
 
-_SIGNATURES: dict = {}
+_SIGNATURES: dict = {}  # (op, promoted dtype) -> binary_signature's answer
+_BINARY: dict = {}  # (op, dtype, dtype) -> (result dtype, compute dtype)
 _UNARY_SIGNATURES: dict = {}
 
 
-def binary(op: str, a, b) -> Array:
-    if isinstance(a, Node) and isinstance(b, Node) and a.ctx is b.ctx:
-        dt = _PROMOTE[a.dtype, b.dtype]
-    else:
+def binary(op: str, a: ArrayLike, b: ArrayLike) -> Array:
+    """The node of elementwise `op` on `a` and `b`: numpy's broadcasting and promotion (Python scalars
+    weak, numpy scalars strongly typed, other host data copied to the array's device)."""
+    if not (isinstance(a, Node) and isinstance(b, Node) and a.ctx is b.ctx):
         if op == "pow" and isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b < 0 \
                 and isinstance(a, Node) and a.dtype.kind in "iub":
             raise InvalidValueError("Integers to negative integer powers are not allowed.")
-        a, b, dt = operands(a, b)
-    shape = _bshape(a, b)
-    sig = _SIGNATURES.get((op, dt))
-    out, cdt = sig if sig is not None else binary_signature(op, dt)
-    if shape is not a.shape and shape is not b.shape:  # broadcasting made it larger than both operands
-        a.ctx.check_fits(shape, out)
+        a, b, _ = operands(a, b)
+    da, db = a.dtype, b.dtype
+    sig = _BINARY.get((op, da, db))
+    if sig is None:  # validated once per (op, dtypes): a rejected pair raises each time
+        sig = _BINARY[op, da, db] = binary_signature(op, _PROMOTE[da, db])
+    out, cdt = sig
+    sa, sb = a.shape, b.shape
+    if sa == sb or not sb:
+        shape = sa
+    elif not sa:
+        shape = sb
+    else:
+        shape = broadcast_shapes(sa, sb)
+        if shape != sa and shape != sb:  # broadcasting made it larger than both operands
+            a.ctx.check_fits(shape, out)
     return new_node(op, (a, b), cdt, shape, out, a.ctx)
-
 
 
 # The elementwise functions of two operands: numpy broadcasting and promotion (Python scalars weak).
