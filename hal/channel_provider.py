@@ -132,7 +132,7 @@ class EnvironmentProvider:
                 f"{self.count} ranks need a place to share their channel id: set MASTER_ADDR and MASTER_PORT "
                 "(or HAL_CHANNEL_PORT), or run under MPI with mpi4py installed")
         deadline = None if timeout is None else time.monotonic() + timeout
-        sequence = _next_exchange(self.address, self.port)
+        sequence = _next_exchange(self.address, self.port, self.rank)
         if self.rank == 0:
             channel_id = make_id()
             serve_id(channel_id, self.port, self.count - 1, sequence, deadline)
@@ -185,15 +185,15 @@ def resolve(provider: object = "auto", environ: Mapping[str, str] | None = None)
 
 
 # -- the TCP exchange ------------------------------------------------------------------------------------
-_exchanges: dict[tuple[str, int], int] = {}
+_exchanges: dict[tuple[str, int, int], int] = {}
 _exchanges_lock = threading.Lock()
 
 
-def _next_exchange(address: str, port: int) -> int:
-    """The number of this process's next id exchange at ``address:port`` (every rank counts alike)."""
+def _next_exchange(address: str, port: int, rank: int) -> int:
+    """The number of ``rank``'s next id exchange at ``address:port`` (every rank counts alike)."""
     with _exchanges_lock:
-        number = _exchanges.get((address, port), 0)
-        _exchanges[(address, port)] = number + 1
+        number = _exchanges.get((address, port, rank), 0)
+        _exchanges[(address, port, rank)] = number + 1
         return number
 
 

@@ -94,7 +94,8 @@ class Group:
                     self.members[channel.rank] = None
                     missing = [r for r, m in enumerate(self.members) if m is None]
                     raise DeadlineExceededError(
-                        f"channel rank {channel.rank} of {self.count}: ranks {missing} did not join before the timeout")
+                        f"channel rank {channel.rank} of {self.count}: ranks {missing} did not join before the timeout "
+                        "(the CPU drivers' channel connects ranks of one process: threads, or hal.create_channels)")
                 self._joined.wait(left)
 
     def join_all(self, channels: Sequence[LocalChannel]) -> None:
