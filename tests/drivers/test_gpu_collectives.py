@@ -1,0 +1,259 @@
+"""The GPU drivers' collectives without a GPU: the simulated NCCL behind the GPU-generic channels, and
+the NCCL (nccl4py) and RCCL (hip-python) adapters over stand-ins of their bindings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import hal
+from hal.drivers.cuda import nccl
+from hal.drivers.hip import rccl
+
+from .fake_gpu import FakeGpuDriver
+
+Mode = hal.CommandBufferMode
+
+
+@pytest.fixture(params=["stream", "graph"])
+def ranks(request):
+    driver = FakeGpuDriver()
+    devices = [driver.create_device(i, command_buffer=request.param) for i in range(2)]
+    channels = hal.create_channels(devices)
+    yield driver, devices, channels
+    for channel in channels:
+        channel.close()
+    for device in devices:
+        device.close()
+
+
+def _run(devices, cbs, tables=None):
+    sems = []
+    for i, (device, cb) in enumerate(zip(devices, cbs)):
+        sem = device.create_semaphore(0)
+        device.queue_execute([cb], signal=[(sem, 1)], binding_tables=None if tables is None else [tables[i]])
+        sems.append(sem)
+    for sem in sems:
+        sem.wait(1, timeout=30)
+
+
+def test_importing_hal_and_using_a_device_loads_no_collective_library():
+    code = ("import sys, hal\nwith hal.create_device('local-sync') as d: pass\n"
+            "import hal.drivers.cuda.device, hal.drivers.hip.device\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('nccl', 'mpi4py') or m.endswith('rccl')"
+            " and not m.startswith('hal')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_create_channels_warms_connections_up_in_one_group(ranks):
+    driver, _, _ = ranks
+    warm_up = driver.nccl.groups[0]
+    assert warm_up == ["all_reduce", "send", "recv", "all_reduce", "send", "recv"]
+    assert driver.nccl.calls["ncclCommInitAll"] == 1
+
+
+def test_collectives_of_one_level_are_one_group_a_barrier_starts_another(ranks):
+    driver, devices, channels = ranks
+    bufs = [d.allocator.allocate(64) for d in devices]
+    for d, b in zip(devices, bufs):
+        d.write(b, np.ones(16, np.float32).tobytes())
+    cbs = []
+    before = len(driver.nccl.groups)  # (graph command buffers capture when recorded)
+    for r, (d, ch) in enumerate(zip(devices, channels)):
+        cb = d.create_command_buffer()
+        with cb.record():
+            cb.all_reduce(ch, (bufs[r], 0, 16), (bufs[r], 0, 16), 4)
+            cb.send(ch, (bufs[r], 16, 16), 4, 1 - r)
+            cb.recv(ch, (bufs[r], 32, 16), 4, 1 - r)
+            cb.execution_barrier()
+            cb.broadcast(ch, (bufs[r], 0, 16), (bufs[r], 48, 16), 4, root=1)
+        cbs.append(cb)
+    _run(devices, cbs)
+    assert driver.nccl.groups[before:] == [["all_reduce", "send", "recv"], ["broadcast"]] * 2
+    for d, b in zip(devices, bufs):
+        assert np.frombuffer(d.read(b), np.float32).tolist() == [2] * 4 + [1] * 8 + [2] * 4
+
+
+def test_moved_bytes_go_as_uint8_and_reductions_keep_their_type(ranks):
+    driver, devices, channels = ranks
+    bufs = [d.allocator.allocate(64) for d in devices]
+    calls = []
+    original = driver.nccl._add
+
+    def spy(stream, comm, op, send, recv):
+        calls.append((op.kind, op.dtype, op.count))
+        original(stream, comm, op, send, recv)
+
+    driver.nccl._add = spy
+    cbs = []
+    for r, (d, ch) in enumerate(zip(devices, channels)):
+        cb = d.create_command_buffer()
+        with cb.record():
+            cb.all_gather(ch, (bufs[r], 0, 8), (bufs[r], 16, 16), 4, "int16")
+            cb.execution_barrier()
+            cb.all_reduce(ch, (bufs[r], 32, 8), (bufs[r], 32, 8), 4, "bfloat16", "max")
+        cbs.append(cb)
+    _run(devices, cbs)
+    assert calls == [("all_gather", "uint8", 8), ("all_reduce", "bfloat16", 4)] * 2
+
+
+def test_graph_command_buffers_capture_once_and_recapture_a_rebound_slot(ranks):
+    driver, devices, channels = ranks
+    if devices[0].command_buffer_mode != "graph":
+        pytest.skip("graph command buffers only")
+    a = [d.allocator.allocate(16) for d in devices]
+    b = [d.allocator.allocate(16) for d in devices]
+    for r, d in enumerate(devices):
+        d.write(a[r], np.full(4, r + 1, np.float32).tobytes())
+        d.write(b[r], np.full(4, 10 * (r + 1), np.float32).tobytes())
+    cbs = []
+    for d, ch in zip(devices, channels):
+        cb = d.create_command_buffer(mode=Mode.REUSABLE, binding_capacity=1)
+        with cb.record():
+            cb.all_reduce(ch, hal.Slot(0), hal.Slot(0), 4)
+        cbs.append(cb)
+    before = len(driver.nccl.groups)
+    _run(devices, cbs, [[a[0]], [a[1]]])
+    assert len(driver.nccl.groups) - before == 2  # one capture per rank
+    _run(devices, cbs, [[a[0]], [a[1]]])  # a table that comes back: an executable graph of its own
+    captured = len(driver.nccl.groups)
+    _run(devices, cbs, [[a[0]], [a[1]]])
+    assert len(driver.nccl.groups) == captured  # replayed, not captured again
+    _run(devices, cbs, [[b[0]], [b[1]]])
+    assert len(driver.nccl.groups) == captured + 2  # a new operand: captured again on each rank
+    assert [np.frombuffer(d.read(x), np.float32)[0] for d, x in zip(devices, a)] == [12, 12]
+    assert [np.frombuffer(d.read(x), np.float32)[0] for d, x in zip(devices, b)] == [30, 30]
+
+
+def test_a_machine_without_nccl_says_what_to_install():
+    driver = FakeGpuDriver(nccl=False)
+    with driver.create_device(0) as dev, pytest.raises(hal.UnavailableError, match="simulated NCCL"):
+        hal.create_channels([dev])
+
+
+def test_channels_on_the_hip_conventions_too():
+    driver = FakeGpuDriver("hip")
+    devices = [driver.create_device(i) for i in range(2)]
+    try:
+        channels = hal.create_channels(devices)
+        bufs = [d.allocator.allocate(16) for d in devices]
+        for r, (d, buf) in enumerate(zip(devices, bufs)):
+            d.write(buf, np.array([r, 1], np.int64).tobytes())
+        cbs = []
+        for d, ch, buf in zip(devices, channels, bufs):
+            cb = d.create_command_buffer()
+            with cb.record():
+                cb.all_reduce(ch, (buf, 0, 8), (buf, 0, 8), 1, "int64")
+            cbs.append(cb)
+        _run(devices, cbs)
+        assert [np.frombuffer(d.read(b), np.int64)[0] for d, b in zip(devices, bufs)] == [1, 1]
+    finally:
+        for d in devices:
+            d.close()
+
+
+def test_closing_a_channel_destroys_its_communicator_once(ranks):
+    driver, _, channels = ranks
+    channels[0].close()
+    channels[0].close()
+    assert driver.nccl.calls.get("ncclCommDestroy") == 1
+    assert channels[0].comm is None
+
+
+# -- the NCCL adapter over a stand-in of nccl.bindings.nccl -----------------------------------------
+class NCCLError(Exception):
+    def __init__(self, status):
+        super().__init__(f"status {status}")
+        self.status = status
+
+
+def _bindings(log):
+    def record(name, result=None):
+        def call(*args):
+            log.append((name, args))
+            return result
+        return call
+
+    def failing(*args):
+        raise NCCLError(4)
+
+    return SimpleNamespace(
+        get_version=lambda: 22809, get_unique_id=lambda: bytes(range(128)), comm_init_rank=record("init", "comm"),
+        comm_init_all=record("init_all", ["c0", "c1"]), comm_split=record("split", 0), comm_count=lambda c: 2,
+        comm_user_rank=lambda c: 1, group_start=record("group_start"), group_end=record("group_end"),
+        comm_destroy=record("destroy"), comm_abort=record("abort"), all_reduce=record("all_reduce"),
+        reduce_scatter=failing, reduce=record("reduce"), all_gather=record("all_gather"),
+        broadcast=record("broadcast"), send=record("send"), recv=record("recv"),
+        UniqueId=SimpleNamespace(from_buffer=lambda b: ("uid", bytes(b))))
+
+
+class Stream:
+    def __int__(self):
+        return 0xABC
+
+
+def test_the_nccl_adapter_passes_nccl_codes_and_stream_handles():
+    log: list = []
+    lib = nccl.Nccl(_bindings(log))
+    assert lib.name == "NCCL 2.28.9"
+    assert lib.new_id() == bytes(range(128))
+    assert lib.init_rank(2, bytes(128), 1) == "comm"
+    assert log[-1] == ("init", (2, ("uid", bytes(128)), 1))
+    with pytest.raises(hal.InvalidArgumentError, match="128 bytes"):
+        lib.init_rank(2, b"short", 1)
+    lib.all_reduce(1, 2, 3, "bfloat16", "avg", "comm", Stream())
+    assert log[-1] == ("all_reduce", (1, 2, 3, 9, 4, "comm", 0xABC))
+    lib.send(5, 6, "uint8", 1, "comm", Stream())
+    assert log[-1] == ("send", (5, 6, 1, 1, "comm", 0xABC))
+    assert lib.split("comm", None, 0) is None
+    assert log[-1] == ("split", ("comm", -1, 0, 0))
+    assert lib.comm_rank("comm") == (1, 2)
+    with pytest.raises(hal.InvalidArgumentError, match="ncclReduceScatter"):
+        lib.reduce_scatter(1, 2, 3, "float32", "sum", "comm", Stream())
+    assert isinstance(nccl.nccl_error("x", NCCLError(8)), hal.DeadlineExceededError)
+    assert isinstance(nccl.nccl_error("x", NCCLError(1)), hal.InternalError)
+    assert isinstance(nccl.nccl_error("x", RuntimeError("?")), hal.InternalError)
+
+
+def test_without_nccl4py_cuda_channels_are_unavailable_with_the_install_hint(monkeypatch):
+    monkeypatch.setattr(nccl, "_library", None)
+    monkeypatch.setitem(sys.modules, "nccl", None)
+    monkeypatch.setitem(sys.modules, "nccl.bindings", None)
+    with pytest.raises(hal.UnavailableError, match=r"nccl4py.*\[nccl\]"):
+        nccl.load()
+
+
+def test_without_rccl_hip_channels_are_unavailable(monkeypatch):
+    monkeypatch.setattr(rccl, "_library", None)
+    monkeypatch.setitem(sys.modules, "hip.rccl", None)
+    with pytest.raises(hal.UnavailableError, match="RCCL"):
+        rccl.load()
+
+
+def test_the_rccl_adapter_checks_hip_python_results():
+    class Enum(int):
+        pass
+
+    log: list = []
+
+    def ok(name, *values):
+        def call(*args):
+            log.append((name, args))
+            return (Enum(0), *values)
+        return call
+
+    bindings = SimpleNamespace(
+        ncclGetVersion=ok("version", 22203), ncclAllReduce=ok("all_reduce"), ncclGroupStart=ok("group_start"),
+        ncclDataType_t=lambda v: ("dtype", v), ncclRedOp_t=lambda v: ("op", v),
+        ncclSend=lambda *a: (Enum(5),))
+    lib = rccl.Rccl(bindings)
+    assert lib.name == "RCCL 2.22.3"
+    lib.all_reduce(1, 2, 3, "float32", "max", "comm", "stream")
+    assert log[-1] == ("all_reduce", (1, 2, 3, ("dtype", 7), ("op", 2), "comm", "stream"))
+    with pytest.raises(hal.InvalidArgumentError, match="ncclSend"):
+        lib.send(1, 2, "uint8", 0, "comm", "stream")
