@@ -1,0 +1,471 @@
+"""All-reduce through HAL command buffers on several GPUs of one host, against NCCL and torch.distributed.
+
+    python benchmarks/collective_bench.py [--out FILE] [--gpus N] [--rounds R] [--sizes 8,1M,1G]
+                                          [--skip torch,mlp] [--fake]
+
+One process drives every GPU (``hal.create_channels``). Per size, in rounds taken in turn:
+
+- ``hal_stream``: a reusable command buffer of one in-place ``all_reduce`` per GPU on stream command
+  buffers, submitted through a prepared execution (``device.prepare``) on every GPU, back to back;
+- ``hal_graph``: the same on graph command buffers (the NCCL call captured into a child-graph node);
+- ``nccl``: NCCL called directly through nccl4py in the same process: ``group_start``, one
+  ``all_reduce`` per GPU on its own stream, ``group_end``, back to back.
+
+Each sample times ``iterations`` operations on the host clock up to the end of the last one; the time
+of an operation is the sample over ``iterations``, its bus bandwidth nccl-tests' ``bytes / time *
+2 (n - 1) / n``. Every size reports the median and spread of each contender over the rounds and the
+ratios to NCCL (bandwidth; latency at the smallest size).
+
+``torch``: ``torch.distributed`` all-reduce with the NCCL backend, one spawned process per GPU
+(after the rounds above, alone on the GPUs), timed the same way. ``mlp``: the data-parallel training
+step of the workload benchmark's MLP (``workload_mlp.py``: batch 512 a GPU, 1024 -> 4096 -> 1024):
+each GPU runs the runtime's compiled forward and backward on its half, the four gradients are averaged
+by one grouped HAL all-reduce submitted on the runtime's device queue after the gradients, and a
+compiled update follows; throughput against the compiled step on one GPU, and the first step's
+parameters against one GPU's step on the whole batch.
+
+NCCL_NVLS_ENABLE=0 is set unless given (NVLink multicast off). ``--fake`` runs every HAL path on the
+simulated GPU of the tests (tiny sizes, no baselines): a check that the benchmark itself runs.
+Prints one JSON document (also written to --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+import numpy as np  # noqa: E402
+
+import hal  # noqa: E402
+
+SIZES = [8, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
+FAKE_SIZES = [8, 4096, 1 << 16]
+#: A sample lasts about this long (more operations for small sizes), within these counts.
+SAMPLE_S = 0.03
+MIN_ITERATIONS, MAX_ITERATIONS = 5, 2000
+TARGETS = {"bandwidth_vs_nccl_from_1MiB": 0.95, "latency_vs_nccl_8B": 1.3, "vs_torch": 1.0, "dp_speedup": 1.8}
+
+
+def parse_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("IB").rstrip("B") if text.strip().upper().endswith("B") else text.strip().upper()
+    if text[-1:] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def bus_bandwidth(size: int, seconds: float, ranks: int) -> float:
+    """nccl-tests' all-reduce bus bandwidth (bytes/s)."""
+    return size / seconds * 2 * (ranks - 1) / ranks
+
+
+def summary(times: list[float], size: int, ranks: int) -> dict:
+    med = statistics.median(times)
+    return {"time_us": med * 1e6, "min_us": min(times) * 1e6, "max_us": max(times) * 1e6,
+            "busbw_GBps": bus_bandwidth(size, med, ranks) / 1e9, "samples": len(times)}
+
+
+def iterations_for(size: int, estimate_s: float) -> int:
+    return int(min(MAX_ITERATIONS, max(MIN_ITERATIONS, SAMPLE_S / max(estimate_s, 1e-7))))
+
+
+# ---- the HAL ------------------------------------------------------------------------------------------
+class HalAllReduce:
+    """One in-place all-reduce per device, recorded once per size, submitted through prepared executions."""
+
+    def __init__(self, devices: list[hal.Device], channels: list[hal.Channel], capacity: int) -> None:
+        self.devices = devices
+        self.channels = channels
+        self.buffers = [d.allocator.allocate(capacity) for d in devices]
+        self.sems = [d.create_semaphore(0) for d in devices]
+        self.value = 0
+        self.executions: list = []
+
+    def prepare(self, size: int) -> None:
+        count = max(size // 4, 1)
+        self.executions = []
+        for device, channel, buf in zip(self.devices, self.channels, self.buffers):
+            cb = device.create_command_buffer(mode=hal.CommandBufferMode.REUSABLE)
+            with cb.record():
+                cb.all_reduce(channel, (buf, 0, count * 4), (buf, 0, count * 4), count, "float32")
+            self.executions.append(device.prepare([cb]))
+
+    def run(self, iterations: int) -> float:
+        executions = self.executions
+        started = time.perf_counter()
+        for _ in range(iterations - 1):
+            for execution in executions:
+                execution.submit()
+        self.value += 1
+        for execution, sem in zip(executions, self.sems):
+            execution.submit(signal=[(sem, self.value)])
+        for sem in self.sems:
+            sem.wait(self.value, timeout=120)
+        return (time.perf_counter() - started) / iterations
+
+    def check(self, size: int) -> bool:
+        """An all-reduce of the ranks' numbers sums them (run once, outside the timing)."""
+        count = max(size // 4, 1)
+        probe = min(count, 1024)
+        for rank, (device, buf) in enumerate(zip(self.devices, self.buffers)):
+            device.write(buf, np.full(probe, rank + 1, np.float32).tobytes())
+        self.run(1)
+        expected = sum(range(1, len(self.devices) + 1))
+        return all(np.all(np.frombuffer(d.read(b, 0, probe * 4), np.float32) == expected)
+                   for d, b in zip(self.devices, self.buffers))
+
+
+# ---- NCCL directly --------------------------------------------------------------------------------------
+class NcclDirect:
+    """NCCL through nccl4py: comm_init_all, one stream and buffer per GPU, grouped all-reduces."""
+
+    def __init__(self, devices: list[hal.Device], capacity: int) -> None:
+        from nccl.bindings import nccl
+
+        self.nccl = nccl
+        self.devices = devices
+        self.comms = nccl.comm_init_all(len(devices), [d.info.ordinal for d in devices])
+        self.buffers = [d.allocator.allocate(capacity) for d in devices]
+        self.pointers = [b.device_address for b in self.buffers]
+        self.streams = []
+        for device in devices:
+            device.make_current()
+            self.streams.append(device.api.stream_create())
+        self.handles = [int(s) for s in self.streams]
+        self.count = 1
+
+    def prepare(self, size: int) -> None:
+        self.count = max(size // 4, 1)
+
+    def run(self, iterations: int) -> float:
+        nccl, comms, pointers, handles, count = self.nccl, self.comms, self.pointers, self.handles, self.count
+        started = time.perf_counter()
+        for _ in range(iterations):
+            nccl.group_start()
+            for comm, ptr, stream in zip(comms, pointers, handles):
+                nccl.all_reduce(ptr, ptr, count, 7, 0, comm, stream)  # float32, sum
+            nccl.group_end()
+        for device, stream in zip(self.devices, self.streams):
+            device.make_current()
+            device.api.stream_synchronize(stream)
+        return (time.perf_counter() - started) / iterations
+
+    def close(self) -> None:
+        for device, stream in zip(self.devices, self.streams):
+            device.make_current()
+            device.api.stream_destroy(stream)
+        for comm in self.comms:
+            self.nccl.comm_destroy(comm)
+        for buf in self.buffers:
+            buf.release()
+
+
+def all_reduce_rounds(args, gpus: int, sizes: list[int]) -> dict:
+    """The interleaved rounds of hal_stream, hal_graph and (on GPUs) nccl over every size."""
+    capacity = max(sizes)
+    result: dict = {"sizes": {}, "errors": {}}
+    pairs = {}
+    opened: list = []
+    try:
+        for mode in ("stream", "graph"):
+            devices = make_devices(args, gpus, command_buffer=mode)
+            opened.extend(devices)
+            channels = hal.create_channels(devices)
+            opened.extend(channels)
+            pairs[f"hal_{mode}"] = HalAllReduce(devices, channels, capacity)
+        if not args.fake:
+            try:
+                pairs["nccl"] = NcclDirect(opened[:gpus], capacity)
+            except Exception as exc:  # reported, the HAL's numbers still come
+                result["errors"]["nccl"] = f"{type(exc).__name__}: {exc}"
+        for size in sizes:
+            entry = result["sizes"][str(size)] = {"bytes": size}
+            times: dict[str, list[float]] = {name: [] for name in pairs}
+            for contender in pairs.values():
+                contender.prepare(size)
+            for name, contender in pairs.items():
+                if isinstance(contender, HalAllReduce):
+                    entry[f"{name}_correct"] = contender.check(size)
+            estimate = {name: c.run(2) for name, c in pairs.items()}  # warm-up
+            iterations = {name: iterations_for(size, t) for name, t in estimate.items()}
+            for _ in range(args.rounds):
+                for name, contender in pairs.items():
+                    times[name].append(contender.run(iterations[name]))
+            for name in pairs:
+                entry[name] = summary(times[name], size, gpus)
+                entry[name]["iterations"] = iterations[name]
+            if "nccl" in entry:
+                for name in ("hal_stream", "hal_graph"):
+                    entry[f"{name}_busbw_vs_nccl"] = entry[name]["busbw_GBps"] / entry["nccl"]["busbw_GBps"]
+                    entry[f"{name}_time_vs_nccl"] = entry[name]["time_us"] / entry["nccl"]["time_us"]
+            print(f"all_reduce {size:>11} B: " + "  ".join(
+                f"{n} {entry[n]['time_us']:9.1f} us {entry[n]['busbw_GBps']:7.1f} GB/s" for n in pairs), flush=True)
+    finally:
+        nccl_direct = pairs.get("nccl")
+        if nccl_direct is not None:
+            nccl_direct.close()
+        for thing in opened:
+            if isinstance(thing, hal.Channel):
+                thing.close()
+        for thing in opened:
+            if isinstance(thing, hal.Device):
+                thing.close()
+    return result
+
+
+def make_devices(args, gpus: int, **options) -> list[hal.Device]:
+    if args.fake:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from drivers.fake_gpu import FakeGpuDriver
+
+        driver = args.fake_driver = getattr(args, "fake_driver", None) or FakeGpuDriver()
+        return [driver.create_device(i, **options) for i in range(gpus)]
+    return [hal.create_device(f"cuda://{i}", **options) for i in range(gpus)]
+
+
+# ---- torch.distributed ----------------------------------------------------------------------------------
+def torch_worker(rank: int, world: int, port: int, sizes: list[int], rounds: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    results = {}
+    buf = torch.ones(max(sizes) // 4, dtype=torch.float32, device="cuda")
+
+    def run(count: int, iterations: int) -> float:
+        view = buf[:count]
+        torch.cuda.synchronize()
+        dist.barrier()
+        started = time.perf_counter()
+        for _ in range(iterations):
+            dist.all_reduce(view)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - started) / iterations
+
+    for size in sizes:
+        count = max(size // 4, 1)
+        estimate = run(count, 2)
+        iterations = iterations_for(size, estimate)
+        iterations = torch.tensor([iterations], device="cuda")
+        dist.broadcast(iterations, 0)  # every rank loops as often
+        times = [run(count, int(iterations.item())) for _ in range(rounds)]
+        results[str(size)] = summary(times, size, world)
+    if rank == 0:
+        Path(out).write_text(json.dumps({"torch": torch.__version__, "sizes": results}))
+    dist.destroy_process_group()
+
+
+def torch_rounds(args, gpus: int, sizes: list[int]) -> dict:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "torch.json")
+        procs = [subprocess.Popen([sys.executable, __file__, "--torch-worker", str(rank), str(gpus), str(port),
+                                   ",".join(map(str, sizes)), str(args.rounds), out]) for rank in range(gpus)]
+        codes = [p.wait(timeout=600) for p in procs]
+        if any(codes) or not Path(out).exists():
+            return {"error": f"torch.distributed workers exited with {codes}"}
+        return json.loads(Path(out).read_text())
+
+
+# ---- the data-parallel MLP step ---------------------------------------------------------------------------
+def mlp_data_parallel(args, gpus: int) -> dict:
+    """Weak scaling of the workload MLP's compiled step (see the module), and the first step's agreement."""
+    import workload_mlp as mlp
+
+    import runtime as rt
+
+    rng = np.random.default_rng(0)
+    params_np, _, _ = mlp.data(rng, args.fake)
+    batch = (mlp.QUICK if args.fake else mlp.FULL)[0]
+    x_all = rng.standard_normal((batch * gpus, params_np[0].shape[0]), dtype=np.float32)
+    mlp.away_from_the_kink(rng, x_all, params_np[0], params_np[1])
+    y_all = rng.standard_normal((batch * gpus, params_np[2].shape[1]), dtype=np.float32)
+
+    devices = make_devices(args, gpus)
+    channels = hal.create_channels(devices)
+    sizes = [p.size for p in params_np]
+    try:
+        def grads_fn(w1, b1, w2, b2, x, y):
+            value, grads = mlp.value_and_grad(w1, b1, w2, b2, x, y)
+            return (*grads, value)
+
+        def update_fn(w1, b1, w2, b2, g1, g2, g3, g4):
+            return tuple(p - mlp.LR * g for p, g in zip((w1, b1, w2, b2), (g1, g2, g3, g4)))
+
+        grads_c, update_c, step_c = rt.compile(grads_fn), rt.compile(update_fn), rt.compile(mlp.step)
+        xs = [rt.array(x_all[i * batch:(i + 1) * batch], device=d) for i, d in enumerate(devices)]
+        ys = [rt.array(y_all[i * batch:(i + 1) * batch], device=d) for i, d in enumerate(devices)]
+        state = [[rt.array(p, device=d) for p in params_np] for d in devices]
+
+        def average(grads: list, rank: int) -> None:
+            """One grouped in-place all-reduce (avg) of the rank's gradients, after the runtime's work."""
+            device, channel = devices[rank], channels[rank]
+            grads[0].ctx.flush()  # the gradients' submission reaches the device before ours
+            waits = []
+            cb = device.create_command_buffer()
+            with cb.record():
+                for g, n in zip(grads, sizes):
+                    storage = g.root.storage
+                    offset = g.offset * 4 if g.root is not g else 0
+                    cb.all_reduce(channel, (storage.buffer, offset, n * 4), (storage.buffer, offset, n * 4), n,
+                                  "float32", "avg")
+                    waits.append((storage.sem, storage.ready))
+            device.queue_execute([cb], wait=waits)
+
+        def dp_step(count: int) -> None:
+            for _ in range(count):
+                outs = [grads_c(*state[r], xs[r], ys[r]) for r in range(gpus)]
+                for r in range(gpus):
+                    average(list(outs[r][:4]), r)
+                for r in range(gpus):
+                    state[r] = list(update_c(*state[r], *outs[r][:4]))
+
+        # the first step against one GPU's step over the whole batch
+        dp_step(1)
+        whole = step_c(*[rt.array(p, device=devices[0]) for p in params_np], rt.array(x_all, device=devices[0]),
+                       rt.array(y_all, device=devices[0]))[:4]
+        ours = [np.asarray(a) for a in state[0]]
+        others = [[np.asarray(a) for a in s] for s in state[1:]]
+        ref = [np.asarray(a) for a in whole]
+        agreement = max(float(np.max(np.abs(o - r)) / max(float(np.max(np.abs(r))), 1e-30))
+                        for o, r in zip(ours, ref))
+        ranks_equal = all(all(np.array_equal(a, b) for a, b in zip(ours, other)) for other in others)
+
+        one_state = [rt.array(p, device=devices[0]) for p in params_np]
+
+        def one_step(count: int) -> None:
+            for _ in range(count):
+                one_state[:] = step_c(*one_state, xs[0], ys[0])[:4]
+
+        def sync() -> None:
+            for d in devices:
+                rt.synchronize(d)
+
+        for run in (one_step, dp_step):  # warm-up: compiles and caches
+            run(2)
+        sync()
+        times: dict[str, list[float]] = {"one_gpu": [], "data_parallel": []}
+        steps = 5 if args.fake else 20
+        for _ in range(args.rounds):
+            for name, run in (("one_gpu", one_step), ("data_parallel", dp_step)):
+                started = time.perf_counter()
+                run(steps)
+                sync()
+                times[name].append((time.perf_counter() - started) / steps)
+        one = statistics.median(times["one_gpu"])
+        dp = statistics.median(times["data_parallel"])
+        return {
+            "batch_per_gpu": batch, "gpus": gpus, "shape": list(mlp.QUICK if args.fake else mlp.FULL),
+            "one_gpu_step_ms": one * 1e3, "data_parallel_step_ms": dp * 1e3,
+            "one_gpu_samples_per_s": batch / one, "data_parallel_samples_per_s": batch * gpus / dp,
+            "speedup": (batch * gpus / dp) / (batch / one),
+            "first_step_max_relative_difference_vs_one_gpu_whole_batch": agreement,
+            "ranks_hold_equal_parameters": ranks_equal,
+            "spread_ms": {k: [min(v) * 1e3, max(v) * 1e3] for k, v in times.items()},
+        }
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+# ---- main -------------------------------------------------------------------------------------------------
+def verdicts(report: dict) -> dict:
+    out: dict = {}
+    rounds = report.get("all_reduce", {}).get("sizes", {})
+    torch_sizes = report.get("torch", {}).get("sizes", {})
+    for mode in ("hal_stream", "hal_graph"):
+        bandwidth = [e[f"{mode}_busbw_vs_nccl"] for s, e in rounds.items() if int(s) >= 1 << 20
+                     and f"{mode}_busbw_vs_nccl" in e]
+        small = [e[f"{mode}_time_vs_nccl"] for s, e in rounds.items() if int(s) <= 8 and f"{mode}_time_vs_nccl" in e]
+        vs_torch = [torch_sizes[s]["time_us"] / e[mode]["time_us"] for s, e in rounds.items() if s in torch_sizes]
+        out[mode] = {
+            "worst_busbw_vs_nccl_from_1MiB": min(bandwidth) if bandwidth else None,
+            "latency_vs_nccl_8B": small[0] if small else None,
+            "worst_speed_vs_torch": min(vs_torch) if vs_torch else None,
+        }
+        out[mode]["meets_targets"] = bool(bandwidth and small and vs_torch) and \
+            min(bandwidth) >= TARGETS["bandwidth_vs_nccl_from_1MiB"] and \
+            small[0] <= TARGETS["latency_vs_nccl_8B"] and min(vs_torch) >= TARGETS["vs_torch"]
+    mlp = report.get("mlp", {})
+    if "speedup" in mlp:
+        out["mlp_dp_speedup_meets_target"] = mlp["speedup"] >= TARGETS["dp_speedup"]
+    return out
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--torch-worker":
+        rank, world, port, sizes, rounds, out = sys.argv[2:8]
+        torch_worker(int(rank), int(world), int(port), [int(s) for s in sizes.split(",")], int(rounds), out)
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="also write the JSON here")
+    parser.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: every one, at least 2)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--sizes", default=None, help="comma-separated bytes (K, M, G suffixes)")
+    parser.add_argument("--skip", default="", help="comma-separated sections to skip: torch, mlp, all_reduce")
+    parser.add_argument("--fake", action="store_true", help="the simulated GPU of the tests (a check that it runs)")
+    args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    if args.fake:
+        gpus = args.gpus or 2
+        sizes = FAKE_SIZES
+        skip.add("torch")
+    else:
+        gpus = args.gpus or len(hal.get_driver("cuda").query_devices())
+        sizes = SIZES
+    if args.sizes:
+        sizes = [parse_size(s) for s in args.sizes.split(",")]
+    report: dict = {"benchmark": "collective_bench", "gpus": gpus, "rounds": args.rounds, "targets": TARGETS,
+                    "environment": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}
+    if not args.fake:
+        try:
+            from hal.drivers.cuda import nccl
+
+            report["nccl"] = nccl.load().name
+        except Exception as exc:
+            report["nccl"] = f"unavailable: {exc}"
+        devices = hal.get_driver("cuda").query_devices()
+        report["devices"] = [d.name for d in devices[:gpus]]
+    if gpus < 2 and not args.fake:
+        report["error"] = f"{gpus} GPU(s): collectives need 2 or more"
+    else:
+        for name, section in (("all_reduce", lambda: all_reduce_rounds(args, gpus, sizes)),
+                              ("torch", lambda: torch_rounds(args, gpus, sizes)),
+                              ("mlp", lambda: mlp_data_parallel(args, gpus))):
+            if name in skip:
+                continue
+            started = time.perf_counter()
+            try:
+                report[name] = section()
+            except Exception as exc:  # one section failing leaves the others' numbers
+                report[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+            report[name]["seconds"] = time.perf_counter() - started
+            print(f"{name}: done in {report[name]['seconds']:.1f} s", flush=True)
+        report["verdicts"] = verdicts(report)
+    text = json.dumps(report, indent=2, default=float)
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
