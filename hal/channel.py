@@ -332,6 +332,8 @@ class ChannelFactory(Protocol):
     name: str
     #: (optional, default False) Whether several ranks may use devices of one physical device.
     ranks_share_devices: bool
+    #: (optional, default False) Whether its channels have ``Channel.checks_matching``.
+    checks_matching: bool
 
     def new_id(self) -> bytes:
         """A new communicator id (rank 0 makes it, every rank passes it to ``create``)."""

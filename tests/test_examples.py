@@ -36,6 +36,12 @@ def test_custom_kernel_and_list_devices_run():
     assert proc.returncode == 0 and "local-task: local-task://0" in proc.stdout, proc.stdout + proc.stderr
 
 
+def test_distributed_allreduce_on_cpu_devices_of_one_process():
+    proc = example("distributed_allreduce", "--local", "3", "--driver", "local-task", "--n", "1000")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("expected 6) -> OK") == 3
+
+
 @pytest.mark.parametrize("name, argv, message", [
     ("logistic_regression", ["--steps", "-5"], "--steps must be at least 1, got -5"),
     ("logistic_regression", ["--steps", "0"], "--steps must be at least 1, got 0"),

@@ -16,14 +16,17 @@ each issue; in a graph, a new address captures the group again and sets the chil
 graph of its own. Every rank must run the same kind of command buffer (captured or not) for the same
 collectives: NCCL cannot check that.
 
-One process driving several GPUs (``create_channels``): ``init_all`` makes the communicators, then
-one grouped warm-up (a small all-reduce and a send/recv with every peer) sets up NCCL's connections
-while all ranks take part, so that later collectives, issued one device at a time, do not wait on a
-connection that a rank issued later would complete.
+One process driving several GPUs (``create_channels``): the HAL issues each device's collectives as
+that device's submission runs, one device after another from one thread, where NCCL asks for one
+group over every rank. What an ungrouped call can wait for is a connection that a rank issued later
+would complete; so every connection is made while all ranks take part: ``NCCL_RUNTIME_CONNECT=0``
+(unless set; NCCL then connects every algorithm at ``init_all``) and one grouped warm-up (a small
+all-reduce and a send/recv with every peer, whose connections are always made at first use).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -254,6 +257,8 @@ class GpuCollectives:
         ordinals = [device.info.ordinal for device in devices]
         if len(set(ordinals)) != len(ordinals):
             raise InvalidArgumentError(f"create_channels: devices {ordinals} share a GPU (one rank per GPU)")
+        # Every connection made at init, while all ranks take part (NCCL reads it once, at its first communicator).
+        os.environ.setdefault("NCCL_RUNTIME_CONNECT", "0")
         comms = library.init_all(ordinals)
         channels = [GpuChannel(device, rank, len(devices), timeout, library, comm)
                     for rank, (device, comm) in enumerate(zip(devices, comms))]

@@ -319,6 +319,8 @@ class LocalCollectives:
     name = "numpy reference (in-process)"
     #: Any number of ranks may use devices of one CPU (a GPU library wants one rank per GPU).
     ranks_share_devices = True
+    #: Its channels compare the ranks' operations and time out (``Channel.checks_matching``).
+    checks_matching = True
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
