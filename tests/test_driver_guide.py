@@ -37,7 +37,11 @@ def test_minimal_example_driver_passes_the_cts():
     )
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert " passed" in summary and "failed" not in summary and "skipped" not in summary, summary
+    assert " passed" in summary and "failed" not in summary, summary
+    # Collectives are optional (the example has none): their tests, and only theirs, skip saying so.
+    reasons = [line for line in proc.stdout.splitlines() if re.match(r"\s*\d+ skipped: ", line)]
+    assert all("has no collective operations" in line for line in reasons), reasons
+    assert ("skipped" in summary) == bool(reasons), summary
     assert int(summary.split(" passed")[0].split()[-1]) >= 150, summary
 
 

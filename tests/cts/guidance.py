@@ -92,9 +92,10 @@ GUIDANCE: dict[str, tuple[tuple[str, ...], str]] = {
         "rejected call (the core validates arguments: do not validate again in hooks).",
     ),
     "test_collectives": (
-        ("CommandBuffer._collective", "device.collectives (hal.channel.ChannelFactory)"),
-        "run every collective of a channel in queue order, meeting the other ranks' (hal.channel's table of "
-        "operands and in-place rules), and fail the submission's semaphores when a rank times out or aborts.",
+        ("CommandBuffer._collective", "Device._queue_execute"),
+        "give the device a channel factory (device.collectives, hal.channel.ChannelFactory) and run every "
+        "collective of a channel in queue order, meeting the other ranks' (hal.channel's table of operands and "
+        "in-place rules); fail the submission's semaphores when a rank times out or aborts.",
     ),
     "test_threads": (
         ("Device._queue_execute", "Device._create_semaphore"),

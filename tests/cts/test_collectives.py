@@ -25,6 +25,8 @@ from hal.channel import AVERAGEABLE, DTYPE_SIZES, REDUCIBLE
 from .helpers import WAIT_TIMEOUT
 
 Mode = hal.CommandBufferMode
+#: Why every test here skips on a driver without collectives (a driver may have none).
+NO_COLLECTIVES = "has no collective operations"
 Slot = hal.Slot
 NUMPY = {"bool": np.bool_, "bfloat16": np.float32}
 RANK_COUNTS = (1, 2, 3, 4, 8)
@@ -113,7 +115,7 @@ def make_ranks(hal_driver, driver_uri, device_options, shared_device, rank_cache
     channels_made: list[hal.Channel] = []
     factory = getattr(shared_device, "collectives", None)
     if factory is None:
-        pytest.skip(f"{shared_device.info.uri} has no collectives")
+        pytest.skip(f"{shared_device.info.driver} {NO_COLLECTIVES}")
 
     def devices(n: int) -> list[hal.Device]:
         infos = hal_driver.query_devices()
@@ -191,6 +193,15 @@ def _check(actual: np.ndarray, expected: np.ndarray, dtype: str, reduction: str 
 
 
 # -- channels ------------------------------------------------------------------------------------------
+def test_a_device_without_collectives_refuses_channels(device):
+    if getattr(device, "collectives", None) is not None:
+        pytest.skip(f"{device.info.driver} has collective operations")
+    with pytest.raises(hal.UnimplementedError, match="collective"):
+        hal.create_channel(device, rank=0, count=1)
+    with pytest.raises(hal.UnimplementedError, match="collective"):
+        hal.create_channels([device])
+
+
 @pytest.mark.parametrize("n", RANK_COUNTS)
 def test_create_channels_gives_each_device_its_rank(make_ranks, n):
     ranks = make_ranks(n)
@@ -201,6 +212,8 @@ def test_create_channels_gives_each_device_its_rank(make_ranks, n):
 
 
 def test_a_channel_of_one_rank_from_the_environment_defaults(device, monkeypatch):
+    if getattr(device, "collectives", None) is None:
+        pytest.skip(f"{device.info.driver} {NO_COLLECTIVES}")
     for name in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
                  "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(name, raising=False)
