@@ -8,10 +8,9 @@ mask (``live_mask``), it also says which nodes may be read after the eval.
 
 from __future__ import annotations
 
-from collections import Counter
-from itertools import chain, compress, repeat
+from itertools import compress
 from itertools import count as counter
-from operator import attrgetter, sub
+from operator import sub
 from sys import getrefcount
 
 from ..graph import PLACEHOLDER
@@ -82,45 +81,41 @@ def graph_key(order: list, direct: list | None = None):
     return tuple(parts), externals, viewed
 
 
-#: A node's own part of the key, read by C: its op, params, shape and dtype.
-_PIECE = attrgetter("op", "params", "shape", "dtype")
-_INPUTS = attrgetter("inputs")
-
-
-def collect_key(targets: list) -> tuple[list, tuple, list, set]:
+def collect_key(targets: list, direct: list | None = None) -> tuple[list, tuple, list, set]:
     """The pending graph behind `targets` and its key: (order, key, externals, nodes read through views).
 
-    The walk numbers every pending root node in depth-first post-order (`order`), every external
-    input (evaluated arrays and placeholders) in the order it meets them (their slots), and every view
-    an input is read through, view by view from its root; `refs` maps each of these objects to its
-    reference in the key: a node's index, an external's ``(-1 - slot, dtype, shape)``, a view's
-    ``("v", number)``. The key is then made by C-level maps over the order: each node's op, params,
-    shape and dtype, the references of its inputs, and the views (op, params, layout, source), so
-    that it also determines the backward graph of any grad node (which reads of a differentiated
+    One walk numbers every pending root node in depth-first post-order (`order`), every external input
+    (evaluated arrays and placeholders) in the order it meets them (their slots), and every view an
+    input is read through, view by view from its root, all in one map of references: a node's index,
+    an external's ``(-1 - slot, dtype, shape)``, a view's ``("v", number)``. The key holds each node's
+    op, params, shape, dtype and its inputs' references, and the views (op, params, layout, source),
+    so that it also determines the backward graph of any grad node (which reads of a differentiated
     input go through its alias is part of the structure). Equal keys are equal graphs with their
-    externals in the same slots. Arrays are the dict's keys themselves: they hash by identity and a
-    dict tests identity before equality (elementwise ``__eq__`` is never reached).
+    externals in the same slots. With `direct` (an empty list), it receives per node how many of its
+    consumers' inputs are the node itself (see live_mask). Arrays are the map's keys themselves: they
+    hash by identity and a dict tests identity before equality (elementwise ``__eq__`` is never reached).
 
     The walk recurses (each node and each input visited once); a graph deeper than the interpreter's
     recursion allows is walked again with an explicit stack, which numbers nodes in the same order and
     views and externals as it meets them (always the same way for the same structure).
     """
     try:
-        order, refs, externals, views, viewed = _walk_recursive(targets)
+        walk = _walk_recursive(targets, direct)
     except RecursionError:
-        order, refs, externals, views, viewed = _walk_iterative(targets)
-    # Per node, its inputs' references: tuple(map(refs.__getitem__, node.inputs)) for each node, in C.
-    edges = tuple(map(tuple, map(map, repeat(refs.__getitem__), map(_INPUTS, order))))
-    return order, (tuple(map(_PIECE, order)), edges, tuple(views)), externals, viewed
+        if direct is not None:
+            direct.clear()
+        walk = _walk_iterative(targets, direct)
+    return walk.order, (tuple(walk.parts), tuple(walk.views)), walk.externals, walk.viewed
 
 
 class _Walk:
     """What a walk found so far (see collect_key)."""
 
-    __slots__ = ("order", "refs", "externals", "views", "viewed")
+    __slots__ = ("order", "parts", "refs", "externals", "views", "viewed")
 
     def __init__(self) -> None:
         self.order: list = []
+        self.parts: list = []
         self.refs: dict = {}
         self.externals: list = []
         self.views: list = []
@@ -153,32 +148,44 @@ class _Walk:
         return src
 
 
-def _walk_recursive(targets: list) -> tuple:
+def _walk_recursive(targets: list, direct: list | None) -> _Walk:
     walk = _Walk()
-    order, refs, externals = walk.order, walk.refs, walk.externals
-    append = order.append
+    order, parts, refs, externals = walk.order, walk.parts, walk.refs, walk.externals
+    count = direct is not None
 
     def visit(node):
-        """Number `node` after every pending node it reads from."""
+        """Number `node` after every pending node it reads from; its index."""
+        ins = []
         for inp in node.inputs:
-            if inp in refs:
-                continue
-            r = inp.base
-            if r is None:
-                if inp.storage is None and inp.op != PLACEHOLDER:
-                    visit(inp)
-                else:  # (walk.external, without the call)
-                    refs[inp] = (-1 - len(externals), inp.dtype, inp.shape)
+            ref = refs.get(inp)
+            if ref is None:
+                r = inp.base
+                if r is not None:  # a view: its root first, if pending
+                    if r not in refs:
+                        if r.storage is None and r.op != PLACEHOLDER:
+                            visit(r)
+                        else:
+                            walk.external(r)
+                    ins.append(walk.view(inp, refs[r]))
+                    continue
+                if inp.storage is not None or inp.op == PLACEHOLDER:  # (walk.external, without the call)
+                    ref = refs[inp] = (-1 - len(externals), inp.dtype, inp.shape)
                     externals.append(inp)
+                    ins.append(ref)
+                    continue
+                ref = visit(inp)
+            elif type(ref) is not int:  # an external or a view met before
+                ins.append(ref)
                 continue
-            if r not in refs:
-                if r.storage is None and r.op != PLACEHOLDER:
-                    visit(r)
-                else:
-                    walk.external(r)
-            walk.view(inp, refs[r])
-        refs[node] = len(order)
-        append(node)
+            ins.append(ref)
+            if count:
+                direct[ref] += 1
+        j = refs[node] = len(order)
+        order.append(node)
+        parts.append((node.op, node.params, node.shape, node.dtype, tuple(ins)))
+        if count:
+            direct.append(0)
+        return j
 
     try:
         for target in targets:
@@ -189,13 +196,14 @@ def _walk_recursive(targets: list) -> tuple:
         # walk referenced (refs) until the garbage collector ran, and live_mask would read those
         # references as consumers holding them.
         visit = None  # noqa: F841
-    return order, refs, externals, walk.views, walk.viewed
+    return walk
 
 
-def _walk_iterative(targets: list) -> tuple:
+def _walk_iterative(targets: list, direct: list | None) -> _Walk:
     """_walk_recursive with an explicit stack, for graphs deeper than recursion allows."""
     walk = _Walk()
-    order, refs = walk.order, walk.refs
+    order, parts, refs = walk.order, walk.parts, walk.refs
+    count = direct is not None
     stack = [(t, False) for t in reversed(targets)]
     push, pop = stack.append, stack.pop
     while stack:
@@ -211,23 +219,22 @@ def _walk_iterative(targets: list) -> tuple:
                 if r.storage is None and r.op != PLACEHOLDER and r not in refs:
                     push((r, False))
             continue
+        ins = []
         for inp in node.inputs:  # every pending root it reads is numbered by now
-            if inp in refs:
-                continue
             r = inp.base
             if r is None:
-                walk.external(inp)
+                ref = refs[inp] if inp in refs else walk.external(inp)
+                if count and type(ref) is int:
+                    direct[ref] += 1
             else:
-                walk.view(inp, refs[r] if r in refs else walk.external(r))
+                ref = walk.view(inp, refs[r] if r in refs else walk.external(r))
+            ins.append(ref)
         refs[node] = len(order)
         order.append(node)
-    return order, refs, walk.externals, walk.views, walk.viewed
-
-
-def direct_references(key: tuple, n: int) -> list[int]:
-    """Per node of a key's graph of `n` nodes, how many of its consumers' inputs are the node itself."""
-    counts = Counter(chain.from_iterable(key[1]))
-    return list(map(counts.__getitem__, range(n)))  # (a Counter gives 0 for the others)
+        parts.append((node.op, node.params, node.shape, node.dtype, tuple(ins)))
+        if count:
+            direct.append(0)
+    return walk
 
 
 def _excess_refs(nodes: list, direct: list):
@@ -260,7 +267,9 @@ def live_mask(order: list, direct: list, viewed: set) -> int:
 def eval_key(targets: list, live: bool) -> tuple:
     """(order, key, externals, keep) of the pending graph behind `targets`: collect_key's order, key and
     externals, and with `live` live_mask's bits (else None)."""
-    order, key, externals, viewed = collect_key(targets)
-    if not live or not order:
+    if not live:
+        order, key, externals, _ = collect_key(targets)
         return order, key, externals, None
-    return order, key, externals, live_mask(order, direct_references(key, len(order)), viewed)
+    direct: list = []
+    order, key, externals, viewed = collect_key(targets, direct)
+    return order, key, externals, live_mask(order, direct, viewed) if order else None

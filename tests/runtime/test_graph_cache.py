@@ -294,18 +294,17 @@ def test_recursive_and_iterative_key_walks_order_and_count_alike(dev):
     a = rt.exp(-abs(z))
     b = a + z.reshape((2, 2)).reshape((4,)) * a
     targets = [b, (a * b).sum()]
-    order_r, refs_r, ext_r, views_r, viewed_r = key._walk_recursive(targets)
-    order_i, refs_i, ext_i, views_i, viewed_i = key._walk_iterative(targets)
-    assert [id(n) for n in order_r] == [id(n) for n in order_i]
-    assert viewed_r == viewed_i and len(views_r) == len(views_i)
-    assert sorted(map(id, ext_r)) == sorted(map(id, ext_i))
-    assert {refs_r[n] for n in order_r} == {refs_i[n] for n in order_i} == set(range(len(order_r)))
-    del refs_r, refs_i
-    order, key_r, _, viewed = key.collect_key(targets)
-    assert len(key_r[0]) == len(key_r[1]) == len(order)
-    direct = key.direct_references(key_r, len(order))
-    assert direct == [sum(inp is n for m in order for inp in m.inputs) for n in order]
-    assert key_r == key.collect_key(targets)[1]  # a walk is deterministic
+    direct_r: list = []
+    direct_i: list = []
+    walk_r = key._walk_recursive(targets, direct_r)
+    walk_i = key._walk_iterative(targets, direct_i)
+    assert [id(n) for n in walk_r.order] == [id(n) for n in walk_i.order]
+    assert direct_r == direct_i and walk_r.viewed == walk_i.viewed and len(walk_r.views) == len(walk_i.views)
+    assert sorted(map(id, walk_r.externals)) == sorted(map(id, walk_i.externals))
+    assert len(walk_r.parts) == len(walk_i.parts) == len(walk_r.order)
+    assert direct_r == [sum(inp is n for m in walk_r.order for inp in m.inputs) for n in walk_r.order]
+    del walk_r, walk_i
+    assert key.collect_key(targets)[1] == key.collect_key(targets)[1]  # a walk is deterministic
 
 
 def test_key_walk_leaves_no_references_to_the_nodes(dev):
