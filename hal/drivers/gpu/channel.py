@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from hal.channel import Channel, Collective
 from hal.drivers.gpu.library import LibraryCall
-from hal.errors import InvalidArgumentError
+from hal.errors import FailedPreconditionError, InvalidArgumentError
 from hal.log import driver_logger
 
 if TYPE_CHECKING:
@@ -131,13 +131,24 @@ class CollectiveGroup:
         self.parts: list[tuple[GpuChannel, Collective, int | None, int | None]] = []
 
     def enqueue(self, pointers: Sequence[int], stream: Any) -> None:
-        """Issue every part between group_start and group_end on ``stream``."""
-        library = self.parts[0][0].library
-        for channel, _, _, _ in self.parts:
-            channel.check_usable("issuing a collective")
+        """Issue every part between group_start and group_end on ``stream`` (one part alone: NCCL
+        groups each call by itself)."""
+        parts = self.parts
+        for channel, _, _, _ in parts:
+            if channel.comm is None or channel.failure is not None or channel.device.closed:
+                channel.check_usable("issuing a collective")
+                raise FailedPreconditionError("issuing a collective: the channel's communicator is gone")
+        library = parts[0][0].library
+        if len(parts) == 1 and parts[0][1].kind != "all_to_all":  # (all_to_all is a group of sends and recvs)
+            channel, op, send, recv = parts[0]
+            send_ptr = 0 if send is None else pointers[send]
+            recv_ptr = 0 if recv is None else pointers[recv]
+            enqueue(library, op, channel.comm, channel.rank, channel.count, send_ptr or recv_ptr, recv_ptr or send_ptr,
+                    stream)
+            return
         library.group_start()
         try:
-            for channel, op, send, recv in self.parts:
+            for channel, op, send, recv in parts:
                 send_ptr = 0 if send is None else pointers[send]
                 recv_ptr = 0 if recv is None else pointers[recv]
                 enqueue(library, op, channel.comm, channel.rank, channel.count, send_ptr or recv_ptr,
