@@ -257,3 +257,22 @@ def test_the_rccl_adapter_checks_hip_python_results():
     assert log[-1] == ("all_reduce", (1, 2, 3, ("dtype", 7), ("op", 2), "comm", "stream"))
     with pytest.raises(hal.InvalidArgumentError, match="ncclSend"):
         lib.send(1, 2, "uint8", 0, "comm", "stream")
+
+
+def test_a_channels_second_collective_of_a_level_starts_a_new_group():
+    """NCCL may run one group's operations concurrently: a collective that may read what the one
+    before it on the same channel wrote goes into the next group; sends and receives stay together."""
+    from types import SimpleNamespace
+
+    from hal.drivers.gpu.channel import batches
+
+    a, b = object(), object()
+
+    def part(channel, kind):
+        return (channel, SimpleNamespace(kind=kind), None, None)
+
+    parts = [part(a, "all_reduce"), part(b, "all_reduce"), part(a, "send"), part(a, "recv"), part(a, "all_reduce"),
+             part(a, "broadcast"), part(b, "send")]
+    kinds = [[(p[0] is a, p[1].kind) for p in batch] for batch in batches(parts)]
+    assert kinds == [[(True, "all_reduce"), (False, "all_reduce"), (True, "send"), (True, "recv")],
+                     [(True, "all_reduce")], [(True, "broadcast"), (False, "send")]]

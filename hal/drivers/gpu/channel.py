@@ -119,6 +119,28 @@ def enqueue(library: CollectiveLibrary, op: Collective, comm: Any, rank: int, ra
                        stream)
 
 
+#: Point-to-point kinds: a send and the recv it pairs with must share one NCCL group.
+_PEER_KINDS = frozenset(("send", "recv"))
+
+
+def batches(parts: list) -> list[list]:
+    """The parts in issue order, cut into the batches one NCCL group may hold: sends and receives
+    join any batch, but a second collective of a channel starts a new one, since NCCL may run the
+    operations of one group concurrently and a collective of a channel may read what the one
+    before it wrote (the channel's collectives run in queue order)."""
+    out: list[list] = [[]]
+    busy: set[int] = set()  # channels with a collective in the current batch
+    for part in parts:
+        channel, op = part[0], part[1]
+        if op.kind not in _PEER_KINDS:
+            if id(channel) in busy:
+                out.append([])
+                busy = set()
+            busy.add(id(channel))
+        out[-1].append(part)
+    return out
+
+
 class CollectiveGroup:
     """The routine of a ``LibraryCall`` holding collectives of one level: each part is (channel,
     operation, index of its send target, index of its recv target) into the call's targets."""
@@ -131,30 +153,31 @@ class CollectiveGroup:
         self.parts: list[tuple[GpuChannel, Collective, int | None, int | None]] = []
 
     def enqueue(self, pointers: Sequence[int], stream: Any) -> None:
-        """Issue every part between group_start and group_end on ``stream`` (one part alone: NCCL
-        groups each call by itself)."""
+        """Issue the parts in order on ``stream``, each batch of them between group_start and
+        group_end (a batch of one alone: NCCL groups each call by itself)."""
         parts = self.parts
         for channel, _, _, _ in parts:
             if channel.comm is None or channel.failure is not None or channel.device.closed:
                 channel.check_usable("issuing a collective")
                 raise FailedPreconditionError("issuing a collective: the channel's communicator is gone")
         library = parts[0][0].library
-        if len(parts) == 1 and parts[0][1].kind != "all_to_all":  # (all_to_all is a group of sends and recvs)
-            channel, op, send, recv = parts[0]
-            send_ptr = 0 if send is None else pointers[send]
-            recv_ptr = 0 if recv is None else pointers[recv]
-            enqueue(library, op, channel.comm, channel.rank, channel.count, send_ptr or recv_ptr, recv_ptr or send_ptr,
-                    stream)
-            return
-        library.group_start()
-        try:
-            for channel, op, send, recv in parts:
+        for batch in batches(parts):
+            if len(batch) == 1 and batch[0][1].kind != "all_to_all":  # (all_to_all is a group of sends and recvs)
+                channel, op, send, recv = batch[0]
                 send_ptr = 0 if send is None else pointers[send]
                 recv_ptr = 0 if recv is None else pointers[recv]
                 enqueue(library, op, channel.comm, channel.rank, channel.count, send_ptr or recv_ptr,
                         recv_ptr or send_ptr, stream)
-        finally:
-            library.group_end()
+                continue
+            library.group_start()
+            try:
+                for channel, op, send, recv in batch:
+                    send_ptr = 0 if send is None else pointers[send]
+                    recv_ptr = 0 if recv is None else pointers[recv]
+                    enqueue(library, op, channel.comm, channel.rank, channel.count, send_ptr or recv_ptr,
+                            recv_ptr or send_ptr, stream)
+            finally:
+                library.group_end()
 
     def __repr__(self) -> str:
         return f"<collectives {', '.join(str(op) for _, op, _, _ in self.parts)}>"
