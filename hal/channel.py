@@ -354,7 +354,7 @@ def factory_of(device: object) -> ChannelFactory:
     if check_open is None or not hasattr(device, "allocator"):
         raise InvalidArgumentError(f"channels are created on a hal.Device, got {type(device).__name__}")
     check_open()
-    factory = getattr(device, "collectives", None)
+    factory = device.collectives
     if factory is None:
         raise UnimplementedError(f"device {device.info.uri} has no collective operations")  # type: ignore[attr-defined]
     return factory

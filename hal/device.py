@@ -63,6 +63,8 @@ class Device(abc.ABC):
 
     #: Executable formats this device can prepare, in order of preference.
     executable_formats: tuple[str, ...] = ()
+    #: The channel factory of a driver with collectives (``hal.channel.ChannelFactory``), else None.
+    collectives: Any = None
 
     def __init__(self, driver: Driver, info: DeviceInfo, *, queue_count: int = 1,
                  limits: dict[str, Any] | None = None) -> None:
