@@ -406,3 +406,57 @@ def test_random_graphs_give_numpys_values_and_replay_from_the_cache(seed: int) -
             np.testing.assert_allclose(a.numpy(), want, rtol=1e-5, atol=1e-5)
         values.append([a.numpy().tolist() for a, _ in picked])
     assert values[0] == values[1]
+
+
+def _counting_prepares(monkeypatch, device) -> list:
+    prepared: list = []
+    real = device.prepare
+
+    def spy(command_buffers, binding_tables=None, **kwargs):
+        prepared.append(len(command_buffers))
+        return real(command_buffers, binding_tables, **kwargs)
+
+    monkeypatch.setattr(device, "prepare", spy)
+    return prepared
+
+
+def test_a_cache_hit_with_an_unchanged_table_submits_its_prepared_execution(dev, monkeypatch):
+    """The recording holds the execution of its table: evals that bind the same buffers prepare nothing,
+    and one whose buffers were released meanwhile prepares its new table."""
+    ctx = context_for(dev)
+    rt.synchronize(dev)
+    prepared = _counting_prepares(monkeypatch, ctx.device)
+    a = rt.array(np.arange(64, dtype=np.float32), device=dev)
+    want = float((np.arange(64, dtype=np.float32) * 3 + 1).sum())
+
+    def once() -> float:
+        return float((a * 3.0 + 1.0).sum())
+
+    for _ in range(6):
+        assert once() == want
+    first = len(prepared)
+    assert first <= 3  # the recordings' first tables
+    for _ in range(6):
+        assert once() == want
+    assert len(prepared) == first
+    rt.synchronize(dev)
+    ctx.buffers.trim(0)  # the recordings' cached buffers are released: their executions are stale
+    assert once() == want
+    assert len(prepared) == first + 1
+
+
+def test_compiled_replays_submit_prepared_executions(dev, monkeypatch):
+    ctx = context_for(dev)
+    step = rt.compile(lambda w: w * 0.5 + 1.0)
+    w = rt.array(np.ones(16, np.float32), device=dev)
+    for _ in range(4):
+        w = step(w)
+    rt.synchronize(dev)
+    prepared = _counting_prepares(monkeypatch, ctx.device)
+    expected = w.numpy().copy()
+    for _ in range(20):
+        w = step(w)
+        expected = expected * np.float32(0.5) + np.float32(1.0)
+    np.testing.assert_allclose(w.numpy(), expected, rtol=1e-6)
+    assert all(n > 1 for n in prepared), prepared  # only batches of queued replays, each prepared once
+    assert len(prepared) <= 3, prepared
