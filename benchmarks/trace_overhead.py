@@ -3,11 +3,11 @@
     python benchmarks/trace_overhead.py [--driver cuda|fake-gpu|local-sync|local-task] [--rounds 15] [--out FILE]
 
 "without" is the same code with every tracing hook compiled out: the functions that hold a hook
-(``Device.queue_execute``, ``Semaphore.wait``, the GPU queue's ``issue``) are re-compiled from their
+(``Execution.submit``, ``Semaphore.wait``, the GPU queue's ``issue``) are re-compiled from their
 own source with each ``if tracing.ENABLED: ... else: X`` replaced by ``X`` and swapped in. Rounds of
 both variants (and of tracing on, for scale) are interleaved; each round times a loop of
-re-submissions of one reusable command buffer, back to back and each followed by a semaphore wait,
-in CPU time of the submitting thread. Reported: medians in µs per submission and the ratio
+re-submissions of one prepared execution of a reusable command buffer, back to back and each
+followed by a semaphore wait, in CPU time of the submitting thread. Reported: medians in µs per submission and the ratio
 with/without hooks (1.00 = no cost).
 """
 
@@ -78,7 +78,7 @@ def without_hooks(cls: type, name: str):
 
 
 def hooked_functions(device: hal.Device) -> list[tuple[type, str]]:
-    targets = [(hal.Device, "queue_execute"), (Semaphore, "wait")]
+    targets = [(hal.Execution, "submit"), (Semaphore, "wait")]
     queues = getattr(device, "queues", None)
     if queues:  # the GPU drivers: the queue's issue path holds the device-span hook
         targets.append((type(queues[0]), "issue"))
@@ -101,15 +101,16 @@ def measure(device: hal.Device, submissions: int) -> dict[str, float]:
     cb = device.create_command_buffer(hal.CommandBufferMode.REUSABLE)
     with cb.record():
         cb.fill_buffer(buf, pattern=7, pattern_length=4)
+    execution = device.prepare([cb])
     sem = device.create_semaphore(0)
     start = time.thread_time()
     for value in range(1, submissions + 1):
-        device.queue_execute([cb], signal=[(sem, value)])
+        execution.submit(signal=[(sem, value)])
     sem.wait(submissions)
     queued = time.thread_time() - start
     start = time.thread_time()
     for value in range(submissions + 1, 2 * submissions + 1):
-        device.queue_execute([cb], signal=[(sem, value)])
+        execution.submit(signal=[(sem, value)])
         sem.wait(value)
     round_trip = time.thread_time() - start
     buf.release()

@@ -97,8 +97,8 @@ def test_trace_overhead_compares_the_hot_path_without_its_hooks(tmp_path):
 
     import hal
 
-    stripped = trace_overhead.without_hooks(hal.Device, "queue_execute")
-    assert "tracing" not in stripped.__code__.co_names and "tracing" in hal.Device.queue_execute.__code__.co_names
+    stripped = trace_overhead.without_hooks(hal.Execution, "submit")
+    assert "tracing" not in stripped.__code__.co_names and "tracing" in hal.Execution.submit.__code__.co_names
     proc = script(
         "trace_overhead",
         "--driver",
@@ -112,7 +112,7 @@ def test_trace_overhead_compares_the_hot_path_without_its_hooks(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "overhead.json").read_text())
-    assert report["hooked"] == ["Device.queue_execute", "Semaphore.wait"]
+    assert report["hooked"] == ["Execution.submit", "Semaphore.wait"]
     for loop in ("queued", "round_trip"):
         assert set(report[loop]["us_per_submission"]) == {"hooks_off", "no_hooks", "trace_on"}
         assert report[loop]["ratio_hooks_off_vs_no_hooks"] > 0

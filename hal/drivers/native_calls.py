@@ -42,7 +42,7 @@ def mode() -> str:
 def optional(what: str, make: Callable[[], T], errors: tuple[type[BaseException], ...] = (ImportError,)) -> T | None:
     """``make()`` (a C extension's object, set up), or None where ``HAL_NATIVE`` turns it off or
     ``make`` raises one of ``errors`` (then the reason is logged; with ``HAL_NATIVE=1`` it is an
-    UnavailableError naming ``what``). Every optional C part of the HAL and the runtime loads so."""
+    UnavailableError naming ``what``). The native driver calls load so."""
     wanted = mode()
     if wanted == "off":
         return None
