@@ -168,7 +168,9 @@ class FakeGpuApi:
         self.use_after_destroy: list[str] = []
         self._memory: dict[int, np.ndarray] = {}
         self._bases: list[int] = []
-        self._lock = threading.Lock()
+        # Re-entrant: objects made under it (a view's memoryview) may start the cycle collector, whose
+        # finalizers free memory (mem_free) on this same thread; a real driver runs no Python inside.
+        self._lock = threading.RLock()
         self.calls: dict[str, int] = {}
 
     def _destroyed(self, function: str, handle: object) -> None:
