@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 MAX_U64 = (1 << 64) - 1
 UINT32_MAX = (1 << 32) - 1
+_LIST_OR_TUPLE = (list, tuple)
 #: Timeouts at or above this many seconds (or math.inf) wait without limit (threading's own bound).
 UNLIMITED_TIMEOUT = min(threading.TIMEOUT_MAX, 1e9)
 
@@ -140,9 +141,9 @@ def check_workgroups(workgroups: object, limits: tuple[int, int, int]) -> tuple[
 
 def check_constants(export: Export, constants: object) -> tuple[int, ...]:
     """The export's uint32 constants (negative int32 values wrap to their bits)."""
-    if (type(constants) is tuple or type(constants) is list) and len(constants) == export.constants:
+    if type(constants) in _LIST_OR_TUPLE and len(constants) == export.constants:
         for value in constants:
-            if type(value) is not int or not 0 <= value <= UINT32_MAX:
+            if type(value) is not int or value >> 32:  # (nonzero for a negative value too)
                 break
         else:
             return tuple(constants)

@@ -87,15 +87,13 @@ class Execution:
         released, the device closed, or (ONE_SHOT command buffers) the execution was submitted.
         """
         device = self.device
-        if device.release_epoch != self._epoch or device.closed:
+        if device.release_epoch != self._epoch:
             self._check_valid()
         waits = [] if wait is _NO_FENCES else check_fences(wait, "wait", device)
         signals = check_signal_fences(signal, device)
         with device.submission_gate:
-            if device.closed:
-                self._check_valid()
-            if self._one_shot:
-                self._spend()
+            if device.closed or self._one_shot:  # (under the gate: no close or other submit races it)
+                self._admit()
             if tracing.ENABLED:
                 tracing.call("queue_execute", self._issue, waits, signals, device=device.info.uri,
                              command_buffers=len(self.command_buffers))
@@ -122,8 +120,11 @@ class Execution:
                     f"the execution uses a buffer that was released ({buffer!r}); prepare it again")
         self._epoch = epoch
 
-    def _spend(self) -> None:
-        """ONE_SHOT command buffers run at most once, also when threads race (under the gate)."""
+    def _admit(self) -> None:
+        """Refuse once the device is closed; spend the ONE_SHOT command buffers, which run at most
+        once, also when threads race (under the gate)."""
+        if self.device.closed:
+            self._check_valid()
         for cb in self._one_shot:
             if cb.state is not _EXECUTABLE:
                 raise FailedPreconditionError("a ONE_SHOT command buffer was already submitted")

@@ -17,8 +17,9 @@ Driver-facing surface (what a driver may use besides the public API):
 - ``has_listeners()``: whether some host listener waits (a completion thread must run).
 
 A subclass (a driver's semaphore) may override the hooks ``_advance``, ``_fail``,
-``_notify_at`` and ``_wait`` (calling the base), and use ``_reached``/``_waiters``
-while holding ``_lock``. ``current_value`` and ``failure`` are public attributes,
+``_notify_at`` and ``_wait`` (calling the base), and use ``_reached``/``_waiters``,
+``_park``/``_unpark`` and ``_parked`` (the listener registry and the tokens it holds) while
+holding ``_lock``. ``current_value`` and ``failure`` are public attributes,
 read-only outside the semaphore's own methods.
 """
 
@@ -48,11 +49,20 @@ if TYPE_CHECKING:
 #: Called with None once the value is reached, or with the failure.
 Listener = Callable[[BaseException | None], None]
 
-MAX_VALUE = (1 << 64) - 1
+
+#: A thread blocked on a condition (a host wait, ``wait_idle``) looks again at least this often.
+#: A notification that a KeyboardInterrupt kept from being sent (between a value's advance and
+#: its notify) then costs this much latency instead of a wait that never ends.
+RECHECK_SECONDS = 0.05
 
 
 def remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def wait_slice(left: float | None) -> float:
+    """How long a condition wait with ``left`` seconds to go sleeps before looking again."""
+    return RECHECK_SECONDS if left is None or left > RECHECK_SECONDS else left
 
 
 class Semaphore:
@@ -121,7 +131,7 @@ class Semaphore:
     def wait(self, value: int, timeout: float | None = None) -> None:
         """Block until the value is >= ``value``; DeadlineExceededError after ``timeout`` seconds
         (None, math.inf or a huge timeout: no limit)."""
-        if type(value) is not int or not 0 <= value <= MAX_VALUE:
+        if type(value) is not int or value >> 64:  # (nonzero for a negative value too)
             value = check_u64(value, "semaphore wait value")
         deadline = None if timeout is None else deadline_from(timeout)
         if self.device.closed:  # nothing can signal it any more: report what it reached, never block
@@ -175,7 +185,7 @@ class Semaphore:
                         f"timed out waiting for semaphore value {value} (current value {self.current_value})")
                 self._waiters += 1
                 try:
-                    self._reached.wait(left)
+                    self._reached.wait(wait_slice(left))
                 finally:
                     self._waiters -= 1
             if self.failure is not None:
@@ -220,12 +230,26 @@ class Semaphore:
         with self._lock:
             failure = self.failure
             if failure is None and self.current_value < value:
-                token = next(self._tokens)
-                heapq.heappush(self._listeners, (value, token, listener))
-                self._parked.add(token)
-                return token
+                return self._park(value, listener)
         listener(failure)
         return None
+
+    def _park(self, value: int, listener: Listener) -> int:
+        """Register ``listener`` for ``value`` (with the lock held); its token. It fires once, when
+        the value is reached or the semaphore fails, unless ``_unpark`` takes it first."""
+        token = next(self._tokens)
+        heapq.heappush(self._listeners, (value, token, listener))
+        self._parked.add(token)
+        return token
+
+    def _unpark(self, token: int) -> bool:
+        """Take a parked listener out (with the lock held): True if it was still parked, and the
+        caller now fires it (or drops it); False if it fired, was taken or was cancelled."""
+        parked = self._parked
+        if token in parked:
+            parked.discard(token)
+            return True
+        return False
 
     def _cancel_notify(self, token: int | None) -> None:
         self.cancel_notify(token)
@@ -319,18 +343,29 @@ def _wait_fences(count: int, pending: list[tuple[int, Semaphore, int]], deadline
             woken.set()
         return reached
 
+    def settled() -> bool:  # read from the semaphores themselves (a listener call may have been lost)
+        reached = [sem.current_value >= value for _, sem, value in pending]
+        return any(sem.failure is not None for _, sem, _ in pending) or (all(reached) if every else any(reached))
+
     registered = []
     try:
         for index, sem, value in pending:
             registered.append((sem, sem.notify_at(value, listener_for(index))))
             if woken.is_set() and (failed or not every):
                 break
-        if not woken.wait(remaining(deadline)):
-            raise DeadlineExceededError(
-                f"timed out waiting for {'all' if every else 'any'} of {count} fences")
+        # In slices: a listener call that a KeyboardInterrupt cut short on the advancing thread
+        # costs a slice, as the values themselves are looked at after each.
+        while not woken.wait(wait_slice(remaining(deadline))):
+            if settled():
+                break
+            if deadline is not None and remaining(deadline) == 0.0:
+                raise DeadlineExceededError(
+                    f"timed out waiting for {'all' if every else 'any'} of {count} fences")
     finally:
         for sem, token in registered:
             sem.cancel_notify(token)
+    if not failed:
+        failed = [(index, sem.failure) for index, sem, _ in pending if sem.failure is not None]
     if failed:
         index, failure = failed[0]
         raise aborted_by(failure, f"fence {index} failed")
@@ -369,6 +404,14 @@ class FenceWaiter:
         """Fail the parked work now (device shutdown) unless it already ran or failed; its
         listeners leave the semaphores, so a later ``signal()`` finds nothing of it."""
         self._reached(cause)
+        for sem, token in self._registered:
+            sem.cancel_notify(token)
+
+    def abandon(self) -> None:
+        """Stop waiting without calling back (the caller takes the work over); the listeners leave
+        the semaphores."""
+        with self._lock:
+            self._done = True
         for sem, token in self._registered:
             sem.cancel_notify(token)
 
@@ -432,16 +475,19 @@ def check_signals(signals: list[Fence]) -> None:
 
 def check_signal_fences(fences: object, device: Device) -> list[Fence]:
     """A submission's signal list: ``check_fences`` and ``check_signals`` in one. The usual list of
-    one well-formed pair whose value is above its semaphore's is recognised in one pass; anything
-    else takes the two checks, which report what is wrong."""
-    if type(fences) is list and len(fences) == 1:
-        pair = fences[0]
-        if type(pair) is tuple and len(pair) == 2:
-            sem, value = pair
-            if type(value) is int and isinstance(sem, Semaphore) and sem.device is device \
-                    and sem.current_value < value <= MAX_U64 and sem.failure is None:
-                return [pair]
+    one well-formed pair whose value is above its semaphore's is recognised in one pass (the list
+    and the pair taken apart by unpacking, which raises for any other length); anything else takes
+    the two checks, which report what is wrong."""
+    if type(fences) is list:
+        try:
+            (pair,) = fences
+            if type(pair) is tuple:
+                sem, value = pair
+                if type(value) is int and isinstance(sem, Semaphore) and sem.device is device \
+                        and sem.current_value < value <= MAX_U64 and sem.failure is None:
+                    return [pair]
+        except ValueError:
+            pass
     signals = check_fences(fences, "signal", device)
     check_signals(signals)
     return signals
-

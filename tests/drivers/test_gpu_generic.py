@@ -463,7 +463,7 @@ def test_a_waiter_finds_its_work_retired_by_another_thread(fake_driver):
 
         def retire():
             try:
-                queue.retire_through(sub)
+                queue.wait(sub, None)
             except Exception as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hal.errors import DeadlineExceededError, HalError
-from hal.semaphore import remaining
+from hal.semaphore import remaining, wait_slice
 
 if TYPE_CHECKING:
     from hal.drivers.gpu.context import GpuContext
@@ -50,7 +50,8 @@ class Completion:
         self.outstanding: dict[int, Submission] = {}
         self.sequence = itertools.count(1)
         #: (sequence mark, release): run once every submission numbered below the mark retired.
-        self._deferred: collections.deque[tuple[int, Callable[[], Any]]] = collections.deque()
+        #: Read without the lock by the issue path: whether deferred releases wait.
+        self.deferred: collections.deque[tuple[int, Callable[[], Any]]] = collections.deque()
         #: Guards the deferred releases and the idle condition. Re-entrant: ``defer`` is reached
         #: from finalizers (an array's storage collected as garbage gives its buffer back), which
         #: the cycle collector may run on a thread inside this lock; a plain lock would wait for
@@ -70,26 +71,39 @@ class Completion:
 
     # -- retiring -----------------------------------------------------------------------------------
     def finish(self, sub: Submission, failure: BaseException | None) -> None:
-        """Advance or fail the submission's signals, release what it held, retire it."""
-        sub.retired = True
+        """Advance or fail the submission's signals, release what it held, retire it.
+
+        Does nothing to a retired submission, and ``retired`` is set last: a retirement an
+        interrupt (KeyboardInterrupt) cut short is completed by calling this again (advancing a
+        reached value or failing a failed semaphore changes nothing; each release is taken
+        before it runs, so none runs twice)."""
+        if sub.retired:
+            return
         if failure is None:
             for sem, value in sub.signals:
                 sem.advance(value)
         else:
             for sem, _ in sub.signals:
                 sem.fail_from_device(failure)  # type: ignore[attr-defined]
-        for cb in sub.command_buffers:
-            if cb.one_shot:  # a reusable command buffer keeps what it holds for its next submission
-                cb.retired()  # type: ignore[attr-defined]
         if sub.resources is not None:
-            for release in sub.resources:
-                self.context.run_released(release)
+            self._release(sub)
         outstanding = self.outstanding
         outstanding.pop(sub.seq, None)
-        if self._deferred:
+        sub.retired = True
+        if self.deferred:
             self._run_deferred()
         if self.idle_waiters and not outstanding:
             self.notify_idle()
+
+    def _release(self, sub: Submission) -> None:
+        """What the retired work held (``Submission.resources``). A release that fails is reported
+        and the others still run: one bad release must not stall every waiter."""
+        resources, sub.resources = sub.resources, None  # (taken first: none runs twice)
+        for release in resources or ():
+            try:
+                self.context.run_released(release)
+            except Exception:
+                traceback.print_exc()
 
     def notify_idle(self) -> None:
         with self._lock:
@@ -108,7 +122,7 @@ class Completion:
         if not self.outstanding:
             return False
         with self._lock:
-            self._deferred.append((mark, fn))
+            self.deferred.append((mark, fn))
         self.wake()  # released as soon as the work completes, even if nothing waits for it
         self._run_deferred()  # the work may have retired meanwhile
         return True
@@ -116,7 +130,7 @@ class Completion:
     def _run_deferred(self) -> None:
         run = []
         with self._lock:
-            deferred = self._deferred
+            deferred = self.deferred
             oldest = min(self.outstanding, default=None) if deferred else None
             while deferred and (oldest is None or deferred[0][0] < oldest):
                 run.append(deferred.popleft()[1])
@@ -126,13 +140,15 @@ class Completion:
     def take_deferred(self) -> list[Callable[[], Any]]:
         """Every deferred release, removed (device close)."""
         with self._lock:
-            run = [fn for _, fn in self._deferred]
-            self._deferred.clear()
+            run = [fn for _, fn in self.deferred]
+            self.deferred.clear()
         return run
 
     # -- waiting for everything -----------------------------------------------------------------------
-    def wait_idle(self, deadline: float | None) -> None:
-        """Wait on each queue's oldest in-flight event and retire, until nothing is outstanding."""
+    def wait_idle(self, deadline: float | None, recheck: Callable[[], None] = lambda: None) -> None:
+        """Wait on each queue's oldest in-flight event and retire, until nothing is outstanding.
+        ``recheck`` releases parked work nothing released (``PendingQueue.recheck``); it runs
+        after each slice of a wait for parked work that found nothing new."""
         queues = self.queues
         while self.outstanding:
             busy = [q for q in queues if q.inflight]
@@ -146,9 +162,12 @@ class Completion:
                             f"timed out waiting for {len(self.outstanding)} outstanding submissions")
                     self.idle_waiters += 1
                     try:
-                        self._idle.wait(left)
+                        # In slices: a notification an interrupt kept from being sent costs a slice.
+                        woken = self._idle.wait(wait_slice(left))
                     finally:
                         self.idle_waiters -= 1
+                if not woken:
+                    recheck()
                 continue
             for q in busy:
                 try:
@@ -161,20 +180,15 @@ class Completion:
                 raise DeadlineExceededError(f"timed out waiting for {len(self.outstanding)} outstanding submissions")
 
     # -- the completion thread ----------------------------------------------------------------------
-    def wake_for(self, listened: bool, inflight: int) -> None:
-        """Wake the sleeping thread if just-issued work needs it (see the module docstring):
-        ``listened``, a host listener waits on a semaphore it signals; ``inflight``, the
-        submissions now in flight on its queue."""
-        if listened or inflight >= WAKE_INFLIGHT or self._deferred:
-            self.wake()
-
     def wake(self) -> None:
         """Wake the completion thread if it sleeps (something needs in-flight work retired)."""
         if self.idle:
             with self._wake_lock:
                 if self.idle:
-                    self.idle = False
+                    # The token first: an interrupt between the two leaves the flag set, which
+                    # costs a spare wake-up later, never a thread asleep that others think awake.
                     self._inbox.put(True)
+                    self.idle = False
 
     def stop(self) -> None:
         self._stopping = True

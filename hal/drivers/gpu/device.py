@@ -279,8 +279,15 @@ class GpuDevice(Device):
     def wake_completion(self) -> None:
         self.completion.wake()
 
+    def catch_up(self) -> None:
+        """Do what a notification that a KeyboardInterrupt cut short would have done: retire the
+        work that completed, issue the parked work whose waits are issuable. A waiter that waits in
+        vain calls this after each slice of its wait (``hal.semaphore.RECHECK_SECONDS``)."""
+        self.retire_completed(blocking=False)
+        self.pending.recheck()
+
     def _wait_idle(self, deadline: float | None) -> None:
-        self.completion.wait_idle(deadline)
+        self.completion.wait_idle(deadline, self.pending.recheck)
 
     # -- deferred releases ---------------------------------------------------------------------
     def defer(self, fn: Callable[[], Any]) -> None:

@@ -10,6 +10,7 @@ re-recorded, nor destroyed at close, while someone waits on it.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from hal.drivers.gpu.api import GpuApi
@@ -20,6 +21,11 @@ class EventPool:
         self.api = api
         #: Events ready to be recorded (the issue path pops one directly).
         self.free: list[Any] = []
+        #: ``release(event)`` puts an event back: the free list's own ``append`` while the pool is
+        #: open (every retired submission gives its event back: no Python frame for it), destroying
+        #: it once the pool is closed. No lock: an append racing ``close()`` leaves one event to
+        #: the context.
+        self.release: Callable[[Any], None] = self.free.append
         self._lock = threading.RLock()  # re-entrant, as every lock a finalizer's release may take
         self.closed = False
         self.created = 0
@@ -32,26 +38,21 @@ class EventPool:
             self.created += 1
             return self.api.event_create()
 
-    def release(self, event: Any) -> None:
-        if not self.closed:  # no lock: an append racing close() leaves one event to the context
-            self.free.append(event)
-            return
-        # After close nothing will record it again; a lost context destroys its events itself.
+    def _destroy(self, event: Any) -> None:
+        """``release`` after close: nothing will record the event again."""
         try:
             self.api.event_destroy(event)
-        except Exception:
+        except Exception:  # a lost context destroys its events itself
             pass
 
     def close(self) -> None:
         """Destroy the free events; events still referenced are destroyed when released."""
         with self._lock:
             self.closed = True
+            self.release = self._destroy
             events, self.free = self.free, []
         for event in events:
-            try:
-                self.api.event_destroy(event)
-            except Exception:  # a lost context destroys its events itself
-                pass
+            self._destroy(event)
 
     @property
     def available(self) -> int:

@@ -13,7 +13,8 @@ is issued to a stream. The submission's event completes when its work does, so:
 - a host ``wait()`` blocks on the event itself (``event_synchronize``) and
   retires the work on its own thread, instead of waiting for the completion thread.
 
-The semaphore drops the timepoints its value passed.
+The semaphore drops the timepoints its value passed. Work parked on a value (the pending
+queue) is an ordinary listener of the host timeline that a covering timepoint fires early.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import heapq
 from typing import TYPE_CHECKING
 
 from hal.errors import aborted_by
-from hal.semaphore import Listener, Semaphore, remaining
+from hal.semaphore import Listener, Semaphore, remaining, wait_slice
 
 if TYPE_CHECKING:
     from hal.drivers.gpu.device import GpuDevice
@@ -42,15 +43,16 @@ class EventSemaphore(Semaphore):
         super().__init__(device, initial_value)
         #: Sorted by value (submissions usually signal increasing values: appending keeps the order).
         self._timepoints: list[tuple[int, Submission]] = []
-        #: Heap of (value, token, listener) of parked work; entries whose token left the set were cancelled.
+        #: Heap of (value, token, listener) of parked work. Each is also an ordinary listener of
+        #: the base (fired when the value is reached or the semaphore fails); this index fires it
+        #: earlier, once a timepoint covers its value. Whichever comes first takes it (``_unpark``).
         self._issuable: list[tuple[int, int, Listener]] = []
-        self._issuable_tokens: set[int] = set()
 
     # -- device timepoints -----------------------------------------------------------
-    def add_timepoint(self, value: int, timepoint: Submission) -> bool:
+    def add_timepoint(self, value: int, timepoint: Submission) -> None:
         """A submission signalling ``value`` was issued; wake work that may now be issued behind it.
-        Returns whether a host listener (``hal.wait_any``, parked work) waits on this semaphore: then
-        the completion thread must retire the work, as nobody waits on its event.
+        While a listener (``hal.wait_any``, parked work) waits on this semaphore, the completion
+        thread is woken to retire the work: nobody may wait on its event.
 
         Timepoints the value passed are dropped here, a few at a time (not at each advance:
         retiring stays cheap; a passed timepoint only keeps its submission's event out of the
@@ -58,7 +60,7 @@ class EventSemaphore(Semaphore):
         with self._lock:
             current = self.current_value
             if value <= current or self.failure is not None:
-                return False
+                return
             timepoints = self._timepoints
             if len(timepoints) >= PRUNE_AT and timepoints[0][0] <= current:
                 if timepoints[-1][0] <= current:
@@ -69,15 +71,16 @@ class EventSemaphore(Semaphore):
                 timepoints.append((value, timepoint))
             else:
                 timepoints.insert(bisect.bisect_right(timepoints, value, key=_value_of), (value, timepoint))
-            if not (self._waiters or self._issuable):
-                return bool(self._parked)
             if self._waiters:  # host waiters that found no timepoint: they can wait on its event now
                 self._reached.notify_all()
-            ready = self._pop_issuable(value)
+            if not self._parked:  # the usual case: no listener
+                return
+            ready = self._pop_issuable(value) if self._issuable else ()
             listened = bool(self._parked)
         for listener in ready:
             listener(None)
-        return listened
+        if listened:
+            self.device.wake_completion()
 
     def device_wait(self, value: int) -> Submission | None:
         """None if ``value`` is reached on the host, else the submission whose event a device
@@ -119,18 +122,20 @@ class EventSemaphore(Semaphore):
         return bool(timepoints) and timepoints[-1][0] >= value
 
     def _covering(self, value: int) -> Submission | None:
-        """The timepoint of the smallest value >= ``value`` (call with the lock held)."""
-        timepoints = self._timepoints
-        if timepoints and timepoints[-1][0] >= value and (len(timepoints) == 1 or timepoints[-2][0] < value):
-            return timepoints[-1][1]  # the usual case: waiting for the latest signal
-        index = bisect.bisect_left(timepoints, value, key=_value_of)
-        return timepoints[index][1] if index < len(timepoints) else None
+        """The timepoint of the smallest value >= ``value`` (of the latest to signal it, if several
+        do: it completes no sooner, and reaches the value as well), or None.
 
-    def _peek_timepoint(self, value: int) -> Submission | None:
-        with self._lock:
-            if self.failure is not None or self.current_value >= value:
-                return None
-            return self._covering(value)
+        Exact with the lock held. A host waiter reads it without the lock: a list changed
+        meanwhile may answer None (the waiter then looks again under the lock) or a timepoint
+        of a lower value (the waiter retires through it and looks again)."""
+        timepoints = self._timepoints
+        try:
+            latest, timepoint = timepoints[-1]
+            if latest == value:
+                return timepoint  # the usual case: waiting for the latest signal
+            return timepoints[bisect.bisect_left(timepoints, value, key=_value_of)][1]
+        except IndexError:
+            return None
 
     def notify_issuable(self, value: int, listener: Listener) -> int | None:
         """Call ``listener`` once work waiting for ``value`` can be issued: the value is reached,
@@ -140,28 +145,28 @@ class EventSemaphore(Semaphore):
             failure = self.failure
             timepoints = self._timepoints
             if failure is None and self.current_value < value and not (timepoints and timepoints[-1][0] >= value):
-                token = next(self._tokens)
-                heapq.heappush(self._issuable, (value, token, listener))
-                self._issuable_tokens.add(token)
+                token = self._park(value, listener)
+                issuable = self._issuable
+                if len(issuable) > 2 * len(self._parked) + 8:  # mostly entries the base fired or cancelled
+                    parked = self._parked
+                    issuable = self._issuable = [entry for entry in issuable if entry[1] in parked]
+                    heapq.heapify(issuable)
+                heapq.heappush(issuable, (value, token, listener))
                 return token
         listener(failure)
         return None
 
     def cancel_issuable(self, token: int | None) -> None:
         """Forget a listener of ``notify_issuable`` (parked work failed at close): nothing of it stays."""
-        if token is not None:
-            with self._lock:
-                self._issuable_tokens.discard(token)
-                if not self._issuable_tokens:
-                    self._issuable = []
+        self.cancel_notify(token)  # (its entry here is dropped when next popped or compacted)
 
     def _pop_issuable(self, value: int) -> list[Listener]:
+        """The parked work a timepoint of ``value`` makes issuable, taken from the base's listeners."""
         ready = []
-        issuable, live = self._issuable, self._issuable_tokens
+        issuable = self._issuable
         while issuable and issuable[0][0] <= value:
             _, token, listener = heapq.heappop(issuable)
-            if token in live:
-                live.discard(token)
+            if self._unpark(token):
                 ready.append(listener)
         return ready
 
@@ -174,26 +179,15 @@ class EventSemaphore(Semaphore):
             self.device.wake_completion()
         return token
 
-    def _advance(self, value: int) -> None:
-        Semaphore._advance(self, value)
-        if self._issuable:  # parked work waiting for a value no timepoint covered
-            with self._lock:
-                ready = self._pop_issuable(self.current_value)
-            for listener in ready:
-                listener(None)
-
-    advance = _advance  # the driver-facing name, without the core's extra frame (retiring calls it)
+    #: The driver-facing name of the base's advance, without the core's extra frame (retiring
+    #: calls it): parked work is an ordinary listener of the base, so nothing is added to it here.
+    advance = Semaphore._advance
 
     def _fail(self, cause: BaseException) -> None:
-        super()._fail(cause)
+        super()._fail(cause)  # (fires every listener, parked work included, with the cause)
         with self._lock:
-            live = self._issuable_tokens
-            pending = [entry[2] for entry in sorted(self._issuable, key=_order) if entry[1] in live]
             self._issuable = []
-            self._issuable_tokens = set()
             self._timepoints = []
-        for listener in pending:
-            listener(cause)
 
     @property
     def value(self) -> int:
@@ -204,24 +198,16 @@ class EventSemaphore(Semaphore):
         return Semaphore.value.fget(self)  # type: ignore[attr-defined]
 
     def _wait(self, value: int, deadline: float | None) -> None:
-        """Wait on the event of the timepoint covering ``value`` and retire the work this thread;
+        """Wait on the event of the timepoint covering ``value`` and retire the work on this thread;
         before the work is issued (wait-before-signal), sleep until a timepoint or the value
         arrives. Host waiters never need the completion thread."""
         while self.current_value < value and self.failure is None:
-            timepoints = self._timepoints
-            try:  # the usual case, read without the lock: waiting for the latest signal
-                latest, timepoint = timepoints[-1]
-                if latest < value or (len(timepoints) > 1 and timepoints[-2][0] >= value):
-                    timepoint = self._peek_timepoint(value)
-            except IndexError:
-                timepoint = self._peek_timepoint(value)
+            timepoint = self._covering(value)
             if timepoint is not None:
-                if self.device.closed_for_good:
-                    break
                 timepoint.queue.wait(timepoint, deadline)
-                if self.current_value >= value and self.failure is None:
-                    return  # retired by this thread: no need to look again under the lock
-                break
+                if not timepoint.retired:
+                    break  # the deadline passed: the base reports it
+                continue  # retired through it: the value is reached (unless it failed)
             with self._lock:
                 if self.current_value >= value or self.failure is not None or self._covering(value) is not None:
                     continue
@@ -230,18 +216,21 @@ class EventSemaphore(Semaphore):
                     break
                 self._waiters += 1
                 try:
-                    self._reached.wait(left)  # woken by _advance or add_timepoint
+                    woken = self._reached.wait(wait_slice(left))  # by _advance or add_timepoint
                 finally:
                     self._waiters -= 1
-        super()._wait(value, deadline)
+            if not woken:
+                # Work whose timepoint an interrupted issue never added, or parked work an
+                # interrupted release never issued, still reaches the value.
+                self.device.catch_up()
+        else:  # (the loop's condition is false: reached, or failed)
+            if self.failure is None:
+                return
+        super()._wait(value, deadline)  # reports the failure or the timeout
 
 
 def _value_of(entry: tuple[int, Submission]) -> int:
     return entry[0]
-
-
-def _order(entry: tuple[int, int, Listener]) -> tuple[int, int]:
-    return entry[0], entry[1]
 
 
 class Issuable:

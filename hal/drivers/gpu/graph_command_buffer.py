@@ -60,7 +60,7 @@ import ctypes
 import functools
 import operator
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -185,6 +185,8 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self.table_execs_made = 0
         #: The resolved binding table the graph and the device table were last brought up to date with.
         self._bound_table: Sequence[Binding] | None = None
+        #: Set when bringing the graph up to date with a table was cut short: it is built again.
+        self._damaged = False
         # Indirect bindings: per dispatch using them, (function, first table entry); the table layout.
         self._indirect: dict[int, tuple[Any, int]] = {}
         self._indirect_args = ArgArena()
@@ -383,9 +385,10 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         #: double-buffered table alternates between two): packed once, copied many times.
         self._image_memo: dict[tuple, tuple] = {}
 
-    def _bind_image(self, table: Sequence[Binding] | None, stream: Any, submission) -> None:
+    def _bind_image(self, table: Sequence[Binding] | None, queue) -> None:
         """Make the next launch read ``table``'s addresses: the executable graph of a recurring table,
-        or the main one, its device table copied (stream-ordered) when the addresses changed."""
+        or the main one, its device table copied (stream-ordered) when the addresses changed (the
+        pinned block copied from goes back once the submission being issued retires)."""
         addresses = self._addresses_of(table)
         if addresses == self._image_addresses:
             self._launch_exec = self._resources.graph_exec
@@ -411,13 +414,11 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         device = self.device
         staging = device.staging
         host, capacity = staging.acquire(size)
-        try:
-            ctypes.memmove(host, image_address, size)
-            device.api.memcpy_htod_async(self._resources.image.ptr, host, size, stream)
-        except BaseException:
-            staging.release(host, capacity)
-            raise
-        submission.hold(functools.partial(staging.release, host, capacity))
+        # Held first: the block goes back once the submission retires, which (failed or interrupted
+        # as well) is never before the stream passed the copy.
+        queue.issuing.hold(functools.partial(staging.release, host, capacity))
+        ctypes.memmove(host, image_address, size)
+        device.api.memcpy_htod_async(self._resources.image.ptr, host, size, queue.stream)
         self._image_addresses = addresses
         self.image_uploads += 1
 
@@ -552,28 +553,49 @@ class GraphCommandBuffer(RecordingCommandBuffer):
             device.defer(functools.partial(table_exec.release, device))
 
     # -- submission ----------------------------------------------------------------------
-    def issue(self, queue, table: Sequence[Binding] | None, submission) -> None:
+    def issuer(self, queue, table: Sequence[Binding] | None) -> Callable[[], None] | None:
+        """What issues this command buffer on ``queue`` with ``table`` (called once per submission,
+        with the queue's lock held; None: nothing to launch). A graph without binding-table slots
+        was instantiated at ``end()`` and never changes: its launch is the shim's ``graph_launch``
+        with the executable graph and the stream bound."""
+        if not self.uses_slots:
+            graph_exec = self._resources.graph_exec
+            return None if graph_exec is None else functools.partial(self.device.api.graph_launch, graph_exec,
+                                                                      queue.stream)
+        return self.serialized(functools.partial(self._issue_with_table, queue, table))
+
+    def _issue_with_table(self, queue, table: Sequence[Binding] | None) -> None:
+        if table is not self._bound_table:  # the same table as last time: nothing to rebind
+            try:
+                self._bind(table, queue)
+            except BaseException:
+                # Cut short part way (an API error, a KeyboardInterrupt): the graph may match no
+                # table any more. The next submission builds it again.
+                self._bound_table = None
+                self._damaged = True
+                raise
+            self._bound_table = table
+        if self._launch_exec is not None:
+            self.device.api.graph_launch(self._launch_exec, queue.stream)
+
+    def _bind(self, table: Sequence[Binding] | None, queue) -> None:
+        """Bring the graph (or the executable graph launched next) up to date with ``table``."""
         resources = self._resources
-        if self.uses_slots:
-            with self.issue_lock:
-                if table is not self._bound_table:  # the same table as last time: nothing to rebind
-                    if resources.graph is None:
-                        self._build(table)
-                        if self._recurring_allowed:
-                            self._seen_tables[self._table_key(table)] = None
-                        if self._image_slots is not None:
-                            self._bind_image(table, queue.stream, submission)
-                    elif not (self._recurring_allowed and self._recurring(table)):
-                        self._launch_exec = resources.graph_exec
-                        if self._slot_nodes:  # (none: every slot is read from the device table)
-                            self._rebind(table)
-                        if self._image_slots is not None:
-                            self._bind_image(table, queue.stream, submission)
-                    self._bound_table = table
-                if self._launch_exec is not None:
-                    self.device.api.graph_launch(self._launch_exec, queue.stream)
-        elif resources.graph_exec is not None:
-            self.device.api.graph_launch(resources.graph_exec, queue.stream)
+        if self._damaged:
+            self._damaged = False
+            self._drop_graph()
+        if resources.graph is None:
+            self._build(table)
+            if self._recurring_allowed:
+                self._seen_tables[self._table_key(table)] = None
+            if self._image_slots is not None:
+                self._bind_image(table, queue)
+        elif not (self._recurring_allowed and self._recurring(table)):
+            self._launch_exec = resources.graph_exec
+            if self._slot_nodes:  # (none: every slot is read from the device table)
+                self._rebind(table)
+            if self._image_slots is not None:
+                self._bind_image(table, queue)
 
     def _rebind(self, table: Sequence[Binding] | None) -> None:
         applied = self._applied
@@ -654,14 +676,19 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self._rebuild(table)
 
     def _rebuild(self, table: Sequence[Binding] | None) -> None:
-        """Build the graph again for ``table``; the old executable graph may still be running: free it later."""
+        """Build the graph again for ``table``."""
+        self._drop_graph()
+        self._build(table)
+
+    def _drop_graph(self) -> None:
+        """Forget the graph and its executable graph; that one may still be running: free them later."""
         resources = self._resources
         old_exec, old_graph = resources.graph_exec, resources.graph
         resources.graph_exec = resources.graph = None
+        self._launch_exec = None
         api = self.device.api
         self.device.defer(lambda: (old_exec is not None and api.graph_exec_destroy(old_exec),
-                                   api.graph_destroy(old_graph)))
-        self._build(table)
+                                   old_graph is not None and api.graph_destroy(old_graph)))
 
     def retired(self) -> None:
         super().retired()

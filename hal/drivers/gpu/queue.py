@@ -3,16 +3,16 @@
 Issue (``issue``), once a submission's waits are issuable: under the queue's lock,
 the device-side waits (``stream_wait_event`` on the covering submission's event;
 none for work issued earlier on this same stream, which the stream already
-orders), the commands, the action, and one pooled event recorded after them;
-the submission then becomes the timepoint of each semaphore it signals.
+orders), the execution's commands (and action), and one pooled event recorded
+after them; the submission then becomes the timepoint of each semaphore it signals.
 
 Retirement: a stream runs its work in order, so once a submission's event
-completed every submission issued before it on this queue did too.
-``retire_through`` retires up to a submission whose event the caller saw
-complete (a host waiter) without asking the driver anything; ``retire_completed``
-finds the completed prefix by querying events (the completion thread). Each
-retired submission costs O(1): ``Completion.finish`` advances its semaphores and
-frees what it held.
+completed every submission issued before it on this queue did too. A host
+waiter (``wait``) blocks on its submission's event and retires up to it without
+asking the driver anything more; ``retire_completed`` finds the completed prefix
+by querying events (the completion thread, ``sem.value``). Each retired
+submission costs O(1): ``Completion.finish`` advances its semaphores and frees
+what it held.
 
 Once the queue is drained at close, a submission issued later (released by a
 host ``signal()`` racing the close, say) fails its semaphores instead of
@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import collections
 import threading
-import traceback
 from typing import TYPE_CHECKING, Any
 
 from hal import tracing
 from hal.drivers.gpu import device_timing
+from hal.drivers.gpu.completion import WAKE_INFLIGHT
 from hal.drivers.gpu.status import DeviceLostError
 from hal.errors import AbortedError, FailedPreconditionError, HalError
 
@@ -49,6 +49,9 @@ class GpuQueue:
         self.closed = False
         #: Serialises the calls on the stream (issue order is stream order).
         self.lock = threading.Lock()
+        #: The submission whose commands are being issued (under ``lock``): what they hold until
+        #: it retires goes on it (``Submission.hold``).
+        self.issuing: Submission | None = None
         #: Issued submissions not yet retired, in issue order.
         self.inflight: collections.deque[Submission] = collections.deque()
         self.retire_lock = threading.Lock()
@@ -56,55 +59,92 @@ class GpuQueue:
 
     # -- issue ------------------------------------------------------------------------------
     def issue(self, sub: Submission) -> None:
-        """Issue ``sub`` on the stream now (its waits are issuable); a failure fails its signals."""
-        context = self.context
-        if context.lost is not None:
-            self.completion.finish(sub, context.lost)
+        """Issue ``sub`` on the stream now (its waits are issuable); a failure fails its signals.
+
+        The submission is committed once it is in ``inflight``. An API error before that fails
+        its signals (``issue_failed``: nothing of it runs) and is reported through them only.
+        A KeyboardInterrupt (or any non-``Exception``) propagates; once the commands may be on
+        the stream, the submission is kept in flight behind an event recorded after whatever they
+        enqueued (what they hold is released only once the stream passed it) and its signals
+        fail (the work may be incomplete). An interrupt after the commit leaves the work to
+        complete and retire; a timepoint it kept from being added only makes host waiters find
+        the work later (``GpuDevice.catch_up``)."""
+        if sub.retired:  # failed while parked (see GpuExecution.issue) and released later
             return
-        api = self.api
+        context = self.context
+        cut_short = False
         try:
+            if context.lost is not None:
+                raise context.lost
+            api = self.api
             api.activate(context.context)
             with self.lock:
                 if self.closed:
                     raise FailedPreconditionError(f"device {context.uri} was closed before the work was issued")
-                stream = self.stream
-                for sem, value in sub.waits:
-                    timepoint = sem.device_wait(value)  # type: ignore[attr-defined]
-                    if timepoint is not None and timepoint.queue is not self:
-                        api.stream_wait_event(stream, timepoint.event)
-                timed = device_timing.begin(self) if tracing.ENABLED else None
-                command_buffers = sub.command_buffers
-                if len(command_buffers) == 1:
-                    command_buffers[0].issue(self, sub.tables[0], sub)  # type: ignore[attr-defined]
-                else:
-                    for cb, table in zip(command_buffers, sub.tables):
-                        cb.issue(self, table, sub)  # type: ignore[attr-defined]
-                if sub.action is not None:
-                    sub.action(self)
-                if timed is not None:
-                    device_timing.end(self, sub, timed)
-                free = self.events.free
-                event = free.pop() if free else self.events.acquire()
+                if sub.event is not None:  # issued already (a parked submission released twice)
+                    return
                 try:
-                    api.event_record(event, stream)
-                except BaseException:
-                    self.events.release(event)
+                    stream = self.stream
+                    for sem, value in sub.waits:
+                        timepoint = sem.device_wait(value)  # type: ignore[attr-defined]
+                        if timepoint is not None and timepoint.queue is not self:
+                            api.stream_wait_event(stream, timepoint.event)
+                    commands = sub.execution.commands
+                    timed = device_timing.begin(self) if tracing.ENABLED else None
+                    if commands is not None:
+                        self.issuing = sub
+                        commands()
+                    if timed is not None:
+                        device_timing.end(self, sub, timed)
+                    free = self.events.free
+                    event = free.pop() if free else self.events.acquire()
+                    try:
+                        api.event_record(event, stream)
+                    except BaseException:
+                        self.events.release(event)
+                        raise
+                    sub.event = event
+                    self.inflight.append(sub)
+                except Exception:
                     raise
-                sub.event = event
-                inflight = self.inflight
-                inflight.append(sub)
+                except BaseException:
+                    cut_short = self._track_cut_short(sub)
+                    raise
         except BaseException as exc:
-            self.issue_failed(sub, exc)
-            return
-        listened = False
+            if cut_short:
+                for sem, _ in sub.signals:
+                    sem.fail_from_device(exc)  # type: ignore[attr-defined]
+            elif sub.event is None:
+                self.issue_failed(sub, exc)
+            if isinstance(exc, Exception):
+                return  # reported through the semaphores
+            raise
         for sem, value in sub.signals:
-            if sem.add_timepoint(value, sub):  # type: ignore[attr-defined]
-                listened = True
+            sem.add_timepoint(value, sub)  # type: ignore[attr-defined]
         completion = self.completion
-        if completion.idle:  # read after the append: a sleeping thread is woken if this work needs it
-            completion.wake_for(listened, len(inflight))
+        # The sleeping completion thread is woken only if this work needs it (completion.py):
+        # WAKE_INFLIGHT submissions are in flight, or deferred releases wait (``add_timepoint``
+        # wakes it for a listener on a semaphore it signals). ``idle`` is read after the append:
+        # a thread going to sleep meanwhile sees the work.
+        if completion.idle and (len(self.inflight) >= WAKE_INFLIGHT or completion.deferred):
+            completion.wake()
         if completion.idle_waiters:
             completion.notify_idle()
+
+    def _track_cut_short(self, sub: Submission) -> bool:
+        """An interrupt cut the issue of ``sub`` short, with the lock held: keep it in flight behind
+        an event recorded after whatever it enqueued. False if that fails (it fails at once then)."""
+        inflight = self.inflight
+        if inflight and inflight[-1] is sub:
+            return False  # committed already: the interrupt landed after the append
+        try:
+            event = self.events.acquire()
+            self.api.event_record(event, self.stream)
+        except Exception:
+            return False
+        sub.event = event
+        inflight.append(sub)
+        return True
 
     def issue_failed(self, sub: Submission, exc: BaseException) -> None:
         """Issuing ``sub`` raised ``exc``: nothing of it runs, its signals carry the failure."""
@@ -113,65 +153,15 @@ class GpuQueue:
         self.completion.finish(sub, self.context.fault(exc))
 
     # -- retirement ----------------------------------------------------------------------------
-    def retire_through(self, sub: Submission) -> None:
-        """Retire every submission up to and including ``sub``, whose event completed."""
-        with self.retire_lock:
-            if sub.retired:  # another thread retired it while this one waited for the lock
-                return
-            popleft = self.inflight.popleft
-            finish = self.completion.finish
-            while True:
-                head = popleft()
-                try:
-                    finish(head, None)
-                except Exception:  # keep retiring: one bad release must not stall every waiter
-                    traceback.print_exc()
-                if head is sub:
-                    return
-
-    def retire_completed(self, blocking: bool = True) -> bool:
-        """Retire the completed prefix of the in-flight submissions, querying their events; a
-        failing query fails that submission's signals. True when nothing is left in flight.
-        ``blocking=False`` returns at once when another thread is retiring."""
-        inflight = self.inflight
-        if not inflight:
-            return True
-        if not self.retire_lock.acquire(blocking):
-            return False
-        try:
-            api = self.api
-            finish = self.completion.finish
-            done_through = None  # a submission known complete, and everything before it
-            if len(inflight) > 1:
-                newest = inflight[-1]
-                try:
-                    if api.event_query(newest.event):
-                        done_through = newest
-                except HalError:
-                    pass  # the queries below find and record the failure
-            while inflight:
-                sub = inflight[0]
-                failure = None
-                if done_through is None:
-                    try:
-                        if not api.event_query(sub.event):
-                            return False
-                    except HalError as exc:
-                        failure = self.context.fault(exc)
-                elif sub is done_through:
-                    done_through = None
-                inflight.popleft()
-                try:
-                    finish(sub, failure)
-                except Exception:  # keep retiring: one bad release must not stall every waiter
-                    traceback.print_exc()
-            return True
-        finally:
-            self.retire_lock.release()
+    # Both loops below finish the oldest submission before they pop it, and ``finish`` does
+    # nothing to a retired submission: a retirement an interrupt (KeyboardInterrupt) cut short
+    # leaves the submission at the head, and whoever retires next completes it. Nothing is
+    # lost and nothing is popped twice.
 
     def wait(self, sub: Submission, deadline: float | None) -> None:
-        """A host wait for ``sub``: block on (or poll) its event, then retire through it. Returns at
-        the deadline without retiring (the caller reports the timeout)."""
+        """A host wait for ``sub``: block on (or poll) its event, then retire every submission
+        through it (the stream ran the earlier ones first). Returns at the deadline without
+        retiring (the caller reports the timeout)."""
         if sub.retired:
             return
         api = self.api
@@ -188,7 +178,49 @@ class GpuQueue:
         except HalError:
             self.retire_completed()  # records the device's error on the semaphores
             return
-        self.retire_through(sub)
+        with self.retire_lock:
+            inflight = self.inflight
+            finish = self.completion.finish
+            while not sub.retired:  # (retired meanwhile by another thread: nothing left to do)
+                finish(inflight[0], None)
+                inflight.popleft()
+
+    def retire_completed(self, blocking: bool = True) -> bool:
+        """Retire the completed prefix of the in-flight submissions, querying their events; a
+        failing query fails that submission's signals. True when nothing is left in flight.
+        ``blocking=False`` returns at once when another thread is retiring."""
+        inflight = self.inflight
+        if not inflight:
+            return True
+        lock = self.retire_lock
+        if not blocking and lock.locked():
+            return False
+        with lock:  # (a with statement: an interrupt cannot leave the lock held)
+            api = self.api
+            finish = self.completion.finish
+            done_through = None  # a submission known complete, and everything before it
+            if len(inflight) > 1:
+                newest = inflight[-1]
+                try:
+                    if api.event_query(newest.event):
+                        done_through = newest
+                except HalError:
+                    pass  # the queries below find and record the failure
+            while inflight:
+                sub = inflight[0]
+                failure = None
+                if done_through is None:
+                    if not sub.retired:  # (else only the pop of an interrupted retirement is left)
+                        try:
+                            if not api.event_query(sub.event):
+                                return False
+                        except HalError as exc:
+                            failure = self.context.fault(exc)
+                elif sub is done_through:
+                    done_through = None
+                finish(sub, failure)
+                inflight.popleft()
+            return True
 
     # -- close ----------------------------------------------------------------------------------
     def drain(self) -> None:
@@ -202,9 +234,11 @@ class GpuQueue:
         self.retire_completed()
         # Anything the queries could not retire (a lost context) fails rather than waits forever.
         with self.retire_lock:
-            while self.inflight:
-                self.completion.finish(self.inflight.popleft(), self.context.lost or DeviceLostError(
+            inflight = self.inflight
+            while inflight:
+                self.completion.finish(inflight[0], self.context.lost or DeviceLostError(
                     f"device {self.context.uri} was closed before the work completed"))
+                inflight.popleft()
 
     def destroy(self) -> None:
         """Destroy the stream (after ``drain`` and the stream-ordered frees of the close)."""

@@ -12,9 +12,10 @@ graph nodes.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hal.channel import Channel, Collective
@@ -145,7 +146,8 @@ class RecordingCommandBuffer(CommandBuffer):
         self._staging_size = 0
         self.uses_slots = False
         self.slot_dispatches: list[SlotDispatch] = []
-        #: Serializes submissions of this buffer issued on different queues (argument patching, rebinding).
+        #: Serializes submissions of this buffer issued on different queues (argument patching,
+        #: rebinding); see ``serialized``.
         self.issue_lock = threading.Lock()
         #: One-shot: its resources go when its one submission retires (read at each retirement).
         self.one_shot = not self.reusable
@@ -268,8 +270,24 @@ class RecordingCommandBuffer(CommandBuffer):
             values[index] = buffer.allocation.ptr + buffer.offset + base + offset  # type: ignore[index]
 
     # -- submission (subclasses) ---------------------------------------------------------
-    def issue(self, queue, table: Sequence[Binding] | None, submission) -> None:
+    def issuer(self, queue, table: Sequence[Binding] | None) -> Callable[[], None] | None:
+        """What issues this command buffer's commands on ``queue`` with ``table``, resolved once when
+        an execution is prepared and called at each of its submissions with the queue's lock held
+        (None: nothing to issue). What the commands hold until the submission retires goes on
+        ``queue.issuing`` (``Submission.hold``)."""
         raise NotImplementedError
+
+    def serialized(self, issue: Callable[[], None]) -> Callable[[], None]:
+        """``issue``, an issuer that changes the buffer's state (patched arguments, a rebound graph),
+        as it must run: as is on a device of one queue (every issue already holds that queue's
+        lock), else under ``issue_lock`` (submissions on two queues must not interleave)."""
+        if self.device.queue_count == 1:
+            return issue
+        return functools.partial(self._locked, issue)
+
+    def _locked(self, issue: Callable[[], None]) -> None:
+        with self.issue_lock:
+            issue()
 
     def retired(self) -> None:
         """The one submission of this one-shot command buffer completed: release its resources."""

@@ -4,9 +4,9 @@ Recording resolves addresses and ``end()`` packs kernel arguments, so issuing
 is a loop of prepared calls (``GpuApi.prepare_launch`` with the packed ``void**``,
 ``prepare_memset``, ``prepare_copy``, ``prepare_upload``; each the API function
 and its complete arguments, built once) run by the shim's ``run_prepared``.
-The call list is built once per queue and reused by every later submission of
-a reusable buffer; only commands through binding-table slots are resolved at
-submission. Barriers need nothing: a stream runs its work in order.
+The call list is built once per queue, when an execution of the buffer is
+prepared, and reused by every later submission of a reusable buffer; only commands
+through binding-table slots are resolved at submission. Barriers need nothing: a stream runs its work in order.
 
 ``update_buffer`` payloads are copied at ``end()`` into one pinned staging block
 that stays alive until the submission using it completed.
@@ -15,8 +15,9 @@ that stays alive until the submission using it completed.
 from __future__ import annotations
 
 import ctypes
+import functools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hal.command_buffer import Binding
@@ -84,18 +85,23 @@ class StreamCommandBuffer(RecordingCommandBuffer):
         segments.append((calls, None))
         return segments
 
-    def issue(self, queue, table: Sequence[Binding] | None, submission) -> None:
+    def issuer(self, queue, table: Sequence[Binding] | None) -> Callable[[], None] | None:
+        """What issues this command buffer on ``queue`` with ``table`` (called once per submission,
+        with the queue's lock held): with no command through a binding-table slot, its one run of
+        prepared calls, the shim's ``run_prepared`` itself."""
         segments = self._segments.get(queue.index)
         if segments is None:
             segments = self._segments[queue.index] = self._segments_for(queue)
-        if self.slot_dispatches:
-            with self.issue_lock:  # a launch copies the patched arguments before returning
-                self.patch_slot_args(table)
-                self._issue_segments(segments, table, queue.stream)
-        elif len(segments) == 1:
-            self.device.api.run_prepared(segments[0][0])
-        else:
-            self._issue_segments(segments, table, queue.stream)
+        if self.slot_dispatches:  # (serialized: a launch copies the patched arguments before returning)
+            return self.serialized(functools.partial(self._issue_patched, segments, table, queue.stream))
+        if len(segments) == 1:
+            return functools.partial(self.device.api.run_prepared, segments[0][0])
+        return functools.partial(self._issue_segments, segments, table, queue.stream)
+
+    def _issue_patched(self, segments: list[tuple[list[Any], Command | None]], table: Sequence[Binding] | None,
+                       stream: Any) -> None:
+        self.patch_slot_args(table)
+        self._issue_segments(segments, table, stream)
 
     def _issue_segments(self, segments: list[tuple[list[Any], Command | None]], table: Sequence[Binding] | None,
                         stream: Any) -> None:
