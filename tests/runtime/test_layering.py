@@ -29,78 +29,27 @@ PACKAGE = pathlib.Path(rt.__file__).resolve().parent
 ROOT = PACKAGE.parent
 
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # tests/: the shared source readers
+from source_structure import import_circles as _circles  # noqa: E402
+from source_structure import imports_of as _imports  # noqa: E402
+from source_structure import modules_of  # noqa: E402
+from source_structure import private_reads as _private_reads  # noqa: E402
+from source_structure import type_checking_nodes as _type_checking_nodes  # noqa: E402
+
+
 def _modules() -> dict[str, pathlib.Path]:
     """Dotted module name (a package's for its ``__init__``) -> file."""
-    out = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return out
-
-
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    return {id(sub) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for sub in ast.walk(node)}
-
-
-def _imports(name: str, path: pathlib.Path) -> set[str]:
-    """Modules `path` imports anywhere but under ``if TYPE_CHECKING:``, as dotted names."""
-    tree = ast.parse(path.read_text())
-    skipped = _type_checking_nodes(tree)
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                parts = parts[:len(parts) - node.level + 1]
-                base = ".".join(parts + ([base] if base else []))
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
-    return found
+    return modules_of(PACKAGE, ROOT)
 
 
 def import_circles() -> list[set[str]]:
     """Sets of runtime modules (packages' ``__init__`` aside) that import each other in a loop."""
-    modules = {name: _imports(name, path) for name, path in _modules().items() if path.name != "__init__.py"}
-    graph = {m: [o for o in modules if o != m and o in imported] for m, imported in modules.items()}
-    reach: dict[str, set[str]] = {}
-    for start in graph:
-        seen: set[str] = set()
-        stack = list(graph[start])
-        while stack:
-            m = stack.pop()
-            if m not in seen:
-                seen.add(m)
-                stack.extend(graph[m])
-        reach[start] = seen
-    circles: list[set[str]] = []
-    for m in graph:
-        circle = {o for o in reach[m] if m in reach[o]} | {m}
-        if len(circle) > 1 and circle not in circles:
-            circles.append(circle)
-    return circles
+    return _circles(_modules())
 
 
 def private_reads() -> list[str]:
     """``file:line: expression`` of each use of another object's underscore attribute."""
-    found = []
-    for path in _modules().values():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
-                continue
-            owner = node.value
-            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
-                continue
-            if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
-                continue
-            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
-    return found
+    return _private_reads(list(_modules().values()), ROOT)
 
 
 def test_the_runtime_has_no_import_circle():
