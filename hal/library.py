@@ -69,8 +69,25 @@ class Routine:
         raise NotImplementedError
 
 
-#: Gemm's epilogues: what is applied to the product before it is stored (cuBLASLt's names).
-GEMM_EPILOGUES = ("none", "bias", "relu", "bias_relu", "gelu", "bias_gelu")
+#: Gemm's epilogues (cuBLASLt's, named for a row-major product): what is applied to the product
+#: before it is stored, and what else the dispatch writes.
+#:
+#: - forward: ``bias`` adds a vector of n elements to every row; ``relu`` / ``gelu`` (GELU in its
+#:   tanh form) follow it. The ``*_aux`` forms also write what the backward pass needs (the aux
+#:   binding): ``relu_aux`` the mask ``pre >= 0`` as bits (``relu_mask_bytes``), ``gelu_aux`` the
+#:   pre-activation itself (C's shape and ``ldc``).
+#: - backward: ``drelu`` / ``dgelu`` multiply the product by the activation's derivative read from
+#:   a forward pass's aux binding; ``*_bgrad`` also write the bias gradient (the column sums of
+#:   the result, n elements) to the bias binding. ``bgrad_b`` writes the plain product and the sums
+#:   of B over k (a layer's bias gradient beside its weight gradient ``x^T @ dy``).
+#:
+#: ReLU's mask is ``pre >= 0`` (its derivative at 0 is 1, as the runtime's ``maximum(x, 0)``
+#: defines it), the convention cuBLASLt follows.
+GEMM_EPILOGUES = ("none", "bias", "relu", "bias_relu", "gelu", "bias_gelu",
+                  "relu_aux", "bias_relu_aux", "gelu_aux", "bias_gelu_aux",
+                  "drelu", "drelu_bgrad", "dgelu", "dgelu_bgrad", "bgrad_b")
+#: Bits of a ReLU mask row are padded to a multiple of this (cuBLASLt's rule for the mask's ld).
+RELU_MASK_ALIGN = 128
 #: float32 products: "ieee" (float32 arithmetic, numpy's and PyTorch's default) or "tf32"
 #: (tensor cores with 10-bit mantissas, an explicit opt-in as torch.set_float32_matmul_precision).
 GEMM_PRECISIONS = ("ieee", "tf32")
@@ -146,16 +163,45 @@ class Gemm(Routine):
 
     @property
     def has_bias(self) -> bool:
+        """Whether the dispatch reads a bias vector (binding 3)."""
         return self.epilogue.startswith("bias")
 
     @property
+    def bias_gradient(self) -> bool:
+        """Whether the dispatch writes a bias gradient (binding 3)."""
+        return self.epilogue.endswith("bgrad") or self.epilogue == "bgrad_b"
+
+    @property
     def activation(self) -> str:
-        """"relu", "gelu" or "" (none)."""
-        return self.epilogue.rpartition("_")[2] if self.epilogue not in ("none", "bias") else ""
+        """The forward activation applied: "relu", "gelu" or "" (none)."""
+        for name in ("relu", "gelu"):
+            if name in self.epilogue and not self.epilogue.startswith("d"):
+                return name
+        return ""
+
+    @property
+    def derivative(self) -> str:
+        """The activation whose derivative multiplies the product (backward): "relu", "gelu" or ""."""
+        return self.epilogue[1:5] if self.epilogue.startswith("d") else ""
+
+    @property
+    def aux(self) -> str:
+        """What the aux binding holds: "relu_mask", "gelu_input" or "" (no aux binding); written
+        by the ``*_aux`` epilogues, read by ``drelu*`` / ``dgelu*``."""
+        if self.epilogue.endswith("_aux") or self.derivative:
+            return "relu_mask" if "relu" in self.epilogue else "gelu_input"
+        return ""
 
     @property
     def bindings(self) -> int:
-        return 4 if self.has_bias else 3
+        return 3 + (self.has_bias or self.bias_gradient) + bool(self.aux)
+
+    @staticmethod
+    def relu_mask_bytes(m: int, n: int) -> int:
+        """Bytes of the ReLU mask of an m x n product: m rows of n bits, each row padded to a
+        multiple of ``RELU_MASK_ALIGN`` bits; bit j of row i is bit ``j % 8`` of byte
+        ``i * row_bytes + j // 8``."""
+        return m * relu_mask_row_bytes(n)
 
     @property
     def constants(self) -> int:
@@ -201,17 +247,27 @@ class Gemm(Routine):
         if s.batch > 1 and s.stride_c < s.m * s.ldc - (s.ldc - s.n) and s.m * s.n:
             raise InvalidArgumentError(
                 f"Gemm batch stride of C ({s.stride_c}) makes its {s.batch} matrices of {s.m}x{s.n} overlap")
+        if s.batch > 1 and (self.aux or self.bias_gradient):
+            raise InvalidArgumentError(f"Gemm epilogue {self.epilogue!r} takes one matrix product, not a batch "
+                                       f"of {s.batch}")
         return s
 
     def check_lengths(self, shape: GemmShape, lengths: Sequence[int | None]) -> None:  # type: ignore[override]
         size = self.element_size
         a, b, c = shape.extents()
-        needed = [c, a, b, shape.n if shape.m * shape.n * shape.batch else 0]
-        for name, length, elements in zip(("C", "A", "B", "bias"), lengths, needed):
-            if length is not None and length < elements * size:
+        empty = shape.m * shape.n * shape.batch == 0
+        needed = [("C", c * size), ("A", a * size), ("B", b * size)]
+        if self.has_bias or self.bias_gradient:
+            needed.append(("bias gradient" if self.bias_gradient else "bias", 0 if empty else shape.n * size))
+        if self.aux == "relu_mask":
+            needed.append(("ReLU mask", 0 if empty else Gemm.relu_mask_bytes(shape.m, shape.n)))
+        elif self.aux:
+            needed.append(("GELU input", c * size))
+        for (name, nbytes), length in zip(needed, lengths):
+            if length is not None and length < nbytes:
                 raise InvalidArgumentError(
-                    f"Gemm {name} range of {length} bytes is too short: the product spans "
-                    f"{elements} {self.dtype} elements ({elements * size} bytes)")
+                    f"Gemm {name} range of {length} bytes is too short: the {self.epilogue} product of "
+                    f"{shape.m}x{shape.n}x{shape.k} {self.dtype} needs {nbytes} bytes")
 
     def is_empty(self, checked: object) -> bool:
         shape: GemmShape = checked  # type: ignore[assignment]
@@ -240,17 +296,60 @@ def run_gemm_reference(gemm: Gemm, bindings: Sequence[memoryview], constants: Se
         result = np.matmul(a.astype(compute), b.astype(compute))
         if gemm.has_bias:
             result += _matrices(bindings[3], gemm.dtype, 1, 0, (1, s.n), s.n)[0].astype(compute)
+        aux = bindings[-1] if gemm.aux else None
+        if gemm.aux == "gelu_input" and not gemm.derivative:
+            _store(_matrices(aux, gemm.dtype, 1, 0, (s.m, s.n), s.ldc, writable=True), result[0], gemm.dtype)
+        elif gemm.aux == "relu_mask" and not gemm.derivative:
+            write_relu_mask(aux, result[0] >= 0)
         if gemm.activation == "relu":
             result = np.maximum(result, 0)
         elif gemm.activation == "gelu":
             result = gelu_tanh(result)
+        elif gemm.derivative == "relu":
+            result = np.where(read_relu_mask(aux, s.m, s.n), result, 0).astype(compute)
+        elif gemm.derivative == "gelu":
+            pre = _matrices(aux, gemm.dtype, 1, 0, (s.m, s.n), s.ldc)[0].astype(compute)
+            result = result * gelu_tanh_derivative(pre)
     out = _matrices(bindings[0], gemm.dtype, s.batch, s.stride_c, (s.m, s.n), s.ldc, writable=True)
     _store(out, result, gemm.dtype)
+    if gemm.bias_gradient:
+        # the column sums of what was stored, or of B over k (``bgrad_b``)
+        with np.errstate(all="ignore"):
+            summed = (b[0] if gemm.epilogue == "bgrad_b" else result[0]).astype(compute).sum(axis=0)
+        _store(_matrices(bindings[3], gemm.dtype, 1, 0, (1, s.n), s.n, writable=True)[0], summed[None], gemm.dtype)
+
+
+def relu_mask_row_bytes(n: int) -> int:
+    """Bytes of one row of a ReLU mask of n columns (see ``Gemm.relu_mask_bytes``)."""
+    return -(-n // RELU_MASK_ALIGN) * RELU_MASK_ALIGN // 8
+
+
+def write_relu_mask(view: memoryview, mask: np.ndarray) -> None:
+    """Store an (m, n) boolean mask as the bits ``Gemm.relu_mask_bytes`` describes (padding 0)."""
+    m, n = mask.shape
+    row = relu_mask_row_bytes(n)
+    padded = np.zeros((m, row * 8), bool)
+    padded[:, :n] = mask
+    np.frombuffer(view, np.uint8)[:m * row] = np.packbits(padded, axis=1, bitorder="little").ravel()
+
+
+def read_relu_mask(view: memoryview, m: int, n: int) -> np.ndarray:
+    """The (m, n) boolean mask stored by ``write_relu_mask``."""
+    row = relu_mask_row_bytes(n)
+    bits = np.frombuffer(view, np.uint8)[:m * row].reshape(m, row)
+    return np.unpackbits(bits, axis=1, bitorder="little")[:, :n].astype(bool)
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """GELU in the tanh approximation (the form cuBLASLt's GELU epilogue computes)."""
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi).astype(x.dtype) * (x + x.dtype.type(0.044715) * x ** 3)))
+
+
+def gelu_tanh_derivative(x: np.ndarray) -> np.ndarray:
+    """The derivative of ``gelu_tanh`` (what cuBLASLt's DGELU epilogue multiplies by)."""
+    c, a = np.sqrt(2 / np.pi).astype(x.dtype), x.dtype.type(0.044715)
+    t = np.tanh(c * (x + a * x ** 3))
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * a * x * x)
 
 
 def _matrices(view: memoryview, dtype: str, batch: int, stride: int, shape: tuple[int, int], ld: int,

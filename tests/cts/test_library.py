@@ -120,6 +120,120 @@ def test_gemm_epilogues(library, epilogue):
     check_close(np.frombuffer(library.read(buffers[0]), np.float32).reshape(m, n), expected, "float32")
 
 
+def gelu(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gelu_derivative(x):
+    t = np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * x * x)
+
+
+def relu_mask_bits(raw: bytes, m: int, n: int) -> np.ndarray:
+    """The (m, n) mask of a ReLU aux binding: rows of n bits padded to 128, little-endian bits."""
+    row = -(-n // 128) * 16
+    bits = np.frombuffer(raw, np.uint8)[:m * row].reshape(m, row)
+    return np.unpackbits(bits, axis=1, bitorder="little")
+
+
+def dispatch_gemm(library, epilogue, m, n, k, buffers):
+    exe = gemm_exe(library, epilogue=epilogue)
+    cb = record(library, lambda cb: cb.dispatch(exe, "gemm", constants=hal.Gemm.constants_for(m, n, k),
+                                                bindings=buffers))
+    submit_and_wait(library, [cb])
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemm_forward_and_backward_epilogues(library, activation, with_bias):
+    """A layer's forward product with its aux output, then the backward product multiplied by the
+    activation's derivative read from that aux, with the bias gradient: against numpy."""
+    rng = np.random.default_rng(5)
+    m, n, k = 40, 136, 24  # n past a 128-bit mask row: two 16-byte chunks a row
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    a[3] = 0  # with no bias a whole row of exact zeros: ReLU's kink, whose derivative is 1 (pre >= 0)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    pre = a.astype(np.float64) @ b + (bias if with_bias else 0)
+    aux_bytes = hal.Gemm.relu_mask_bytes(m, n) if activation == "relu" else m * n * 4
+    assert aux_bytes == (m * 32 if activation == "relu" else m * n * 4)
+    C, AUX = library.allocator.allocate(m * n * 4), allocate_with(library, np.full(aux_bytes, 0xA5, np.uint8))
+    forward = [C, allocate_with(library, a), allocate_with(library, b)]
+    if with_bias:
+        forward.append(allocate_with(library, bias))
+    epilogue = ("bias_" if with_bias else "") + activation + "_aux"
+    assert hal.Gemm(epilogue=epilogue).bindings == len(forward) + 1
+    dispatch_gemm(library, epilogue, m, n, k, forward + [AUX])
+    expected = np.maximum(pre, 0) if activation == "relu" else gelu(pre)
+    check_close(np.frombuffer(library.read(C), np.float32).reshape(m, n), expected, "float32")
+    if activation == "relu":
+        bits = relu_mask_bits(library.read(AUX), m, n)
+        assert (bits[:, :n] == (pre >= 0)).all(), "the mask is pre >= 0"
+        assert not bits[:, n:].any(), "a mask row's padding bits are 0"
+    else:
+        check_close(np.frombuffer(library.read(AUX), np.float32).reshape(m, n), pre, "float32")
+
+    g_left = rng.standard_normal((m, 16)).astype(np.float32)
+    g_right = rng.standard_normal((16, n)).astype(np.float32)
+    g = g_left.astype(np.float64) @ g_right
+    if activation == "relu":
+        grad = np.where(relu_mask_bits(library.read(AUX), m, n)[:, :n].astype(bool), g, 0)
+    else:
+        grad = g * gelu_derivative(np.frombuffer(library.read(AUX), np.float32).reshape(m, n).astype(np.float64))
+    for bgrad in (False, True):
+        D = library.allocator.allocate(m * n * 4)
+        backward = [D, allocate_with(library, g_left), allocate_with(library, g_right)]
+        BG = allocate_with(library, np.full(n, 7, np.float32))
+        dispatch_gemm(library, "d" + activation + ("_bgrad" if bgrad else ""), m, n, 16,
+                      backward + ([BG] if bgrad else []) + [AUX])
+        check_close(np.frombuffer(library.read(D), np.float32).reshape(m, n), grad, "float32")
+        if bgrad:
+            check_close(np.frombuffer(library.read(BG), np.float32), grad.sum(axis=0), "float32")
+
+
+def test_gemm_bias_gradient_of_b(library):
+    """``bgrad_b``: dW = x^T @ dy with db = dy summed over the batch, one dispatch (x stored as is,
+    read transposed)."""
+    rng = np.random.default_rng(6)
+    batch, n_in, n_out = 64, 24, 40
+    x = rng.standard_normal((batch, n_in)).astype(np.float32)
+    dy = rng.standard_normal((batch, n_out)).astype(np.float32)
+    W, DB = library.allocator.allocate(n_in * n_out * 4), allocate_with(library, np.zeros(n_out, np.float32))
+    exe = gemm_exe(library, epilogue="bgrad_b")
+    constants = hal.Gemm.constants_for(n_in, n_out, batch, transpose_a=True)
+    X, DY = allocate_with(library, x), allocate_with(library, dy)
+    cb = record(library, lambda cb: cb.dispatch(exe, "gemm", constants=constants, bindings=[W, X, DY, DB]))
+    submit_and_wait(library, [cb])
+    check_close(np.frombuffer(library.read(W), np.float32).reshape(n_in, n_out), x.T.astype(np.float64) @ dy,
+                "float32")
+    check_close(np.frombuffer(library.read(DB), np.float32), dy.astype(np.float64).sum(axis=0), "float32")
+
+
+@pytest.mark.parametrize("epilogue", ["relu_aux", "bias_gelu_aux", "drelu_bgrad", "dgelu", "bgrad_b"])
+def test_gemm_aux_and_gradient_epilogues_are_checked(library, epilogue):
+    gemm = hal.Gemm(epilogue=epilogue)
+    m, n, k = 8, 130, 4
+    exe = gemm_exe(library, epilogue=epilogue)
+    full = [m * n * 4, m * k * 4, k * n * 4]
+    if gemm.has_bias or gemm.bias_gradient:
+        full.append(n * 4)
+    if gemm.aux:
+        full.append(hal.Gemm.relu_mask_bytes(m, n) if gemm.aux == "relu_mask" else m * n * 4)
+    assert len(full) == gemm.bindings
+    buffers = [library.allocator.allocate(size) for size in full]
+    short = [*buffers[:-1], (buffers[-1], 0, full[-1] - 1)]
+    cb = library.create_command_buffer()
+    with pytest.raises(hal.InvalidArgumentError, match="too short"), cb.record():
+        cb.dispatch(exe, "gemm", constants=hal.Gemm.constants_for(m, n, k), bindings=short)
+    cb = library.create_command_buffer()
+    with pytest.raises(hal.InvalidArgumentError, match="not a batch"), cb.record():
+        cb.dispatch(exe, "gemm", constants=hal.Gemm.constants_for(m, n, k, 2), bindings=buffers)
+    # the device still runs a correct dispatch of the same executable
+    cb = record(library, lambda cb: cb.dispatch(exe, "gemm", constants=hal.Gemm.constants_for(m, n, k),
+                                                bindings=buffers))
+    submit_and_wait(library, [cb])
+
+
 def test_reusable_gemm_rebinds_every_operand(library):
     rng = np.random.default_rng(4)
     m, n, k = 24, 40, 32

@@ -100,11 +100,11 @@ class Backend(gemm.GemmBackend):
         self.made += 1
         plans = []
         for kind in self.kinds:
-            def run(c, a, b, bias, workspace, size, stream, kind=kind):
+            def run(pointers, workspace, size, stream, kind=kind):
                 if kind == "broken":
                     raise RuntimeError("this algorithm does not run")
                 self.api.running = kind
-                self.calls.append((kind, c, a, b, workspace))
+                self.calls.append((kind, *pointers[:3], workspace))
             plans.append(gemm.Plan(run, 0, [], kind))
         return plans
 
@@ -174,3 +174,13 @@ def test_cublaslt_loads_at_the_first_routine_and_a_failure_refuses_routines_with
     with pytest.raises(hal.UnavailableError, match="could not be loaded"):
         broken.plan(hal.Gemm("float32"), None, [0, 0, 0])
     assert sum("cuBLASLt is unavailable" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_every_epilogue_maps_to_a_cublaslt_epilogue():
+    """Each Gemm epilogue has its cuBLASLt member (B's sums over k are cuBLASLt's BGRADA: X is B)."""
+    from hal.drivers.cuda import blas as cuda_blas
+
+    assert set(cuda_blas.EPILOGUES) == set(hal.library.GEMM_EPILOGUES)
+    assert cuda_blas.EPILOGUES["bgrad_b"] == "BGRADA"
+    lt = pytest.importorskip("nvmath.bindings.cublasLt")
+    assert not [name for name in cuda_blas.EPILOGUES.values() if not hasattr(lt.Epilogue, name)]

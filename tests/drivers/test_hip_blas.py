@@ -114,7 +114,11 @@ def test_a_failing_status_is_a_typed_error_naming_the_function(name, cls):
 def test_the_mapped_names_are_members_of_the_installed_enums():
     lt = real_hipblaslt()
     enums = blas.Enums.installed()
-    assert set(blas.EPILOGUES) == set(GEMM_EPILOGUES)
+    forward = {"none", "bias", "relu", "bias_relu", "gelu", "bias_gelu"}
+    assert set(blas.EPILOGUES) == forward
+    for epilogue in set(GEMM_EPILOGUES) - forward:  # aux outputs and gradients: refused, with the reason
+        reason = blas.unsupported(lt, enums, hal.Gemm("float32", epilogue=epilogue))
+        assert reason is not None and epilogue in reason and "not wired" in reason
     for names, enum in ((blas.DATA_TYPES.values(), enums.data_type), ([blas.SCALE_TYPE], enums.data_type),
                         (blas.COMPUTE_TYPES.values(), enums.compute_type), (blas.EPILOGUES.values(),
                         lt.hipblasLtEpilogue_t), (blas.OPERATIONS.values(), enums.operation)):
@@ -294,7 +298,7 @@ def test_candidates_describe_the_column_major_problem(transpose_a, transpose_b, 
     assert lt.named("hipblasLtMatmulPreferenceDestroy") == [(0x105,)]
     assert [plan.workspace_size for plan in plans] == [0, 4096] and {plan.kind for plan in plans} == {"hipblasLt"}
 
-    plans[1].run(0xC000, 0xA000, 0xB000, 0, 0xF000, 8192, 0x5)
+    plans[1].run([0xC000, 0xA000, 0xB000], 0xF000, 8192, 0x5)
     (call,) = lt.named("hipblasLtMatmul")
     handle, desc, alpha, b, x, a, y, beta, c, d_in, d, d_out, algo, work, work_size, stream, scalars, algo_id = call
     assert (handle, desc, b, x, a, y, c, d_in, d, d_out) == (0x100, 0x101, 0xB000, handles[0], 0xA000, handles[1],
@@ -303,7 +307,7 @@ def test_candidates_describe_the_column_major_problem(transpose_a, transpose_b, 
     assert (work, work_size, stream) == (0xF000, 8192, 0x5)  # the call's own workspace, on the given stream
 
 
-@pytest.mark.parametrize("epilogue", GEMM_EPILOGUES)
+@pytest.mark.parametrize("epilogue", list(blas.EPILOGUES))
 def test_epilogue_and_the_bias_pointer_of_each_call(epilogue):
     lt = fake()
     backend = backend_over(lt)
@@ -360,7 +364,7 @@ def test_a_failing_matmul_is_a_typed_error():
     backend = backend_over(lt)
     plan = backend.candidates(Gemm("float32"), GemmShape.of(Gemm.constants_for(8, 8, 8)), (256,) * 3)[0]
     with pytest.raises(hal.InvalidArgumentError, match="hipblasLtMatmul failed: HIPBLAS_STATUS_INVALID_VALUE"):
-        plan.run(0x1000, 0x2000, 0x3000, 0, 0, 0, 0)
+        plan.run([0x1000, 0x2000, 0x3000], 0, 0, 0)
 
 
 def test_supports_names_the_reason():

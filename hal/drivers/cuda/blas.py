@@ -26,7 +26,7 @@ import numpy as np
 from hal.distribution import install_hint
 from hal.drivers.gpu.gemm import GemmBackend, Plan, column_major
 from hal.errors import UnavailableError
-from hal.library import Gemm, GemmShape
+from hal.library import Gemm, GemmShape, relu_mask_row_bytes
 from hal.log import driver_logger
 
 #: cudaDataType_t and cublasComputeType_t values (library_types.h, cublas_api.h).
@@ -39,8 +39,12 @@ CANDIDATES = 8
 #: cublasGemmEx's algorithm choice left to cuBLAS, and the workspace its calls are given.
 DEFAULT_ALGORITHM = -1
 CLASSIC_WORKSPACE = 1 << 20
+#: cublasLtEpilogue_t members by Gemm epilogue. The row-major product is D = op(X) op(Y) with X the
+#: memory of B (``column_major``), so B's sums over k (``bgrad_b``) are cuBLASLt's BGRADA.
 EPILOGUES = {"none": "DEFAULT", "bias": "BIAS", "relu": "RELU", "bias_relu": "RELU_BIAS", "gelu": "GELU",
-             "bias_gelu": "GELU_BIAS"}
+             "bias_gelu": "GELU_BIAS", "relu_aux": "RELU_AUX", "bias_relu_aux": "RELU_AUX_BIAS",
+             "gelu_aux": "GELU_AUX", "bias_gelu_aux": "GELU_AUX_BIAS", "drelu": "DRELU",
+             "drelu_bgrad": "DRELU_BGRAD", "dgelu": "DGELU", "dgelu_bgrad": "DGELU_BGRAD", "bgrad_b": "BGRADA"}
 
 
 def compute_types(gemm: Gemm) -> tuple[int, type]:
@@ -82,7 +86,11 @@ class CublasLt(GemmBackend):
         _set(lt.matmul_desc_set_attribute, desc, attribute.TRANSB, np.int32(problem.transpose_y))
         _set(lt.matmul_desc_set_attribute, desc, attribute.EPILOGUE,
              np.uint32(getattr(lt.Epilogue, EPILOGUES[gemm.epilogue])))
-        bias_pointer = np.zeros(1, np.uint64) if gemm.has_bias else None
+        bias_pointer = np.zeros(1, np.uint64) if gemm.has_bias or gemm.bias_gradient else None
+        aux_pointer = np.zeros(1, np.uint64) if gemm.aux else None
+        if gemm.aux:  # the mask's ld counts bits (rows padded to 128); the GELU input has C's layout
+            aux_ld = relu_mask_row_bytes(shape.n) * 8 if gemm.aux == "relu_mask" else shape.ldc
+            _set(lt.matmul_desc_set_attribute, desc, attribute.EPILOGUE_AUX_LD, np.int64(aux_ld))
         layouts = [self._layout(data_type, rows, cols, ld, stride, shape.batch)
                    for rows, cols, ld, stride in (problem.x, problem.y, problem.d)]
         layout_x, layout_y, layout_d = layouts
@@ -100,16 +108,21 @@ class CublasLt(GemmBackend):
                                          CANDIDATES, results.ctypes.data, count.ctypes.data)
         finally:
             lt.matmul_preference_destroy(preference)
-        owned = [alpha, beta, desc, layouts, bias_pointer]
-        set_attribute, bias_attribute = lt.matmul_desc_set_attribute, attribute.BIAS_POINTER
+        owned = [alpha, beta, desc, layouts, bias_pointer, aux_pointer]
+        set_attribute = lt.matmul_desc_set_attribute
+        bias_attribute, aux_attribute = attribute.BIAS_POINTER, attribute.EPILOGUE_AUX_POINTER
         plans = []
         for i in range(int(count[0])):
             algorithm = results[i:i + 1].copy()
 
-            def run(c, a, b, bias, workspace, workspace_size, stream, algo=algorithm.ctypes.data) -> None:
+            def run(pointers, workspace, workspace_size, stream, algo=algorithm.ctypes.data) -> None:
+                c, a, b = pointers[0], pointers[1], pointers[2]
                 if bias_pointer is not None:
-                    bias_pointer[0] = bias
+                    bias_pointer[0] = pointers[3]
                     set_attribute(desc, bias_attribute, bias_pointer.ctypes.data, 8)
+                if aux_pointer is not None:
+                    aux_pointer[0] = pointers[-1]
+                    set_attribute(desc, aux_attribute, aux_pointer.ctypes.data, 8)
                 lt.matmul(self.handle, desc, alpha.ctypes.data, b, layout_x, a, layout_y, beta.ctypes.data,
                           c, layout_d, c, layout_d, algo, workspace, workspace_size, stream)
 
@@ -130,7 +143,8 @@ class CublasLt(GemmBackend):
             self.blas_handle = blas.create()
         handle = self.blas_handle
 
-        def run(c, a, b, bias, workspace, workspace_size, stream) -> None:
+        def run(pointers, workspace, workspace_size, stream) -> None:
+            c, a, b = pointers[0], pointers[1], pointers[2]
             blas.set_stream(handle, stream)
             blas.set_workspace(handle, workspace, workspace_size)  # never its own: captures hold no allocation
             blas.gemm_strided_batched_ex(handle, problem.transpose_x, problem.transpose_y, rows, cols, shape.k,

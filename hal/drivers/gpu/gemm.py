@@ -31,8 +31,9 @@ MAX_ALIGNMENT = 256
 TUNE_FLOPS = 1 << 24
 TUNE_RUNS = 3
 
-#: ``run(c, a, b, bias, workspace, workspace_size, stream)``: one library call on ``stream``.
-Run = Callable[[int, int, int, int, int, int, int], None]
+#: ``run(pointers, workspace, workspace_size, stream)``: one library call on ``stream``, with the
+#: operand addresses in binding order (C, A, B, then the bias and the aux of the Gemm's epilogue).
+Run = Callable[[Sequence[int], int, int, int], None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,9 +105,8 @@ class GemmBackend:
     # -- LibraryBackend ------------------------------------------------------------------------
     def enqueue(self, plan: Plan, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
                 workspace_size: int, stream: Any) -> None:
-        bias = pointers[3] if len(pointers) > 3 else 0
         with self.lock:
-            plan.run(pointers[0], pointers[1], pointers[2], bias, workspace, workspace_size, int(stream))
+            plan.run(pointers, workspace, workspace_size, int(stream))
 
     def plan(self, gemm: Gemm, shape: GemmShape, pointers: Sequence[int]) -> Plan:
         """The plan of the product with operands at ``pointers`` (C, A, B), made once per
@@ -140,24 +140,29 @@ def fastest(api: Any, gemm: Gemm, shape: GemmShape, aligned: tuple[int, int, int
     size = gemm.element_size
     extent_a, extent_b, extent_c = shape.extents()
     workspace = max(plan.workspace_size for plan in candidates)
-    sizes = [extent_c * size, extent_a * size, extent_b * size, workspace, shape.n * size]
+    sizes = [extent_c * size, extent_a * size, extent_b * size]
+    if gemm.has_bias or gemm.bias_gradient:
+        sizes.append(shape.n * size)
+    if gemm.aux:
+        sizes.append(Gemm.relu_mask_bytes(shape.m, shape.n) if gemm.aux == "relu_mask" else extent_c * size)
+    aligns = [aligned[2], aligned[0], aligned[1]] + [MAX_ALIGNMENT] * (len(sizes) - 3)
     scratch: list[int] = []
     events: list[Any] = []
     stream = None
     try:
-        for nbytes in sizes:
+        for nbytes in [*sizes, workspace]:
             scratch.append(api.mem_alloc(max(nbytes, 1) + MAX_ALIGNMENT))
-        c, a, b, work, bias = (base + (align % MAX_ALIGNMENT) for base, align
-                               in zip(scratch, (aligned[2], aligned[0], aligned[1], MAX_ALIGNMENT, MAX_ALIGNMENT)))
+        operands = [base + align % MAX_ALIGNMENT for base, align in zip(scratch, aligns)]
+        work = scratch[-1]
         stream = api.stream_create()
         events = [api.timing_event_create(), api.timing_event_create()]
         times = []
         for plan in candidates:
             try:
-                plan.run(c, a, b, bias, work, workspace, int(stream))  # warm-up, and a check that it runs
+                plan.run(operands, work, workspace, int(stream))  # warm-up, and a check that it runs
                 api.event_record(events[0], stream)
                 for _ in range(TUNE_RUNS):
-                    plan.run(c, a, b, bias, work, workspace, int(stream))
+                    plan.run(operands, work, workspace, int(stream))
                 api.event_record(events[1], stream)
                 api.event_synchronize(events[1])
                 times.append(api.event_elapsed_ms(events[0], events[1]))

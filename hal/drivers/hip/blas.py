@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -80,6 +80,11 @@ class GemmTypes:
 
 def unsupported(lt: Any, enums: Enums, gemm: Gemm) -> str | None:
     """Why hipBLASLt (as bound by the installed hip-python) cannot run ``gemm``, or None."""
+    if gemm.epilogue not in EPILOGUES:
+        # hipBLASLt's aux outputs differ from the HAL's (its ReLU aux is the pre-activation matrix,
+        # not a mask of bits) and were never run on AMD hardware here: the runtime keeps the
+        # separate kernels for these on HIP.
+        return f"the {gemm.epilogue!r} epilogue is not wired to hipBLASLt (forward epilogues without aux are)"
     if gemm.dtype not in DATA_TYPES:
         return f"hipBLASLt has no {gemm.dtype} GEMM (it multiplies {', '.join(DATA_TYPES)})"
     compute = COMPUTE_TYPES[gemm.precision]
@@ -206,9 +211,10 @@ class HipblasLt(GemmBackend):
         bias_pointer = np.zeros(1, np.uint64) if has_bias else None
         layout_x, layout_y, layout_d = layouts
 
-        def run(c: int, a: int, b: int, bias: int, workspace: int, size: int, stream: int) -> None:
+        def run(pointers: Sequence[int], workspace: int, size: int, stream: int) -> None:
+            c, a, b = pointers[0], pointers[1], pointers[2]
             if bias_pointer is not None:  # the descriptor is shared by the plan's calls: set it for this one
-                bias_pointer[0] = bias
+                bias_pointer[0] = pointers[3]
                 call(set_attribute, desc, bias_attribute, bias_pointer.ctypes.data, bias_pointer.nbytes)
             call(matmul, handle, desc, alpha_ptr, b, layout_x, a, layout_y, beta_ptr, c, layout_d, c, layout_d,
                  algo, workspace, size, stream)
