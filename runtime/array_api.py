@@ -65,10 +65,17 @@ def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None) -> Array:
 
 
 def linspace(start, stop, /, num, *, dtype=None, device=None, endpoint=True) -> Array:
-    dt = _dt.as_dtype(dtype) if dtype is not None else _dt.DEFAULT_FLOAT
+    is_complex = isinstance(start, complex) or isinstance(stop, complex)
+    if dtype is not None:
+        dt = _dt.as_dtype(dtype)
+        if is_complex and not dt.is_complex:
+            raise InvalidTypeError(f"linspace: complex bounds for {dt.name}")
+    else:
+        dt = _dt.DEFAULT_COMPLEX if is_complex else _dt.DEFAULT_FLOAT
     ctx = context_for(device)
-    ctx.check_fits((operator.index(num),), _dt.float64)  # made as float64 on the host first
-    host = np.linspace(start, stop, num, endpoint=endpoint, dtype=np.float64)
+    host_dt = np.complex128 if dt.is_complex else np.float64
+    ctx.check_fits((operator.index(num),), _dt.as_dtype(host_dt))  # made in double precision on the host first
+    host = np.linspace(start, stop, num, endpoint=endpoint, dtype=host_dt)
     return upload(host, dt, ctx)
 
 
@@ -110,10 +117,12 @@ def triu(x, /, *, k=0) -> Array:
 # ---- data type functions ------------------------------------------------------------------------
 
 class finfo:  # noqa: N801 - the standard's name
-    """Machine limits of a float dtype (bits, eps, max, min, smallest_normal, dtype)."""
+    """Machine limits of a float dtype (bits, eps, max, min, smallest_normal, dtype); of a complex
+    dtype, those of its parts (as the standard says)."""
 
     def __init__(self, dtype) -> None:
         dt = _dt.as_dtype(dtype.dtype if isinstance(dtype, Node) else dtype)
+        dt = _dt.REAL_OF.get(dt, dt)
         if not dt.is_float:
             raise InvalidTypeError(f"finfo needs a float dtype, got {dt.name}")
         if dt is _dt.bfloat16:
@@ -171,8 +180,8 @@ _KINDS = {
     "unsigned integer": lambda d: d.kind == "u",
     "integral": lambda d: d.is_int,
     "real floating": lambda d: d.is_float,
-    "complex floating": lambda d: False,
-    "numeric": lambda d: d.is_int or d.is_float,
+    "complex floating": lambda d: d.is_complex,
+    "numeric": lambda d: d.is_int or d.is_float or d.is_complex,
 }
 
 
@@ -188,17 +197,18 @@ def isdtype(dtype, kind) -> bool:
 
 
 def conj(x, /) -> Array:
-    """The complex conjugate: real dtypes only (complex dtypes are not supported), so x itself."""
-    return _arr(x)
+    """The complex conjugate (x itself for real dtypes)."""
+    return ops.conj(_arr(x))
 
 
 def real(x, /) -> Array:
-    return _arr(x)
+    """The real part: float32 of complex64, float64 of complex128 (x itself for real dtypes)."""
+    return ops.real(_arr(x))
 
 
 def imag(x, /) -> Array:
-    x = _arr(x)
-    return ops.zeros_like(x)
+    """The imaginary part (zeros for real dtypes)."""
+    return ops.imag(_arr(x))
 
 
 # ---- manipulation -------------------------------------------------------------------------------
@@ -554,7 +564,9 @@ def vecdot(x1, x2, /, *, axis=-1) -> Array:
     if x1.shape[axis] != x2.shape[axis]:
         raise InvalidValueError("vecdot: the contracted axes differ in size")
     dt = _dt.promote(x1.dtype, x2.dtype)
-    if dt.is_float:  # a batched (1 x K) @ (K x 1) product: the device's GEMM library where it has one
+    if dt.is_complex:  # the standard's vecdot conjugates its first operand
+        x1 = ops.conj(ops.astype(x1, dt))
+    if dt.is_float or dt.is_complex:  # a batched (1 x K) @ (K x 1) product: the device's GEMM library where it has one
         shape = broadcast_shapes(x1.shape, x2.shape)
         axis = normalize_axis(axis, len(shape)) - len(shape)  # negative: the same axis of both operands
         a = ops.expand_dims(moveaxis(x1, axis, -1), -2)
@@ -689,7 +701,8 @@ class _Info:
         return context_for(None).device
 
     def default_dtypes(self, *, device=None) -> dict:
-        return {"real floating": _dt.DEFAULT_FLOAT, "complex floating": None, "integral": _dt.DEFAULT_INT,
+        return {"real floating": _dt.DEFAULT_FLOAT, "complex floating": _dt.DEFAULT_COMPLEX,
+                "integral": _dt.DEFAULT_INT,
                 "indexing": _dt.INDEX}
 
     def devices(self) -> list:
@@ -697,7 +710,7 @@ class _Info:
 
     def dtypes(self, *, device=None, kind=None) -> dict:
         names = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32",
-                 "float64")
+                 "float64", "complex64", "complex128")
         out = {n: _dt.as_dtype(n) for n in names}
         if kind is None:
             return out

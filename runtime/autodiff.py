@@ -9,6 +9,14 @@ graph cache replays the recorded backward kernels without creating a single
 backward node in Python. Whatever needs the gradient as ordinary nodes (a
 second derivative) turns the grad node into a view of its expansion first
 (`materialize`).
+
+Complex inputs follow JAX's convention: the gradient of a real-valued function f
+of z = x + iy is df/dx - i df/dy (twice the Wirtinger derivative df/dz; descend
+along its conjugate). The cotangents of complex values are kept in that form, so
+the rules of holomorphic functions are their real rules without conjugation
+(g * f'(z)), conj conjugates the cotangent, real and imag turn a real
+cotangent g into g and -ig, |z| into g * conj(z) / |z|, and a real operand of a
+complex op takes the real part of its contribution.
 """
 
 from __future__ import annotations
@@ -234,6 +242,8 @@ def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
         elif op == "pow":
             if k == 0:
                 r = g * b * a ** (b - 1)
+            elif node.params.is_complex:
+                r = g * node * ops.log(a)
             else:
                 r = g * node * ops.log(ops.where(a > 0, a, 1))
         elif op == "maximum":
@@ -246,7 +256,15 @@ def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
     if op == "neg":
         return _negated(g)
     if op == "abs":
+        if x.dtype.is_complex:  # g conj(z) / |z|, and 0 at z = 0
+            return ops.where(node == 0, 0, g * ops.conj(x) / ops.where(node == 0, 1, node))
         return ops.where(_shared(memo, x >= 0), g, _negated(g))
+    if op == "conj":
+        return ops.conj(g)
+    if op == "real":
+        return ops.astype(g, x.dtype)
+    if op == "imag":
+        return ops.astype(g, x.dtype) * -1j
     if op == "exp":
         return g * node
     if op == "log":
@@ -258,7 +276,11 @@ def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
     if op == "sigmoid":
         return g * node * (1 - node)
     if op == "cast":
-        return ops.astype(g, x.dtype) if x.dtype.is_float else None
+        if not (x.dtype.is_float or x.dtype.is_complex):
+            return None
+        if g.dtype.is_complex and not x.dtype.is_complex:  # a real value made complex: the real part
+            g = ops.real(g)
+        return ops.astype(g, x.dtype)
     if op in ("copy", "alias"):
         return g
     if op == "where":
@@ -369,6 +391,9 @@ def _backward(out: Array, wrt: list) -> list:
         for inp in inputs_of(node):
             if id(inp) not in relevant:
                 push((inp, False))
+    if out.dtype.is_complex:
+        raise InvalidTypeError(f"grad of a function of {out.dtype.name} value: the differentiated function must "
+                               "return a real value (take abs, real or imag of a complex result)")
     cot: dict = {id(out): constant(1.0, out.dtype, out.ctx) if out.dtype.is_float
                  else constant(1.0, _dt.float32, out.ctx)}
     memo: dict = {}
@@ -387,11 +412,13 @@ def _backward(out: Array, wrt: list) -> list:
         for k, inp in enumerate(inputs_of(node)):
             if not relevant.get(id(inp)):
                 continue
-            if not inp.dtype.is_float:
+            if not (inp.dtype.is_float or inp.dtype.is_complex):
                 continue
             contrib = g if node.op == GRAD else _vjp(node, k, g, memo)
             if contrib is None:
                 continue
+            if contrib.dtype.is_complex and not inp.dtype.is_complex:  # a real operand of a complex op
+                contrib = ops.real(contrib)
             if contrib.dtype is not inp.dtype:
                 contrib = ops.astype(contrib, inp.dtype)
             prev = cot.get(id(inp))
@@ -485,10 +512,10 @@ def value_and_grad(fn: Callable[P, Array], argnums: int | Sequence[int] = 0) -> 
             a = args[i]
             if not isinstance(a, Node):
                 a = ops.asarray(a)
-            if not a.dtype.is_float:
+            if not (a.dtype.is_float or a.dtype.is_complex):
                 raise InvalidTypeError(
-                    f"grad with respect to argument {i} of dtype {a.dtype.name}: only float arrays are "
-                    "differentiable (cast with .astype(rt.float32) first)")
+                    f"grad with respect to argument {i} of dtype {a.dtype.name}: only float and complex arrays "
+                    "are differentiable (cast with .astype(rt.float32) first)")
             m = ops.alias(a)
             args[i] = m
             wrt.append(m)

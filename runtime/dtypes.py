@@ -1,12 +1,18 @@
 """Runtime dtypes and numpy's type promotion.
 
 Every numpy integer and float dtype up to 64 bits has a runtime dtype, plus
-bfloat16. Results follow numpy: array-array promotion is `np.promote_types`,
+bfloat16 and the complex dtypes complex64 and complex128 (pairs of float32 and
+float64; in kernels the C structs of runtime/kernels/complex.py). Results
+follow numpy: array-array promotion is `np.promote_types`,
 Python scalars are weak (NEP 50) and numpy scalars strongly typed; nothing is
 narrowed silently. New data made from Python floats (lists, scalars, `full`)
 takes the default float dtype, float32, and from Python ints the default
-integer dtype, int64, as in PyTorch. bfloat16 promotes as float16 does, except
-that bfloat16 with float16 gives float32.
+integer dtype, int64, as in PyTorch, and from Python complex numbers the default
+complex dtype, complex64. bfloat16 promotes as float16 does, except that
+bfloat16 with float16 gives float32. Complex dtypes promote as the array API
+standard says: a real float with a complex dtype gives the complex dtype of the
+larger precision (float64 with complex64 is complex128), and integers and bools
+with a complex dtype give that dtype.
 """
 
 from __future__ import annotations
@@ -27,19 +33,20 @@ class DType:
     """
 
     __slots__ = ("name", "itemsize", "kind", "storage", "code", "c_storage", "c_compute", "is_float",
-                 "is_int", "__weakref__")
+                 "is_int", "is_complex", "__weakref__")
 
     def __init__(self, name: str, itemsize: int, kind: str, storage: np.dtype, code: str,
                  c_storage: str, c_compute: str) -> None:
         self.name = name
         self.itemsize = itemsize
-        self.kind = kind  # 'f' float, 'i' signed int, 'u' unsigned int, 'b' bool
+        self.kind = kind  # 'f' real float, 'c' complex float, 'i' signed int, 'u' unsigned int, 'b' bool
         self.storage = storage  # numpy dtype of the stored bits (uint16 for bfloat16)
         self.code = code  # short tag used in kernel names
         self.c_storage = c_storage
         self.c_compute = c_compute
         self.is_float = kind == "f"
         self.is_int = kind in "iu"
+        self.is_complex = kind == "c"
 
     def __repr__(self) -> str:
         return f"runtime.{self.name}"
@@ -107,13 +114,18 @@ float16 = _d("float16", 2, "f", np.float16, "f16", "unsigned short", "float")
 bfloat16 = _d("bfloat16", 2, "f", np.uint16, "bf16", "unsigned short", "float")
 float32 = _d("float32", 4, "f", np.float32, "f32", "float", "float")
 float64 = _d("float64", 8, "f", np.float64, "f64", "double", "double")
+complex64 = _d("complex64", 8, "c", np.complex64, "c64", "rt_c64", "rt_c64")
+complex128 = _d("complex128", 16, "c", np.complex128, "c128", "rt_c128", "rt_c128")
 
-ALL = (float32, float16, bfloat16, float64, int8, int16, int32, int64, uint8, uint16, uint32, uint64, bool_)
+ALL = (float32, float16, bfloat16, float64, int8, int16, int32, int64, uint8, uint16, uint32, uint64, bool_,
+       complex64, complex128)
 FLOATS = (float32, float16, bfloat16, float64)
+COMPLEX = (complex64, complex128)
 INTS = (int8, int16, int32, int64, uint8, uint16, uint32, uint64)
-NUMERIC = FLOATS + INTS
+NUMERIC = FLOATS + INTS + COMPLEX
 DEFAULT_FLOAT = float32
 DEFAULT_INT = int64
+DEFAULT_COMPLEX = complex64
 INDEX = int64  # argmax/argmin, nonzero, argsort results (numpy's intp)
 _BY_NAME = {d.name: d for d in ALL}
 _BY_NAME["bool_"] = bool_
@@ -148,6 +160,8 @@ def as_dtype(dtype) -> DType:
         return DEFAULT_INT
     if dtype is bool:
         return bool_
+    if dtype is complex:
+        return DEFAULT_COMPLEX
     try:
         npd = np.dtype(dtype)
     except (TypeError, ValueError) as exc:
@@ -158,8 +172,8 @@ def as_dtype(dtype) -> DType:
     try:
         return _FROM_NUMPY[npd]
     except KeyError:
-        raise InvalidTypeError(f"unsupported dtype {dtype!r} (complex, string and object dtypes are not "
-                               "supported)") from None
+        raise InvalidTypeError(f"unsupported dtype {dtype!r} (only bool, integer, float and complex64/complex128 "
+                               "dtypes are supported)") from None
 
 
 def from_numpy(npd: np.dtype) -> DType:
@@ -185,6 +199,13 @@ def _build_promotion() -> dict:
         table[bfloat16, other] = res
         table[other, bfloat16] = res
     return table
+
+
+#: The complex dtype of a real float's precision (the real and imaginary parts' dtype: complex_of[d]).
+COMPLEX_OF = {float16: complex64, bfloat16: complex64, float32: complex64, float64: complex128,
+              complex64: complex64, complex128: complex128}
+#: The real dtype of a complex dtype's parts (abs, real, imag), and real dtypes as they are.
+REAL_OF = {complex64: float32, complex128: float64}
 
 
 PROMOTE = _build_promotion()
@@ -223,14 +244,20 @@ def weak_scalar_dtype(array_dtype: DType, value) -> DType:
     if isinstance(value, float):
         # numpy (NEP 50): an integer or bool array with a Python float computes in float64; only new data
         # made from Python floats alone takes the default float dtype.
-        return array_dtype if array_dtype.is_float else float64
+        return array_dtype if array_dtype.is_float or array_dtype.is_complex else float64
+    if isinstance(value, complex):
+        # The array API: a Python complex with a real float array gives the complex dtype of its precision;
+        # with integers and bools, as numpy does, complex128.
+        if array_dtype.is_complex:
+            return array_dtype
+        return COMPLEX_OF[array_dtype] if array_dtype.is_float else complex128
     raise InvalidTypeError(f"unsupported scalar type {type(value).__name__}")
 
 
 def _numpy_float_result(d: DType) -> DType:
     if d is bfloat16:
         return bfloat16
-    return _FROM_NUMPY[np.result_type(d.storage, np.float16)] if not d.is_float else d
+    return _FROM_NUMPY[np.result_type(d.storage, np.float16)] if not (d.is_float or d.is_complex) else d
 
 
 _FLOAT_RESULT = {d: _numpy_float_result(d) for d in ALL}
@@ -245,7 +272,7 @@ def float_result(d: DType) -> DType:
 
 def true_divide_result(d: DType) -> DType:
     """dtype of `a / b` computed in `d` (numpy: integers divide to float64)."""
-    return d if d.is_float else float64
+    return d if d.is_float or d.is_complex else float64
 
 
 def reduction_result(op: str, d: DType) -> DType:
@@ -258,7 +285,7 @@ def reduction_result(op: str, d: DType) -> DType:
             return uint64
         return d
     if op == "mean":
-        return d if d.is_float else float64
+        return d if d.is_float or d.is_complex else float64
     if op in ("argmax", "argmin"):
         return INDEX
     return d

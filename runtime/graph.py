@@ -114,10 +114,16 @@ def upload(data: np.ndarray, dtype: _dt.DType, ctx: DeviceContext) -> Array:
     return new_evaluated(shape, dtype, ctx, storage)
 
 
-def constant(value: bool | int | float, dtype: _dt.DType, ctx: DeviceContext) -> Array:
+def constant(value: bool | int | float | complex, dtype: _dt.DType, ctx: DeviceContext) -> Array:
     """A cached evaluated 0-d array holding a Python scalar (used for weak scalar operands)."""
     # Floats by their hex form: -0.0 and 0.0 compare (and hash) equal but are different constants.
-    key = (dtype, value.hex()) if type(value) is float else (type(value), value, dtype)
+    tv = type(value)
+    if tv is float:
+        key = (dtype, value.hex())
+    elif tv is complex:
+        key = (dtype, value.real.hex(), value.imag.hex())
+    else:
+        key = (tv, value, dtype)
     cache = ctx.constants
     arr = cache.get(key)
     if arr is None:

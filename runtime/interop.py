@@ -22,7 +22,7 @@ from .device import context_for
 from .graph import Node, upload
 
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_ROCM = 1, 2, 3, 10
-_DL_CODE = {"i": 0, "u": 1, "f": 2, "b": 6}
+_DL_CODE = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
 
 
 class DLDevice(ctypes.Structure):
@@ -162,7 +162,7 @@ def cuda_array_interface(a) -> dict:
     st = _ready_storage(a)
     strides, offset = a.layout()
     dt = a.dtype
-    typestr = {"f32": "<f4", "f16": "<f2", "i32": "<i4", "b8": "|b1", "bf16": "<V2"}[dt.code]
+    typestr = "<V2" if dt is _dt.bfloat16 else dt.storage.str
     return {"shape": a.shape, "typestr": typestr,
             "data": (device_pointer(st.buffer) + offset * dt.itemsize, False),
             "strides": tuple(s * dt.itemsize for s in strides), "version": 3, "stream": None}

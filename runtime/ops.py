@@ -39,18 +39,24 @@ if TYPE_CHECKING:
 UNARY_FLOAT = ("exp", "log", "sqrt", "tanh", "sigmoid", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
                "cosh", "asinh", "acosh", "atanh", "expm1", "log1p", "log2", "log10", "reciprocal")
 UNARY_SAME = ("neg", "abs", "floor", "ceil", "trunc", "round", "square", "sign", "bitwise_invert")
+#: Ops of complex operands only (on real ones, conj and real are the identity and imag is zeros).
+UNARY_COMPLEX = ("conj", "real", "imag")
 UNARY_PREDICATE = ("isnan", "isinf", "isfinite", "signbit", "logical_not")
 ARITH = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "floor_divide", "remainder")
 BINARY_FLOAT = ("atan2", "hypot", "copysign", "nextafter", "logaddexp")
 BITWISE = ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift")
 LOGICAL = ("logical_and", "logical_or", "logical_xor")
 COMPARE = ("eq", "ne", "lt", "le", "gt", "ge")
-ELEMENTWISE = frozenset(UNARY_FLOAT + UNARY_SAME + UNARY_PREDICATE + ARITH + BINARY_FLOAT + BITWISE + LOGICAL
-                        + COMPARE + ("cast", "copy", "where"))
+ELEMENTWISE = frozenset(UNARY_FLOAT + UNARY_SAME + UNARY_COMPLEX + UNARY_PREDICATE + ARITH + BINARY_FLOAT + BITWISE
+                        + LOGICAL + COMPARE + ("cast", "copy", "where"))
+#: What complex operands do not have: an order (comparisons, maximum, ...), rounding down or up, the
+#: real functions of two operands, bits, and the functions of real numbers only.
+_NOT_COMPLEX = frozenset(("lt", "le", "gt", "ge", "maximum", "minimum", "floor_divide", "remainder", "floor", "ceil",
+                          "trunc", "signbit", "sigmoid", "bitwise_invert") + BINARY_FLOAT + BITWISE)
 REDUCTIONS = frozenset(("sum", "mean", "max", "min", "argmax", "argmin", "prod"))
 VIEWS = frozenset(("reshape", "transpose", "broadcast_to", "slice", "alias"))
 
-_Scalar = (bool, int, float)
+_Scalar = (bool, int, float, complex)
 
 
 def ctx_of(*xs):
@@ -98,7 +104,7 @@ def asarray(x, dtype=None, device=None, copy=None) -> Array:
 def host_data(x) -> tuple:
     """(numpy data, runtime dtype) of host data: numpy's dtype, or the defaults for Python values."""
     tx = type(x)
-    if tx is bool or tx is int or tx is float:
+    if tx is bool or tx is int or tx is float or tx is complex:
         return np.asarray(x), _python_scalar_dtype(x)
     try:
         host = np.asarray(x)
@@ -108,6 +114,8 @@ def host_data(x) -> tuple:
         raise InvalidTypeError(f"cannot make an array from {type(x).__name__} (not numeric data)")
     if host.dtype.kind == "f" and host.dtype.itemsize == 8 and isinstance(x, (list, tuple)) and _python_floats(x):
         return host, _dt.DEFAULT_FLOAT
+    if host.dtype.kind == "c" and host.dtype.itemsize == 16 and isinstance(x, (list, tuple)) and _python_floats(x):
+        return host, _dt.DEFAULT_COMPLEX
     return host, _dt.from_numpy(host.dtype)
 
 
@@ -118,27 +126,33 @@ def _python_scalar_dtype(value) -> _dt.DType:
         if not -(2**63) <= value < 2**63:
             raise ScalarOverflowError(f"Python integer {value} out of bounds for int64")
         return _dt.DEFAULT_INT
+    if isinstance(value, complex):
+        return _dt.DEFAULT_COMPLEX
     return _dt.DEFAULT_FLOAT
 
 
 def _python_floats(seq) -> bool:
-    """Whether a nested list's float64 came from Python floats (not from numpy float64 data)."""
+    """Whether a nested list's float64 (complex128) came from Python floats and complex numbers (not
+    from numpy float64 or complex128 data)."""
     for item in seq:
         if isinstance(item, (list, tuple)):
             if not _python_floats(item):
                 return False
-        elif isinstance(item, (np.ndarray, np.generic, Node)) and np.dtype(item.dtype) == np.float64:
+        elif isinstance(item, (np.ndarray, np.generic, Node)) and np.dtype(item.dtype) in (np.float64, np.complex128):
             return False
     return True
 
 
-_WEAK = (bool, int, float)
+_WEAK = (bool, int, float, complex)
 
 
 def _scalar_operand(value, other: Array):
     """(constant array, result dtype) for a scalar operand of `other`: Python scalars are weak
     (NEP 50), numpy scalars strongly typed."""
     tv = type(value)
+    if tv is complex:
+        dt = _dt.weak_scalar_dtype(other.dtype, value)
+        return constant(value, dt, other.ctx), dt
     if tv is float or tv is int or tv is bool:
         ctx = other.ctx
         # A NaN never finds its entry: it is not memoized. ±0.0 are equal keys but different
@@ -191,6 +205,8 @@ def binary_signature(op: str, dt: _dt.DType) -> tuple:
     if sig is not None:
         return sig
     kind = dt.kind
+    if kind == "c" and op in _NOT_COMPLEX:
+        raise InvalidTypeError(f"{_op_name(op)} is not defined for complex dtypes ({dt.name})")
     if op == "div":
         out = cdt = _dt.true_divide_result(dt)
     elif op in COMPARE:
@@ -279,8 +295,24 @@ mul = multiply
 div = true_divide = divide
 pow = power  # noqa: A001
 
+def _op_name(op: str) -> str:
+    """The array API's name of an op."""
+    return {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal", "sub": "subtract",
+            "mul": "multiply", "div": "divide", "pow": "pow", "neg": "negative"}.get(op, op)
+
+
 def unary_signature(op: str, d: _dt.DType) -> tuple:
     """(result dtype, compute dtype) of unary `op` on `d` (numpy's rules)."""
+    if d.is_complex:
+        if op in _NOT_COMPLEX:
+            raise InvalidTypeError(f"{_op_name(op)} is not defined for complex dtypes ({d.name})")
+        if op in ("abs", "real", "imag"):
+            return _dt.REAL_OF[d], d
+        if op in UNARY_PREDICATE:
+            return _dt.bool_, (_dt.bool_ if op == "logical_not" else d)
+        return d, d
+    if op in UNARY_COMPLEX:
+        raise InvalidTypeError(f"{op} of {d.name}: complex operands only")
     if op in UNARY_FLOAT:
         out = _dt.float_result(d)
         return out, out
@@ -319,7 +351,7 @@ def rounding(op: str, x: ArrayLike) -> Array:
     """A rounding op: the identity on integers and bools."""
     if not isinstance(x, Node):
         x = asarray(x)
-    return unary(op, x) if x.dtype.is_float else x
+    return unary(op, x) if x.dtype.is_float or x.dtype.is_complex else x
 
 
 # The elementwise functions of one operand (integers and bools give numpy's float result where the op is
@@ -350,6 +382,27 @@ def reciprocal(x: ArrayLike) -> Array: return unary("reciprocal", x)
 def square(x: ArrayLike) -> Array: return unary("square", x)
 def sign(x: ArrayLike) -> Array: return unary("sign", x)
 def bitwise_invert(x: ArrayLike) -> Array: return unary("bitwise_invert", x)
+
+
+def conj(x: ArrayLike) -> Array:
+    """The complex conjugate (x itself for real dtypes)."""
+    if not isinstance(x, Node):
+        x = asarray(x)
+    return unary("conj", x) if x.dtype.is_complex else x
+
+
+def real(x: ArrayLike) -> Array:
+    """The real part (x itself for real dtypes)."""
+    if not isinstance(x, Node):
+        x = asarray(x)
+    return unary("real", x) if x.dtype.is_complex else x
+
+
+def imag(x: ArrayLike) -> Array:
+    """The imaginary part (zeros for real dtypes)."""
+    if not isinstance(x, Node):
+        x = asarray(x)
+    return unary("imag", x) if x.dtype.is_complex else zeros_like(x)
 def isnan(x: ArrayLike) -> Array: return unary("isnan", x)
 def isinf(x: ArrayLike) -> Array: return unary("isinf", x)
 def isfinite(x: ArrayLike) -> Array: return unary("isfinite", x)
@@ -379,6 +432,9 @@ def astype(x, dtype, /, *, copy=True, device=None) -> Array:
         x = asarray(x)
     if dt is x.dtype:
         return x
+    if x.dtype.is_complex and not dt.is_complex and dt is not _dt.bool_:
+        raise InvalidTypeError(f"astype: a {x.dtype.name} array does not cast to {dt.name} (the array API leaves "
+                               "no imaginary part behind: take real(x) or imag(x) first)")
     return new_node("cast", (x,), dt, x.shape, dt, x.ctx)
 
 
@@ -434,6 +490,8 @@ _reductions: dict = {}
 
 def _reduction_of(op: str, xshape: tuple, dtype: _dt.DType, axis, keepdims) -> tuple:
     """(params, result shape, result dtype) of reduction `op` of an array of `xshape` and `dtype`."""
+    if dtype.is_complex and op not in ("sum", "mean", "prod"):
+        raise InvalidTypeError(f"{op} is not defined for complex dtypes ({dtype.name}): complex numbers have no order")
     axes = normalize_axes(axis, len(xshape))
     if op in ("argmax", "argmin"):
         if axis is not None and len(axes) != 1:
@@ -685,7 +743,16 @@ def full(shape, fill_value, dtype=None, device=None) -> Array:
             lo, hi = _dt.int_range(dt)
             if not lo <= value <= hi:
                 raise ScalarOverflowError(f"fill value {value} out of bounds for {dt.name}")
+    elif dt.is_complex:
+        value = complex(fill_value)
+        ctx.check_fits(shape, dt)
+        if value == 0 and not any(math.copysign(1.0, p) < 0 for p in (value.real, value.imag)):
+            return new_node("full", (), (0, 4), shape, dt, ctx)
+        src = broadcast_to(constant(value, dt, ctx), shape)
+        return new_node("copy", (src,), dt, shape, dt, ctx)
     else:
+        if isinstance(fill_value, complex):
+            raise InvalidTypeError(f"a complex fill value for {dt.name}")
         value = float(fill_value)
     ctx.check_fits(shape, dt)
     bits = fill_bits(value, dt)

@@ -21,14 +21,14 @@ def _ew_combos():
             sig = _signature(ops.binary_signature, op, d)
             if sig is not None:
                 yield op, (d, d), sig[0], sig[1]
-    for op in ops.UNARY_FLOAT + ops.UNARY_SAME + ops.UNARY_PREDICATE:
+    for op in ops.UNARY_FLOAT + ops.UNARY_SAME + ops.UNARY_COMPLEX + ops.UNARY_PREDICATE:
         for d in D:
             sig = _signature(ops.unary_signature, op, d)
             if sig is not None:
                 yield op, (d,), sig[0], sig[1]
     for src in D:
         for dst in D:
-            if src is not dst:
+            if src is not dst and (not src.is_complex or dst.is_complex or dst is _dt.bool_):
                 yield "cast", (src,), dst, dst
         yield "copy", (src,), src, src
         yield "where", (_dt.bool_, src, src), src, src
@@ -40,8 +40,10 @@ def all_sources() -> list:
         out.append(elementwise.ew_source(op, ins, out_dt, cdt))
     for op in ("sum", "mean", "max", "min", "argmax", "argmin", "prod"):
         for d in _dt.ALL:
+            if d.is_complex and op not in ("sum", "mean", "prod"):
+                continue  # (complex numbers have no order)
             out.append(reduce.reduce_source(op, d, _dt.reduction_result(op, d)))
-            if op in reduce_columns.OPS:
+            if op in reduce_columns.OPS and not d.is_complex:
                 for vec in (1, 4):
                     out.append(reduce_columns.columns_source(op, d, _dt.reduction_result(op, d), vec))
     for d in _dt.ALL:

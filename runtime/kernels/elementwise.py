@@ -13,6 +13,8 @@ import hal
 from .. import dtypes as _dt
 from ..errors import InvalidTypeError
 from ..shapes import MAX_DIMS, broadcast_strides, collapse, contiguous_strides, size_of
+from .complex import SOURCE as COMPLEX_SOURCE
+from .complex import needs_source as needs_complex
 from .cuda_common import convert, float_to_int_expr, load_expr, store_expr
 from .numpy_util import ERRSTATE, compute_np, signed, store, strided_view, to_compute
 from .source import WORKGROUP, KernelSource, grid_1d, source, u32
@@ -48,6 +50,17 @@ _C_BOOL = {"add": "(a || b)", "mul": "(a && b)", "maximum": "(a || b)", "minimum
            "bitwise_and": "(a && b)", "bitwise_or": "(a || b)", "bitwise_xor": "(a != b)",
            "bitwise_invert": "(!a)", "floor": "a", "ceil": "a", "trunc": "a", "round": "a",
            "isnan": "false", "isinf": "false", "isfinite": "true"}
+# Complex operands (complex.py's structs and functions, overloaded for both precisions).
+_C_COMPLEX = {
+    "add": "a + b", "sub": "a - b", "mul": "a * b", "div": "a / b", "pow": "rt_cpow(a, b)", "neg": "-a",
+    "abs": "rt_cabs(a)", "conj": "rt_conj(a)", "real": "rt_creal(a)", "imag": "rt_cimag(a)", "exp": "rt_cexp(a)",
+    "expm1": "rt_cexpm1(a)", "log": "rt_clog(a)", "log1p": "rt_clog1p(a)", "log2": "rt_clog2(a)",
+    "log10": "rt_clog10(a)", "sqrt": "rt_csqrt(a)", "sin": "rt_csin(a)", "cos": "rt_ccos(a)", "tan": "rt_ctan(a)",
+    "sinh": "rt_csinh(a)", "cosh": "rt_ccosh(a)", "tanh": "rt_ctanh(a)", "asin": "rt_casin(a)",
+    "acos": "rt_cacos(a)", "atan": "rt_catan(a)", "asinh": "rt_casinh(a)", "acosh": "rt_cacosh(a)",
+    "atanh": "rt_catanh(a)", "square": "a * a", "sign": "rt_csign(a)", "reciprocal": "rt_crecip(a)",
+    "round": "rt_cround(a)", "isnan": "rt_cisnan(a)", "isinf": "rt_cisinf(a)", "isfinite": "rt_cisfinite(a)",
+}
 _C_ANY = {"eq": "a == b", "ne": "a != b", "lt": "a < b", "le": "a <= b", "gt": "a > b", "ge": "a >= b",
           "where": "(c ? a : b)", "cast": "a", "copy": "a", "logical_and": "(a && b)", "logical_or": "(a || b)",
           "logical_xor": "(a != b)", "logical_not": "(!a)"}
@@ -55,7 +68,8 @@ _C_ANY = {"eq": "a == b", "ne": "a != b", "lt": "a < b", "le": "a <= b", "gt": "
 # Ops whose result is bool whatever they compute in.
 PREDICATES = frozenset(("eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "isfinite", "signbit",
                         "logical_and", "logical_or", "logical_xor", "logical_not"))
-UNARY = frozenset(("neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "cast", "copy", "sin", "cos", "tan",
+UNARY = frozenset(("conj", "real", "imag", "neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "cast", "copy",
+                   "sin", "cos", "tan",
                    "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "expm1", "log1p", "log2",
                    "log10", "floor", "ceil", "trunc", "round", "square", "sign", "reciprocal", "isnan",
                    "isinf", "isfinite", "signbit", "bitwise_invert", "logical_not"))
@@ -114,6 +128,7 @@ _NP_UFUNC = {
     "signbit": np.signbit, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
     "bitwise_xor": np.bitwise_xor, "bitwise_invert": np.invert, "logical_and": np.logical_and,
     "logical_or": np.logical_or, "logical_xor": np.logical_xor, "logical_not": np.logical_not,
+    "conj": np.conjugate, "real": np.real, "imag": np.imag,
 }
 _NP_INT = {"pow": _np_ipow, "left_shift": _np_shift_op("left_shift"),
            "right_shift": _np_shift_op("right_shift")}
@@ -141,7 +156,7 @@ def _for_double(expr: str) -> str:
 def c_expr(op: str, cdt) -> str:
     if op in _C_ANY:
         return _C_ANY[op]
-    table = {"f": _C_FLOAT, "i": _C_INT, "u": _C_INT, "b": _C_BOOL}[cdt.kind]
+    table = {"f": _C_FLOAT, "i": _C_INT, "u": _C_INT, "b": _C_BOOL, "c": _C_COMPLEX}[cdt.kind]
     try:
         expr = table[op]
     except KeyError:
@@ -188,8 +203,8 @@ def _cuda(op, in_dts, out_dt, cdt) -> str:
     k = len(in_dts)
     names = ["a", "b"] if k == 2 else (["a"] if k == 1 else ["c", "a", "b"])
     expr = c_expr(op, cdt)
-    res_compute = "bool" if op in PREDICATES else cdt.c_compute
-    parts = []
+    res_compute = result_compute(op, cdt, out_dt)
+    parts = [COMPLEX_SOURCE] if needs_complex(cdt, out_dt, *in_dts) else []
     for v in _variants(k):
         name = export_name(op, in_dts, out_dt, v)
         params = [f"{out_dt.c_storage}* __restrict__ out"]
@@ -234,6 +249,16 @@ def _cuda(op, in_dts, out_dt, cdt) -> str:
         body.append("  }")
         parts.append(f'extern "C" __global__ void {name}({", ".join(params)}) {{\n' + "\n".join(body) + "\n}\n")
     return "\n".join(parts)
+
+
+def result_compute(op: str, cdt, out_dt) -> str:
+    """C type of an op's value before it is stored: bool for predicates, the real part type of complex
+    abs, real and imag, else the compute type."""
+    if op in PREDICATES:
+        return "bool"
+    if cdt.is_complex and not out_dt.is_complex and op != "cast":
+        return out_dt.c_compute
+    return cdt.c_compute
 
 
 def _load(d, ref: str, name: str, cdt) -> str:

@@ -12,6 +12,7 @@ import numpy as np
 import hal
 
 from ..shapes import size_of
+from .complex import SOURCE as COMPLEX_SOURCE
 from .cuda_common import load_expr, store_expr
 from .source import WORKGROUP, KernelSource, grid_1d, source
 
@@ -28,7 +29,7 @@ def gather_source(dt) -> KernelSource:
 
 def _cuda(dt, name) -> str:
     val = store_expr(dt, load_expr(dt, "src[soff + j]"))
-    return f"""
+    return (COMPLEX_SOURCE if dt.is_complex else "") + f"""
 extern "C" __global__ void {name}({dt.c_storage}* __restrict__ out, const {dt.c_storage}* __restrict__ src,
                                   const long long* __restrict__ idx, u32 n, u32 soff, u32 ioff, u32 m) {{
   for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)blockDim.x * gridDim.x) {{

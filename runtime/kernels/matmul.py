@@ -26,6 +26,8 @@ import hal
 
 from .. import dtypes as _dt
 from ..shapes import broadcast_strides, collapse, contiguous_strides, size_of
+from .complex import SOURCE as COMPLEX_SOURCE
+from .complex import shfl_down
 from .cuda_common import load_expr, store_expr
 from .numpy_util import ERRSTATE, signed, store, strided_view, to_compute
 from .source import WORKGROUP, KernelSource, executable, source, u32
@@ -51,7 +53,7 @@ def matmul_source(dt) -> KernelSource:
               hal.Export(f"gemv_rows_{dt.code}", (WORKGROUP, 1, 1), 3, _NCONST_GEMV),
               hal.Export(f"gemv_cols_{dt.code}", GEMV_COLS_BLOCK, 3, _NCONST_GEMV),
               hal.Export(f"gemv_colsk_{dt.code}", GEMV_COLSK_BLOCK, 3, _NCONST_GEMV)],
-        lambda: _cuda(dt) + _cuda_gemv(dt), lambda: _numpy(dt)))
+        lambda: (COMPLEX_SOURCE if dt.is_complex else "") + _cuda(dt) + _cuda_gemv(dt), lambda: _numpy(dt)))
 
 
 def _acc(dt) -> str:
@@ -59,7 +61,7 @@ def _acc(dt) -> str:
     (integer sums wrap in the dtype as numpy's do; bool sums are counts, tested against zero)."""
     if dt.is_float:
         return "double" if dt is _dt.float64 else "float"
-    return "int" if dt is _dt.bool_ else dt.c_compute
+    return "int" if dt is _dt.bool_ else dt.c_compute  # (complex: its struct)
 
 
 def _np_matmul(a: np.ndarray, b: np.ndarray, dt) -> np.ndarray:
@@ -95,7 +97,7 @@ extern "C" __global__ void gemv_rows_{dt.code}({params}) {{
     }}
     if (k < K) s0 += {term("k")};
     {acc} s = s0 + s1;
-    for (int o = RT_WARP / 2; o > 0; o /= 2) s += RT_SHFL_DOWN(s, o);
+    for (int o = RT_WARP / 2; o > 0; o /= 2) s += {shfl_down(dt, "s", "o")};
     if (lane == 0) out[i] = {store_expr(dt, "s")};
   }}
 }}

@@ -7,6 +7,7 @@ import numpy as np
 import hal
 
 from ..shapes import MAX_DIMS, contiguous_strides, size_of
+from .complex import SOURCE as COMPLEX_SOURCE
 from .cuda_common import load_expr, store_expr
 from .numpy_util import signed, strided_view
 from .source import WORKGROUP, KernelSource, grid_1d, source, u32
@@ -31,7 +32,7 @@ def _cuda(dt, name) -> str:
     params.append("u32 goff")
     zero = store_expr(dt, "0")
     val = store_expr(dt, load_expr(dt, "g[pg]"))
-    return f"""
+    return (COMPLEX_SOURCE if dt.is_complex else "") + f"""
 extern "C" __global__ void {name}({", ".join(params)}) {{
 {chr(10).join(arrs)}
   for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)blockDim.x * gridDim.x) {{

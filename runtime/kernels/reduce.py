@@ -17,6 +17,9 @@ import hal
 from .. import dtypes as _dt
 from ..shapes import MAX_DIMS, collapse, contiguous_strides, size_of
 from . import reduce_columns
+from .complex import SOURCE as COMPLEX_SOURCE
+from .complex import needs_source as needs_complex
+from .complex import shfl_down
 from .cuda_common import load_expr, store_expr
 from .numpy_util import compute_np, signed, store, strided_view, to_compute
 from .reduce_ops import acc_dtype, c_combine, c_identity, np_reduce
@@ -63,7 +66,7 @@ def _cuda(op, dt, out, names) -> str:
     A = acc.c_compute
     arg = op in _ARG
     ident = c_identity(op, acc)
-    lines = []
+    lines = [COMPLEX_SOURCE] if needs_complex(dt, out) else []
     if arg:
         better = ">" if op == "argmax" else "<"
         lines.append(f"""
@@ -94,17 +97,18 @@ RT_DEV void rt_block_reduce({A}& v, u32& iv) {{
 """)
     else:
         comb = c_combine(op, acc)
+        shfl = shfl_down(acc, "v", "o")
         lines.append(f"""
 RT_DEV {A} rt_comb({A} x, {A} y) {{ return {comb}; }}
 RT_DEV {A} rt_block_reduce({A} v) {{
   __shared__ {A} sv[{WORKGROUP} / RT_WARP];
-  for (int o = RT_WARP / 2; o > 0; o /= 2) v = rt_comb(v, RT_SHFL_DOWN(v, o));
+  for (int o = RT_WARP / 2; o > 0; o /= 2) v = rt_comb(v, {shfl});
   const u32 lane = threadIdx.x % RT_WARP, warp = threadIdx.x / RT_WARP;
   if (lane == 0) sv[warp] = v;
   __syncthreads();
   if (warp == 0) {{
     v = lane < blockDim.x / RT_WARP ? sv[lane] : ({A}){ident};
-    for (int o = RT_WARP / 2; o > 0; o /= 2) v = rt_comb(v, RT_SHFL_DOWN(v, o));
+    for (int o = RT_WARP / 2; o > 0; o /= 2) v = rt_comb(v, {shfl});
   }}
   return v;
 }}
@@ -225,7 +229,7 @@ RT_DEV {A} rt_block_reduce({A} v) {{
 
 
 def _mean(out) -> str:
-    f = out.c_compute if out.is_float else "double"
+    f = out.c_compute if out.is_float or out.is_complex else "double"
     return f"({f})v / ({f})R"
 
 

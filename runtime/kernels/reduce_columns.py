@@ -191,7 +191,8 @@ def _numpy(op, dt, out, names) -> dict:
 def plan(op: str, dt, out, kept: tuple, kept_strides: tuple, R: int, sR: int, offset: int):
     """Commands of the column reduction, or None where it does not apply: kept axes collapsed to
     `kept` (one or two dims, the last of unit stride), the reduced ones to one axis of R elements."""
-    if op not in OPS or not kept or len(kept) > 2 or kept_strides[-1] != 1 or kept[-1] < MIN_COLUMNS or R == 0:
+    if (op not in OPS or dt.is_complex or not kept or len(kept) > 2 or kept_strides[-1] != 1
+            or kept[-1] < MIN_COLUMNS or R == 0):
         return None
     B = kept[-1]
     A, sA = (kept[0], kept_strides[0]) if len(kept) == 2 else (1, 0)

@@ -11,7 +11,7 @@ from .numpy_util import ERRSTATE
 
 def acc_dtype(op: str, dt):
     """The type partial results are kept in (float32 for the narrow floats, 64 bits for integer sums)."""
-    if dt is _dt.float64:
+    if dt is _dt.float64 or dt.is_complex:
         return dt
     if dt.is_float:
         return _dt.float32
