@@ -20,8 +20,8 @@ import numpy as np
 from . import dtypes as _dt
 from . import ops
 from .device import context_for
-from .errors import InvalidTypeError, InvalidValueError
-from .graph import Node, upload
+from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
+from .graph import Node, merge_checks, upload
 from .shapes import broadcast_shapes, normalize_axes, normalize_axis
 
 if TYPE_CHECKING:
@@ -371,15 +371,32 @@ def broadcast_arrays(*arrays) -> list:
 
 # ---- indexing -----------------------------------------------------------------------------------
 
-def take(x, indices, /, *, axis=None) -> Array:
-    """Elements of x at integer `indices` along `axis` (device gather; negative indices count from the end)."""
+TAKE_MODES = ("raise", "wrap", "clip")
+
+
+def take(x, indices, /, *, axis=None, mode="raise") -> Array:
+    """Elements of x at integer `indices` along `axis` (device gather), with numpy's `mode` for indices
+    out of range: "raise" (negative indices count from the end; any other out of range raises
+    IndexError: at once for indices given on the host, when the result is read for indices computed on
+    the device), "wrap" (modulo the axis length) or "clip" (to the axis, negative indices to 0)."""
+    if mode not in TAKE_MODES:
+        raise InvalidValueError(f"take mode must be one of 'raise', 'wrap' or 'clip', not {mode!r}")
     x = _arr(x)
     if axis is None:
         if x.ndim > 1:
             raise InvalidValueError("take needs an axis for arrays of more than one dimension")
         axis = 0
-    idx = indices if isinstance(indices, Node) else ops.asarray(indices, device=x.ctx)
-    if not idx.dtype.is_int:
+    host = None
+    if isinstance(indices, Node):
+        idx = indices
+    else:
+        host = np.asarray(indices)
+        if host.size == 0 and host.dtype.kind not in "iub":
+            host = host.astype(np.int64)
+        if host.dtype.kind not in "iu":
+            raise InvalidTypeError(f"take indices must be integers, got {host.dtype}")
+        idx = None
+    if idx is not None and not idx.dtype.is_int:
         raise InvalidTypeError(f"take indices must be integers, got {idx.dtype.name}")
     axis = normalize_axis(axis, x.ndim)
     n = x.shape[axis]
@@ -387,8 +404,32 @@ def take(x, indices, /, *, axis=None) -> Array:
     for d in x.shape[axis + 1:]:
         inner *= d
     outer = x.shape[:axis]
-    idx = ops.astype(idx, _dt.int64)
-    idx = ops.where(idx < 0, idx + n, idx)
+    bad = None
+    if host is not None:  # indices known on the host: mapped (or checked) here
+        host = host.astype(np.int64)
+        if host.size and n == 0:
+            raise InvalidIndexError("cannot do a non-empty take from an empty axis")
+        if mode == "wrap":
+            host = host % n if host.size else host
+        elif mode == "clip":
+            host = np.clip(host, 0, n - 1) if host.size else host
+        else:
+            if host.size and (host.min() < -n or host.max() >= n):
+                i = host[(host < -n) | (host >= n)].flat[0]
+                raise InvalidIndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
+            host = np.where(host < 0, host + n, host)
+        idx = ops.asarray(host, device=x.ctx)
+    else:
+        idx = ops.astype(idx, _dt.int64)
+        if idx.size and n == 0:
+            raise InvalidIndexError("cannot do a non-empty take from an empty axis")
+        if mode == "wrap":
+            idx = ops.remainder(idx, n)
+        elif mode == "clip":
+            idx = ops.minimum(ops.maximum(idx, 0), n - 1)
+        else:
+            idx = ops.where(idx < 0, idx + n, idx)
+            bad = ops.logical_or(idx < 0, idx >= n)
     # flat index = ((o * n) + idx) * inner + i, over the output shape outer + idx.shape + inner dims
     nd_idx = idx.ndim
     o_flat = ops.arange(builtins.max(1, int(np.prod(outer, dtype=np.int64))), dtype=_dt.int64, device=x.ctx)
@@ -398,7 +439,9 @@ def take(x, indices, /, *, axis=None) -> Array:
     mid = ops.reshape(idx, idx.shape + (1,) * (x.ndim - axis - 1))
     flat = (o_flat * n + mid) * inner + i_flat
     out_shape = outer + idx.shape + x.shape[axis + 1:]
-    return gather_flat(x, ops.broadcast_to(flat, out_shape) if isinstance(flat, Node) else flat)
+    if bad is not None:
+        bad = ops.reshape(bad, idx.shape + (1,) * (x.ndim - axis - 1))
+    return gather_flat(x, ops.broadcast_to(flat, out_shape) if isinstance(flat, Node) else flat, bad)
 
 
 def take_along_axis(x, indices, /, *, axis=-1) -> Array:
@@ -408,6 +451,7 @@ def take_along_axis(x, indices, /, *, axis=-1) -> Array:
     idx = ops.astype(idx, _dt.int64)
     n = x.shape[axis]
     idx = ops.where(idx < 0, idx + n, idx)
+    bad = ops.logical_or(idx < 0, idx >= n)
     shape = broadcast_shapes(tuple(d if i != axis else 1 for i, d in enumerate(x.shape)),
                              tuple(d if i != axis else 1 for i, d in enumerate(idx.shape)))
     out_shape = shape[:axis] + (idx.shape[axis],) + shape[axis + 1:]
@@ -423,18 +467,30 @@ def take_along_axis(x, indices, /, *, axis=-1) -> Array:
         flat = flat + ops.reshape(ops.arange(out_shape[i], dtype=_dt.int64, device=x.ctx), tuple(pos)) * strides[i]
     x = ops.broadcast_to(x, tuple(x.shape[i] if i == axis else out_shape[i] for i in range(x.ndim))) \
         if builtins.any(x.shape[i] == 1 and out_shape[i] != 1 for i in range(x.ndim) if i != axis) else x
-    return gather_flat(x, ops.broadcast_to(flat, out_shape))
+    return gather_flat(x, ops.broadcast_to(flat, out_shape), ops.broadcast_to(bad, out_shape))
 
 
-def gather_flat(x: Array, flat) -> Array:
-    """out[i] = x.flat[flat[i]] (x made contiguous; flat int64 of the output's shape)."""
+def gather_flat(x: Array, flat, bad=None) -> Array:
+    """out[i] = x.flat[flat[i]] (x made contiguous; flat int64 of the output's shape).
+
+    bad: None, or a boolean array broadcasting to the output, True where an index (of any axis) is out
+    of range: the gather is then checked on the device, and reading the result (or any array made from
+    it) raises IndexError if one was (see kernels/gather.py). Without it, indices are trusted (clamped).
+    """
     if not isinstance(flat, Node):
         flat = ops.asarray(np.asarray(flat, np.int64), device=x.ctx)
     if flat.size and x.size == 0:
         raise InvalidValueError("cannot take elements of an empty array")
     src = ops.contiguous(x)
-    idx = ops.contiguous(ops.astype(flat, _dt.int64))
-    return ops.new_node("gather", (src, idx), None, idx.shape, x.dtype, x.ctx)
+    flat = ops.astype(flat, _dt.int64)
+    if bad is None or flat.size == 0:
+        idx = ops.contiguous(flat)
+        return ops.new_node("gather", (src, idx), None, idx.shape, x.dtype, x.ctx)
+    idx = ops.contiguous(ops.where(bad, -1, flat))
+    status = ops.new_node("full", (), (0, 4), (1,), _dt.uint32, x.ctx)  # the kernel's status word
+    out = ops.new_node("gather", (src, idx, status), "raise", idx.shape, x.dtype, x.ctx)
+    out.checks = (status,) if out.checks is None else merge_checks(out.checks, (status,))
+    return out
 
 
 # ---- statistics ---------------------------------------------------------------------------------

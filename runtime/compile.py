@@ -36,7 +36,7 @@ from hal import env, tracing
 from .array import Array
 from .autodiff import GRAD, materialize, resolved
 from .device import Storage
-from .graph import PLACEHOLDER, new_evaluated, new_node
+from .graph import PLACEHOLDER, merge_checks, new_evaluated, new_node
 from .lowering.evaluate import evaluate
 from .lowering.execute import MAX_VARIANTS, Variants, held_free, hold, replay_held, submit
 from .lowering.key import collect, graph_key
@@ -83,7 +83,7 @@ class _Traced:
     """One signature's recordings and how to bind its inputs and make its outputs."""
 
     __slots__ = ("ctx", "variants", "order", "externals", "keep", "arg_index", "all_args", "captured",
-                 "captured_buffers", "out_spec", "outputs", "made", "plain", "hold", "structure")
+                 "captured_buffers", "out_spec", "outputs", "made", "plain", "hold", "structure", "checked")
 
     def __init__(self, fn, args: list, kwargs: dict, ctx) -> None:
         self.ctx = ctx
@@ -126,12 +126,24 @@ class _Traced:
                 self.outputs.append(("arg", r.params, view))
             else:
                 self.outputs.append(("const", o, None))
+        # Outputs that depend on checked gathers (graph.Node.checks): their status words are outputs too,
+        # handed to each replay's outputs as their checks; per output, (position, the status words: a
+        # node index, or an evaluated array captured with its check).
+        self.checked = []
+        for pos, o in enumerate(out_leaves):
+            if o.checks is not None:
+                words = tuple(node_index.get(id(w), w) for w in o.checks)
+                for w in words:
+                    if type(w) is int:
+                        keep |= 1 << w
+                self.checked.append((pos, words))
         self.order, self.externals, self.keep = order, externals, keep
         self.variants = Variants(record(ctx, order, externals, keep, owned=True)) if order else None
         # Outputs that are each a distinct node's whole buffer (the usual case) are made straight
         # from the table: per output (table position, bucket, bytes, shape, dtype).
         nodes = [i for kind, i, _ in self.outputs if kind == "node"]
-        self.plain = (self.variants is not None and len(nodes) == len(self.outputs) == len(set(nodes))
+        self.plain = (self.variants is not None and not self.checked
+                      and len(nodes) == len(self.outputs) == len(set(nodes))
                       and all(view is None for _, _, view in self.outputs))
         self.made = []
         if self.variants is not None:
@@ -171,6 +183,10 @@ class _Traced:
             ext = [leaves[i].storage.buffer for i in self.arg_index]
         if self.captured_buffers:
             ext += self.captured_buffers
+        checks = None  # arguments computed by checked gathers: every output depends on their checks
+        for a in leaves:
+            if a.checks is not None:
+                checks = a.checks if checks is None else merge_checks(checks, a.checks)
         variants = self.variants
         if variants is None:  # nothing to compute: the outputs are arguments or constants
             return self.structure(self._outputs(leaves, {}, 0))
@@ -178,7 +194,7 @@ class _Traced:
         # since (the same arrays serve again), found with one look-up instead of `pick`.
         rec = variants.by_ext.get(tuple(ext))
         if rec is not None and rec.held is not None and rec.last_ext == ext and held_free(rec):
-            return self._again(ctx, rec, ext)
+            return self._again(ctx, rec, ext, checks)
         rec = variants.pick(ext, MAX_VARIANTS, ctx.buffers)
         if rec is None:
             rec = record(ctx, self.order, self.externals, self.keep, owned=True)
@@ -187,7 +203,7 @@ class _Traced:
             held = rec.held
             if held is not None:
                 if held_free(rec):
-                    return self._again(ctx, rec, ext)
+                    return self._again(ctx, rec, ext, checks)
                 # Some are still in use: let go of them (those dropped give their buffers back to the
                 # cache, where this submission takes them again).
                 rec.held = rec.held_outs = rec.held_storages = None
@@ -209,9 +225,14 @@ class _Traced:
                 node = self.order[i]
                 roots[i] = new_evaluated(node.shape, node.dtype, ctx, Storage(table[pos], bucket, ctx, value, nb))
             outs = self._outputs(leaves, roots, value)
+            for pos, words in self.checked:
+                outs[pos].checks = tuple(roots[w] if type(w) is int else w for w in words)
+        if checks is not None:
+            for out in outs:
+                out.checks = checks if out.checks is None else merge_checks(out.checks, checks)
         return self.structure(outs)
 
-    def _again(self, ctx, rec, ext: list):
+    def _again(self, ctx, rec, ext: list, checks: tuple | None):
         """Replay `rec` with its held outputs, which nothing else references (lowering.execute.held_free):
         the same arrays and buffers serve again, marked ready at the new value."""
         if tracing.ENABLED:
@@ -222,7 +243,11 @@ class _Traced:
         for st in rec.held_storages:
             st.ready = value
             st.sem = sem
-        return self.structure(rec.held_outs)
+        outs = rec.held_outs
+        if checks is not None or (outs and outs[0].checks is not None):  # (the last replay's are stale)
+            for out in outs:
+                out.checks = checks
+        return self.structure(outs)
 
     def _outputs(self, leaves: list, roots: dict, value: int) -> list:
         ctx = self.ctx

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import dtypes as _dt
 from .device import DeviceContext, Storage
+from .errors import InvalidIndexError
 
 if TYPE_CHECKING:
     from .array import Array
@@ -34,7 +35,7 @@ class Node:
     """
 
     __slots__ = ("op", "inputs", "params", "shape", "dtype", "ctx", "base", "strides", "offset", "storage",
-                 "__weakref__")
+                 "checks", "__weakref__")
 
     op: str | None
     inputs: tuple
@@ -46,6 +47,9 @@ class Node:
     strides: tuple | None
     offset: int
     storage: Storage | None
+    #: The status words of the checked gathers this array's value depends on (None: none), inherited by
+    #: every array made from it: reading the value raises IndexError if one of them was set.
+    checks: tuple | None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -71,6 +75,12 @@ def new_node(op: str | None, inputs: tuple, params: Any, shape: tuple, dtype: _d
     a.strides = None
     a.offset = 0
     a.storage = storage
+    checks = None
+    for inp in inputs:
+        c = inp.checks
+        if c is not None and c is not checks:
+            checks = c if checks is None else merge_checks(checks, c)
+    a.checks = checks
     return a
 
 
@@ -88,7 +98,31 @@ def new_view(op: str, src: Node, params: Any, shape: tuple, strides: tuple, offs
     a.strides = strides
     a.offset = offset
     a.storage = None
+    a.checks = src.checks
     return a
+
+
+def merge_checks(a: tuple, b: tuple) -> tuple:
+    """The status words of both tuples, each once (compared by identity: arrays compare elementwise)."""
+    return a + tuple(s for s in b if not any(s is t for t in a))
+
+
+def raise_index_errors(a: Node, read) -> None:
+    """IndexError if a checked gather that `a`'s value depends on met an out-of-range index; `read(status)`
+    is the status word's value on the host (waiting for the work that writes it). Passed checks are
+    forgotten, so the status words can be freed; a failed one stays and raises again."""
+    checks = a.checks
+    if checks is None:
+        return
+    for status in checks:
+        if read(status)[0]:
+            raise InvalidIndexError(
+                "index out of bounds: an integer array index evaluated on the device is out of range for the "
+                "axis it indexes (rt.take's mode='clip' or mode='wrap' clips or wraps indices instead)")
+    a.checks = None
+    base = a.base
+    if base is not None and base.checks is checks:
+        base.checks = None
 
 
 #: new_evaluated(shape, dtype, ctx, storage): an array whose contents `storage` holds. A partial of

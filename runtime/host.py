@@ -7,6 +7,7 @@ import numpy as np
 import hal
 
 from . import dtypes as _dt
+from .graph import raise_index_errors
 from .kernels.numpy_util import strided_view
 
 
@@ -43,6 +44,8 @@ def to_numpy(a) -> np.ndarray:
     st = root.storage
     ctx = st.ctx
     ctx.wait_storage(st)
+    if a.checks is not None:
+        raise_index_errors(a, to_numpy)
     strides, offset = a.layout()
     dt = a.dtype
     if st.nbytes == 0 or a.size == 0:

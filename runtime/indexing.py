@@ -2,8 +2,9 @@
 indices gather on the device; `x.at[idx].set(v)` is the functional update (arrays are immutable).
 
 Boolean masks have data-dependent shapes: the mask is evaluated and its positions uploaded as
-integer indices. Integer indices known on the host are bounds-checked (IndexError); indices
-computed on the device are clamped to the array by the gather kernel.
+integer indices. Integer indices known on the host are bounds-checked at once (IndexError); indices
+computed on the device are checked by the gather kernel, and reading the result raises IndexError
+if one was out of range (``array_api.gather_flat``).
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ def _advanced(x: Array, key: tuple) -> Array:
     y = ops.getitem(x, tuple(basic))
     dims = {}
     arrays = []
+    bad = None  # True where an index computed on the device is out of range
     for i in adv:
         k = items[i]
         d = y.shape[axis_of[i]]
@@ -158,9 +160,11 @@ def _advanced(x: Array, key: tuple) -> Array:
             if k.size and (k.min() < -d or k.max() >= d):
                 raise InvalidIndexError(f"index out of bounds for axis with size {d}")
             k = ops.asarray(np.where(k < 0, k + d, k), device=x.ctx)
-        elif isinstance(k, Node):
+        elif isinstance(k, Node):  # computed on the device: checked there (gather_flat)
             k = ops.astype(k, _dt.int64)
             k = ops.where(k < 0, k + d, k)
+            out_of_range = ops.logical_or(k < 0, k >= d)
+            bad = out_of_range if bad is None else ops.logical_or(bad, out_of_range)
         else:
             idx = operator.index(k)
             if not -d <= idx < d:
@@ -194,7 +198,10 @@ def _advanced(x: Array, key: tuple) -> Array:
         flat = flat + ops.reshape(ops.arange(y.shape[a], dtype=_dt.int64, device=x.ctx), tuple(pos)) * strides[a]
     if 0 in out_shape:
         return ops.zeros(out_shape, dtype=x.dtype, device=x.ctx)
-    return gather_flat(y, ops.broadcast_to(flat, out_shape))
+    if bad is not None:  # over the broadcast index dims, placed as they are in the output
+        bad = ops.reshape(ops.broadcast_to(bad, bshape),
+                          (1,) * nb_lead + bshape + (1,) * (len(out_shape) - nb_lead - nb))
+    return gather_flat(y, ops.broadcast_to(flat, out_shape), bad)
 
 
 # ---- functional updates -------------------------------------------------------------------------

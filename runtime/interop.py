@@ -19,7 +19,8 @@ import hal
 
 from . import dtypes as _dt
 from .device import context_for
-from .graph import Node, upload
+from .graph import Node, raise_index_errors, upload
+from .host import to_numpy
 
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_ROCM = 1, 2, 3, 10
 _DL_CODE = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
@@ -126,6 +127,8 @@ def _ready_storage(a):
         a.eval()
     st = a.root.storage
     st.ctx.wait_storage(st)
+    if a.checks is not None:
+        raise_index_errors(a, to_numpy)
     return st
 
 

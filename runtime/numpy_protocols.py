@@ -108,7 +108,7 @@ _FUNCTIONS = {
     np.tile: lambda A, reps: array_api.tile(A, reps if isinstance(reps, (tuple, list)) else (reps,)),
     np.repeat: lambda a, repeats, axis=None: array_api.repeat(a, repeats, axis=axis),
     np.take: lambda a, indices, axis=None, out=None, mode="raise": array_api.take(
-        a if axis is not None else ops.reshape(a, (-1,)), indices, axis=axis if axis is not None else 0),
+        a if axis is not None else ops.reshape(a, (-1,)), indices, axis=axis if axis is not None else 0, mode=mode),
     np.sort: lambda a, axis=-1, kind=None, order=None, stable=None: array_api.sort(a, axis=axis),
     np.argsort: lambda a, axis=-1, kind=None, order=None, stable=None: array_api.argsort(a, axis=axis),
     np.cumsum: lambda a, axis=None, dtype=None, out=None: array_api.cumulative_sum(
