@@ -6,6 +6,7 @@ import abc
 import collections
 import functools
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,38 @@ DEFAULT_LIMITS = {
 
 
 _FIRST_QUEUE = 0
+
+# The open devices of this process by URI (``DeviceInfo.uri``, the normalized form), oldest first, held
+# weakly: ``hal.open_device`` returns the oldest that is still open, so that every user of a URI that
+# asks for it (the runtime among them) shares one device object.
+_open_devices: dict[str, list] = {}
+_open_lock = threading.Lock()
+
+
+def register_open(device: Device) -> None:
+    """Note a newly created device as open under its URI (``Driver.create_device`` calls it)."""
+    with _open_lock:
+        refs = [r for r in _open_devices.get(device.info.uri, ()) if _is_open(r())]
+        refs.append(weakref.ref(device))
+        _open_devices[device.info.uri] = refs
+
+
+def find_open(uri: str) -> Device | None:
+    """The oldest device created in this process for the normalized `uri` that is still open, or None."""
+    with _open_lock:
+        refs = _open_devices.get(uri)
+        if not refs:
+            return None
+        live = [r for r in refs if _is_open(r())]
+        if live:
+            _open_devices[uri] = live
+            return live[0]()
+        del _open_devices[uri]
+        return None
+
+
+def _is_open(device: Device | None) -> bool:
+    return device is not None and not device.closed
 
 
 class Device(abc.ABC):
@@ -104,6 +137,7 @@ class Device(abc.ABC):
             if self.closed:
                 return
             self.closed = True  # from here on every submission is rejected
+        find_open(self.info.uri)  # (forgets it)
         # Work parked on waits that nothing will ever reach would keep the device busy forever.
         self._cancel_parked(FailedPreconditionError(
             f"device {self.info.uri} was closed before the work's waits were reached"))

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hal.checks import check_int
+from hal.device import register_open
 from hal.errors import HalError, InternalError, NotFoundError, ResourceExhaustedError, UnavailableError
 from hal.log import driver_logger
 from hal.pickling import not_picklable
@@ -102,6 +103,15 @@ class Driver(abc.ABC):
     def create_device(self, device: int | str | None = None, **options: Any) -> Device:
         """Create a device by ordinal, stable id, or (None) the first one."""
         check_common_options(options)
+        info = self.resolve_device(device)
+        driver_logger(self.name).debug("creating device %s (%s) options=%r", info.uri, info.name, options)
+        created = self._reported(f"create device {info.uri}", self._create_device, info, **options)
+        register_open(created)
+        return created
+
+    def resolve_device(self, device: int | str | None = None) -> DeviceInfo:
+        """The device an ordinal, stable id or (None) the first one names, without creating it
+        (``NotFoundError`` if there is none)."""
         self._require_available()
         devices = self._reported("query its devices", self._query_devices)
         if not devices:
@@ -115,8 +125,7 @@ class Driver(abc.ABC):
                 known = ", ".join(f"{d.ordinal} ({d.id})" for d in devices)
                 raise NotFoundError(f"driver {self.name!r} has no device {key!r}; devices: {known}")
             info = matches[0]
-        driver_logger(self.name).debug("creating device %s (%s) options=%r", info.uri, info.name, options)
-        return self._reported(f"create device {info.uri}", self._create_device, info, **options)
+        return info
 
     # -- hooks ---------------------------------------------------------------------
     @abc.abstractmethod

@@ -20,7 +20,7 @@ from typing import Any
 import pluggy
 
 from hal import env
-from hal.device import Device
+from hal.device import Device, find_open
 from hal.driver import Driver, DriverInfo
 from hal.errors import AlreadyExistsError, HalError, InvalidArgumentError, NotFoundError, UnavailableError
 
@@ -289,6 +289,45 @@ def create_device(uri: str | None = None, **options: Any) -> Device:
                 return _registry.driver(info.name).create_device(None, **options)
         raise UnavailableError("no HAL driver is available")
     return _create_from_uri(uri, options)
+
+
+def open_device(uri: str | None = None) -> Device:
+    """The device of this process for `uri`: the oldest device created for it (by ``create_device``,
+    ``open_device`` or a driver's ``create_device``) that is still open, else a new one.
+
+    ``create_device`` always makes a new device object; ``open_device`` is how users of one device
+    share it, so that each sees the others' work on it (a trace or ``wait_idle`` on it covers all of
+    it). The runtime resolves its URIs this way. URIs are compared normalized: "local-task",
+    "local-task://" and "local-task://0" name one device, as do a GPU's ordinal and stable id. None:
+    ``HAL_DEVICE``, else the best available driver's first device, as ``create_device(None)``.
+    A device opened here is closed by whoever closes it; callers that did not create it must not.
+    """
+    with _open_device_lock:
+        if uri is None:
+            from_env = env.text("HAL_DEVICE")
+            if from_env is not None:
+                try:
+                    return _open_from_uri(from_env)
+                except HalError as exc:
+                    raise HalError(exc.code, f"HAL_DEVICE={from_env!r}: {exc.message}") from None
+            for info in list_drivers():
+                if info.available:
+                    return _open_on(_registry.driver(info.name), None)
+            raise UnavailableError("no HAL driver is available")
+        return _open_from_uri(uri)
+
+
+_open_device_lock = threading.Lock()  # one open_device at a time: two racing for a URI share one device
+
+
+def _open_from_uri(uri: str) -> Device:
+    name, key = parse_uri(uri)
+    return _open_on(get_driver(name), key)
+
+
+def _open_on(driver: Driver, key: str | None) -> Device:
+    found = find_open(driver.resolve_device(key).uri)
+    return found if found is not None else driver.create_device(key)
 
 
 def _create_from_uri(uri: str, options: dict[str, Any]) -> Device:

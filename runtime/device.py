@@ -270,7 +270,12 @@ def contexts() -> list[DeviceContext]:
 
 
 def context_for(device=None) -> DeviceContext:
-    """Resolve None (the default device), a URI string or a hal.Device to its context."""
+    """Resolve None (the default device), a URI string or a hal.Device to its context.
+
+    A hal.Device is used itself. A URI resolves as ``hal.open_device`` does: to the device created for
+    it in this process that is still open (the program's own, if it created one first), else a new
+    one. The runtime closes no device: one it opened stays open for the arrays made on it.
+    """
     if device is None:
         ctx = _default[0]
         if ctx is None or ctx.device.closed:
@@ -281,17 +286,12 @@ def context_for(device=None) -> DeviceContext:
     if isinstance(device, str):
         ctx = _by_uri.get(device)
         if ctx is None or ctx.device.closed:
-            # "local-task", "local-task://0" and the default device name one device: one context.
+            # The process's device for the URI (hal.open_device): one the program created and still has
+            # open, else a new one. "local-task", "local-task://0" and the default name one device.
             with _registry_lock:
                 ctx = _by_uri.get(device)
                 if ctx is None or ctx.device.closed:
-                    created = hal.create_device(device)
-                    ctx = _by_uri.get(created.info.uri)
-                    if ctx is None or ctx.device.closed:
-                        ctx = _by_uri[created.info.uri] = _context_of_device(created)
-                    elif ctx.device is not created:
-                        created.close()
-                    _by_uri[device] = ctx
+                    ctx = _by_uri[device] = _context_of_device(hal.open_device(device))
         return ctx
     if isinstance(device, DefaultDevice):
         return context_for(device.device)

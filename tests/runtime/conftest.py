@@ -28,10 +28,14 @@ def gpu_like(request):
     cuda_emu = pytest.importorskip("cuda_emu")
     if request.param == "cuda-emulated" and cuda_emu.GXX is None:
         pytest.skip("g++ is needed to emulate the CUDA kernels")
+    context_for("local-sync")  # the URI's shared device (hal.open_device) stays a CPU-lowered one
     device = hal.create_device("local-sync")
     context_for(device).is_gpu = True
-    with cuda_emu.emulated_kernels() if request.param == "cuda-emulated" else contextlib.nullcontext():
-        yield device
+    try:
+        with cuda_emu.emulated_kernels() if request.param == "cuda-emulated" else contextlib.nullcontext():
+            yield device
+    finally:
+        device.close()
 
 
 @pytest.fixture

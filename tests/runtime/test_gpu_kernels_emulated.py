@@ -21,11 +21,15 @@ from runtime.device import context_for  # noqa: E402
 
 @pytest.fixture(scope="module")
 def gpu_like():
+    context_for("local-sync")  # the URI's shared device (hal.open_device) stays a CPU-lowered one
     device = hal.create_device("local-sync")
     ctx = context_for(device)
     ctx.is_gpu = True
-    with cuda_emu.emulated_kernels():
-        yield device
+    try:
+        with cuda_emu.emulated_kernels():
+            yield device
+    finally:
+        device.close()
 
 
 def close(got, want, rtol=1e-5, atol=1e-5):
