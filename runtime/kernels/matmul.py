@@ -19,6 +19,7 @@ neighbouring outputs one block whose 32 thread rows split K and sum in shared me
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -307,11 +308,12 @@ def _matrix(rows: int, cols: int, rs: int, cs: int) -> tuple[bool, int] | None:
     return None
 
 
-def plan_library(node, layouts: list, ctx, bias: tuple | None = None) -> list | None:
+def plan_library(node, layouts: list, ctx, epilogue: str = "none", out: int | None = None,
+                 extra_roles: Sequence = ()) -> list | None:
     """The product as one library Gemm dispatch, or None when it does not fit one (see the module doc).
 
-    bias: (the index of the add node whose value the dispatch computes, the bias vector's root,
-    its element offset) to fold ``node + bias`` into the Gemm's bias epilogue (runtime/epilogues.py).
+    A fold (runtime/lowering/epilogues.py) gives the Gemm's ``epilogue``, the node whose value the
+    result is (``out``; default: the product's) and the roles of the bindings after C, A and B.
     """
     dt = node.dtype
     if not ctx.is_gpu or dt.name not in LIBRARY_DTYPES or not ctx.device.can_prepare("library"):
@@ -338,12 +340,9 @@ def plan_library(node, layouts: list, ctx, bias: tuple | None = None) -> list | 
         return None
     precision = "tf32" if node.params == "tf32" else "ieee"
     size = dt.itemsize
-    roles = [("out",), ("in_at", 0, aoff * size), ("in_at", 1, boff * size)]
-    if bias is not None:
-        out_index, bias_root, bias_offset = bias
-        roles[0] = ("out", out_index)
-        roles.append(("root_at", bias_root, bias_offset * size))
-    src = library_source(dt.name, "bias" if bias is not None else "none", precision)
+    roles = [("out",) if out is None else ("out", out), ("in_at", 0, aoff * size), ("in_at", 1, boff * size),
+             *extra_roles]
+    src = library_source(dt.name, epilogue, precision)
     if not _loadable(ctx, src):
         return None
     return [("dispatch", src, src.export, (1, 1, 1), consts, roles)]

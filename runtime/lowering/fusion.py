@@ -120,25 +120,26 @@ def want(ctx, keys) -> bool:
 
 
 def schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None = None,
-             fuse_now: bool = False) -> tuple[list, list, list]:
-    """(units, buffered, deferred): the units in node order, per node whether it gets a buffer,
-    and the keys of the fused kernels this schedule would need but runs without (see the module doc).
+             fuse_now: bool = False) -> tuple[list, list, list, list]:
+    """(units, buffered, deferred, noted): the units in node order, per node whether it gets a
+    buffer, the keys of the fused kernels this schedule would need but runs without (see the module
+    doc), and the constants whose values its GEMM epilogues rely on (``epilogues.py``).
 
     alias: id(array) -> the node of `order` holding its value (expanded grad nodes).
     fuse_now: compile whatever fused kernels it needs (rt.compile).
     """
-    units, buffered = _schedule(ctx, order, keep, fuse, alias)
+    units, buffered, noted = _schedule(ctx, order, keep, fuse, alias)
     if not fuse or fuse_now:
-        return units, buffered, []
+        return units, buffered, [], noted
     loaded = ctx.executables
     new = [u.cmds[0][1].key for u in units if u.members is not None and u.cmds[0][1].key not in loaded]
     if not new or want(ctx, new):
-        return units, buffered, []
-    units, buffered = _schedule(ctx, order, keep, False, alias)
-    return units, buffered, new
+        return units, buffered, [], noted
+    units, buffered, noted = _schedule(ctx, order, keep, False, alias)
+    return units, buffered, new, noted
 
 
-def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None) -> tuple[list, list]:
+def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None) -> tuple[list, list, list]:
     N = len(order)
     index = {id(n): i for i, n in enumerate(order)}
     if alias:
@@ -148,11 +149,17 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
     unit_of: list = [None] * N
     units: list = []
     groups: dict = {}  # element count -> fused groups of that size
-    folds = epilogues.bias_folds(ctx, order, index, keep) if fuse else {}
-    folded_into: dict = {}  # add node index -> the unit of the product computing its value
-    # Row groups first: a folded product and its bias add stay with the GEMM library.
-    rows = row_groups.find(order, index, set(folds) | {a for a, _ in folds.values()}) if fuse else {}
+    folds = epilogues.find(ctx, order, index, keep) if fuse else {}
+    folded_into: dict = {}  # node index -> the unit of the product whose GEMM computes its value
+    # Row groups first: the nodes a GEMM's epilogue computes stay with the GEMM library.
+    rows = row_groups.find(order, index, {i for fold in folds.values() for i in (fold.product, *fold.computed)}) \
+        if fuse else {}
+    # Nodes a GEMM computes that come before its product in the order (a bias gradient beside its
+    # weight gradient): placed with the product (nothing reads them before it, epilogues.py).
+    early = {i for fold in folds.values() for i in fold.computed if i < fold.product}
     for i, node in enumerate(order):
+        if i in early:
+            continue
         group = rows.get(i)
         if group is not None:  # a row program's member (its whole group is one unit)
             if group.unit is None:
@@ -171,21 +178,23 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
             if j is not None and ready[j] + 1 > lv:
                 lv = ready[j] + 1
         fold = folds.get(i)
-        if fold is not None:  # a product whose bias add is folded into it (runtime/epilogues.py)
-            add_index, bias = fold
-            cmds = epilogues.plan_folded(ctx, node, layouts, add_index, bias)
-            if cmds is not None:
-                source = index.get(id(bias.root))
-                if source is not None and ready[source] + 1 > lv:
-                    lv = ready[source] + 1
-                unit = Unit(lv, i, node, cmds, [])
-                units.append(unit)
-                unit_of[i] = unit
-                ready[i] = lv
-                folded_into[add_index] = unit
-                continue
+        if fold is not None:  # a product with the nodes its GEMM's epilogue computes (epilogues.py)
+            for j in fold.reads:  # a bias computed earlier, a mask written by another GEMM
+                producer = folded_into.get(j)
+                level = producer.level if producer is not None else ready[j]
+                if level + 1 > lv:
+                    lv = level + 1
+            unit = Unit(lv, i, node, fold.cmds, [])
+            units.append(unit)
+            unit_of[i] = unit
+            ready[i] = lv
+            for j in fold.computed:
+                folded_into[j] = unit
+                if j in early:
+                    unit_of[j], ready[j] = unit, lv
+            continue
         unit = folded_into.get(i)
-        if unit is not None:  # the add: computed by its product's unit
+        if unit is not None:  # a node a GEMM's epilogue computes
             unit_of[i] = unit
             ready[i] = unit.level
             continue
@@ -217,8 +226,9 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
             if j is not None and unit_of[j] is not unit_of[i]:
                 leaves[j] = True
     buffered = [True] * N
-    for unit in folded_into.values():  # the product a bias add was folded into is never written
-        buffered[unit.first] = False
+    for fold in folds.values():  # the product, the pre-activation: never written
+        for i in fold.unwritten:
+            buffered[i] = False
     for k, unit in enumerate(units):
         if unit.members is None:
             continue
@@ -238,7 +248,7 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
         for i in unit.members:
             buffered[i] = leaves[i]
         unit.cmds = [_fused_dispatch(order, index, unit, leaves)]
-    return units, buffered
+    return units, buffered, [c for fold in folds.values() for c in fold.noted]
 
 
 def _pick_group(candidates, node, srcs: list, variants: list, order: list, unit_of: list, ready: list,

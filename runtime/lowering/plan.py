@@ -43,7 +43,7 @@ class Plan:
         self.order: list = []  # the nodes, backward graphs expanded
         self.units: list = []  # fusion.Unit, in node order
         self.deferred: list = []  # keys of the fused kernels it runs without until they are due
-        self.noted: list = []  # constants whose values shaped the backward graphs
+        self.noted: list = []  # constants whose values shaped the backward graphs or a GEMM's epilogue
         self.n_ext = 0
         self.fresh: list = []  # (index in the eval's order, bucket, bytes) of each materialized node
         self.temps: list = []  # buckets of the scratch taken at each submission
@@ -68,7 +68,8 @@ def plan(ctx: DeviceContext, order: list, externals: list, keep: int | None, own
     if any(n.op == GRAD for n in order):
         order, keep, attach, alias, p.noted = expand_grads(order, keep)
     p.order = order
-    p.units, buffered, p.deferred = fusion.schedule(ctx, order, keep, fuse, alias, fuse_now=owned)
+    p.units, buffered, p.deferred, noted = fusion.schedule(ctx, order, keep, fuse, alias, fuse_now=owned)
+    p.noted += [c for c in noted if all(c is not n for n in p.noted)]
     keep_all = keep is None
     index_of_node = p.index_of_node
     scratch = []

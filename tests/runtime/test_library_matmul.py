@@ -213,3 +213,81 @@ def test_a_routine_the_library_refuses_runs_on_the_runtime_kernels():
             assert "library" in loaded(device)
     finally:
         device.close()
+
+
+def mlp_loss(w1, b1, w2, b2, x, y):
+    h = rt.maximum(x @ w1 + b1, 0.0)
+    d = h @ w2 + b2 - y
+    return (d * d).mean()
+
+
+def numpy_mlp_grads(w1, b1, w2, b2, x, y):
+    """The loss and gradients with the runtime's rule for maximum: the derivative at 0 is 1."""
+    z = x.astype(np.float64) @ w1 + b1
+    h = np.maximum(z, 0)
+    d = h @ w2 + b2 - y
+    gd = 2 * d / d.size
+    gz = (gd @ w2.T) * (z >= 0)
+    return (d * d).mean(), [x.T @ gz, gz.sum(0), h.T @ gd, gd.sum(0)]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_training_step_folds_relu_and_the_bias_gradients_into_its_gemms(gpu, compiled):
+    """Forward: bias and ReLU in the first GEMM, which also writes the ReLU mask as bits; backward:
+    the mask and the first bias gradient in the GEMM of the hidden gradient, the second bias
+    gradient in the GEMM of the second weight gradient. Rows of zeros put pre-activations exactly
+    on ReLU's kink."""
+    x, y = rand(40, 16, seed=30), rand(40, 8, seed=31)
+    x[:3] = 0
+    w1, w2 = rand(16, 32, seed=32) * 0.3, rand(32, 8, seed=33) * 0.3
+    b1, b2 = rand(32, seed=34) * 0.1, rand(8, seed=35) * 0.1
+    b1[:5] = 0  # with the zero rows of x: pre-activations of exactly 0, whose gradient passes
+    args = [rt.array(v, device=gpu) for v in (w1, b1, w2, b2, x, y)]
+    grad = rt.value_and_grad(mlp_loss, argnums=(0, 1, 2, 3))
+    context_for(gpu).executables.clear()
+    for _ in range(3):  # the fused kernels (and so the folds) come with the graph's repeats
+        if compiled:
+            loss, grads = rt.compile(grad)(*args)
+        else:
+            loss, grads = grad(*args)
+            rt.eval(loss, *grads)
+    want_loss, want = numpy_mlp_grads(w1, b1, w2, b2, x, y)
+    np.testing.assert_allclose(float(loss), want_loss, rtol=1e-5)
+    for got, expected in zip(grads, want):
+        np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4, atol=1e-6)
+    assert {"bias_relu_aux", "drelu_bgrad", "bgrad_b", "bias"} <= library_routines(gpu)
+
+
+def test_relu_after_a_product_folds_only_with_a_zero(gpu):
+    x, w, b = rand(24, 16, seed=36), rand(16, 40, seed=37), rand(40, seed=38)
+    X, W, B = (rt.array(v, device=gpu) for v in (x, w, b))
+    context_for(gpu).executables.clear()
+    for floor in (0.0, 0.5, 0.0):  # one graph key: the folded recording must not serve 0.5
+        for _ in range(3):
+            got = rt.maximum(X @ W + B, floor).numpy()
+        np.testing.assert_allclose(got, np.maximum(x @ w + b, floor), rtol=1e-5, atol=1e-5)
+    assert "bias_relu" in library_routines(gpu)
+    np.testing.assert_allclose(rt.maximum(X @ W, 0.0).numpy(), np.maximum(x @ w, 0), rtol=1e-5, atol=1e-5)
+    for _ in range(2):
+        rt.maximum(X @ W, 0.0).numpy()
+    assert "relu" in library_routines(gpu)
+
+
+def test_no_relu_fold_where_its_input_or_mask_is_wanted(gpu):
+    x, w = rand(24, 16, seed=39), rand(16, 40, seed=40)
+    X, W = rt.array(x, device=gpu), rt.array(w, device=gpu)
+    context_for(gpu).executables.clear()
+    for _ in range(3):
+        pre = X @ W
+        mask = pre >= 0
+        h = rt.maximum(pre, 0.0)
+        rt.eval(h, mask)  # the mask is wanted as booleans: no bits in its buffer
+    np.testing.assert_array_equal(mask.numpy(), x @ w >= 0)
+    np.testing.assert_allclose(h.numpy(), np.maximum(x @ w, 0), rtol=1e-5, atol=1e-5)
+    assert not {"relu", "relu_aux"} & library_routines(gpu)
+    for _ in range(3):
+        pre = X @ W
+        h = rt.maximum(pre, 0.0)
+        rt.eval(h, pre)  # the pre-activation is wanted
+    np.testing.assert_allclose(pre.numpy(), x @ w, rtol=1e-5, atol=1e-5)
+    assert not {"relu", "relu_aux"} & library_routines(gpu)
