@@ -25,9 +25,14 @@ from __future__ import annotations
 import numpy as np
 
 import hal
+from hal import env
 
 from ..kernels import matmul
 from ..shapes import broadcast_strides, contiguous_strides
+
+
+#: RUNTIME_GEMM_EPILOGUES=0: no folds, every node its own kernel (to measure what they save).
+ENABLED = env.switch("RUNTIME_GEMM_EPILOGUES", True)
 
 
 class Fold:
@@ -73,7 +78,7 @@ class _Graph:
 
 def find(ctx, order: list, index: dict, keep: int | None) -> dict:
     """The folds of an order, by product index, each planned (see the module doc)."""
-    if keep is None or not ctx.is_gpu or not ctx.device.can_prepare("library"):
+    if not ENABLED or keep is None or not ctx.is_gpu or not ctx.device.can_prepare("library"):
         return {}
     graph = _Graph(order, index, keep)
     forward: dict = {}  # product -> [the fold to try first, its fallback, ...]
