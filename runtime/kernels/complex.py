@@ -129,8 +129,8 @@ RT_DEV CPX rt_csqrt(CPX z) {
 }
 RT_DEV CPX rt_cpow(CPX a, CPX b) {
   if (b.re == 0 && b.im == 0) return CPX((REAL)1, (REAL)0);
-  if (a.re == 0 && a.im == 0) {
-    if (b.re > 0 && b.im == 0) return CPX((REAL)0, (REAL)0);
+  if (a.re == 0 && a.im == 0) {  // numpy: 0 for a positive real part (exp(b log 0) is 0 then)
+    if (b.re > 0) return CPX((REAL)0, (REAL)0);
     return CPX(rt_nan_@(), rt_nan_@());
   }
   if (b.im == 0 && b.re == trunc@(b.re) && fabs@(b.re) < (REAL)100) {  // numpy: repeated multiplication
@@ -215,7 +215,7 @@ RT_DEV CPX rt_cacosh(CPX z) {
   const CPX w = rt_cacos(z);
   if (rt_isnan_@(w.re) && rt_isnan_@(w.im)) return CPX(w.im, w.re);
   if (rt_isnan_@(w.re)) return CPX(fabs@(w.im), w.re);
-  if (rt_isnan_@(w.im)) return CPX(w.im, w.im);
+  if (rt_isnan_@(w.im)) return z.re == 0 ? CPX(w.im, w.re) : CPX(w.im, w.im);  // the standard: NaN + i pi/2 at 0
   return CPX(fabs@(w.im), copysign@(w.re, z.im));
 }
 RT_DEV CPX rt_catanh(CPX z) {

@@ -130,6 +130,39 @@ _NP_UFUNC = {
     "logical_or": np.logical_or, "logical_xor": np.logical_xor, "logical_not": np.logical_not,
     "conj": np.conjugate, "real": np.real, "imag": np.imag,
 }
+def _np_csign(z):
+    """The array API's sign of complex z (numpy's sign gives finite results for NaN parts)."""
+    z = np.asarray(z)
+    a = np.abs(z)
+    out = np.where(a == 0, 0, z / np.where(a == 0, 1, a)).astype(z.dtype, copy=False)
+    re_inf, im_inf = np.isinf(z.real), np.isinf(z.imag)
+    one = np.ones((), z.real.dtype)
+    out = np.where(re_inf & ~im_inf, np.copysign(one, z.real) + 0j, out)
+    out = np.where(im_inf & ~re_inf, 1j * np.copysign(one, z.imag), out)
+    return np.where(np.isnan(z.real) | np.isnan(z.imag), np.asarray(np.nan + 0j) * (1 + 1j), out).astype(z.dtype)
+
+
+def _np_cexpm1(z):
+    """exp(z) - 1 of complex z with the array API's special cases (numpy's has none: expm1(inf + 0j)
+    is inf + nanj there, inf + 0j in the standard)."""
+    z = np.asarray(z)
+    x, y = z.real, z.imag
+    s = np.sin(y * 0.5)
+    r = np.empty_like(z)
+    r.real = np.expm1(x) * np.cos(y) - 2 * s * s
+    r.imag = np.exp(x) * np.sin(y)
+    zero_y = y == 0
+    r.real = np.where(zero_y, np.expm1(x), r.real)
+    r.imag = np.where(zero_y, y, r.imag)
+    ninf, pinf, finite_y = np.isneginf(x), np.isposinf(x), np.isfinite(y)
+    r.real = np.where(ninf & ~zero_y, -1, r.real)
+    r.imag = np.where(ninf & ~zero_y, np.where(finite_y, np.copysign(0, np.sin(y)), 0), r.imag)
+    r.real = np.where(pinf & ~finite_y, np.inf, r.real)
+    r.imag = np.where(pinf & ~finite_y, np.nan, r.imag)
+    return r
+
+
+_NP_COMPLEX = {"sign": _np_csign, "expm1": _np_cexpm1}
 _NP_INT = {"pow": _np_ipow, "left_shift": _np_shift_op("left_shift"),
            "right_shift": _np_shift_op("right_shift")}
 _BOOL_UFUNC = {"add": np.logical_or, "mul": np.logical_and, "maximum": np.logical_or,
@@ -308,7 +341,7 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
     native_out = out_dt is not _dt.bfloat16
 
     quiet = op not in _FAST
-    int_fn = _NP_INT.get(op) if cdt.is_int else None
+    int_fn = _NP_INT.get(op) if cdt.is_int else _NP_COMPLEX.get(op) if cdt.is_complex else None
     to_int = op == "cast" and out_dt.is_int
 
     def apply(out, ins):
