@@ -26,7 +26,7 @@ _UFUNCS = {
     "greater": ops.greater, "greater_equal": ops.greater_equal, "negative": ops.negative,
     "positive": ops.positive, "absolute": ops.absolute, "fabs": ops.absolute, "matmul": ops.matmul,
     "arctan2": "atan2", "arcsin": "asin", "arccos": "acos", "arctan": "atan", "arcsinh": "asinh",
-    "arccosh": "acosh", "arctanh": "atanh", "invert": "bitwise_invert", "rint": "round",
+    "arccosh": "acosh", "arctanh": "atanh", "invert": "bitwise_invert", "rint": "round", "conjugate": "conj",
 }
 for _name in ("exp", "log", "sqrt", "tanh", "sin", "cos", "tan", "sinh", "cosh", "expm1", "log1p", "log2", "log10",
               "floor", "ceil", "trunc", "square", "sign", "reciprocal", "isnan", "isinf", "isfinite", "signbit",

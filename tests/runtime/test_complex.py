@@ -444,6 +444,8 @@ def test_numpy_and_dlpack(dev):
         check(np.from_dlpack(x), z, "complex128")
         check(np.from_dlpack(x.T), z.T, "complex128")
     check(np.exp(x).numpy(), np.exp(z), "complex128")  # numpy's protocols stay on the device
+    assert isinstance(np.conjugate(x), rt.Array)
+    check(np.conjugate(x).numpy(), np.conjugate(z), "complex128")
     assert complex(rt.asarray(2 - 1j, device=dev)) == 2 - 1j
 
 
