@@ -33,7 +33,9 @@ if TYPE_CHECKING:
     from hal.executable import ExecutableSpec, NumpyKernel
 
 #: The element types routines take, and their sizes in bytes.
-DTYPE_SIZES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
+DTYPE_SIZES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "complex64": 8, "complex128": 16}
+#: The complex ones (pairs of float32 / float64, real part first): Gemms of them take no epilogue.
+COMPLEX_DTYPES = frozenset({"complex64", "complex128"})
 
 
 class Routine:
@@ -141,7 +143,9 @@ class Gemm(Routine):
     k x m row-major matrix; 2: B stored transposed, n x k), lda, ldb, ldc (row strides), and the
     batch strides of A, B and C (0 repeats one matrix for every batch entry; C's must not be 0
     when batch > 1). ``dtype`` is the element type of every operand; products accumulate in
-    float32 for the 16-bit types and float32/float64 otherwise.
+    float32 for the 16-bit types and float32/float64 otherwise (complex64/complex128 in their own
+    precision, without an epilogue: none of them is defined for complex values; neither operand
+    is conjugated).
     """
 
     kind: ClassVar[str] = "gemm"
@@ -158,6 +162,8 @@ class Gemm(Routine):
             raise InvalidArgumentError(f"Gemm epilogue must be one of {GEMM_EPILOGUES}, got {self.epilogue!r}")
         if self.precision not in GEMM_PRECISIONS:
             raise InvalidArgumentError(f"Gemm precision must be one of {GEMM_PRECISIONS}, got {self.precision!r}")
+        if self.dtype in COMPLEX_DTYPES and self.epilogue != "none":
+            raise InvalidArgumentError(f"{self.dtype} Gemms take no epilogue, not {self.epilogue!r}")
         if self.precision == "tf32" and self.dtype != "float32":
             raise InvalidArgumentError(f"tf32 precision applies to float32 products only, not {self.dtype}")
 
@@ -199,8 +205,8 @@ class Gemm(Routine):
     @staticmethod
     def relu_mask_bytes(m: int, n: int) -> int:
         """Bytes of the ReLU mask of an m x n product: m rows of n bits, each row padded to a
-        multiple of ``RELU_MASK_ALIGN`` bits; bit j of row i is bit ``j % 8`` of byte
-        ``i * row_bytes + j // 8``."""
+        multiple of ``RELU_MASK_ALIGN`` bits (the padding's value unspecified: cuBLASLt leaves it
+        as it was); bit j of row i is bit ``j % 8`` of byte ``i * row_bytes + j // 8``."""
         return m * relu_mask_row_bytes(n)
 
     @property
@@ -291,7 +297,7 @@ def run_gemm_reference(gemm: Gemm, bindings: Sequence[memoryview], constants: Se
         a = a.transpose(0, 2, 1)
     if s.transpose_b:
         b = b.transpose(0, 2, 1)
-    compute = np.float64 if gemm.dtype == "float64" else np.float32
+    compute = np.dtype(gemm.dtype) if gemm.dtype in ("float64", *COMPLEX_DTYPES) else np.float32
     with np.errstate(all="ignore"):
         result = np.matmul(a.astype(compute), b.astype(compute))
         if gemm.has_bias:
