@@ -249,7 +249,9 @@ def _general(dt):
 
 
 #: dtypes whose products the GPU libraries compute (float accumulation for the 16-bit ones).
-LIBRARY_DTYPES = frozenset({"float32", "float64", "float16", "bfloat16"})
+LIBRARY_DTYPES = frozenset({"float32", "float64", "float16", "bfloat16", "complex64", "complex128"})
+#: Those whose products take the libraries' epilogues (runtime/lowering/epilogues.py): the real ones.
+EPILOGUE_DTYPES = frozenset({"float32", "float64", "float16", "bfloat16"})
 #: float32 matmul precision: "highest" (IEEE float32, numpy's and PyTorch's default) or "high" (TF32).
 _float32_precision = ["highest"]
 

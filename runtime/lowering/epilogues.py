@@ -84,7 +84,7 @@ def find(ctx, order: list, index: dict, keep: int | None) -> dict:
     forward: dict = {}  # product -> [the fold to try first, its fallback, ...]
     backward: dict = {}
     for j, node in enumerate(order):
-        if node.op == "matmul" and len(node.shape) == 2 and node.dtype.name in matmul.LIBRARY_DTYPES \
+        if node.op == "matmul" and len(node.shape) == 2 and node.dtype.name in matmul.EPILOGUE_DTYPES \
                 and not graph.kept(j):
             options = _forward(graph, j)
             if options:
@@ -201,7 +201,7 @@ def _finish(fold: Fold, pre_index: int, bias_reads: list, zero, bias_roles: list
 def _relu_after(graph: _Graph, pre, pre_index: int) -> tuple | None:
     """(the maximum node, the mask node or None, the 0 constant) where ``pre`` feeds
     ``maximum(pre, 0)`` and at most one mask ``pre >= 0`` of its gradient, and nothing else."""
-    if graph.kept(pre_index) or pre.dtype.name not in matmul.LIBRARY_DTYPES:
+    if graph.kept(pre_index) or pre.dtype.name not in matmul.EPILOGUE_DTYPES:
         return None
     order = graph.order
     h = mask = zero = None

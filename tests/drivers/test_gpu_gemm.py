@@ -184,3 +184,18 @@ def test_every_epilogue_maps_to_a_cublaslt_epilogue():
     assert cuda_blas.EPILOGUES["bgrad_b"] == "BGRADA"
     lt = pytest.importorskip("nvmath.bindings.cublasLt")
     assert not [name for name in cuda_blas.EPILOGUES.values() if not hasattr(lt.Epilogue, name)]
+
+
+def test_every_routine_dtype_maps_to_a_cuda_data_type_and_compute_type():
+    """cudaDataType_t of each routine dtype (complex products: CUDA_C_32F / CUDA_C_64F, computed in
+    their parts' precision with complex alpha and beta)."""
+    from hal.drivers.cuda import blas as cuda_blas
+
+    assert set(cuda_blas.DATA_TYPES) == set(hal.library.DTYPE_SIZES)
+    runtime_api = pytest.importorskip("cuda.bindings.runtime")
+    for dtype, name in (("float32", "CUDA_R_32F"), ("float64", "CUDA_R_64F"), ("float16", "CUDA_R_16F"),
+                        ("bfloat16", "CUDA_R_16BF"), ("complex64", "CUDA_C_32F"), ("complex128", "CUDA_C_64F")):
+        assert cuda_blas.DATA_TYPES[dtype] == int(getattr(runtime_api.cudaDataType, name)), dtype
+    assert cuda_blas.compute_types(hal.Gemm("complex64")) == (cuda_blas.COMPUTE_32F, np.complex64)
+    assert cuda_blas.compute_types(hal.Gemm("complex128")) == (cuda_blas.COMPUTE_64F, np.complex128)
+    assert cuda_blas.SCALE_TYPES[np.complex64] == cuda_blas.DATA_TYPES["complex64"]

@@ -40,7 +40,9 @@ def _fake_gpu():
         pytest.skip("g++ is needed to emulate the CUDA kernels")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     fake_gpu = pytest.importorskip("drivers.fake_gpu")
-    device = fake_gpu.FakeGpuDriver().create_device(command_buffer="graph")
+    # without GEMM libraries: products run on the generated matmul kernels (the library's complex
+    # GEMMs: test_library_matmul.py)
+    device = fake_gpu.FakeGpuDriver(libraries=False).create_device(command_buffer="graph")
     context_for(device).is_gpu = True
     return device, cuda_emu.emulated_kernels()
 

@@ -96,6 +96,24 @@ def test_other_float_dtypes_run_on_the_library(gpu, dtype):
     np.testing.assert_allclose(got.numpy(), a.astype(np.float64) @ b, rtol=tolerance, atol=tolerance * 8)
 
 
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+def test_complex_products_run_on_the_library_without_epilogues(gpu, dtype):
+    """Complex products take the library's complex GEMM; a bias add after one is not folded (complex
+    Gemms have no epilogues), and vecdot's conjugated operand is an ordinary input of it."""
+    rng = np.random.default_rng(40)
+    def draw(*shape):
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    x, w, b = draw(3, 16, 12), draw(12, 8), draw(8)
+    X, W, B = (rt.array(v, device=gpu) for v in (x, w, b))
+    tolerance = 1e-5 if dtype is np.complex64 else 1e-12
+    np.testing.assert_allclose((X @ W).numpy(), x @ w, rtol=tolerance, atol=tolerance * 10)
+    np.testing.assert_allclose((X[0] @ W + B).numpy(), x[0] @ w + b, rtol=tolerance, atol=tolerance * 10)
+    np.testing.assert_allclose(rt.vecdot(X, X).numpy(), np.vecdot(x, x), rtol=tolerance, atol=tolerance * 10)
+    routines = {key[1] for key in context_for(gpu).executables if key[0] == "library"}
+    assert hal.Gemm(np.dtype(dtype).name) in routines
+    assert not any(r.dtype == np.dtype(dtype).name and r.epilogue != "none" for r in routines)
+
+
 def test_strided_operands_and_integers_take_the_runtime_kernels(gpu):
     a, b = rand(16, 32, seed=7), rand(32, 8, seed=8)
     A, B = rt.array(a, device=gpu), rt.array(b, device=gpu)

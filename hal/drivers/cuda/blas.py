@@ -29,8 +29,12 @@ from hal.errors import UnavailableError
 from hal.library import Gemm, GemmShape, relu_mask_row_bytes
 from hal.log import driver_logger
 
-#: cudaDataType_t and cublasComputeType_t values (library_types.h, cublas_api.h).
-DATA_TYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}
+#: cudaDataType_t and cublasComputeType_t values (library_types.h, cublas_api.h): CUDA_R_32F, CUDA_R_64F,
+#: CUDA_R_16F, CUDA_R_16BF, CUDA_C_32F, CUDA_C_64F.
+DATA_TYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14, "complex64": 4, "complex128": 5}
+#: The cudaDataType_t of alpha and beta by their numpy type.
+SCALE_TYPES = {np.float32: DATA_TYPES["float32"], np.float64: DATA_TYPES["float64"],
+               np.complex64: DATA_TYPES["complex64"], np.complex128: DATA_TYPES["complex128"]}
 COMPUTE_32F, COMPUTE_32F_FAST_TF32, COMPUTE_64F = 68, 77, 70
 #: The most workspace a cuBLASLt plan may ask for (NVIDIA's advice for Hopper).
 WORKSPACE_LIMIT = 32 << 20
@@ -49,9 +53,14 @@ EPILOGUES = {"none": "DEFAULT", "bias": "BIAS", "relu": "RELU", "bias_relu": "RE
 
 def compute_types(gemm: Gemm) -> tuple[int, type]:
     """(cublasComputeType_t, the scalars' numpy type): 16-bit inputs accumulate in float32 on
-    tensor cores; float32 is IEEE unless TF32 was asked for."""
+    tensor cores; float32 is IEEE unless TF32 was asked for; complex products compute in their
+    parts' precision with complex scalars."""
     if gemm.dtype == "float64":
         return COMPUTE_64F, np.float64
+    if gemm.dtype == "complex128":
+        return COMPUTE_64F, np.complex128
+    if gemm.dtype == "complex64":
+        return COMPUTE_32F, np.complex64
     return (COMPUTE_32F_FAST_TF32 if gemm.precision == "tf32" else COMPUTE_32F), np.float32
 
 
@@ -80,7 +89,7 @@ class CublasLt(GemmBackend):
         data_type = DATA_TYPES[gemm.dtype]
         compute, scale = compute_types(gemm)
         alpha, beta = np.ones(1, scale), np.zeros(1, scale)
-        desc = lt.matmul_desc_create(compute, DATA_TYPES["float64" if scale is np.float64 else "float32"])
+        desc = lt.matmul_desc_create(compute, SCALE_TYPES[scale])
         attribute = lt.MatmulDescAttribute
         _set(lt.matmul_desc_set_attribute, desc, attribute.TRANSA, np.int32(problem.transpose_x))
         _set(lt.matmul_desc_set_attribute, desc, attribute.TRANSB, np.int32(problem.transpose_y))
