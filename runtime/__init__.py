@@ -12,7 +12,7 @@ from typing import Any
 
 from hal import __version__ as __version__  # one distribution: the runtime's version is the HAL's
 
-from . import random
+from . import nn, random
 from .array import Array
 from .array_api import (
     __array_api_version__ as __array_api_version__,
@@ -230,7 +230,7 @@ __all__ = [
     "iinfo", "imag", "inf", "int16", "int32", "int64", "int8", "isdtype", "isfinite", "isinf", "isnan", "left_shift",
     "less", "less_equal", "linspace", "log", "log10", "log1p", "log2", "logaddexp", "logical_and", "logical_not",
     "logical_or", "logical_xor", "matmul", "matrix_transpose", "max", "maximum", "mean", "meshgrid", "min",
-    "minimum", "moveaxis", "mul", "multiply", "nan", "neg", "negative", "newaxis", "nextafter", "nonzero",
+    "minimum", "moveaxis", "mul", "multiply", "nan", "neg", "negative", "newaxis", "nextafter", "nn", "nonzero",
     "not_equal", "ones", "ones_like", "permute_dims", "pi", "positive", "pow", "power", "prod", "random", "real",
     "reciprocal", "remainder", "repeat", "reshape", "result_type", "right_shift", "roll", "round", "searchsorted",
     "set_default_device", "set_float32_matmul_precision", "sigmoid", "sign", "signbit", "sin", "sinh", "sort",

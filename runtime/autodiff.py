@@ -275,6 +275,8 @@ def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
         return g * (1 - node * node)
     if op == "sigmoid":
         return g * node * (1 - node)
+    if op == "gelu":  # one node, which a GEMM's dgelu epilogue can compute (lowering/epilogues.py)
+        return ops.binary("gelu_grad", g, x)
     if op == "cast":
         if not (x.dtype.is_float or x.dtype.is_complex):
             return None

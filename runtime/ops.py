@@ -36,14 +36,14 @@ if TYPE_CHECKING:
     #: What an op takes as an array: an Array, or host data it copies to the device.
     ArrayLike: TypeAlias = Array | np.ndarray | np.generic | bool | int | float | Sequence[Any]
 
-UNARY_FLOAT = ("exp", "log", "sqrt", "tanh", "sigmoid", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
+UNARY_FLOAT = ("exp", "log", "sqrt", "tanh", "sigmoid", "gelu", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
                "cosh", "asinh", "acosh", "atanh", "expm1", "log1p", "log2", "log10", "reciprocal")
 UNARY_SAME = ("neg", "abs", "floor", "ceil", "trunc", "round", "square", "sign", "bitwise_invert")
 #: Ops of complex operands only (on real ones, conj and real are the identity and imag is zeros).
 UNARY_COMPLEX = ("conj", "real", "imag")
 UNARY_PREDICATE = ("isnan", "isinf", "isfinite", "signbit", "logical_not")
 ARITH = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "floor_divide", "remainder")
-BINARY_FLOAT = ("atan2", "hypot", "copysign", "nextafter", "logaddexp")
+BINARY_FLOAT = ("atan2", "hypot", "copysign", "nextafter", "logaddexp", "gelu_grad")
 BITWISE = ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift")
 LOGICAL = ("logical_and", "logical_or", "logical_xor")
 COMPARE = ("eq", "ne", "lt", "le", "gt", "ge")
@@ -52,7 +52,7 @@ ELEMENTWISE = frozenset(UNARY_FLOAT + UNARY_SAME + UNARY_COMPLEX + UNARY_PREDICA
 #: What complex operands do not have: an order (comparisons, maximum, ...), rounding down or up, the
 #: real functions of two operands, bits, and the functions of real numbers only.
 _NOT_COMPLEX = frozenset(("lt", "le", "gt", "ge", "maximum", "minimum", "floor_divide", "remainder", "floor", "ceil",
-                          "trunc", "signbit", "sigmoid", "bitwise_invert") + BINARY_FLOAT + BITWISE)
+                          "trunc", "signbit", "sigmoid", "gelu", "bitwise_invert") + BINARY_FLOAT + BITWISE)
 REDUCTIONS = frozenset(("sum", "mean", "max", "min", "argmax", "argmin", "prod"))
 VIEWS = frozenset(("reshape", "transpose", "broadcast_to", "slice", "alias"))
 

@@ -76,6 +76,19 @@ template <typename T> RT_DEV T rt_ipow(T base, T e) {
   }
 RT_FLOAT_DIVMOD(float, f)
 RT_FLOAT_DIVMOD(double, )
+// GELU in its tanh form (the GEMM libraries' GELU epilogue), and its derivative times g.
+#define RT_GELU(T, S) \
+  RT_DEV T rt_gelu(T x) { \
+    const T c = (T)0.79788456080286535588, k = (T)0.044715; \
+    return (T)0.5 * x * ((T)1 + tanh##S(c * (x + k * x * x * x))); \
+  } \
+  RT_DEV T rt_gelu_grad(T g, T x) { \
+    const T c = (T)0.79788456080286535588, k = (T)0.044715; \
+    const T t = tanh##S(c * (x + k * x * x * x)); \
+    return g * ((T)0.5 * ((T)1 + t) + (T)0.5 * x * ((T)1 - t * t) * c * ((T)1 + (T)3 * k * x * x)); \
+  }
+RT_GELU(float, f)
+RT_GELU(double, )
 template <typename T> RT_DEV T rt_ifloordiv(T a, T b) {
   if (b == 0) return 0;
   if ((T)-1 < (T)0 && b == (T)-1) return (T)(0ull - (u64)a);

@@ -25,7 +25,8 @@ _C_FLOAT = {
     "add": "a + b", "sub": "a - b", "mul": "a * b", "div": "a / b", "pow": "powf(a, b)",
     "maximum": "rt_fmax(a, b)", "minimum": "rt_fmin(a, b)",
     "neg": "-a", "abs": "fabsf(a)", "exp": "expf(a)", "log": "logf(a)", "sqrt": "sqrtf(a)",
-    "tanh": "tanhf(a)", "sigmoid": "1.0f / (1.0f + expf(-a))",
+    "tanh": "tanhf(a)", "sigmoid": "1.0f / (1.0f + expf(-a))", "gelu": "rt_gelu(a)",
+    "gelu_grad": "rt_gelu_grad(a, b)",
     "sin": "sinf(a)", "cos": "cosf(a)", "tan": "tanf(a)", "asin": "asinf(a)", "acos": "acosf(a)",
     "atan": "atanf(a)", "sinh": "sinhf(a)", "cosh": "coshf(a)", "asinh": "asinhf(a)", "acosh": "acoshf(a)",
     "atanh": "atanhf(a)", "expm1": "expm1f(a)", "log1p": "log1pf(a)", "log2": "log2f(a)",
@@ -68,8 +69,8 @@ _C_ANY = {"eq": "a == b", "ne": "a != b", "lt": "a < b", "le": "a <= b", "gt": "
 # Ops whose result is bool whatever they compute in.
 PREDICATES = frozenset(("eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "isfinite", "signbit",
                         "logical_and", "logical_or", "logical_xor", "logical_not"))
-UNARY = frozenset(("conj", "real", "imag", "neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "cast", "copy",
-                   "sin", "cos", "tan",
+UNARY = frozenset(("conj", "real", "imag", "neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "gelu", "cast",
+                   "copy", "sin", "cos", "tan",
                    "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "expm1", "log1p", "log2",
                    "log10", "floor", "ceil", "trunc", "round", "square", "sign", "reciprocal", "isnan",
                    "isinf", "isfinite", "signbit", "bitwise_invert", "logical_not"))
@@ -79,6 +80,19 @@ _np_shift = {"left_shift": np.left_shift, "right_shift": np.right_shift}
 
 def _np_sigmoid(a):
     return 1 / (1 + np.exp(-a))
+
+
+def np_gelu(x):
+    """GELU in its tanh form (``runtime.nn.gelu``), in x's precision."""
+    c, k = x.dtype.type(0.79788456080286535588), x.dtype.type(0.044715)
+    return x.dtype.type(0.5) * x * (1 + np.tanh(c * (x + k * x * x * x)))
+
+
+def np_gelu_grad(g, x):
+    """g times the derivative of ``np_gelu`` at x."""
+    c, k, half = x.dtype.type(0.79788456080286535588), x.dtype.type(0.044715), x.dtype.type(0.5)
+    t = np.tanh(c * (x + k * x * x * x))
+    return g * (half * (1 + t) + half * x * (1 - t * t) * c * (1 + 3 * k * x * x))
 
 
 def _np_ipow(a, b):
@@ -128,7 +142,7 @@ _NP_UFUNC = {
     "signbit": np.signbit, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
     "bitwise_xor": np.bitwise_xor, "bitwise_invert": np.invert, "logical_and": np.logical_and,
     "logical_or": np.logical_or, "logical_xor": np.logical_xor, "logical_not": np.logical_not,
-    "conj": np.conjugate, "real": np.real, "imag": np.imag,
+    "conj": np.conjugate, "real": np.real, "imag": np.imag, "gelu": np_gelu, "gelu_grad": np_gelu_grad,
 }
 def _np_csign(z):
     """The array API's sign of complex z (numpy's sign gives finite results for NaN parts)."""

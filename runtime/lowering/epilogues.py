@@ -11,6 +11,11 @@ memory, and the values only the dispatch used (the product, a pre-activation) ge
   then read by nothing but the folds below;
 - ``where(mask, g @ w.T, 0)`` with such a mask: the where (``drelu``), and with the bias
   gradient ``sum(.., axis=0, keepdims=True)`` of it, that sum too (``drelu_bgrad``);
+- ``rt.nn.gelu(x @ w [+ b])``: the GELU (``gelu`` / ``bias_gelu``); where the backward pass needs
+  the pre-activation (``gelu_grad(g, pre)``), the dispatch also writes it (``gelu_aux``) into the
+  pre-activation's own buffer;
+- ``gelu_grad(g @ w.T, pre)`` with any such pre-activation: the gradient (``dgelu``), and with its
+  column sums, those too (``dgelu_bgrad``);
 - ``x.T @ g`` beside ``sum(g, axis=0, keepdims=True)``: the sum (``bgrad_b``), a layer's bias
   gradient computed with its weight gradient.
 
@@ -29,7 +34,6 @@ from hal import env
 
 from ..kernels import matmul
 from ..shapes import broadcast_strides, contiguous_strides
-
 
 #: RUNTIME_GEMM_EPILOGUES=0: no folds, every node its own kernel (to measure what they save).
 ENABLED = env.switch("RUNTIME_GEMM_EPILOGUES", True)
@@ -82,7 +86,8 @@ def find(ctx, order: list, index: dict, keep: int | None) -> dict:
         return {}
     graph = _Graph(order, index, keep)
     forward: dict = {}  # product -> [the fold to try first, its fallback, ...]
-    backward: dict = {}
+    backward: dict = {}  # ReLU's: on a mask a forward fold writes
+    gelu_backward: dict = {}  # GELU's: on a pre-activation in memory either way
     for j, node in enumerate(order):
         if node.op == "matmul" and len(node.shape) == 2 and node.dtype.name in matmul.EPILOGUE_DTYPES \
                 and not graph.kept(j):
@@ -93,6 +98,10 @@ def find(ctx, order: list, index: dict, keep: int | None) -> dict:
                 fold = _drelu(graph, j)
                 if fold is not None:
                     backward[j] = fold
+                else:
+                    fold = _dgelu(graph, j)
+                    if fold is not None:
+                        gelu_backward[j] = fold
     # A mask is written as bits only where every reader is a backward fold that runs, and a
     # backward fold runs only on a mask some forward fold writes: settle both together.
     while True:
@@ -111,6 +120,7 @@ def find(ctx, order: list, index: dict, keep: int | None) -> dict:
                 del forward[j]
     folds = {j: options[0] for j, options in forward.items()}
     folds.update(backward)
+    folds.update((j, fold) for j, fold in gelu_backward.items() if _planned(ctx, graph, fold))
     taken = {i for fold in folds.values() for i in fold.computed}
     for j, node in enumerate(order):
         if j not in folds and node.op == "matmul" and len(node.shape) == 2:  # (its product is its result)
@@ -169,6 +179,25 @@ def _forward(graph: _Graph, j: int) -> list:
                     bias_reads = [source] if source is not None else []
                     break
     options = []
+    gelu = _gelu_after(graph, pre, pre_index)
+    if gelu is not None:
+        h, needed = gelu
+        prefix = "bias_" if bias_roles else ""
+        if needed:  # the backward pass reads the pre-activation: the dispatch writes it too
+            fold = Fold(j, h, prefix + "gelu_aux")
+            fold.extra = [*bias_roles, ("out", pre_index)]
+            fold.computed = [h, pre_index] if pre_index != j else [h]
+            fold.unwritten = [] if pre_index == j else [j]
+            fold.reads = list(bias_reads)
+            options.append(fold)
+        else:
+            fold = Fold(j, h, prefix + "gelu")
+            fold.extra = list(bias_roles)
+            if pre_index != j:
+                fold.unwritten.append(pre_index)
+                fold.computed.append(pre_index)
+            fold.reads = list(bias_reads)
+            options.append(fold)
     relu = _relu_after(graph, pre, pre_index)
     if relu is not None:
         h, mask, zero = relu
@@ -226,6 +255,54 @@ def _relu_after(graph: _Graph, pre, pre_index: int) -> tuple | None:
         if hal.Gemm.relu_mask_bytes(m, n) > m * n:  # the bits must fit the mask node's own buffer
             return None
     return h, mask, zero
+
+
+def _gelu_after(graph: _Graph, pre, pre_index: int) -> tuple | None:
+    """(the gelu node, whether gradients read ``pre``) where ``pre`` feeds ``gelu(pre)`` and
+    otherwise only ``gelu_grad(g, pre)`` nodes."""
+    if pre.dtype.name not in matmul.LIBRARY_DTYPES:
+        return None
+    order = graph.order
+    h = None
+    needed = graph.kept(pre_index)
+    for i in graph.readers.get(pre_index, ()):
+        node = order[i]
+        if node.op == "gelu" and h is None and _reads_whole(node.inputs[0], pre, node):
+            h = i
+        elif node.op == "gelu_grad" and graph.source(node.inputs[1]) == pre_index \
+                and _reads_whole(node.inputs[1], pre) and graph.source(node.inputs[0]) != pre_index:
+            needed = True
+        else:
+            return None
+    return (h, needed) if h is not None else None
+
+
+def _dgelu(graph: _Graph, j: int) -> Fold | None:
+    """``gelu_grad(product, pre)`` [and the column sums of it] of product ``j``: the pre-activation
+    is any value of the order in the product's shape (a forward GEMM's aux, or computed)."""
+    order = graph.order
+    product = order[j]
+    readers = graph.readers.get(j, set())
+    if len(readers) != 1:
+        return None
+    (w,) = readers
+    node = order[w]
+    if node.op != "gelu_grad" or node.shape != product.shape or node.dtype != product.dtype:
+        return None
+    value, pre = node.inputs
+    source = graph.source(pre)
+    if graph.source(value) != j or not _reads_whole(value, product) or source is None or source == j \
+            or not _reads_whole(pre, order[source]) or pre.shape != node.shape or pre.dtype != node.dtype:
+        return None
+    fold = Fold(j, w, "dgelu")
+    fold.reads = [source]
+    column_sum = _column_sum(graph, w, node)
+    if column_sum is not None:
+        fold.epilogue = "dgelu_bgrad"
+        fold.extra = [("out", column_sum)]
+        fold.computed.append(column_sum)
+    fold.extra.append(("root", order[source]))
+    return fold
 
 
 def _drelu(graph: _Graph, j: int) -> Fold | None:

@@ -309,3 +309,38 @@ def test_no_relu_fold_where_its_input_or_mask_is_wanted(gpu):
         rt.eval(h, pre)  # the pre-activation is wanted
     np.testing.assert_allclose(pre.numpy(), x @ w, rtol=1e-5, atol=1e-5)
     assert not {"relu", "relu_aux"} & library_routines(gpu)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_a_gelu_layer_folds_forward_and_backward(gpu, with_bias):
+    """rt.nn.gelu after a product: the forward GEMM writes the GELU and the pre-activation the
+    backward GEMM multiplies by GELU's derivative (gelu_aux / dgelu_bgrad); inference alone runs
+    the plain GELU epilogue."""
+    x, y = rand(40, 16, seed=41), rand(40, 8, seed=42)
+    w1, w2 = rand(16, 32, seed=43) * 0.3, rand(32, 8, seed=44) * 0.3
+    b1 = rand(32, seed=45) * 0.1 if with_bias else np.zeros(32, np.float32)
+    X, Y, W1, B1, W2 = (rt.array(v, device=gpu) for v in (x, y, w1, b1, w2))
+
+    def loss(w1, b1, w2):
+        pre = X @ w1 + b1 if with_bias else X @ w1
+        return ((rt.nn.gelu(pre) @ w2 - Y) ** 2).mean()
+
+    c, k = np.sqrt(2 / np.pi), 0.044715
+    z = x.astype(np.float64) @ w1 + b1
+    t = np.tanh(c * (z + k * z ** 3))
+    h = 0.5 * z * (1 + t)
+    gd = 2 * (h @ w2 - y) / y.size
+    gz = (gd @ w2.T) * (0.5 * (1 + t) + 0.5 * z * (1 - t * t) * c * (1 + 3 * k * z * z))
+    context_for(gpu).executables.clear()
+    grad = rt.value_and_grad(loss, argnums=(0, 1, 2))
+    for _ in range(3):
+        value, grads = grad(W1, B1, W2)
+        rt.eval(value, *grads)
+    for got, expected in zip(grads, (x.T @ gz, gz.sum(0) if with_bias else 0 * b1, h.T @ gd)):
+        np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4, atol=1e-6)
+    prefix = "bias_" if with_bias else ""
+    assert {prefix + "gelu_aux", "dgelu_bgrad" if with_bias else "dgelu"} <= library_routines(gpu)
+    for _ in range(3):
+        out = rt.nn.gelu(X @ W1 + B1 if with_bias else X @ W1).numpy()
+    np.testing.assert_allclose(out, h, rtol=1e-5, atol=1e-6)
+    assert prefix + "gelu" in library_routines(gpu)
