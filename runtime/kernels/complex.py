@@ -93,8 +93,8 @@ RT_DEV CPX rt_clog(CPX z) {
   const REAL x = z.re, y = z.im, h = hypot@(x, y);
   REAL r;
   if (h > (REAL)0.5 && h < (REAL)2) {  // |z| near 1: log1p of |z|^2 - 1, formed without cancelling
-    const REAL ax = fabs@(x), ay = fabs@(y);
-    r = (REAL)0.5 * log1p@((ax - (REAL)1) * (ax + (REAL)1) + ay * ay);
+    const REAL ax = fabs@(x), ay = fabs@(y), hi = ax > ay ? ax : ay, lo = ax > ay ? ay : ax;
+    r = (REAL)0.5 * log1p@((hi - (REAL)1) * (hi + (REAL)1) + lo * lo);
   } else {
     r = log@(h);
   }
@@ -107,7 +107,9 @@ RT_DEV CPX rt_cround(CPX z) { return CPX(rint@(z.re), rint@(z.im)); }
 RT_DEV CPX rt_clog1p(CPX z) {
   const REAL x = z.re, y = z.im;
   if (!(fabs@(x) < (REAL)BIG && fabs@(y) < (REAL)BIG)) return CPX(log@(hypot@(x + (REAL)1, y)), atan2@(y, x + (REAL)1));
-  return CPX((REAL)0.5 * log1p@(x * ((REAL)2 + x) + y * y), atan2@(y, x + (REAL)1));
+  if (fabs@(x) < (REAL)0.5 && fabs@(y) < (REAL)0.5)  // |1 + z|^2 - 1 = x (2 + x) + y^2 without cancelling
+    return CPX((REAL)0.5 * log1p@(x * ((REAL)2 + x) + y * y), atan2@(y, x + (REAL)1));
+  return CPX(rt_clog(CPX(x + (REAL)1, y)).re, atan2@(y, x + (REAL)1));  // (1 + x exact near x = -1)
 }
 RT_DEV CPX rt_csqrt(CPX z) {
   const REAL x = z.re, y = z.im;
@@ -184,6 +186,13 @@ RT_DEV CPX rt_ctanh(CPX z) {
 RT_DEV CPX rt_csin(CPX z) { return rt_mul_negi(rt_csinh(rt_mul_i(z))); }
 RT_DEV CPX rt_ccos(CPX z) { return rt_ccosh(rt_mul_i(z)); }
 RT_DEV CPX rt_ctan(CPX z) { return rt_mul_negi(rt_ctanh(rt_mul_i(z))); }
+// Kahan's asin of a finite z ("Branch cuts for complex elementary functions", 1987): from sqrt(1 - z)
+// and sqrt(1 + z), accurate near the branch points +-1 where 1 - z^2 would cancel (-z.im keeps the
+// sign of a zero imaginary part: the side of the cut).
+RT_DEV CPX rt_casin_kahan(CPX z) {
+  const CPX s1 = rt_csqrt(CPX((REAL)1 - z.re, -z.im)), s2 = rt_csqrt(CPX((REAL)1 + z.re, z.im));
+  return CPX(atan2@(z.re, s1.re * s2.re - s1.im * s2.im), asinh@(s1.re * s2.im - s1.im * s2.re));
+}
 RT_DEV CPX rt_casinh(CPX z) {
   const REAL x = z.re, y = z.im;
   if (rt_isnan_@(x)) {
@@ -193,21 +202,18 @@ RT_DEV CPX rt_casinh(CPX z) {
   if (rt_isnan_@(y)) return rt_isinf_@(x) ? CPX(x, y) : CPX(y, y);
   if (rt_isinf_@(x)) return CPX(x, rt_isinf_@(y) ? copysign@((REAL)0.78539816339744830962, y) : copysign@((REAL)0, y));
   if (rt_isinf_@(y)) return CPX(copysign@(rt_inf_@(), x), copysign@((REAL)1.57079632679489661923, y));
-  // asinh(-x + iy) = -conj(asinh(x + iy)): computed for x >= 0
-  const CPX w(fabs@(x), y);
-  CPX r;
-  if (fabs@(x) > (REAL)BIG || fabs@(y) > (REAL)BIG) {  // asinh(w) = log(2w) + O(1 / w^2)
-    r = rt_clog(w);
-    r.re += (REAL)0.69314718055994530942;
-  } else {  // log1p(u) with u = w + w^2 / (sqrt(w^2 + 1) + 1) = w + sqrt(w^2 + 1) - 1
-    const CPX w2 = w * w;
-    const CPX u = w + w2 / (rt_csqrt(w2 + CPX((REAL)1, (REAL)0)) + CPX((REAL)1, (REAL)0));
-    r = rt_clog1p(u);
+  if (fabs@(x) > (REAL)BIG || fabs@(y) > (REAL)BIG) {  // asinh(w) = log(2w) + O(1 / w^2), for w = |x| + iy
+    CPX r = rt_clog(CPX(fabs@(x), y));
+    return CPX(copysign@(r.re + (REAL)0.69314718055994530942, x), r.im);
   }
-  return CPX(copysign@(r.re, x), r.im);
+  return rt_mul_i(rt_casin_kahan(rt_mul_negi(z)));  // asinh(z) = i asin(-iz)
 }
 RT_DEV CPX rt_casin(CPX z) { return rt_mul_negi(rt_casinh(rt_mul_i(z))); }
 RT_DEV CPX rt_cacos(CPX z) {
+  if (rt_cisfinite(z) && fabs@(z.re) <= (REAL)BIG && fabs@(z.im) <= (REAL)BIG) {  // Kahan's acos
+    const CPX s1 = rt_csqrt(CPX((REAL)1 - z.re, -z.im)), s2 = rt_csqrt(CPX((REAL)1 + z.re, z.im));
+    return CPX((REAL)2 * atan2@(s1.re, s2.re), asinh@(s2.re * s1.im - s2.im * s1.re));
+  }
   const CPX s = rt_casin(z);
   return CPX((REAL)1.57079632679489661923 - s.re, -s.im);
 }

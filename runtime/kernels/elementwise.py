@@ -176,7 +176,18 @@ def _np_cexpm1(z):
     return r
 
 
-_NP_COMPLEX = {"sign": _np_csign, "expm1": _np_cexpm1}
+def _np_clog1p(z):
+    """log(1 + z) of complex z, its real part from log1p near 0 (numpy's is log(1 + z): it makes
+    log1p(1e-20 + 0j) 0)."""
+    z = np.asarray(z)
+    x, y = z.real, z.imag
+    r = np.log1p(z)
+    small = (np.abs(x) < 0.5) & (np.abs(y) < 0.5)
+    r.real = np.where(small, 0.5 * np.log1p(x * (2 + x) + y * y), r.real)
+    return r
+
+
+_NP_COMPLEX = {"sign": _np_csign, "expm1": _np_cexpm1, "log1p": _np_clog1p}
 _NP_INT = {"pow": _np_ipow, "left_shift": _np_shift_op("left_shift"),
            "right_shift": _np_shift_op("right_shift")}
 _BOOL_UFUNC = {"add": np.logical_or, "mul": np.logical_and, "maximum": np.logical_or,

@@ -66,7 +66,21 @@ def np_fn(name: str):
         return _np_sign
     if name == "expm1":
         return _np_expm1
+    if name == "log1p":
+        return _np_log1p
     return getattr(np, NP_NAME.get(name, name))
+
+
+def _np_log1p(z):
+    """log(1 + z), near 0 from log1p of |1 + z|^2 - 1 = x (2 + x) + y^2 in extended precision (numpy's
+    complex log1p is log(1 + z): it loses a small z, log1p(1e-20 + 0j) is 0 there)."""
+    z = np.asarray(z)
+    with np.errstate(all="ignore"):
+        r = np.log1p(z)
+        x, y = z.real.astype(np.longdouble), z.imag.astype(np.longdouble)
+        small = np.isfinite(z) & (np.abs(z) < 0.5)
+        r.real = np.where(small, (0.5 * np.log1p(x * (2 + x) + y * y)).astype(z.real.dtype), r.real)
+    return r
 
 
 def _np_expm1(z):
@@ -232,6 +246,35 @@ def test_special_values_against_numpy(dev, dtype, name):
         want = np_fn(name)(z)
     got = call(name, rt.asarray(z, device=dev)).numpy()
     check(got, want, dtype, rtol=1e-5 if dtype == "complex64" else 1e-12, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_accuracy_over_magnitudes_and_near_branch_points(dev, dtype):
+    """Hostile finite inputs: parts from 1e-30 to 1e30 (complex64: 1e-15 to 1e15) of either sign, and
+    points near the branch points +-1 and +-i, where 1 - z^2 or |z|^2 - 1 would cancel: within a
+    few units in the last place of numpy's (glibc's) results, relative to |result|."""
+    rng = np.random.default_rng(11)
+    lim = 30 if dtype == "complex128" else 15
+    mag = 10.0 ** rng.uniform(-lim, lim, (2, 300))
+    sign = rng.choice([-1.0, 1.0], (2, 300))
+    wide = sign[0] * mag[0] + 1j * sign[1] * mag[1]
+    eps = (rng.standard_normal(40) + 1j * rng.standard_normal(40)) * (1e-4 if dtype == "complex64" else 1e-7)
+    near = np.concatenate([1 + eps, -1 + eps, 1j + eps, -1j + eps])
+    z = np.concatenate([wide, near]).astype(dtype)
+    x = rt.asarray(z, device=dev)
+    rtol = 2e-6 if dtype == "complex64" else 1e-14
+    for name in ("exp", "log", "sqrt", "log1p", "sin", "tanh", "asin", "acos", "atan", "asinh", "acosh", "atanh",
+                 "reciprocal", "sign"):
+        with np.errstate(all="ignore"):
+            want = np_fn(name)(z).astype(np.complex128)
+        got = call(name, x).numpy().astype(np.complex128)
+        finite = np.isfinite(want) & (np.abs(want) < np.finfo(dtype).max / 4)
+        np.testing.assert_array_equal(np.isfinite(got[finite]), True, err_msg=name)
+        g, w = got[finite], want[finite]
+        err = np.abs(g - w) / np.where(w == 0, 1, np.abs(w))  # (an exact 0 must be 0)
+        assert err.max() <= rtol, (name, z[finite][np.argmax(err)], g[np.argmax(err)], w[np.argmax(err)])
+    tiny = np.array([1e-20 + 2e-20j, -3e-25 + 0j], dtype)  # log1p(z) = z - z^2/2 + ...: z itself
+    np.testing.assert_allclose(rt.log1p(rt.asarray(tiny, device=dev)).numpy(), tiny, rtol=rtol)
 
 
 # The standard's special cases that fix a sign or a part numpy may leave to the platform.
