@@ -528,7 +528,9 @@ def var(x, /, *, axis=None, correction=0.0, keepdims=False) -> Array:
     for a in axes:
         n *= x.shape[a]
     centered = x - ops.mean(x, axis=axes, keepdims=True)
-    total = ops.sum(centered * centered, axis=axes, keepdims=keepdims)
+    # complex: numpy's real variance, the mean of |x - mean|^2
+    squares = ops.real(centered * ops.conj(centered)) if x.dtype.is_complex else centered * centered
+    total = ops.sum(squares, axis=axes, keepdims=keepdims)
     return total / builtins.max(n - correction, 0) if n - correction > 0 else total * nan
 
 

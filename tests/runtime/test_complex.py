@@ -456,6 +456,27 @@ def test_reductions(dev, dtype):
         check(rt.sum(rt.asarray(specials, device=dev), axis=1).numpy(), specials.sum(axis=1), dtype)
 
 
+def test_variance_is_real_and_compiled_steps_replay(dev):
+    z = rand_complex((4, 6), np.complex64, np.random.default_rng(12))
+    x = rt.asarray(z, device=dev)
+    v = rt.var(x, axis=1)
+    assert v.dtype is rt.float32
+    check(v.numpy(), np.var(z, axis=1), "float32", rtol=1e-5, atol=1e-6)
+    check(rt.std(x, correction=1).numpy(), np.std(z, ddof=1).astype(np.float32), "float32", rtol=1e-5, atol=1e-6)
+
+    @rt.compile
+    def step(a, b):
+        return rt.sum(rt.abs(rt.exp(a * 1j) + b) ** 2, axis=0), rt.conj(a) * b
+
+    for seed in range(3):  # traced once, then replayed with new inputs
+        rng = np.random.default_rng(seed)
+        a, b = rand_complex((4, 6), np.complex64, rng), rand_complex((6,), np.complex64, rng)
+        s, p = step(rt.asarray(a, device=dev), rt.asarray(b, device=dev))
+        check(s.numpy(), np.sum(np.abs(np.exp(a * 1j) + b) ** 2, axis=0), "float32", rtol=1e-5, atol=1e-5)
+        check(p.numpy(), np.conj(a) * b, "complex64")
+    assert step.stats["traces"] == 1 and step.stats["calls"] == 3
+
+
 @pytest.mark.parametrize("dtype", COMPLEX)
 def test_matmul_and_vecdot(dev, dtype):
     rng = np.random.default_rng(6)
