@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hal
+from hal import env
 
 from .cuda_common import COMMON, CUDA_PRELUDE, HIP_PRELUDE
 
@@ -55,25 +56,40 @@ class KernelSource:
         return out
 
 
-_sources: dict = {}
+#: Kernel sources kept for the next recording that wants them, the least recently used dropped first
+#: (a dropped one is built again when wanted: distinct fused kernels are as many as distinct graphs).
+SOURCES_KEPT = env.integer("RUNTIME_KERNEL_SOURCES", 2048, minimum=16)
+#: Loaded executables a device context keeps, likewise. A recording holds the executables it runs
+#: (its command buffer does), so dropping one here unloads it only once no cached graph runs it; the
+#: device's own executable cache (hal.device.EXECUTABLE_CACHE_ENTRIES) may keep it a while longer.
+EXECUTABLES_KEPT = env.integer("RUNTIME_EXECUTABLES", 256, minimum=16)
+
+_sources: dict = {}  # key -> KernelSource, least recently used first
 
 
 def source(key: tuple, build) -> KernelSource:
-    """The KernelSource for `key`, built once by `build()`."""
-    src = _sources.get(key)
+    """The KernelSource for `key`, built by `build()` unless it is kept (SOURCES_KEPT)."""
+    src = _sources.pop(key, None)
     if src is None:
         src = build()
-        _sources[key] = src
+        if len(_sources) >= SOURCES_KEPT:
+            del _sources[next(iter(_sources))]
+    _sources[key] = src  # (the most recently used last)
     return src
 
 
 def executable(ctx, src: KernelSource) -> hal.Executable:
-    """The loaded executable of `src` on ctx's device (loaded once per device)."""
-    exe = ctx.executables.get(src.key)
+    """The loaded executable of `src` on ctx's device, loaded unless the context keeps it (EXECUTABLES_KEPT,
+    the least recently used dropped first)."""
+    cache = ctx.executables
+    key = src.key
+    exe = cache.pop(key, None)
     if exe is None:
         formats = (ctx.gpu_format, "numpy") if ctx.is_gpu else ("numpy",)
         exe = ctx.device.load_executable(src.specs(formats))
-        ctx.executables[src.key] = exe
+        if len(cache) >= EXECUTABLES_KEPT:
+            del cache[next(iter(cache))]
+    cache[key] = exe
     return exe
 
 

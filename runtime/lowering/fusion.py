@@ -106,6 +106,10 @@ def fuse_after() -> int:
     return env.integer("RUNTIME_FUSE_AFTER", 2)
 
 
+#: Fused kernels whose wants a context counts at most (the oldest counted first forgotten).
+WANTS_KEPT = 4096
+
+
 def want(ctx, keys) -> bool:
     """Count one more want of each fused kernel; whether all of them are now due for a compile."""
     wanted = ctx.fusion_wanted
@@ -113,6 +117,8 @@ def want(ctx, keys) -> bool:
     due = True
     for key in keys:
         n = wanted.get(key, 0) + 1
+        if n == 1 and len(wanted) >= WANTS_KEPT:  # the oldest count goes (bounded for any number of graphs)
+            del wanted[next(iter(wanted))]
         wanted[key] = n
         if n < threshold:
             due = False

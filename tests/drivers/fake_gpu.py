@@ -85,6 +85,13 @@ VENDORS = {
 }
 
 
+class FakeModule:
+    """A loaded module of the simulated GPU: the spec it was made from (for what a test reports)."""
+
+    def __init__(self, spec) -> None:
+        self.spec = spec
+
+
 class FakeFunction:
     def __init__(self, fn, bindings: int, constants: int) -> None:
         self.fn = fn
@@ -172,6 +179,8 @@ class FakeGpuApi:
         # finalizers free memory (mem_free) on this same thread; a real driver runs no Python inside.
         self._lock = threading.RLock()
         self.calls: dict[str, int] = {}
+        #: The modules loaded and not unloaded (``load_numpy_module``), by id.
+        self.modules: dict[int, FakeModule] = {}
 
     def _destroyed(self, function: str, handle: object) -> None:
         self.use_after_destroy.append(f"{function}: {handle!r}")
@@ -413,8 +422,20 @@ class FakeGpuApi:
     def function_max_threads(self, func: Any) -> int:
         return 1024
 
+    def load_numpy_module(self, spec) -> FakeModule:
+        """The simulated module of a numpy executable (what ``module_load`` is for a code object)."""
+        self._check("cuModuleLoadData")
+        module = FakeModule(spec)
+        with self._lock:
+            self.modules[id(module)] = module
+        return module
+
     def module_unload(self, module: Any) -> None:
-        pass
+        self._check("cuModuleUnload")
+        if isinstance(module, FakeModule):
+            with self._lock:
+                if self.modules.pop(id(module), None) is None:
+                    self._destroyed("cuModuleUnload", module)
 
     # -- graphs -----------------------------------------------------------------------------------
     def graph_create(self) -> list:
@@ -599,7 +620,9 @@ class FakeExecutableCache(ExecutableCache):
     def prepare(self, device, spec) -> GpuExecutable:
         numpy_exe = NumpyExecutable(device, spec)
         functions = [FakeFunction(fn, e.bindings, e.constants) for fn, e in zip(numpy_exe.functions, spec.exports)]
-        return GpuExecutable(device, spec, None, functions)
+        module = device.api.load_numpy_module(spec)
+        device.register_module(module)
+        return GpuExecutable(device, spec, module, functions)
 
     def indirect_functions(self, device, executable) -> tuple:
         return tuple(FakeIndirectFunction(f.fn, f.bindings, f.constants) if f.bindings else None

@@ -24,6 +24,7 @@ semaphores with the same ``DeviceLostError``, so nothing waits forever.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -116,7 +117,10 @@ class GpuDevice(Device):
         self.pending = PendingQueue(self.completion)
         self.queues = [GpuQueue(self.gpu, self.completion, self.events, i) for i in range(self.queue_count)]
         self.completion.queues = self.queues
-        self._modules: list[Any] = []
+        #: Loaded modules not unloaded yet, by id (an executable's are unloaded when it is collected).
+        self._modules: dict[int, Any] = {}
+        self._modules_lock = threading.RLock()  # (re-entrant: a finalizer may run while it is held)
+        self._kept: list[Executable] = []  # executables the device itself uses for its whole life
         self._join_function: Any = None
         #: Captures library calls into graphs for graph command buffers (hal/drivers/gpu/library.py).
         self.capturer = Capturer(self)
@@ -300,7 +304,26 @@ class GpuDevice(Device):
 
     # -- close ------------------------------------------------------------------------------------
     def register_module(self, module: Any) -> None:
-        self._modules.append(module)
+        """Note a loaded module: unloaded by ``unload_modules`` or, at the latest, by close."""
+        with self._modules_lock:
+            self._modules[id(module)] = module
+
+    def unload_modules(self, modules: list[Any]) -> None:
+        """Unload the modules of a collected executable (its finalizer, on any thread); those a close
+        already unloaded are skipped."""
+        with self._modules_lock:
+            loaded = [m for m in modules if self._modules.pop(id(m), None) is not None]
+        modules.clear()
+        for module in loaded:
+            self.release_later(self.api.module_unload, module)
+
+    def loaded_modules(self) -> int:
+        """How many modules the device has loaded and not unloaded."""
+        return len(self._modules)
+
+    def keep_loaded(self, executable: Executable) -> None:
+        """Keep an executable the device uses itself (the join kernel) loaded until it closes."""
+        self._kept.append(executable)
 
     def _close(self) -> None:
         self.pending.close(FailedPreconditionError(f"device {self.info.uri} was closed"))
@@ -322,9 +345,12 @@ class GpuDevice(Device):
             q.destroy()
         self.staging.close()
         self.events.close()
-        for module in self._modules:
+        with self._modules_lock:
+            modules = list(self._modules.values())
+            self._modules.clear()
+        for module in modules:
             self._quietly(lambda module=module: api.module_unload(module))
-        self._modules = []
+        self._kept = []
         self.gpu.closed_for_good = True
 
     @staticmethod

@@ -10,6 +10,7 @@ for every GPU API, written here once against ``GpuApi``.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,13 @@ if TYPE_CHECKING:
 
 
 class GpuExecutable(Executable):
-    """``functions[i]`` is the API function handle of ``exports[i]``."""
+    """``functions[i]`` is the API function handle of ``exports[i]``.
+
+    Its modules (its own, and its indirect-binding variants' once loaded) are unloaded when it is
+    collected: command buffers that recorded a dispatch of it hold it (and so does a submission
+    of them until it retires), the device's executable cache holds the recently loaded ones. A
+    device closed first has unloaded them already (``GpuDevice.unload_modules``).
+    """
 
     def __init__(self, device: GpuDevice, spec: ExecutableSpec, module: Any, functions: list[Any]) -> None:
         super().__init__(device, spec)
@@ -30,6 +37,9 @@ class GpuExecutable(Executable):
         self.functions = functions
         #: Indirect-binding variants (``None``: not loaded yet; ``()``: none available).
         self.indirect: Any = None
+        #: The modules to unload with it (the finalizer holds this list, not the executable).
+        self.modules: list[Any] = [] if module is None else [module]
+        weakref.finalize(self, device.unload_modules, self.modules).atexit = False  # (exit frees them all)
 
 
 #: The no-op kernel that joins graph levels when a barrier is lowered to a kernel node (CUDA and HIP C).
@@ -70,6 +80,7 @@ class ExecutableCache:
         device.make_current()
         module = api.module_load(image)
         device.register_module(module)
+        executable.modules.append(module)
         return tuple(api.module_function(module, indirect_name(export.name)) if export.bindings else None
                      for export in executable.spec.exports)
 
@@ -91,7 +102,9 @@ class ExecutableCache:
         if self.source_format is None:
             raise UnimplementedError("this device compiles no kernel source: barriers cannot join with a kernel")
         spec = ExecutableSpec(self.source_format, JOIN_KERNEL_SOURCE, [Export("hal_join")])
-        return device.load_executable(spec).functions[0]  # type: ignore[attr-defined]
+        executable = device.load_executable(spec)
+        device.keep_loaded(executable)  # (its function serves for the device's life)
+        return executable.functions[0]  # type: ignore[attr-defined]
 
     @staticmethod
     def _function(api: Any, module: Any, export) -> Any:

@@ -154,6 +154,10 @@ class RecordingCommandBuffer(CommandBuffer):
         #: The library routines recorded (their workspaces are freed with the command buffer).
         self.library_calls: list[LibraryCall] = []
         self._release_library: Any = None
+        #: The executables its dispatches run, by id: held so that their modules stay loaded for as
+        #: long as the command buffer may run (an executable's modules unload when it is collected).
+        self.executables: dict[int, Executable] = {}
+        self._last_executable: Executable | None = None
 
     # -- references ----------------------------------------------------------------
     def _target(self, ref: BufferRef) -> Target:
@@ -185,6 +189,8 @@ class RecordingCommandBuffer(CommandBuffer):
     def _dispatch(self, executable: Executable, ordinal: int, export: Export,
                   workgroups: tuple[int, int, int], constants: tuple[int, ...],
                   bindings: list[BufferRef]) -> None:
+        if executable is not self._last_executable:
+            self._last_executable = self.executables[id(executable)] = executable
         pending = self.args.pending
         start = len(pending)  # this dispatch's first argument slot
         for ref in bindings:  # the usual case first: direct bindings only, no Targets needed
@@ -223,6 +229,7 @@ class RecordingCommandBuffer(CommandBuffer):
 
     def _dispatch_routine(self, executable: Executable, ordinal: int, export: Export, routine: Routine,
                           checked: object, constants: tuple[int, ...], bindings: list[BufferRef]) -> None:
+        self.executables[id(executable)] = executable
         targets = [self._target(ref) for ref in bindings]
         call = LibraryCall(executable.backend, routine, checked, constants, targets,  # type: ignore[attr-defined]
                            empty=routine.is_empty(checked))
