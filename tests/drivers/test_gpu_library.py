@@ -127,3 +127,37 @@ def test_a_failing_library_call_fails_its_semaphore_and_the_device_stays_usable(
         np.testing.assert_array_equal(run(device, gemm_buffer(device), buffers, other), np.ones(N * N))
     finally:
         device.close()
+
+
+def test_library_backends_route_each_routine_to_its_kinds_library():
+    from types import SimpleNamespace
+
+    from hal.drivers.gpu.library import LibraryBackends
+
+    calls = []
+
+    class Backend:
+        def __init__(self, name):
+            self.name = name
+
+        def supports(self, routine):
+            return None if routine.dtype != "float64" else f"{self.name} has no float64"
+
+        def plan(self, routine, checked, pointers):
+            return SimpleNamespace(workspace_size=64, by=self.name)
+
+        def enqueue(self, plan, constants, pointers, workspace, workspace_size, stream):
+            calls.append((self.name, plan.by, tuple(pointers), workspace_size))
+
+    assert LibraryBackends.of({"gemm": None}) is None  # no library loaded: no ``library`` format
+    backends = LibraryBackends.of({"gemm": Backend("blas"), "other": None})
+    assert backends.name == "blas" and set(backends.backends) == {"gemm"}
+    gemm = hal.Gemm("float32")
+    assert backends.supports(gemm) is None
+    assert backends.supports(hal.Gemm("float64")) == "blas has no float64"
+    unknown = SimpleNamespace(kind="fft")
+    assert "no library runs 'fft' routines" in backends.supports(unknown)
+    plan = backends.plan(gemm, None, [1, 2, 3])
+    assert plan.workspace_size == 64
+    backends.enqueue(plan, (), [1, 2, 3], 0, 64, 0)
+    assert calls == [("blas", "blas", (1, 2, 3), 64)]

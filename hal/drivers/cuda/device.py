@@ -15,6 +15,7 @@ from hal.drivers.cuda import blas, nccl
 from hal.drivers.cuda.executable_cache import CudaExecutableCache
 from hal.drivers.gpu.channel import GpuCollectives
 from hal.drivers.gpu.device import GpuDevice
+from hal.drivers.gpu.library import LibraryBackends
 
 
 def create_device(
@@ -26,7 +27,7 @@ def create_device(
         "max_workgroup_size": props["max_threads_per_block"],
     }
     executables = CudaExecutableCache((props["compute_capability_major"], props["compute_capability_minor"]))
-    executables.libraries = blas.load(info.ordinal, api)
+    executables.libraries = LibraryBackends.of({"gemm": blas.load(info.ordinal, api)})
     device = GpuDevice(
         driver,
         info,

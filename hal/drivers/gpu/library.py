@@ -1,7 +1,8 @@
 """Library routines on a GPU: vendor-library calls recorded into command buffers.
 
-A vendor driver hands its ``ExecutableCache`` a ``LibraryBackend`` (cuBLASLt for CUDA, hipBLASLt
-for HIP) where the library's bindings import; the device then lists the ``library`` format. What is written
+A vendor driver hands its ``ExecutableCache`` its ``LibraryBackends``: a ``LibraryBackend`` per
+routine kind whose library's bindings import (cuBLASLt for CUDA's GEMMs, hipBLASLt for HIP's); the
+device then lists the ``library`` format. What is written
 once here, for every vendor:
 
 - ``LibraryExecutable``: the executable of a ``library`` spec (``hal.library``). It has no
@@ -51,6 +52,46 @@ class LibraryBackend(Protocol):
     def enqueue(self, plan: Any, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
                 workspace_size: int, stream: Any) -> None:
         """Enqueue the planned call on ``stream`` (also while the stream captures into a graph)."""
+
+
+class Planned:
+    """A plan of one of ``LibraryBackends``' backends, with the backend that made it."""
+
+    __slots__ = ("backend", "plan", "workspace_size")
+
+    def __init__(self, backend: LibraryBackend, plan: Any) -> None:
+        self.backend, self.plan = backend, plan
+        self.workspace_size: int = plan.workspace_size
+
+
+class LibraryBackends:
+    """A device's library backends by routine kind (``Routine.kind``: cuBLASLt for "gemm", ...),
+    itself the device's ``LibraryBackend``: each routine goes to its kind's library."""
+
+    def __init__(self, backends: dict[str, LibraryBackend]) -> None:
+        self.backends = dict(backends)
+        self.name = ", ".join(backend.name for backend in self.backends.values())
+
+    @classmethod
+    def of(cls, backends: dict[str, LibraryBackend | None]) -> LibraryBackends | None:
+        """The backends that loaded (None: a library missing here, its reason logged where it
+        failed); None when none did, and the device then lacks the ``library`` format."""
+        loaded = {kind: backend for kind, backend in backends.items() if backend is not None}
+        return cls(loaded) if loaded else None
+
+    def supports(self, routine: Routine) -> str | None:
+        backend = self.backends.get(routine.kind)
+        if backend is None:
+            return f"no library runs {routine.kind!r} routines on this device (it has {self.name})"
+        return backend.supports(routine)
+
+    def plan(self, routine: Routine, checked: Any, pointers: Sequence[int]) -> Planned:
+        backend = self.backends[routine.kind]
+        return Planned(backend, backend.plan(routine, checked, pointers))
+
+    def enqueue(self, plan: Planned, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
+                workspace_size: int, stream: Any) -> None:
+        plan.backend.enqueue(plan.plan, constants, pointers, workspace, workspace_size, stream)
 
 
 class LibraryExecutable(Executable):

@@ -14,6 +14,7 @@ from typing import Any
 from hal.driver import DeviceInfo, Driver
 from hal.drivers.gpu.channel import GpuCollectives
 from hal.drivers.gpu.device import GpuDevice
+from hal.drivers.gpu.library import LibraryBackends
 from hal.drivers.hip import blas, rccl
 from hal.drivers.hip.executable_cache import HipExecutableCache
 
@@ -22,7 +23,7 @@ def create_device(driver: Driver, info: DeviceInfo, *, api: Any, options: dict[s
     props = info.properties
     limits = {"max_workgroup_count": props["max_grid_dims"], "max_workgroup_size": props["max_threads_per_block"]}
     executables = HipExecutableCache(props["gcn_arch_name"])
-    executables.libraries = blas.load(info.ordinal, api)
+    executables.libraries = LibraryBackends.of({"gemm": blas.load(info.ordinal, api)})
     device = GpuDevice(
         driver,
         info,
