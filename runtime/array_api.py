@@ -445,13 +445,19 @@ def take(x, indices, /, *, axis=None, mode="raise") -> Array:
 
 
 def take_along_axis(x, indices, /, *, axis=-1) -> Array:
+    """Elements of x at `indices` along `axis` (numpy's take_along_axis; indices out of range raise
+    IndexError: at once for indices given on the host, when the result is read for device arrays)."""
     x = _arr(x)
-    idx = _arr(indices)
+    host = None if isinstance(indices, Node) else np.asarray(indices)
+    idx = indices if host is None else ops.asarray(host, device=x.ctx)  # (on x's device)
     axis = normalize_axis(axis, x.ndim)
-    idx = ops.astype(idx, _dt.int64)
     n = x.shape[axis]
+    if host is not None and host.size and host.dtype.kind in "iu" and (host.min() < -n or host.max() >= n):
+        i = host[(host < -n) | (host >= n)].flat[0]
+        raise InvalidIndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
+    idx = ops.astype(idx, _dt.int64)
     idx = ops.where(idx < 0, idx + n, idx)
-    bad = ops.logical_or(idx < 0, idx >= n)
+    bad = None if host is not None else ops.logical_or(idx < 0, idx >= n)
     shape = broadcast_shapes(tuple(d if i != axis else 1 for i, d in enumerate(x.shape)),
                              tuple(d if i != axis else 1 for i, d in enumerate(idx.shape)))
     out_shape = shape[:axis] + (idx.shape[axis],) + shape[axis + 1:]
@@ -467,7 +473,7 @@ def take_along_axis(x, indices, /, *, axis=-1) -> Array:
         flat = flat + ops.reshape(ops.arange(out_shape[i], dtype=_dt.int64, device=x.ctx), tuple(pos)) * strides[i]
     x = ops.broadcast_to(x, tuple(x.shape[i] if i == axis else out_shape[i] for i in range(x.ndim))) \
         if builtins.any(x.shape[i] == 1 and out_shape[i] != 1 for i in range(x.ndim) if i != axis) else x
-    return gather_flat(x, ops.broadcast_to(flat, out_shape), ops.broadcast_to(bad, out_shape))
+    return gather_flat(x, ops.broadcast_to(flat, out_shape), None if bad is None else ops.broadcast_to(bad, out_shape))
 
 
 def gather_flat(x: Array, flat, bad=None) -> Array:

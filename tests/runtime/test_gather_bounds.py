@@ -88,6 +88,14 @@ def test_each_axis_is_checked(device):
         rt.take(b, rt.array(cols, device=device), axis=1).numpy()
     with pytest.raises(IndexError):
         rt.take_along_axis(b, rt.array(np.array([[0], [4], [1]]), device=device), axis=1).numpy()
+    with pytest.raises(IndexError):  # known on the host: at once, as numpy
+        rt.take_along_axis(b, np.array([[0], [4], [1]]), axis=1)
+    _numpy_raises(lambda: np.take_along_axis(b_np, np.array([[0], [4], [1]]), axis=1))
+    along = np.array([[0], [-4], [3]])
+    np.testing.assert_array_equal(rt.take_along_axis(b, along, axis=1).numpy(),
+                                  np.take_along_axis(b_np, along, axis=1))
+    np.testing.assert_array_equal(rt.take_along_axis(b, rt.array(along, device=device), axis=1).numpy(),
+                                  np.take_along_axis(b_np, along, axis=1))
     good = np.array([1, -1])
     np.testing.assert_array_equal(b[rt.array(rows, device=device), rt.array(good, device=device)].numpy(),
                                   b_np[rows, good])
