@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+import hal
+
 from . import dtypes as _dt
 from .device import DeviceContext, Storage
 from .errors import InvalidIndexError
@@ -102,9 +104,33 @@ def new_view(op: str, src: Node, params: Any, shape: tuple, strides: tuple, offs
     return a
 
 
+#: Status words an array carries before those its device has written are read and the clean ones dropped
+#: (an array updated from gathers step after step, and never read, would otherwise carry one a step).
+MAX_CHECKS = 8
+
+
 def merge_checks(a: tuple, b: tuple) -> tuple:
     """The status words of both tuples, each once (compared by identity: arrays compare elementwise)."""
-    return a + tuple(s for s in b if not any(s is t for t in a))
+    merged = a + tuple(s for s in b if not any(s is t for t in a))
+    return merged if len(merged) <= MAX_CHECKS else _unsettled(merged)
+
+
+def _unsettled(checks: tuple) -> tuple:
+    """`checks` without the status words already written and read clean (reading one that the device
+    has written waits for nothing; one still to be written, or set, stays)."""
+    kept = []
+    for status in checks:
+        st = status.storage
+        if st is not None and st.sem is st.ctx.semaphore:
+            ctx = st.ctx
+            try:
+                written = st.ready <= ctx.completed or st.ready <= ctx.semaphore.value
+            except hal.HalError:  # a failed timeline: its reads raise; leave it to them
+                written = False
+            if written and not np.frombuffer(ctx.device.read(st.buffer, 0, 4), np.uint32)[0]:
+                continue
+        kept.append(status)
+    return tuple(kept)
 
 
 def raise_index_errors(a: Node, read) -> None:

@@ -13,6 +13,7 @@ from rt_helpers import DEVICES
 
 import hal
 import runtime as rt
+from runtime import graph
 from runtime.device import context_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -202,3 +203,26 @@ def test_dlpack_export_of_a_bad_gather_raises(device):
     a = rt.arange(4, device=device)
     with pytest.raises(IndexError):
         np.from_dlpack(a[rt.array(np.array([4]), device=device)])
+
+
+def test_a_loop_of_checked_gathers_carries_a_bounded_number_of_checks(device):
+    """`s = s + a[i]` step after step: the checks of the steps the device has run are read and dropped, and a
+    bad step still raises when the result is read."""
+    a_np = np.arange(10)
+    a = rt.array(a_np, device=device)
+    s = rt.zeros((1,), dtype=rt.int64, device=device)
+    lengths = []
+    for i in range(40):
+        s = s + a[rt.array(np.array([i % 10]), device=device)]
+        rt.eval(s)
+        if i % 10 == 9:
+            context_for(device).wait(context_for(device).submitted)
+        lengths.append(len(s.checks or ()))
+    assert max(lengths[20:]) <= 2 * graph.MAX_CHECKS, lengths
+    np.testing.assert_array_equal(s.numpy(), [sum(i % 10 for i in range(40))])
+    s = s + a[rt.array(np.array([10]), device=device)]
+    for _ in range(2 * graph.MAX_CHECKS):
+        s = s + a[rt.array(np.array([1]), device=device)]
+        rt.eval(s)
+    with pytest.raises(IndexError):
+        s.numpy()
