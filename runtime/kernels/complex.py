@@ -15,7 +15,8 @@ them (``sin(z) = -i sinh(iz)``, ``asin(z) = -i asinh(iz)``, ...).
 from __future__ import annotations
 
 # The functions of one precision: CPX is the struct, REAL its part type, @ the suffix of REAL's math
-# functions ("f" for float), BIG a magnitude past which squares overflow (asinh, atanh and log1p use asymptotic forms).
+# functions ("f" for float), BIG a magnitude past which squares overflow (asinh, atanh and log1p use
+# asymptotic forms), TANH_BIG where tanh(x) rounds to +-1, EXP_BIG where exp(x) is about to overflow.
 _TEMPLATE = r"""
 RT_DEV REAL rt_inf_@() { return (REAL)__int_as_float(0x7f800000); }
 RT_DEV REAL rt_nan_@() { return (REAL)__int_as_float(0x7fc00000); }
@@ -78,6 +79,10 @@ RT_DEV CPX rt_cexp(CPX z) {
   if (!rt_isfin_@(y)) {
     if (rt_isinf_@(x)) return x < 0 ? CPX((REAL)0, (REAL)0) : CPX(x, y - y);
   }
+  if (x > (REAL)EXP_BIG) {  // exp(x) overflows where exp(x) cos(y) or exp(x) sin(y) may not: two halves
+    const REAL h = exp@(x * (REAL)0.5);
+    return CPX((h * cos@(y)) * h, (h * sin@(y)) * h);
+  }
   const REAL e = exp@(x);
   return CPX(e * cos@(y), e * sin@(y));
 }
@@ -86,6 +91,10 @@ RT_DEV CPX rt_cexpm1(CPX z) {
   if (y == 0) return CPX(expm1@(x), y);
   if (rt_isinf_@(x) && !rt_isfin_@(y)) return x < 0 ? CPX((REAL)-1, (REAL)0) : CPX(x, y - y);
   if (rt_isinf_@(x) && x < 0) return CPX((REAL)-1, copysign@((REAL)0, sin@(y)));
+  if (x > (REAL)EXP_BIG) {  // exp(z) - 1, the 1 lost in exp(x)
+    const CPX e = rt_cexp(z);
+    return CPX(e.re - (REAL)1, e.im);
+  }
   const REAL s = sin@(y * (REAL)0.5);
   return CPX(expm1@(x) * cos@(y) - (REAL)2 * s * s, exp@(x) * sin@(y));
 }
@@ -159,6 +168,10 @@ RT_DEV CPX rt_csinh(CPX z) {
   if (y == 0) return CPX(sinh@(x), y);
   if (x == 0) return CPX(x, rt_isfin_@(y) ? sin@(y) : y - y);
   if (rt_isinf_@(x) && !rt_isfin_@(y)) return CPX(x, y - y);
+  if (fabs@(x) > (REAL)EXP_BIG && rt_isfin_@(x)) {  // sinh(x), cosh(x) = +-exp(|x|) / 2 overflow first
+    const REAL h = exp@(fabs@(x) * (REAL)0.5), g = h * (REAL)0.5;
+    return CPX(copysign@((REAL)1, x) * ((g * cos@(y)) * h), (g * sin@(y)) * h);
+  }
   return CPX(sinh@(x) * cos@(y), cosh@(x) * sin@(y));
 }
 RT_DEV CPX rt_ccosh(CPX z) {
@@ -166,6 +179,10 @@ RT_DEV CPX rt_ccosh(CPX z) {
   if (y == 0) return CPX(cosh@(x), copysign@((REAL)0, x) * y);
   if (x == 0) return CPX(rt_isfin_@(y) ? cos@(y) : y - y, rt_isfin_@(y) ? x * sin@(y) : (REAL)0);
   if (rt_isinf_@(x) && !rt_isfin_@(y)) return CPX(fabs@(x), y - y);
+  if (fabs@(x) > (REAL)EXP_BIG && rt_isfin_@(x)) {
+    const REAL h = exp@(fabs@(x) * (REAL)0.5), g = h * (REAL)0.5;
+    return CPX((g * cos@(y)) * h, copysign@((REAL)1, x) * ((g * sin@(y)) * h));
+  }
   return CPX(cosh@(x) * cos@(y), sinh@(x) * sin@(y));
 }
 RT_DEV CPX rt_ctanh(CPX z) {
@@ -264,14 +281,14 @@ __device__ inline rt_c128::rt_c128(const rt_c64& z) : re(z.re), im(z.im) {}
 """
 
 
-def _instance(cpx: str, real: str, suffix: str, big: str, tanh_big: str) -> str:
-    return (_TEMPLATE.replace("TANH_BIG", tanh_big).replace("BIG", big).replace("CPX", cpx).replace("REAL", real)
-            .replace("@", suffix))
+def _instance(cpx: str, real: str, suffix: str, big: str, tanh_big: str, exp_big: str) -> str:
+    return (_TEMPLATE.replace("TANH_BIG", tanh_big).replace("EXP_BIG", exp_big).replace("BIG", big)
+            .replace("CPX", cpx).replace("REAL", real).replace("@", suffix))
 
 
 #: C source of both complex types and their functions (the body of every kernel on complex data starts with it).
-SOURCE = (_STRUCTS + _instance("rt_c64", "float", "f", "1e18", "9")
-          + _instance("rt_c128", "double", "", "1e150", "22"))
+SOURCE = (_STRUCTS + _instance("rt_c64", "float", "f", "1e18", "9", "88")
+          + _instance("rt_c128", "double", "", "1e150", "22", "709"))
 
 
 def shfl_down(dtype, value: str, offset: str) -> str:
