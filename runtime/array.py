@@ -244,9 +244,13 @@ class Array(Node):
         return complex(self._scalar())
 
     def __float__(self) -> float:
+        if self.dtype.is_complex:  # (the standard: no silent loss of the imaginary part)
+            raise InvalidTypeError(f"float() of a {self.dtype.name} array: take real(x) or imag(x) first")
         return float(self._scalar())
 
     def __int__(self) -> int:
+        if self.dtype.is_complex:
+            raise InvalidTypeError(f"int() of a {self.dtype.name} array: take real(x) or imag(x) first")
         return int(self._scalar())
 
     def __index__(self) -> int:

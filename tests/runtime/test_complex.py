@@ -533,6 +533,10 @@ def test_numpy_and_dlpack(dev):
     assert isinstance(np.conjugate(x), rt.Array)
     check(np.conjugate(x).numpy(), np.conjugate(z), "complex128")
     assert complex(rt.asarray(2 - 1j, device=dev)) == 2 - 1j
+    assert complex(rt.asarray(np.float32(2.5), device=dev)) == 2.5
+    for convert in (float, int):  # the standard: no silent loss of the imaginary part
+        with pytest.raises(TypeError, match="real\\(x\\) or imag\\(x\\)"):
+            convert(rt.asarray(2 - 1j, device=dev))
 
 
 # ---- what complex operands cannot do -----------------------------------------------------------------------
