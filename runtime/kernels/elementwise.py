@@ -181,7 +181,7 @@ def _np_clog1p(z):
     log1p(1e-20 + 0j) 0)."""
     z = np.asarray(z)
     x, y = z.real, z.imag
-    r = np.log1p(z)
+    r = np.array(np.log1p(z))  # (an array also for 0-d z: its parts are assigned below)
     small = (np.abs(x) < 0.5) & (np.abs(y) < 0.5)
     r.real = np.where(small, 0.5 * np.log1p(x * (2 + x) + y * y), r.real)
     return r

@@ -293,6 +293,13 @@ def test_accuracy_over_magnitudes_and_near_branch_points(dev, dtype):
         with np.errstate(all="ignore"):
             want = np_fn(name)(huge)
         check(got, want, dtype, rtol=1e-5 if dtype == "complex64" else 1e-13, atol=0)
+    for name in ("log1p", "expm1", "sign"):  # 0-d arrays (the CPU drivers' own forms of these)
+        for value in (complex(-1.0, 0.0), complex(np.inf, np.nan), complex(1e-20, 2e-20)):
+            with np.errstate(all="ignore"):
+                want = np_fn(name)(np.array([value], dtype))[0]
+            got = call(name, rt.asarray(np.array(value, dtype), device=dev)).numpy()
+            assert got.shape == () and got.dtype == np.dtype(dtype)
+            check(_unsigned_infinities(got.reshape(1)), _unsigned_infinities(np.array([want])), dtype)
     tiny = np.array([1e-20 + 2e-20j, -3e-25 + 0j], dtype)  # log1p(z) = z - z^2/2 + ...: z itself
     np.testing.assert_allclose(rt.log1p(rt.asarray(tiny, device=dev)).numpy(), tiny, rtol=rtol)
 
