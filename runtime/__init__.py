@@ -12,7 +12,7 @@ from typing import Any
 
 from hal import __version__ as __version__  # one distribution: the runtime's version is the HAL's
 
-from . import nn, random
+from . import distributed, nn, random
 from .array import Array
 from .array_api import (
     __array_api_version__ as __array_api_version__,
@@ -224,7 +224,8 @@ __all__ = [
     "broadcast_to", "can_cast", "ceil", "clear_graph_cache", "clip", "compile", "complex128", "complex64",
     "concat", "concatenate", "conj",
     "contiguous", "copy_array", "copysign", "cos", "cosh", "count_nonzero", "cumulative_prod", "cumulative_sum",
-    "default_device", "diff", "div", "divide", "e", "empty", "empty_like", "equal", "eval", "exp", "expand_dims",
+    "default_device", "diff", "distributed", "div", "divide", "e", "empty", "empty_like", "equal", "eval", "exp",
+    "expand_dims",
     "expm1", "eye", "finfo", "flip", "float16", "float32", "float64", "floor", "floor_divide", "from_dlpack", "full",
     "full_like", "get_float32_matmul_precision", "grad", "graph_cache_stats", "greater", "greater_equal", "hypot",
     "iinfo", "imag", "inf", "int16", "int32", "int64", "int8", "isdtype", "isfinite", "isinf", "isnan", "left_shift",

@@ -342,6 +342,9 @@ def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
         axes, keepdims = node.params
         kshape = _keepdims_shape(x.shape, axes)
         return ops.broadcast_to(ops.reshape(g, kshape) * ops.reshape(node, kshape), x.shape) / x
+    if op == "collective" and node.params[:2] in (("all_reduce", "sum"), ("all_reduce", "avg")):
+        # every rank's output reads every rank's input: the cotangents summed (averaged) the same way
+        return new_node("collective", (ops.contiguous(g),), node.params, g.shape, g.dtype, g.ctx)
     r = _elementwise_vjp(op, node, k, g)
     if r is not None:
         return r

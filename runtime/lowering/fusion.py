@@ -28,6 +28,7 @@ from __future__ import annotations
 import hal
 from hal import env
 
+from .. import distributed
 from ..kernels import elementwise, gather, matmul, pad, random, reduce
 from ..kernels import rows as row_kernels
 from ..kernels.fused import FUSABLE_DTYPES, FusedSpec
@@ -57,6 +58,39 @@ PLANNERS = {"matmul": matmul.plan, "random": random.plan, "pad": pad.plan, "full
             "gather": gather.plan}
 PLANNERS.update({op: elementwise.plan for op in ELEMENTWISE})
 PLANNERS.update({op: reduce.plan for op in REDUCTIONS})
+
+
+def _plan_collective(node, layouts, ctx) -> list:
+    """A collective of runtime/distributed.py: its group's channel, the HAL's count and arguments."""
+    what, reduction, group_id, root = node.params
+    group = distributed.group_of(group_id)
+    source = node.inputs[0]
+    count = node.size if what in ("all_reduce", "broadcast", "reduce_scatter") else source.size
+    return [("collective", what, group.channel, count, node.dtype.name, reduction,
+             root if what == "broadcast" else None)]
+
+
+PLANNERS["collective"] = _plan_collective
+
+
+class _CopyOf:
+    """An alias node seen as the copy that computes it (``_plan_alias``)."""
+
+    op = "copy"
+
+    def __init__(self, node) -> None:
+        self.params = self.dtype = node.dtype
+        self.shape, self.inputs = node.shape, node.inputs
+
+
+def _plan_alias(node, layouts, ctx) -> list:
+    """A gradient that rt.compile's trace turned into a view of its backward graph
+    (``autodiff.materialize``) after a view of it was made (``grad.reshape(-1)``): that view reads
+    it as a whole array of its own, so it is computed into one (a copy of its values)."""
+    return elementwise.plan(_CopyOf(node), layouts, ctx)
+
+
+PLANNERS["alias"] = _plan_alias
 
 
 class Unit:

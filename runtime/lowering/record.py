@@ -119,7 +119,8 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
         return buf if offset == 0 and length is None else (buf, offset, length)
 
     program = None
-    if not ctx.is_gpu and cpu_program.enabled() and binding_bucket(total) is not None:
+    if not ctx.is_gpu and cpu_program.enabled() and binding_bucket(total) is not None \
+            and not any(cmd[0] == "collective" for unit in units for cmd in unit.cmds):  # (they wait for other ranks)
         program = cpu_program.Program()
     dispatches = fused = levels = 0
     prev = None
@@ -172,6 +173,14 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
                     program.add_fill(s, nbytes, cmd[2], cmd[3])
                 else:
                     cb.fill_buffer(ref(s, 0, nbytes), pattern=cmd[2], pattern_length=cmd[3])
+                dispatches += 1
+            elif kind == "collective":  # (runtime/distributed.py)
+                _, what, channel, count, dtype, reduction, root = cmd
+                node = unit.node
+                source = node.inputs[0]
+                send = ref(slot_of_root[id(root_of(source))], 0, source.size * source.dtype.itemsize)
+                recv = ref(index_of_node[unit.first], 0, node.size * node.dtype.itemsize)
+                cb.collective(channel, what, send, recv, count, dtype=dtype, reduction=reduction, root=root)
                 dispatches += 1
             elif kind == "barrier" and program is None:
                 cb.execution_barrier()

@@ -243,3 +243,15 @@ def test_unhashable_non_array_arguments_are_rejected(dev):
         np.testing.assert_allclose(g(x, k).numpy(), np.full(3, k))
     assert g.stats["traces"] == 2
     np.testing.assert_allclose(f(x, 1).numpy(), np.full(3, 2.0))  # the device stays usable
+
+
+def test_a_view_of_a_gradient_inside_a_compiled_function(dev):
+    """A gradient's reshape or slice made while tracing, before the trace builds the backward graph."""
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    W = rt.array(w, device=dev)
+    flat = rt.compile(lambda w: rt.reshape(rt.grad(lambda v: (v * v).sum())(w), (-1,)) * 2)
+    mixed = rt.compile(lambda w: rt.grad(lambda v: (v * v).sum())(w.T).T[0]
+                       + rt.grad(lambda v: (v * v * v).sum())(w)[:, 1].sum())
+    for _ in range(2):  # traced, then replayed
+        np.testing.assert_array_equal(flat(W).numpy(), 4 * w.ravel())
+        np.testing.assert_allclose(mixed(W).numpy(), 2 * w[0] + (3 * w ** 2)[:, 1].sum())

@@ -1,0 +1,179 @@
+"""rt.distributed on the CPU drivers' in-process channels: ranks as threads, one device each.
+
+Collectives are lazy ops recorded with the computation around them; data-parallel training with
+``average_gradients`` (eager and under rt.compile) equals the one-device step on the whole batch.
+The same code runs on cuda with NCCL (scripts/gpu-check-multi).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import hal
+import runtime as rt
+
+DRIVERS = ["local-sync", "local-task"]
+
+
+def run_ranks(devices, fn):
+    """fn(rank) on a thread per rank; the results in rank order (a rank's exception re-raised)."""
+    results, errors = [None] * len(devices), []
+
+    def work(rank):
+        try:
+            results[rank] = fn(rank)
+        except BaseException as exc:  # noqa: BLE001 (re-raised below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(len(devices))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.fixture(params=[(d, n) for d in DRIVERS for n in (1, 2, 3)], ids=lambda p: f"{p[0]}-{p[1]}ranks")
+def ranks(request):
+    driver, count = request.param
+    devices = [hal.create_device(driver) for _ in range(count)]
+    groups = rt.distributed.groups(devices)
+    yield devices, groups
+    for group in groups:
+        group.close()
+    for device in devices:
+        device.close()
+
+
+def test_collectives_as_lazy_ops(ranks):
+    devices, groups = ranks
+    n = len(devices)
+    data = [np.random.default_rng(r).standard_normal((6, 4)).astype(np.float32) for r in range(n)]
+
+    def rank_fn(r):
+        g = groups[r]
+        x = rt.array(data[r], device=devices[r])
+        out = {"sum": rt.distributed.all_sum(x * 2, g), "mean": rt.distributed.all_mean(x, g),
+               "max": rt.distributed.all_max(x, g), "min": rt.distributed.all_min(x[:, 1], g),
+               "gather": rt.distributed.all_gather(x.T, g), "bcast": rt.distributed.broadcast(x + r, g, root=n - 1),
+               "scatter": rt.distributed.reduce_scatter(rt.concat([x] * n), g),
+               "ints": rt.distributed.all_sum(rt.arange(5, device=devices[r]) * (r + 1), g)}
+        rt.eval(*out.values())
+        return {k: v.numpy() for k, v in out.items()}
+
+    results = run_ranks(devices, rank_fn)
+    stacked = np.stack(data)
+    for got in results:
+        np.testing.assert_allclose(got["sum"], 2 * stacked.sum(0), rtol=1e-6)
+        np.testing.assert_allclose(got["mean"], stacked.mean(0), rtol=1e-6)
+        np.testing.assert_array_equal(got["max"], stacked.max(0))
+        np.testing.assert_array_equal(got["min"], stacked[:, :, 1].min(0))
+        np.testing.assert_array_equal(got["gather"], stacked.transpose(0, 2, 1))
+        np.testing.assert_array_equal(got["bcast"], data[-1] + np.float32(n - 1))
+        np.testing.assert_allclose(got["scatter"], stacked.sum(0), rtol=1e-6)
+        np.testing.assert_array_equal(got["ints"], np.arange(5) * sum(range(1, n + 1)))
+
+
+def loss(w1, b1, w2, b2, x, y):
+    h = rt.nn.relu(x @ w1 + b1)
+    d = h @ w2 + b2 - y
+    return (d * d).mean()
+
+
+value_and_grad = rt.value_and_grad(loss, argnums=(0, 1, 2, 3))
+
+
+def params_and_data(batch):
+    rng = np.random.default_rng(7)
+    params = [rng.standard_normal((8, 16)).astype(np.float32) * 0.3, rng.standard_normal(16).astype(np.float32) * 0.1,
+              rng.standard_normal((16, 4)).astype(np.float32) * 0.3, rng.standard_normal(4).astype(np.float32) * 0.1]
+    x = rng.standard_normal((batch, 8)).astype(np.float32)
+    return params, x, rng.standard_normal((batch, 4)).astype(np.float32)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("bucket_bytes", [1, 600, 1 << 20])  # a bucket per gradient, mixed, one bucket
+def test_data_parallel_training_equals_the_whole_batch_on_one_device(ranks, compiled, bucket_bytes):
+    devices, groups = ranks
+    n = len(devices)
+    params, x, y = params_and_data(12 * n)
+
+    def step(w1, b1, w2, b2, x, y, group):
+        _, grads = value_and_grad(w1, b1, w2, b2, x, y)
+        grads = rt.distributed.average_gradients(grads, group, bucket_bytes=bucket_bytes)
+        return [p - 0.1 * g for p, g in zip((w1, b1, w2, b2), grads)]
+
+    def rank_fn(r):
+        state = [rt.array(p, device=devices[r]) for p in params]
+        xs = rt.array(x[12 * r:12 * (r + 1)], device=devices[r])
+        ys = rt.array(y[12 * r:12 * (r + 1)], device=devices[r])
+        run = rt.compile(lambda *a: step(*a, groups[r])) if compiled else (lambda *a: step(*a, groups[r]))
+        for _ in range(3):
+            state = run(*state, xs, ys)
+            rt.eval(*state)
+        return [s.numpy() for s in state]
+
+    results = run_ranks(devices, rank_fn)
+    one = hal.create_device("local-sync")
+    state = [rt.array(p, device=one) for p in params]
+    X, Y = rt.array(x, device=one), rt.array(y, device=one)
+    for _ in range(3):
+        _, grads = value_and_grad(*state, X, Y)
+        state = [p - 0.1 * g for p, g in zip(state, grads)]
+    want = [s.numpy() for s in state]
+    for got in results:
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+    for got in results[1:]:  # every rank holds the same parameters
+        for a, b in zip(got, results[0]):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_gradients_flow_through_an_all_sum(ranks):
+    devices, groups = ranks
+    n = len(devices)
+
+    def rank_fn(r):
+        x = rt.array(np.arange(3, dtype=np.float32) + r, device=devices[r])
+        g = rt.grad(lambda v: (rt.distributed.all_sum(v * v, groups[r]) * (r + 1)).sum())(x)
+        return g.numpy()
+
+    results = run_ranks(devices, rank_fn)
+    weight = sum(range(1, n + 1))  # every rank's loss reads every rank's x
+    for r, got in enumerate(results):
+        np.testing.assert_allclose(got, 2 * (np.arange(3) + r) * weight)
+
+
+def test_hostile_calls_are_typed_errors_before_any_work():
+    devices = [hal.create_device("local-sync") for _ in range(2)]
+    groups = rt.distributed.groups(devices)
+    other = hal.create_device("local-sync")
+    x = rt.array(np.ones(4, np.float32), device=devices[0])
+    with pytest.raises(hal.InvalidArgumentError, match="group"):
+        rt.distributed.all_sum(x, "not a group")
+    with pytest.raises(hal.InvalidArgumentError, match="on"):
+        rt.distributed.all_sum(rt.array(np.ones(4, np.float32), device=other), groups[0])
+    with pytest.raises(hal.InvalidArgumentError):
+        rt.distributed.all_sum(np.ones(4), groups[0])
+    with pytest.raises(hal.InvalidArgumentError, match="split"):
+        rt.distributed.reduce_scatter(rt.array(np.ones(3, np.float32), device=devices[0]), groups[0])
+    for root in (2, -1, 1.0, True):
+        with pytest.raises(hal.InvalidArgumentError, match="root"):
+            rt.distributed.broadcast(x, groups[0], root=root)
+    with pytest.raises(hal.InvalidArgumentError, match="float"):
+        rt.distributed.all_mean(rt.arange(3, device=devices[0]), groups[0])
+    with pytest.raises(hal.InvalidArgumentError, match="bucket_bytes"):
+        rt.distributed.average_gradients([x], groups[0], bucket_bytes=0)
+    with pytest.raises(hal.InvalidArgumentError, match="complex"):
+        rt.distributed.all_sum(rt.array(np.ones(2, np.complex64), device=devices[0]), groups[0])
+    groups[1].close()
+    groups[0].close()
+    with pytest.raises(hal.HalError):
+        rt.distributed.all_sum(x, groups[0])
+    assert (x + 1).numpy().tolist() == [2.0] * 4  # the device works on
