@@ -49,6 +49,7 @@ from hal.errors import (
 from hal.executable import Executable, ExecutableSpec, Export
 from hal.execution import Execution
 from hal.library import Gemm, Routine, library_spec
+from hal.library_fft import Fft
 from hal.registry import (
     DriverFactory,
     PluginProblem,
@@ -96,6 +97,7 @@ __all__ = [
     "Execution",
     "Export",
     "FailedPreconditionError",
+    "Fft",
     "Gemm",
     "HalError",
     "IncompatibleError",

@@ -13,6 +13,7 @@ from typing import Any
 from hal import __version__ as __version__  # one distribution: the runtime's version is the HAL's
 
 from . import distributed, nn, random
+from . import fft as fft
 from .array import Array
 from .array_api import (
     __array_api_version__ as __array_api_version__,
@@ -227,6 +228,7 @@ __all__ = [
     "default_device", "diff", "distributed", "div", "divide", "e", "empty", "empty_like", "equal", "eval", "exp",
     "expand_dims",
     "expm1", "eye", "finfo", "flip", "float16", "float32", "float64", "floor", "floor_divide", "from_dlpack", "full",
+    "fft",
     "full_like", "get_float32_matmul_precision", "grad", "graph_cache_stats", "greater", "greater_equal", "hypot",
     "iinfo", "imag", "inf", "int16", "int32", "int64", "int8", "isdtype", "isfinite", "isinf", "isnan", "left_shift",
     "less", "less_equal", "linspace", "log", "log10", "log1p", "log2", "logaddexp", "logical_and", "logical_not",

@@ -345,6 +345,10 @@ def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
     if op == "collective" and node.params[:2] in (("all_reduce", "sum"), ("all_reduce", "avg")):
         # every rank's output reads every rank's input: the cotangents summed (averaged) the same way
         return new_node("collective", (ops.contiguous(g),), node.params, g.shape, g.dtype, g.ctx)
+    if op == "fft":  # the transposed transform (runtime/fft.py)
+        from .fft import vjp as fft_vjp
+
+        return fft_vjp(node, g)
     r = _elementwise_vjp(op, node, k, g)
     if r is not None:
         return r
