@@ -88,7 +88,7 @@ RT_DEV CPX rt_cexp(CPX z) {
 }
 RT_DEV CPX rt_cexpm1(CPX z) {
   const REAL x = z.re, y = z.im;
-  if (y == 0) return CPX(expm1@(x), y);
+  if (y == 0) return CPX(x == 0 ? (REAL)0 : expm1@(x), y);  // the standard: expm1(-0 + 0j) is +0 + 0j
   if (rt_isinf_@(x) && !rt_isfin_@(y)) return x < 0 ? CPX((REAL)-1, (REAL)0) : CPX(x, y - y);
   if (rt_isinf_@(x) && x < 0) return CPX((REAL)-1, copysign@((REAL)0, sin@(y)));
   if (x > (REAL)EXP_BIG) {  // exp(z) - 1, the 1 lost in exp(x)

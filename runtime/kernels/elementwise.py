@@ -166,7 +166,7 @@ def _np_cexpm1(z):
     r.real = np.expm1(x) * np.cos(y) - 2 * s * s
     r.imag = np.exp(x) * np.sin(y)
     zero_y = y == 0
-    r.real = np.where(zero_y, np.expm1(x), r.real)
+    r.real = np.where(zero_y, np.where(x == 0, 0, np.expm1(x)), r.real)  # expm1(-0 + 0j) is +0 + 0j
     r.imag = np.where(zero_y, y, r.imag)
     ninf, pinf, finite_y = np.isneginf(x), np.isposinf(x), np.isfinite(y)
     r.real = np.where(ninf & ~zero_y, -1, r.real)

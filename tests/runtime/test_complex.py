@@ -88,7 +88,9 @@ def _np_expm1(z):
     special cases: it makes expm1(inf + 0j) inf + nanj, the standard inf + 0j)."""
     z = np.asarray(z)
     with np.errstate(all="ignore"):
-        return np.where(np.isfinite(z), np.expm1(z), np.exp(z) - 1).astype(z.dtype)
+        r = np.array(np.where(np.isfinite(z), np.expm1(z), np.exp(z) - 1).astype(z.dtype))
+        r.real = np.where(z == 0, 0, r.real)  # expm1(-0 + 0j) is +0 + 0j (the standard's "0 + 0j")
+        return r
 
 
 def _np_sign(z):
@@ -334,7 +336,8 @@ STANDARD_CASES = [
     ("atanh", complex(1.0, np.inf), complex(0.0, np.pi / 2)), ("atanh", complex(np.inf, np.nan),
                                                                complex(0.0, np.nan)),
     ("atanh", complex(0.0, np.nan), complex(0.0, np.nan)),
-    ("expm1", complex(0.0, 0.0), complex(0.0, 0.0)), ("expm1", complex(-np.inf, 1.0), complex(-1.0, 0.0)),
+    ("expm1", complex(0.0, 0.0), complex(0.0, 0.0)), ("expm1", complex(-0.0, 0.0), complex(0.0, 0.0)),
+    ("expm1", complex(-np.inf, 1.0), complex(-1.0, 0.0)),
     ("log1p", complex(-1.0, 0.0), complex(-np.inf, 0.0)), ("log1p", complex(np.inf, np.nan), complex(np.inf, np.nan)),
     ("sign", complex(0.0, 0.0), complex(0.0, 0.0)), ("sign", complex(3.0, -4.0), complex(0.6, -0.8)),
     ("sign", complex(np.nan, 1.0), complex(np.nan, np.nan)),
