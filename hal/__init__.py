@@ -64,6 +64,7 @@ from hal.registry import (
     register_driver,
 )
 from hal.semaphore import Semaphore, wait_all, wait_any
+from hal.solver import LU, Cholesky, Eigh, LUSolve, Qr, Svd
 from hal.tracing import trace
 from hal.types import BufferUsage, CommandBufferMode, CommandBufferState, MemoryAccess, MemoryType
 
@@ -81,6 +82,7 @@ __all__ = [
     "BufferUsage",
     "CancelledError",
     "Channel",
+    "Cholesky",
     "CollectiveMismatchError",
     "CommandBuffer",
     "CommandBufferMode",
@@ -92,6 +94,7 @@ __all__ = [
     "Driver",
     "DriverFactory",
     "DriverInfo",
+    "Eigh",
     "Executable",
     "ExecutableSpec",
     "Execution",
@@ -103,6 +106,8 @@ __all__ = [
     "IncompatibleError",
     "InternalError",
     "InvalidArgumentError",
+    "LU",
+    "LUSolve",
     "MAX_QUEUE_COUNT",
     "MemoryAccess",
     "MemoryType",
@@ -110,11 +115,13 @@ __all__ = [
     "OutOfRangeError",
     "PermissionDeniedError",
     "PluginProblem",
+    "Qr",
     "ResourceExhaustedError",
     "Routine",
     "Semaphore",
     "Slot",
     "StatusCode",
+    "Svd",
     "UnavailableError",
     "UnimplementedError",
     "create_channel",

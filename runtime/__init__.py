@@ -14,6 +14,7 @@ from hal import __version__ as __version__  # one distribution: the runtime's ve
 
 from . import distributed, nn, random
 from . import fft as fft
+from . import linalg as linalg
 from .array import Array
 from .array_api import (
     __array_api_version__ as __array_api_version__,
@@ -231,7 +232,8 @@ __all__ = [
     "fft",
     "full_like", "get_float32_matmul_precision", "grad", "graph_cache_stats", "greater", "greater_equal", "hypot",
     "iinfo", "imag", "inf", "int16", "int32", "int64", "int8", "isdtype", "isfinite", "isinf", "isnan", "left_shift",
-    "less", "less_equal", "linspace", "log", "log10", "log1p", "log2", "logaddexp", "logical_and", "logical_not",
+    "less", "less_equal", "linalg",
+    "linspace", "log", "log10", "log1p", "log2", "logaddexp", "logical_and", "logical_not",
     "logical_or", "logical_xor", "matmul", "matrix_transpose", "max", "maximum", "mean", "meshgrid", "min",
     "minimum", "moveaxis", "mul", "multiply", "nan", "neg", "negative", "newaxis", "nextafter", "nn", "nonzero",
     "not_equal", "ones", "ones_like", "permute_dims", "pi", "positive", "pow", "power", "prod", "random", "real",

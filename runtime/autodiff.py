@@ -32,7 +32,7 @@ import numpy as np
 import hal
 
 from . import dtypes as _dt
-from . import ops
+from . import linalg, ops
 from .errors import InvalidTypeError
 from .graph import Node, constant, new_node
 from .ops import COMPARE
@@ -349,6 +349,8 @@ def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
         from .fft import vjp as fft_vjp
 
         return fft_vjp(node, g)
+    if op == "linalg_result":
+        return linalg.vjp(node, k, g)
     r = _elementwise_vjp(op, node, k, g)
     if r is not None:
         return r

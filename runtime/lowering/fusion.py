@@ -29,7 +29,7 @@ import hal
 from hal import env
 
 from .. import distributed
-from ..kernels import elementwise, fft, gather, matmul, pad, random, reduce
+from ..kernels import elementwise, fft, gather, linalg, matmul, pad, random, reduce
 from ..kernels import rows as row_kernels
 from ..kernels.fused import FUSABLE_DTYPES, FusedSpec
 from ..kernels.fused import plan as plan_fused
@@ -58,6 +58,7 @@ PLANNERS = {"matmul": matmul.plan, "random": random.plan, "pad": pad.plan, "full
             "gather": gather.plan, "fft": fft.plan}
 PLANNERS.update({op: elementwise.plan for op in ELEMENTWISE})
 PLANNERS.update({op: reduce.plan for op in REDUCTIONS})
+PLANNERS.update(linalg.PLANNERS)
 
 
 def _plan_collective(node, layouts, ctx) -> list:
@@ -151,7 +152,7 @@ def want(ctx, keys) -> bool:
     due = True
     for key in keys:
         n = wanted.get(key, 0) + 1
-        if n == 1 and len(wanted) >= WANTS_KEPT:  # the oldest count goes (bounded for any number of graphs)
+        while n == 1 and len(wanted) >= WANTS_KEPT:  # the oldest counts go (bounded for any number of graphs)
             del wanted[next(iter(wanted))]
         wanted[key] = n
         if n < threshold:

@@ -1,0 +1,109 @@
+"""The lowering of runtime/linalg.py's decompositions: one HAL solver routine (``hal.solver``) a node.
+
+A decomposition's node ("linalg") holds all of its routine's outputs in one byte buffer, one after
+another at the offsets its params give: the routine writes each output to scratch, and a byte copy
+per output packs them. Each result the caller sees is a node of its own ("linalg_get") copying its
+bytes out of that buffer in its dtype and shape, so a routine of several outputs (eigenvalues and
+eigenvectors, an LU and its pivots) runs once however many of them are read.
+
+The routine is a ``library`` executable, as ``hal.Gemm`` is: the CPU drivers and the simulated GPU
+run its numpy reference, the CUDA driver cuSOLVER, the HIP driver hipSOLVER (``loadable`` says
+whether the device runs it).
+"""
+
+from __future__ import annotations
+
+import hal
+
+from .matmul import LibrarySource
+from .source import WORKGROUP, KernelSource, executable, grid_1d, source
+
+
+def copy_source() -> KernelSource:
+    key = ("linalg_copy",)
+    return source(key, lambda: KernelSource(key, [hal.Export("copy_bytes", (WORKGROUP, 1, 1), 2, 3)],
+                                            _cuda, _numpy))
+
+
+def _cuda() -> str:
+    return """
+extern "C" __global__ void copy_bytes(unsigned char* __restrict__ out, const unsigned char* __restrict__ in,
+                                      u32 n, u32 out_offset, u32 in_offset) {
+  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+    out[out_offset + i] = in[in_offset + i];
+}
+"""
+
+
+def _numpy() -> dict:
+    def copy_bytes(wg, bindings, c) -> None:
+        n, out_offset, in_offset = c
+        out = memoryview(bindings[0]).cast("B")
+        src = memoryview(bindings[1]).cast("B")
+        out[out_offset:out_offset + n] = src[in_offset:in_offset + n]
+
+    return {"copy_bytes": copy_bytes}
+
+
+def routine_source(routine: hal.Routine) -> LibrarySource:
+    """A solver routine as the lowering's kernel source (a ``library`` executable of one export)."""
+    return source(("solver", routine), lambda: LibrarySource(routine))  # type: ignore[arg-type]
+
+
+def loadable(ctx, routine: hal.Routine) -> str | None:
+    """None when ctx's device runs ``routine``, else why not (the library format missing, or the
+    routine refused: cuSOLVER not installed, say)."""
+    if not ctx.device.can_prepare("library"):
+        return f"device {ctx.device.info.uri} runs no library routines (no 'library' executable format)"
+    src = routine_source(routine)
+    try:
+        executable(ctx, src)
+    except (hal.UnimplementedError, hal.IncompatibleError) as exc:
+        return str(exc)
+    return None
+
+
+def plan(node, layouts: list, ctx) -> list:
+    """The routine into scratch, then each output copied to its place in the node's buffer."""
+    routine, constants, outputs = node.params  # outputs: (byte offset in the node, bytes) per output binding
+    src = routine_source(routine)
+    extents = routine.call_of(constants).extents
+    temps = [max(extents[i][1], 1) for i in routine.OUTPUTS]
+    roles: list = []
+    t = k = 0
+    for i in range(routine.bindings):
+        if i in routine.OUTPUTS:
+            roles.append(("tmp", t))
+            t += 1
+        else:
+            roles.append(("in", k))
+            k += 1
+    cmds: list = [("temps", temps), ("dispatch", src, src.export, (1, 1, 1), list(constants), roles), ("barrier",)]
+    copy = copy_source()
+    for t, (offset, nbytes) in enumerate(outputs):
+        if nbytes:
+            cmds.append(("dispatch", copy, "copy_bytes", (grid_1d(nbytes), 1, 1), [nbytes, offset, 0],
+                         [("out",), ("tmp", t)]))
+    return cmds
+
+
+def plan_get(node, layouts: list, ctx) -> list:
+    """A result of a decomposition: its bytes copied out of the decomposition's buffer."""
+    return _copy_out(node, node.params[0])
+
+
+def plan_result(node, layouts: list, ctx) -> list:
+    """A decomposition's result as the node its gradient rule belongs to: a copy of its value."""
+    return _copy_out(node, 0)
+
+
+def _copy_out(node, offset: int) -> list:
+    nbytes = node.size * node.dtype.itemsize
+    if nbytes == 0:
+        return []
+    return [("dispatch", copy_source(), "copy_bytes", (grid_1d(nbytes), 1, 1), [nbytes, 0, offset],
+             [("out",), ("in", 0)])]
+
+
+#: The lowering's planners of runtime/linalg.py's nodes.
+PLANNERS = {"linalg": plan, "linalg_get": plan_get, "linalg_result": plan_result}
