@@ -72,7 +72,7 @@ def source(key: tuple, build) -> KernelSource:
     src = _sources.pop(key, None)
     if src is None:
         src = build()
-        if len(_sources) >= SOURCES_KEPT:
+        while len(_sources) >= SOURCES_KEPT:
             del _sources[next(iter(_sources))]
     _sources[key] = src  # (the most recently used last)
     return src
@@ -87,7 +87,7 @@ def executable(ctx, src: KernelSource) -> hal.Executable:
     if exe is None:
         formats = (ctx.gpu_format, "numpy") if ctx.is_gpu else ("numpy",)
         exe = ctx.device.load_executable(src.specs(formats))
-        if len(cache) >= EXECUTABLES_KEPT:
+        while len(cache) >= EXECUTABLES_KEPT:
             del cache[next(iter(cache))]
     cache[key] = exe
     return exe
