@@ -96,6 +96,9 @@ def asarray(x, dtype=None, device=None, copy=None) -> Array:
     host, dt = host_data(x)
     if dtype is not None:
         dt = _dt.as_dtype(dtype)
+        if host.dtype.kind == "c" and not dt.is_complex and dt is not _dt.bool_:
+            raise InvalidTypeError(f"asarray: complex data does not cast to {dt.name} (take its real or imaginary "
+                                   "part first)")
     if len(host.shape) > MAX_DIMS:
         raise InvalidValueError(f"at most {MAX_DIMS} dimensions are supported")
     return upload(host, dt, ctx)

@@ -203,6 +203,9 @@ def test_creation(dev):
         check(rt.linspace(0, 1 + 2j, 5, dtype=dtype, device=dev).numpy(),
               np.linspace(0, 1 + 2j, 5).astype(np_dt), dtype)
         check(rt.full_like(rt.zeros((2,), dtype=dtype, device=dev), 1j).numpy(), np.full((2,), 1j, np_dt), dtype)
+    with pytest.raises(TypeError):  # as astype: no imaginary part dropped
+        rt.asarray([1 + 2j], dtype="float32", device=dev)
+    check(rt.asarray([0j, 2j], dtype="bool", device=dev).numpy(), np.array([False, True]), "bool")
     assert rt.full((2,), 1j, device=dev).dtype is rt.complex64
     assert rt.linspace(0, 1j, 3, device=dev).dtype is rt.complex64
     with pytest.raises(TypeError):
