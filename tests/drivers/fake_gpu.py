@@ -277,7 +277,11 @@ class FakeGpuApi:
         if stream.destroyed:
             self._destroyed("cuMemcpyDtoDAsync", stream)
         self._check("cuMemcpyDtoDAsync")
-        stream.inbox.put(lambda: ctypes.memmove(dst, src, size))
+        work = lambda: ctypes.memmove(dst, src, size)  # noqa: E731
+        if stream.capture is not None:  # (a library call's copy, captured with it)
+            stream.capture.append(work)
+        else:
+            stream.inbox.put(work)
 
     def memcpy_htod_async(self, dst: int, host: int, size: int, stream: _Stream) -> None:
         if stream.destroyed:
