@@ -16,6 +16,7 @@ import pytest
 
 import hal
 from hal.drivers.cuda import fft as cuda_fft
+from hal.drivers.gpu import fft as gpu_fft
 from hal.drivers.gpu.library import LibraryBackends
 from hal.library_fft import FftShape, side_lengths
 
@@ -212,7 +213,7 @@ def test_routines_run_through_cufft_calls(device, transform, direction, dtype, l
     assert (rank, n, count) == (len(lengths), list(lengths), batch)
     assert (inembed[1:], onembed[1:]) == (list(in_len[1:]), list(out_len[1:]))
     assert (istride, idist, ostride, odist) == (shape.istride, shape.idist, shape.ostride, shape.odist)
-    assert CufftType(type_).name == cuda_fft.TYPES[transform, dtype]
+    assert CufftType(type_).name == gpu_fft.TYPES[transform, dtype]
     execs = [args for name, args in library.calls if name.startswith("exec_")]
     assert len(execs) == 2
     expected_direction = {"c2c": -1 if direction == "forward" else 1}.get(transform)
@@ -228,7 +229,7 @@ def test_plans_are_made_once_and_their_workspace_holds_a_c2r_input_copy():
     plan = backend.plan(routine, shape, [0x1000, 0x2000])
     assert backend.plan(routine, shape, [0x3000, 0x4100]) is plan
     copy = 3 * 6 * 6 * 16
-    assert plan.copy_bytes == copy and plan.copy_offset % cuda_fft.WORK_ALIGN == 0 and plan.copy_offset >= copy
+    assert plan.copy_bytes == copy and plan.copy_offset % gpu_fft.WORK_ALIGN == 0 and plan.copy_offset >= copy
     assert plan.workspace_size == plan.copy_offset + WORK
     assert [name for name, _ in library.calls].count("create") == 1
     forward = backend.plan(hal.Fft("c2c"), hal.Fft("c2c").shape_of(hal.Fft.constants_for((8,), 2)), [0, 0])
@@ -291,7 +292,7 @@ def test_every_routine_maps_to_a_cufft_type_and_exec_of_the_bindings(fresh_load)
     cufft = pytest.importorskip("nvmath.bindings.cufft")
     deferred = cuda_fft.load(0)  # (the library itself loads at the first routine)
     assert isinstance(deferred, cuda_fft.DeferredCufft) and cuda_fft.load(0) is deferred
-    assert {name: int(getattr(cufft.Type, name)) for name in cuda_fft.TYPES.values()} == {
+    assert {name: int(getattr(cufft.Type, name)) for name in gpu_fft.TYPES.values()} == {
         t.name: int(t) for t in CufftType}
     for name, _ in cuda_fft.EXECS.values():
         assert callable(getattr(cufft, name))

@@ -4,7 +4,7 @@ Everything device-specific is handed to ``GpuDevice``: the shim, the device
 ordinal (HIP's handle and, made current with ``hipSetDevice``, its context),
 the launch limits and memory from the device's properties, and the executable
 cache compiling for its exact ``gcnArchName``, with hipBLASLt behind its library
-routines where the library loads (``blas.py``).
+routines where the library loads (``blas.py``), hipFFT behind its FFTs (``fft.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hal.driver import DeviceInfo, Driver
 from hal.drivers.gpu.channel import GpuCollectives
 from hal.drivers.gpu.device import GpuDevice
 from hal.drivers.gpu.library import LibraryBackends
-from hal.drivers.hip import blas, rccl
+from hal.drivers.hip import blas, fft, rccl
 from hal.drivers.hip.executable_cache import HipExecutableCache
 
 
@@ -23,7 +23,8 @@ def create_device(driver: Driver, info: DeviceInfo, *, api: Any, options: dict[s
     props = info.properties
     limits = {"max_workgroup_count": props["max_grid_dims"], "max_workgroup_size": props["max_threads_per_block"]}
     executables = HipExecutableCache(props["gcn_arch_name"])
-    executables.libraries = LibraryBackends.of({"gemm": blas.load(info.ordinal, api)})
+    executables.libraries = LibraryBackends.of({"gemm": blas.load(info.ordinal, api),
+                                                  "fft": fft.load(info.ordinal, api)})
     device = GpuDevice(
         driver,
         info,
