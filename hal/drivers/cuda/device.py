@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from hal.driver import DeviceInfo, Driver
-from hal.drivers.cuda import blas, fft, nccl
+from hal.drivers.cuda import blas, fft, nccl, solver
 from hal.drivers.cuda.executable_cache import CudaExecutableCache
 from hal.drivers.gpu.channel import GpuCollectives
 from hal.drivers.gpu.device import GpuDevice
@@ -28,7 +28,7 @@ def create_device(
     }
     executables = CudaExecutableCache((props["compute_capability_major"], props["compute_capability_minor"]))
     executables.libraries = LibraryBackends.of({"gemm": blas.load(info.ordinal, api),
-                                                  "fft": fft.load(info.ordinal, api)})
+                                                  "fft": fft.load(info.ordinal, api), **solver.load(info.ordinal, api)})
     device = GpuDevice(
         driver,
         info,

@@ -1,0 +1,91 @@
+"""The CUDA driver's cuSOLVER backend without a GPU: the calls each solver routine makes, recorded by a
+stand-in for ``nvmath.bindings.cusolverDn`` (the real one is checked on a GPU by scripts/gpu-check),
+and the refusal with the reason where the library does not load."""
+
+from __future__ import annotations
+
+import pytest
+
+import hal
+from hal.drivers.cuda import solver
+
+
+class Recorder:
+    """``cusolverDn`` as a recorder: buffer sizes of 7 elements, handles 11."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def __getattr__(self, name: str):
+        def call(*args):
+            self.calls.append((name, *args))
+            if name.endswith("buffer_size"):
+                return 7
+            return 11 if name in ("create", "create_gesvdj_info") else None
+
+        return call
+
+
+class Api:
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+
+    def memcpy_dtod_async(self, dst, src, size, stream) -> None:
+        self.calls.append(("memcpy", dst, src, size, stream))
+
+
+CASES = [
+    (hal.Cholesky("float32"), [2, 3], ["spotrf", "spotrf"]),
+    (hal.LU("complex64"), [2, 3], ["cgetrf", "cgetrf"]),
+    (hal.LUSolve("float64", transpose=True), [2, 3, 2], ["dgetrs", "dgetrs"]),
+    (hal.Eigh("complex128"), [2, 3], ["zheevd", "zheevd"]),
+    (hal.Eigh("float64", vectors=False), [1, 3], ["dsyevd"]),
+    (hal.Svd("float32", full_matrices=True), [2, 4, 3], ["sgesvdj", "sgesvdj"]),
+    (hal.Qr("complex64", complete=True), [1, 4, 3], ["cgeqrf", "cungqr"]),
+]
+
+
+@pytest.mark.parametrize("routine,constants,expected", CASES, ids=lambda c: getattr(c, "kind", None))
+def test_each_routine_copies_its_input_and_calls_cusolver_per_batch_entry(routine, constants, expected):
+    dn = Recorder()
+    backend = solver.CuSolver(dn, Api(dn.calls))
+    assert backend.supports(routine) is None
+    pointers = [4096 * (i + 1) for i in range(routine.bindings)]
+    plan = backend.plan(routine, routine.call_of(constants), pointers)
+    assert plan is backend.plan(routine, routine.call_of(constants), pointers)  # planned once
+    assert plan.workspace_size >= 256
+    dn.calls.clear()
+    backend.enqueue(plan, tuple(constants), pointers, 1 << 20, plan.workspace_size, 5)
+    names = [c[0] for c in dn.calls]
+    assert names[0] == "set_stream" and names[1] == "memcpy"
+    assert [n for n in names if n not in ("set_stream", "memcpy")] == expected
+    for call in dn.calls:  # every library call on the call's own memory: no allocation
+        assert call[0] != "malloc"
+
+
+def test_the_transposed_solve_asks_for_op_t():
+    dn = Recorder()
+    backend = solver.CuSolver(dn, Api(dn.calls))
+    routine = hal.LUSolve("float32", transpose=True)
+    plan = backend.plan(routine, routine.call_of([1, 3, 1]), [4096, 8192, 12288, 16384])
+    backend.enqueue(plan, (1, 3, 1), [4096, 8192, 12288, 16384], 1 << 20, plan.workspace_size, 5)
+    (getrs,) = [c for c in dn.calls if c[0] == "sgetrs"]
+    assert getrs[2] == solver.OP_T
+
+
+def test_a_library_that_fails_to_load_refuses_every_routine_with_the_reason():
+    class Broken:
+        def create(self):
+            raise OSError("libcusolver.so.12: cannot open shared object file")
+
+    deferred = solver.DeferredCuSolver(0, None, Broken())
+    reason = deferred.supports(hal.Cholesky("float32"))
+    assert reason is not None and "libcusolver" in reason
+    with pytest.raises(hal.UnavailableError):
+        deferred.plan(hal.Cholesky("float32"), None, [])
+
+
+def test_load_gives_a_backend_for_every_solver_kind():
+    backends = solver.load(99)
+    assert set(backends) in (set(), {"cholesky", "lu", "lu_solve", "eigh", "svd", "qr"})
+    assert len({id(b) for b in backends.values()}) <= 1
