@@ -19,10 +19,10 @@ ratios to NCCL (bandwidth; latency at the smallest size).
 ``torch``: ``torch.distributed`` all-reduce with the NCCL backend, one spawned process per GPU
 (after the rounds above, alone on the GPUs), timed the same way. ``mlp``: the data-parallel training
 step of the workload benchmark's MLP (``workload_mlp.py``: batch 512 a GPU, 1024 -> 4096 -> 1024):
-each GPU runs the runtime's compiled forward and backward on its half, the four gradients are averaged
-by one grouped HAL all-reduce submitted on the runtime's device queue after the gradients, and a
-compiled update follows; throughput against the compiled step on one GPU, and the first step's
-parameters against one GPU's step on the whole batch.
+each GPU runs one compiled step on its part of the batch, whose gradients ``rt.distributed.average_gradients``
+averages in buckets recorded in the same graph as the backward pass (a bucket's all-reduce beside the
+rest of the backward pass), one thread queueing every GPU's step; throughput against the compiled step
+on one GPU, and the first step's parameters against one GPU's step on the whole batch.
 
 NCCL_NVLS_ENABLE=0 is set unless given (NVLink multicast off). ``--fake`` runs every HAL path on the
 simulated GPU of the tests (tiny sizes, no baselines): a check that the benchmark itself runs.
@@ -301,43 +301,28 @@ def mlp_data_parallel(args, gpus: int) -> dict:
     y_all = rng.standard_normal((batch * gpus, params_np[2].shape[1]), dtype=np.float32)
 
     devices = make_devices(args, gpus)
-    channels = hal.create_channels(devices)
-    sizes = [p.size for p in params_np]
+    groups = rt.distributed.groups(devices)
     try:
-        def grads_fn(w1, b1, w2, b2, x, y):
-            value, grads = mlp.value_and_grad(w1, b1, w2, b2, x, y)
-            return (*grads, value)
+        def dp_step_of(group):
+            def step(w1, b1, w2, b2, x, y):
+                _, grads = mlp.value_and_grad(w1, b1, w2, b2, x, y)
+                grads = rt.distributed.average_gradients(grads, group)
+                return tuple(p - mlp.LR * g for p, g in zip((w1, b1, w2, b2), grads))
 
-        def update_fn(w1, b1, w2, b2, g1, g2, g3, g4):
-            return tuple(p - mlp.LR * g for p, g in zip((w1, b1, w2, b2), (g1, g2, g3, g4)))
+            return rt.compile(step)
 
-        grads_c, update_c, step_c = rt.compile(grads_fn), rt.compile(update_fn), rt.compile(mlp.step)
+        steps_c = [dp_step_of(g) for g in groups]
+        step_c = rt.compile(mlp.step)
         xs = [rt.array(x_all[i * batch:(i + 1) * batch], device=d) for i, d in enumerate(devices)]
         ys = [rt.array(y_all[i * batch:(i + 1) * batch], device=d) for i, d in enumerate(devices)]
         state = [[rt.array(p, device=d) for p in params_np] for d in devices]
 
-        def average(grads: list, rank: int) -> None:
-            """One grouped in-place all-reduce (avg) of the rank's gradients, after the runtime's work."""
-            device, channel = devices[rank], channels[rank]
-            grads[0].ctx.flush()  # the gradients' submission reaches the device before ours
-            waits = []
-            cb = device.create_command_buffer()
-            with cb.record():
-                for g, n in zip(grads, sizes):
-                    storage = g.root.storage
-                    offset = g.offset * 4 if g.root is not g else 0
-                    cb.all_reduce(channel, (storage.buffer, offset, n * 4), (storage.buffer, offset, n * 4), n,
-                                  "float32", "avg")
-                    waits.append((storage.sem, storage.ready))
-            device.queue_execute([cb], wait=waits)
-
         def dp_step(count: int) -> None:
+            # One thread drives every GPU: each call queues its rank's step (its bucketed all-reduces
+            # recorded in the same graph as the backward pass) and returns.
             for _ in range(count):
-                outs = [grads_c(*state[r], xs[r], ys[r]) for r in range(gpus)]
                 for r in range(gpus):
-                    average(list(outs[r][:4]), r)
-                for r in range(gpus):
-                    state[r] = list(update_c(*state[r], *outs[r][:4]))
+                    state[r] = list(steps_c[r](*state[r], xs[r], ys[r]))
 
         # the first step against one GPU's step over the whole batch
         dp_step(1)
@@ -383,8 +368,8 @@ def mlp_data_parallel(args, gpus: int) -> dict:
             "spread_ms": {k: [min(v) * 1e3, max(v) * 1e3] for k, v in times.items()},
         }
     finally:
-        for channel in channels:
-            channel.close()
+        for group in groups:
+            group.close()
 
 
 # ---- main -------------------------------------------------------------------------------------------------

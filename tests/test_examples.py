@@ -81,3 +81,10 @@ def test_every_flag_has_help_with_its_default(name):
         if entry.startswith("-h"):
             continue
         assert "default: " in " ".join(entry.split()), entry
+
+
+def test_data_parallel_mlp_on_cpu_devices_of_one_process():
+    proc = example("data_parallel_mlp", "--driver", "local-task", "--local", "3", "--small", "--steps", "3",
+                   "--batch", "16")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "on 3 ranks" in proc.stdout and "ranks identical: True -> OK" in proc.stdout

@@ -174,7 +174,7 @@ def _execute(ctx: DeviceContext, rec: Recording, ext: list, table: list, queue: 
         execution = ctx.device.prepare([rec.cb], [table])
         rec.execution = execution
         rec.last_table = table
-    value = ctx.submit(execution, queue)
+    value = ctx.submit(execution, queue and not rec.collectives)
     rec.last_ext = ext
     return value
 

@@ -33,7 +33,7 @@ class Recording:
     __slots__ = ("cb", "n_ext", "fresh", "temps", "table_size", "footprint", "scratch", "levels",
                  "dispatches", "fused", "program", "last_table", "last_ext", "captured", "buckets",
                  "fresh_buckets", "moved", "no_prefer", "deferred", "guards", "owner", "tail", "held", "held_outs",
-                 "held_storages", "held_buffers", "held_refs", "execution", "__weakref__")
+                 "held_storages", "held_buffers", "held_refs", "execution", "collectives", "__weakref__")
 
     def __init__(self, cb, n_ext: int, fresh: list, temps: list, levels: int, dispatches: int) -> None:
         self.cb = cb
@@ -49,6 +49,9 @@ class Recording:
         self.dispatches = dispatches
         self.fused = 0  # fused kernels among the dispatches
         self.deferred: list = []  # keys of the fused kernels it runs without until they are due (fusion.py)
+        #: Whether it records collectives: handed to the device at once, never queued with later replays
+        #: (another rank's work may wait for this one before this process asks for anything).
+        self.collectives = False
         self.captured: list = []  # storages of constants bound directly (their fences follow the submissions)
         self.scratch = None  # unified index -> (buffer, bucket) the recording owns (rt.compile, small CPU scratch)
         self.owner = None  # the context its owned scratch goes back to when it is dropped
@@ -194,6 +197,7 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
     rec = Recording(cb, p.n_ext, p.fresh, p.temps, levels, dispatches)
     rec.fused = fused
     rec.deferred = p.deferred
+    rec.collectives = any(cmd[0] == "collective" for unit in units for cmd in unit.cmds)
     rec.captured = p.captured
     if p.noted:
         slot = {id(r): j for j, r in enumerate(externals)}

@@ -18,6 +18,25 @@ import runtime as rt
 DRIVERS = ["local-sync", "local-task"]
 
 
+def _cuda_ranks() -> list[tuple[str, int]]:
+    """(cuda, n) for 1 .. the GPUs present (NCCL through the nccl extra), none without."""
+    info = {d.name: d for d in hal.list_drivers()}.get("cuda")
+    if info is None or not info.available:
+        return []
+    try:
+        gpus = len(hal.get_driver("cuda").query_devices())
+        from hal.drivers.cuda import nccl
+
+        nccl.load()
+    except Exception:
+        return []
+    return [("cuda", n) for n in range(1, min(gpus, 2) + 1)]
+
+
+def make_device(driver: str, index: int) -> hal.Device:
+    return hal.create_device(driver if driver != "cuda" else f"cuda://{index}")
+
+
 def run_ranks(devices, fn):
     """fn(rank) on a thread per rank; the results in rank order (a rank's exception re-raised)."""
     results, errors = [None] * len(devices), []
@@ -39,10 +58,11 @@ def run_ranks(devices, fn):
     return results
 
 
-@pytest.fixture(params=[(d, n) for d in DRIVERS for n in (1, 2, 3)], ids=lambda p: f"{p[0]}-{p[1]}ranks")
+@pytest.fixture(params=[(d, n) for d in DRIVERS for n in (1, 2, 3)] + _cuda_ranks(),
+                ids=lambda p: f"{p[0]}-{p[1]}ranks")
 def ranks(request):
     driver, count = request.param
-    devices = [hal.create_device(driver) for _ in range(count)]
+    devices = [make_device(driver, i) for i in range(count)]
     groups = rt.distributed.groups(devices)
     yield devices, groups
     for group in groups:
@@ -120,7 +140,7 @@ def test_data_parallel_training_equals_the_whole_batch_on_one_device(ranks, comp
         return [s.numpy() for s in state]
 
     results = run_ranks(devices, rank_fn)
-    one = hal.create_device("local-sync")
+    one = hal.create_device("local-sync")  # (numpy's products: as close to the GPU's as to another rank's)
     state = [rt.array(p, device=one) for p in params]
     X, Y = rt.array(x, device=one), rt.array(y, device=one)
     for _ in range(3):
