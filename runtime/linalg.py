@@ -230,7 +230,9 @@ def solve(x1, x2, /) -> Array:
     matrix of x1, as the standard says."""
     a = _matrices(x1, "solve", square=True)
     b = _floating(x2, "solve")
-    a, b, dt = ops.operands(a, b)
+    _, _, dt = ops.operands(a, b)
+    a = a if a.dtype is dt else ops.astype(a, dt)
+    b = b if b.dtype is dt else ops.astype(b, dt)
     n = a.shape[-1]
     vector = b.ndim == 1
     if vector:
@@ -501,7 +503,7 @@ def trace(x, /, *, offset: int = 0, dtype=None) -> Array:
 def cross(x1, x2, /, *, axis: int = -1) -> Array:
     """Cross products of 3-vectors along ``axis`` (broadcast)."""
     a, b, _ = ops.operands(x1, x2)
-    if not (a.dtype.is_float or a.dtype.is_complex or a.dtype.is_integer):
+    if a.dtype is _dt.bool_:
         raise InvalidTypeError(f"linalg.cross takes numeric arrays, got {a.dtype.name}")
     if axis >= 0:
         raise InvalidValueError("linalg.cross: axis must be negative (counted from the end of the broadcast shape)")
