@@ -41,8 +41,10 @@ def plan_arguments(fft: Fft, shape: FftShape) -> tuple:
     ostride, odist, the transform type's name (``TYPES``), batch. The embeds' first entries, which
     the libraries ignore, are each side's first length."""
     rank = shape.rank
-    inembed = [side_lengths(fft.transform, shape.lengths, "in")[0], *shape.inembed[:rank - 1]]
-    onembed = [side_lengths(fft.transform, shape.lengths, "out")[0], *shape.onembed[:rank - 1]]
+    first_in, *_ = side_lengths(fft.transform, shape.lengths, "in")
+    first_out, *_ = side_lengths(fft.transform, shape.lengths, "out")
+    inembed = [first_in, *shape.inembed[:rank - 1]]
+    onembed = [first_out, *shape.onembed[:rank - 1]]
     return (rank, list(shape.lengths), inembed, shape.istride, shape.idist, onembed, shape.ostride, shape.odist,
             TYPES[fft.transform, fft.dtype], shape.batch)
 
