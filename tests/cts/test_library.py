@@ -115,44 +115,6 @@ def test_complex_gemms_take_no_epilogue():
     assert hal.Gemm("complex128").element_size == 16
 
 
-@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
-@pytest.mark.parametrize("transpose_a,transpose_b", [(False, False), (True, True)])
-def test_complex_gemm_matches_numpy(library, dtype, transpose_a, transpose_b):
-    """Complex products (no operand conjugated), batched with an offset; a library without complex
-    GEMMs (hipBLASLt) refuses the routine when it is loaded, with the reason."""
-    try:
-        exe = gemm_exe(library, dtype)
-    except hal.UnimplementedError as exc:
-        assert dtype in str(exc)
-        pytest.skip(f"{library.info.uri}: {exc}")
-    rng = np.random.default_rng(7)
-    batch, m, n, k = 3, 17, 9, 40
-    def draw(shape):
-        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
-    a = draw((batch, k, m) if transpose_a else (batch, m, k))
-    b = draw((batch, n, k) if transpose_b else (batch, k, n))
-    item = np.dtype(dtype).itemsize
-    A = allocate_with(library, np.concatenate([np.zeros(OFFSET // item, dtype), a.ravel()]))
-    B = allocate_with(library, b)
-    C = library.allocator.allocate(batch * m * n * item)
-    constants = hal.Gemm.constants_for(m, n, k, batch, transpose_a=transpose_a, transpose_b=transpose_b)
-    cb = record(library, lambda cb: cb.dispatch(exe, "gemm", constants=constants,
-                                                bindings=[C, (A, OFFSET, a.nbytes), B]))
-    submit_and_wait(library, [cb])
-    ea = a.transpose(0, 2, 1) if transpose_a else a
-    eb = b.transpose(0, 2, 1) if transpose_b else b
-    expected = ea.astype(np.complex128) @ eb
-    tol = 1e-5 if dtype == "complex64" else 1e-12
-    out = np.frombuffer(library.read(C), dtype).reshape(batch, m, n)
-    np.testing.assert_allclose(out, expected, rtol=tol, atol=tol * np.abs(expected).max())
-
-
-def test_complex_gemms_take_no_epilogue():
-    with pytest.raises(hal.InvalidArgumentError, match="epilogue"):
-        hal.Gemm("complex64", epilogue="bias")
-    assert hal.Gemm("complex128").element_size == 16
-
-
 def test_batched_gemm_with_strides_offsets_and_a_shared_matrix(library):
     rng = np.random.default_rng(2)
     batch, m, n, k = 4, 16, 24, 8
