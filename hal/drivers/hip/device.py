@@ -15,7 +15,7 @@ from hal.driver import DeviceInfo, Driver
 from hal.drivers.gpu.channel import GpuCollectives
 from hal.drivers.gpu.device import GpuDevice
 from hal.drivers.gpu.library import LibraryBackends
-from hal.drivers.hip import blas, fft, rccl
+from hal.drivers.hip import blas, fft, rccl, solver
 from hal.drivers.hip.executable_cache import HipExecutableCache
 
 
@@ -24,7 +24,7 @@ def create_device(driver: Driver, info: DeviceInfo, *, api: Any, options: dict[s
     limits = {"max_workgroup_count": props["max_grid_dims"], "max_workgroup_size": props["max_threads_per_block"]}
     executables = HipExecutableCache(props["gcn_arch_name"])
     executables.libraries = LibraryBackends.of({"gemm": blas.load(info.ordinal, api),
-                                                  "fft": fft.load(info.ordinal, api)})
+                                                  "fft": fft.load(info.ordinal, api), **solver.load(info.ordinal, api)})
     device = GpuDevice(
         driver,
         info,

@@ -1,0 +1,260 @@
+"""Solver routines (``hal.solver``) on a GPU: the planning shared by the CUDA and HIP drivers.
+
+The vendor module (``cuda/solver.py`` over cuSOLVER, ``hip/solver.py`` over hipSOLVER) gives the
+library's calls as a ``SolverCalls``: LAPACK's routines by name, each taking the routine's dtype,
+with the library's own enums already chosen. What is written once here:
+
+- every call is out of place as the HAL's routines are: the input is copied into the output (or
+  into the call's workspace) on the stream, and the library's in-place routine runs there;
+- per batch entry, on the queue's stream (captured into a graph like any library call): Cholesky
+  ``potrf`` (lower), LU ``getrf`` (int32 pivots), LUSolve ``getrs`` (transposed for
+  ``transpose``), Eigh ``syevd``/``heevd``, Svd ``gesvdj`` (``econ`` unless ``full_matrices``; it
+  writes V, as the routine does), Qr ``geqrf`` then ``orgqr``/``ungqr``. The libraries' batched
+  forms take arrays of device pointers or sizes up to 32; the loop serves every size with one
+  handle and one workspace;
+- the plan of a call (workspace sizes asked of the library) is made once per (routine, sizes);
+- nothing allocates during a call: the library's workspace, the Householder scalars, scratch
+  matrices and a scratch info word are the call's own workspace (``LibraryCall``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from hal.errors import UnavailableError
+from hal.solver import SOLVER_DTYPES, SOLVER_ROUTINES, SolverCall, SolverRoutine
+
+ALIGN = 256
+
+
+def aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+class SolverCalls(Protocol):
+    """A vendor solver library's calls (pointers are device addresses; sizes in elements)."""
+
+    #: The library, for messages.
+    name: str
+
+    def set_stream(self, stream: Any) -> None: ...
+    def copy(self, dst: int, src: int, nbytes: int, stream: Any) -> None: ...
+    def potrf_lwork(self, dtype: str, n: int, a: int) -> int: ...
+    def potrf(self, dtype: str, n: int, a: int, work: int, lwork: int, info: int) -> None: ...
+    def getrf_lwork(self, dtype: str, n: int, a: int) -> int: ...
+    def getrf(self, dtype: str, n: int, a: int, work: int, lwork: int, pivots: int, info: int) -> None: ...
+    def getrs_lwork(self, dtype: str, transpose: bool, n: int, nrhs: int, a: int, pivots: int, b: int) -> int: ...
+    def getrs(self, dtype: str, transpose: bool, n: int, nrhs: int, a: int, pivots: int, b: int, work: int,
+              lwork: int, info: int) -> None: ...
+    def evd_lwork(self, dtype: str, vectors: bool, n: int, a: int, w: int) -> int: ...
+    def evd(self, dtype: str, vectors: bool, n: int, a: int, w: int, work: int, lwork: int, info: int) -> None: ...
+    def gesvdj_lwork(self, dtype: str, full: bool, m: int, n: int, a: int, s: int, u: int, v: int) -> int: ...
+    def gesvdj(self, dtype: str, full: bool, m: int, n: int, a: int, s: int, u: int, v: int, work: int, lwork: int,
+               info: int) -> None: ...
+    def geqrf_lwork(self, dtype: str, m: int, n: int, a: int) -> int: ...
+    def geqrf(self, dtype: str, m: int, n: int, a: int, tau: int, work: int, lwork: int, info: int) -> None: ...
+    def orgqr_lwork(self, dtype: str, m: int, n: int, k: int, a: int, tau: int) -> int: ...
+    def orgqr(self, dtype: str, m: int, n: int, k: int, a: int, tau: int, work: int, lwork: int, info: int) -> None: ...
+
+
+@dataclasses.dataclass
+class SolverPlan:
+    """One planned call: ``run(pointers, workspace, stream)`` and the workspace bytes it needs."""
+
+    run: Callable[[Sequence[int], int, Any], None]
+    workspace_size: int
+
+
+class SolverBackend:
+    """The ``LibraryBackend`` of the solver routine kinds: plans cached by (routine, sizes)."""
+
+    def __init__(self, calls: SolverCalls) -> None:
+        self.calls = calls
+        self.name = calls.name
+        self.plans: dict = {}
+        self._lock = threading.Lock()
+
+    def supports(self, routine: Any) -> str | None:
+        if not isinstance(routine, SolverRoutine) or routine.kind not in SOLVER_ROUTINES:
+            return f"{self.name} does not run {type(routine).__name__} routines"
+        if routine.dtype not in SOLVER_DTYPES:
+            return f"{self.name} has no {routine.dtype} routines"
+        return None
+
+    def plan(self, routine: SolverRoutine, checked: SolverCall, pointers: Sequence[int]) -> SolverPlan:
+        key = (routine, checked.sizes)
+        with self._lock:
+            plan = self.plans.get(key)
+            if plan is None:
+                plan = self.plans[key] = getattr(self, f"_plan_{routine.kind}")(routine, dict(checked.sizes), pointers)
+        return plan
+
+    def enqueue(self, plan: SolverPlan, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
+                workspace_size: int, stream: Any) -> None:
+        self.calls.set_stream(stream)
+        plan.run(pointers, workspace, stream)
+
+    # -- one planner per routine kind: run(pointers in binding order, workspace address, stream) ---
+
+    def _plan_cholesky(self, routine: SolverRoutine, s: dict, pointers: Sequence[int]) -> SolverPlan:
+        calls, dtype = self.calls, routine.dtype
+        batch, n = s["batch"], s["n"]
+        size = routine.element_size
+        lwork = max(calls.potrf_lwork(dtype, n, pointers[0]), 1)
+        matrix = n * n * size
+
+        def run(p: Sequence[int], work: int, stream: Any) -> None:
+            out, a, info = p[0], p[1], p[2]
+            calls.copy(out, a, batch * matrix, stream)
+            for i in range(batch):
+                calls.potrf(dtype, n, out + i * matrix, work, lwork, info + 4 * i)
+
+        return SolverPlan(run, aligned(lwork * size))
+
+    def _plan_lu(self, routine: SolverRoutine, s: dict, pointers: Sequence[int]) -> SolverPlan:
+        calls, dtype = self.calls, routine.dtype
+        batch, n = s["batch"], s["n"]
+        size = routine.element_size
+        lwork = max(calls.getrf_lwork(dtype, n, pointers[0]), 1)
+        matrix = n * n * size
+
+        def run(p: Sequence[int], work: int, stream: Any) -> None:
+            out, a, pivots, info = p
+            calls.copy(out, a, batch * matrix, stream)
+            for i in range(batch):
+                calls.getrf(dtype, n, out + i * matrix, work, lwork, pivots + 4 * n * i, info + 4 * i)
+
+        return SolverPlan(run, aligned(lwork * size))
+
+    def _plan_lu_solve(self, routine: SolverRoutine, s: dict, pointers: Sequence[int]) -> SolverPlan:
+        calls, dtype = self.calls, routine.dtype
+        batch, n, nrhs = s["batch"], s["n"], s["nrhs"]
+        size = routine.element_size
+        transpose = bool(routine.transpose)  # type: ignore[attr-defined]
+        lwork = max(calls.getrs_lwork(dtype, transpose, n, nrhs, pointers[1], pointers[2], pointers[0]), 1)
+        library = aligned(lwork * size)
+        matrix, rhs = n * n * size, n * nrhs * size
+
+        def run(p: Sequence[int], work: int, stream: Any) -> None:
+            x, lu, pivots, b = p
+            info = work + library  # (getrs's info word: the LU's info tells of singular matrices)
+            calls.copy(x, b, batch * rhs, stream)
+            for i in range(batch):
+                calls.getrs(dtype, transpose, n, nrhs, lu + i * matrix, pivots + 4 * n * i, x + i * rhs, work, lwork,
+                            info)
+
+        return SolverPlan(run, library + ALIGN)
+
+    def _plan_eigh(self, routine: SolverRoutine, s: dict, pointers: Sequence[int]) -> SolverPlan:
+        calls, dtype = self.calls, routine.dtype
+        batch, n = s["batch"], s["n"]
+        size = routine.element_size
+        vectors = bool(routine.vectors)  # type: ignore[attr-defined]
+        lwork = max(calls.evd_lwork(dtype, vectors, n, pointers[0], pointers[1]), 1)
+        matrix = n * n * size
+        real = size // 2 if dtype.startswith("complex") else size
+
+        def run(p: Sequence[int], work: int, stream: Any) -> None:
+            v, w, a, info = p
+            calls.copy(v, a, batch * matrix, stream)
+            for i in range(batch):
+                calls.evd(dtype, vectors, n, v + i * matrix, w + i * n * real, work, lwork, info + 4 * i)
+
+        return SolverPlan(run, aligned(lwork * size))
+
+    def _plan_svd(self, routine: SolverRoutine, s: dict, pointers: Sequence[int]) -> SolverPlan:
+        calls, dtype = self.calls, routine.dtype
+        batch, m, n = s["batch"], s["m"], s["n"]
+        size = routine.element_size
+        full = bool(routine.full_matrices)  # type: ignore[attr-defined]
+        ku, kv = routine.columns(m, n)  # type: ignore[attr-defined]
+        k = min(m, n)
+        real = size // 2 if dtype.startswith("complex") else size
+        lwork = max(calls.gesvdj_lwork(dtype, full, m, n, pointers[3], pointers[1], pointers[0], pointers[2]), 1)
+        library = aligned(lwork * size)
+        matrix = m * n * size
+
+        def run(p: Sequence[int], work: int, stream: Any) -> None:
+            u, sv, v, a, info = p
+            scratch = work + library  # gesvdj overwrites its input
+            calls.copy(scratch, a, batch * matrix, stream)
+            for i in range(batch):
+                calls.gesvdj(dtype, full, m, n, scratch + i * matrix, sv + i * k * real, u + i * m * ku * size,
+                             v + i * n * kv * size, work, lwork, info + 4 * i)
+
+        return SolverPlan(run, library + aligned(batch * matrix))
+
+    def _plan_qr(self, routine: SolverRoutine, s: dict, pointers: Sequence[int]) -> SolverPlan:
+        calls, dtype = self.calls, routine.dtype
+        batch, m, n = s["batch"], s["m"], s["n"]
+        size = routine.element_size
+        k = min(m, n)
+        kq = routine.q_columns(m, n)  # type: ignore[attr-defined]
+        a0 = pointers[2]
+        lwork = max(calls.geqrf_lwork(dtype, m, n, a0), calls.orgqr_lwork(dtype, m, kq, k, a0, a0), 1)
+        library = aligned(lwork * size)
+        tau = aligned(max(k, 1) * size)
+        columns = max(n, kq)
+
+        def run(p: Sequence[int], work: int, stream: Any) -> None:
+            q, r, a = p
+            tau_at = work + library
+            info = tau_at + tau
+            scratch = info + ALIGN  # m x max(n, kq), column-major
+            for i in range(batch):
+                calls.copy(scratch, a + i * m * n * size, m * n * size, stream)
+                calls.geqrf(dtype, m, n, scratch, tau_at, work, lwork, info)
+                calls.copy(r + i * m * n * size, scratch, m * n * size, stream)
+                calls.orgqr(dtype, m, kq, k, scratch, tau_at, work, lwork, info)
+                calls.copy(q + i * m * kq * size, scratch, m * kq * size, stream)
+
+        return SolverPlan(run, library + tau + ALIGN + aligned(m * columns * size))
+
+
+class DeferredSolver:
+    """A device's solver backend until its first solver routine: the library and its handle are made
+    then (``make()``, with the device current); a library that fails to load refuses every routine
+    with the reason (``supports``), and ``report`` is told once."""
+
+    def __init__(self, name: str, make: Callable[[], SolverCalls], report: Callable[[BaseException], None]) -> None:
+        self._name, self._make, self._report = name, make, report
+        self._backend: SolverBackend | None = None
+        self._failure: str | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self._backend.name if self._backend is not None else self._name
+
+    def backend(self) -> SolverBackend:
+        if self._backend is None:
+            with self._lock:
+                if self._backend is None and self._failure is None:
+                    try:
+                        self._backend = SolverBackend(self._make())
+                    except Exception as exc:  # a missing library, a failing handle creation
+                        self._failure = f"{type(exc).__name__}: {exc}"
+                        self._report(exc)
+        if self._backend is None:
+            raise UnavailableError(f"{self._name} could not be loaded: {self._failure}")
+        return self._backend
+
+    def supports(self, routine: Any) -> str | None:
+        try:
+            return self.backend().supports(routine)
+        except UnavailableError as exc:
+            return str(exc)
+
+    def plan(self, routine: Any, checked: Any, pointers: Any) -> SolverPlan:
+        return self.backend().plan(routine, checked, pointers)
+
+    def enqueue(self, *args: Any) -> None:
+        self.backend().enqueue(*args)
+
+
+def kinds(backend: DeferredSolver | None) -> dict[str, DeferredSolver]:
+    """``backend`` for every solver routine kind (none when None)."""
+    return {} if backend is None else dict.fromkeys(SOLVER_ROUTINES, backend)
