@@ -152,6 +152,11 @@ class DeviceContext:
         self.flushed = value
         self.in_flight.append(value)
 
+    def forget_batches(self) -> None:
+        """Drop the prepared executions of queued-replay batches (they hold command buffers)."""
+        with self.lock:
+            self.batches.clear()
+
     def _batch(self, executions: list[hal.Execution]) -> hal.Execution:
         """One execution running `executions`' command buffers in order, prepared once per batch."""
         key = tuple(executions)

@@ -18,8 +18,10 @@ order, as NCCL and MPI ask.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +60,9 @@ class Group:
         self.ctx = context_for(channel.device)
         self.rank = channel.rank
         self.size = channel.count
+        #: The recordings holding this group's collectives (lowering/record.py adds them): released
+        #: before the channel closes, as NCCL frees a communicator only once no graph holds its work.
+        self.recordings: weakref.WeakSet = weakref.WeakSet()
         with _lock:
             self.id = next(_ids)
             _groups[self.id] = self
@@ -66,9 +71,17 @@ class Group:
         return f"<rt.distributed.Group rank {self.rank} of {self.size} on {self.device.info.uri}>"
 
     def close(self) -> None:
-        """Close the channel (its collectives still pending fail)."""
+        """Close the group: the recordings of its collectives are released (a compiled function or
+        a cached evaluation using them raises ``FailedPreconditionError`` when called again), then
+        the channel closes once the device is idle."""
         with _lock:
             _groups.pop(self.id, None)
+        recordings = list(self.recordings)
+        for rec in recordings:
+            rec.drop()
+        if recordings and self.ctx.is_gpu:
+            self.ctx.forget_batches()
+            gc.collect()  # command buffers in reference cycles: their graphs go now
         self.channel.close()
 
 

@@ -14,6 +14,7 @@ from sys import getrefcount
 from typing import TYPE_CHECKING
 from weakref import getweakrefcount
 
+import hal
 from hal import env
 
 from ..device import Storage
@@ -170,6 +171,9 @@ def _execute(ctx: DeviceContext, rec: Recording, ext: list, table: list, queue: 
     timeline value it signals."""
     execution = rec.execution
     if execution is None or table != rec.last_table:
+        if rec.cb is None:
+            raise hal.FailedPreconditionError("this computation's recording was released: the process group of "
+                                              "its collectives is closed")
         rec.execution = None
         execution = ctx.device.prepare([rec.cb], [table])
         rec.execution = execution

@@ -62,13 +62,12 @@ PLANNERS.update(linalg.PLANNERS)
 
 
 def _plan_collective(node, layouts, ctx) -> list:
-    """A collective of runtime/distributed.py: its group's channel, the HAL's count and arguments."""
+    """A collective of runtime/distributed.py: its group, the HAL's count and arguments."""
     what, reduction, group_id, root = node.params
     group = distributed.group_of(group_id)
     source = node.inputs[0]
     count = node.size if what in ("all_reduce", "broadcast", "reduce_scatter") else source.size
-    return [("collective", what, group.channel, count, node.dtype.name, reduction,
-             root if what == "broadcast" else None)]
+    return [("collective", what, group, count, node.dtype.name, reduction, root if what == "broadcast" else None)]
 
 
 PLANNERS["collective"] = _plan_collective

@@ -126,6 +126,7 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
             and not any(cmd[0] == "collective" for unit in units for cmd in unit.cmds):  # (they wait for other ranks)
         program = cpu_program.Program()
     dispatches = fused = levels = 0
+    groups: list = []  # the process groups whose collectives it records (runtime/distributed.py)
     prev = None
     cb.begin()
     for unit in sorted(units, key=lambda u: (u.level, u.first)):
@@ -178,12 +179,13 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
                     cb.fill_buffer(ref(s, 0, nbytes), pattern=cmd[2], pattern_length=cmd[3])
                 dispatches += 1
             elif kind == "collective":  # (runtime/distributed.py)
-                _, what, channel, count, dtype, reduction, root = cmd
+                _, what, group, count, dtype, reduction, root = cmd
+                groups.append(group)
                 node = unit.node
                 source = node.inputs[0]
                 send = ref(slot_of_root[id(root_of(source))], 0, source.size * source.dtype.itemsize)
                 recv = ref(index_of_node[unit.first], 0, node.size * node.dtype.itemsize)
-                cb.collective(channel, what, send, recv, count, dtype=dtype, reduction=reduction, root=root)
+                cb.collective(group.channel, what, send, recv, count, dtype=dtype, reduction=reduction, root=root)
                 dispatches += 1
             elif kind == "barrier" and program is None:
                 cb.execution_barrier()
@@ -197,7 +199,9 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
     rec = Recording(cb, p.n_ext, p.fresh, p.temps, levels, dispatches)
     rec.fused = fused
     rec.deferred = p.deferred
-    rec.collectives = any(cmd[0] == "collective" for unit in units for cmd in unit.cmds)
+    rec.collectives = bool(groups)
+    for group in groups:
+        group.recordings.add(rec)
     rec.captured = p.captured
     if p.noted:
         slot = {id(r): j for j, r in enumerate(externals)}

@@ -197,3 +197,24 @@ def test_hostile_calls_are_typed_errors_before_any_work():
     with pytest.raises(hal.HalError):
         rt.distributed.all_sum(x, groups[0])
     assert (x + 1).numpy().tolist() == [2.0] * 4  # the device works on
+
+
+def test_closing_a_group_releases_its_recordings(ranks):
+    """A closed group's compiled steps raise a typed error instead of running its collectives."""
+    devices, groups = ranks
+
+    def rank_fn(r):
+        f = rt.compile(lambda x: rt.distributed.all_sum(x, groups[r]) * 2)
+        x = rt.array(np.ones(3, np.float32), device=devices[r])
+        first = f(x).numpy()
+        return f, x, first
+
+    results = run_ranks(devices, rank_fn)
+    for f, x, first in results:
+        np.testing.assert_array_equal(first, np.full(3, 2.0 * len(devices)))
+    for group in groups:
+        group.close()
+    for (f, x, _), device in zip(results, devices):
+        with pytest.raises(hal.FailedPreconditionError):
+            f(x).numpy()
+        assert (rt.array(np.ones(2, np.float32), device=device) + 1).numpy().tolist() == [2.0, 2.0]
