@@ -22,7 +22,7 @@ class Recorder:
             self.calls.append((name, *args))
             if name.endswith("buffer_size"):
                 return 7
-            return 11 if name in ("create", "create_gesvdj_info") else None
+            return 11 if name in ("create", "create_gesvdj_info", "create_syevj_info") else None
 
         return call
 
@@ -39,9 +39,12 @@ CASES = [
     (hal.Cholesky("float32"), [2, 3], ["spotrf", "spotrf"]),
     (hal.LU("complex64"), [2, 3], ["cgetrf", "cgetrf"]),
     (hal.LUSolve("float64", transpose=True), [2, 3, 2], ["dgetrs", "dgetrs"]),
-    (hal.Eigh("complex128"), [2, 3], ["zheevd", "zheevd"]),
+    (hal.Eigh("complex128"), [2, 40], ["zheevd", "zheevd"]),
+    (hal.Eigh("complex128"), [2, 3], ["zheevj_batched"]),  # batches of up to 32 x 32: one Jacobi call
     (hal.Eigh("float64", vectors=False), [1, 3], ["dsyevd"]),
-    (hal.Svd("float32", full_matrices=True), [2, 4, 3], ["sgesvdj", "sgesvdj"]),
+    (hal.Svd("float32", full_matrices=True), [2, 4, 3], ["sgesvdj_batched"]),
+    (hal.Svd("float32"), [2, 4, 3], ["sgesvdj", "sgesvdj"]),  # (the batched form has no economy SVD)
+    (hal.Svd("complex128"), [2, 40, 40], ["zgesvdj", "zgesvdj"]),
     (hal.Qr("complex64", complete=True), [1, 4, 3], ["cgeqrf", "cungqr"]),
 ]
 

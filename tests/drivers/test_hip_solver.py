@@ -35,7 +35,7 @@ class Recorder:
                     getattr(self.real, name)(*args)  # the arguments convert; only the library is missing
             if name.endswith("bufferSize"):
                 return (0, 7)
-            if name in ("hipsolverCreate", "hipsolverCreateGesvdjInfo"):
+            if name in ("hipsolverCreate", "hipsolverCreateGesvdjInfo", "hipsolverCreateSyevjInfo"):
                 return (0, 11)
             return (0,)
 
@@ -54,9 +54,11 @@ CASES = [
     (hal.Cholesky("float32"), [2, 3], ["hipsolverSpotrf"] * 2),
     (hal.LU("complex64"), [2, 3], ["hipsolverCgetrf"] * 2),
     (hal.LUSolve("float64", transpose=True), [2, 3, 2], ["hipsolverDgetrs"] * 2),
-    (hal.Eigh("complex128"), [2, 3], ["hipsolverZheevd"] * 2),
+    (hal.Eigh("complex128"), [2, 40], ["hipsolverZheevd"] * 2),
+    (hal.Eigh("complex128"), [2, 3], ["hipsolverZheevjBatched"]),
     (hal.Eigh("float64", vectors=False), [1, 3], ["hipsolverDsyevd"]),
-    (hal.Svd("float32", full_matrices=True), [2, 4, 3], ["hipsolverSgesvdj"] * 2),
+    (hal.Svd("float32", full_matrices=True), [2, 4, 3], ["hipsolverSgesvdjBatched"]),
+    (hal.Svd("float32"), [2, 4, 3], ["hipsolverSgesvdj"] * 2),
     (hal.Qr("complex64", complete=True), [1, 4, 3], ["hipsolverCgeqrf", "hipsolverCungqr"]),
     (hal.Qr("float64"), [1, 4, 3], ["hipsolverDgeqrf", "hipsolverDorgqr"]),
 ]

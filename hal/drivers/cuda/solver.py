@@ -39,6 +39,7 @@ class CuSolverCalls:
         self.dn, self.api = dn, api
         self.handle = dn.create()
         self._gesvdj: Any = None
+        self._syevj_params: Any = None
 
     def _fn(self, dtype: str, name: str) -> Any:
         return getattr(self.dn, PREFIX[dtype] + name)
@@ -82,6 +83,30 @@ class CuSolverCalls:
     def evd(self, dtype, vectors, n, a, w, work, lwork, info):
         self._fn(dtype, self._evd(dtype))(self.handle, EIG_VECTOR if vectors else EIG_NOVECTOR, FILL_LOWER, n, a, n,
                                           w, work, lwork, info)
+
+    def _syevj(self) -> Any:
+        if self._syevj_params is None:
+            self._syevj_params = self.dn.create_syevj_info()
+        return self._syevj_params
+
+    def _evj(self, dtype: str) -> str:
+        return "syevj_batched" if self._real(dtype) else "heevj_batched"
+
+    def evd_batched_lwork(self, dtype, vectors, n, a, w, batch):
+        return self._fn(dtype, self._evj(dtype) + "_buffer_size")(
+            self.handle, EIG_VECTOR if vectors else EIG_NOVECTOR, FILL_LOWER, n, a, n, w, self._syevj(), batch)
+
+    def evd_batched(self, dtype, vectors, n, a, w, work, lwork, info, batch):
+        self._fn(dtype, self._evj(dtype))(self.handle, EIG_VECTOR if vectors else EIG_NOVECTOR, FILL_LOWER, n, a, n,
+                                          w, work, lwork, info, self._syevj(), batch)
+
+    def gesvdj_batched_lwork(self, dtype, m, n, a, s, u, v, batch):
+        return self._fn(dtype, "gesvdj_batched_buffer_size")(self.handle, EIG_VECTOR, m, n, a, m, s, u, m, v, n,
+                                                             self._params(), batch)
+
+    def gesvdj_batched(self, dtype, m, n, a, s, u, v, work, lwork, info, batch):
+        self._fn(dtype, "gesvdj_batched")(self.handle, EIG_VECTOR, m, n, a, m, s, u, m, v, n, work, lwork, info,
+                                          self._params(), batch)
 
     def _params(self) -> Any:
         if self._gesvdj is None:

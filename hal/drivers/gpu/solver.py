@@ -9,9 +9,11 @@ with the library's own enums already chosen. What is written once here:
 - per batch entry, on the queue's stream (captured into a graph like any library call): Cholesky
   ``potrf`` (lower), LU ``getrf`` (int32 pivots), LUSolve ``getrs`` (transposed for
   ``transpose``), Eigh ``syevd``/``heevd``, Svd ``gesvdj`` (``econ`` unless ``full_matrices``; it
-  writes V, as the routine does), Qr ``geqrf`` then ``orgqr``/``ungqr``. The libraries' batched
-  forms take arrays of device pointers or sizes up to 32; the loop serves every size with one
-  handle and one workspace;
+  writes V, as the routine does), Qr ``geqrf`` then ``orgqr``/``ungqr``. Batches of matrices up to
+  32 x 32 take one batched Jacobi call instead: ``syevjBatched``/``heevjBatched`` (Eigh) and
+  ``gesvdjBatched`` (Svd with full factors or square matrices: it has no economy form). The
+  other batched forms take arrays of device pointers (``potrfBatched``) or exist only in cuBLAS;
+  the loop serves every size with one handle and one workspace;
 - the plan of a call (workspace sizes asked of the library) is made once per (routine, sizes);
 - nothing allocates during a call: the library's workspace, the Householder scalars, scratch
   matrices and a scratch info word are the call's own workspace (``LibraryCall``).
@@ -28,6 +30,8 @@ from hal.errors import UnavailableError
 from hal.solver import SOLVER_DTYPES, SOLVER_ROUTINES, SolverCall, SolverRoutine
 
 ALIGN = 256
+#: The largest matrices the libraries' batched Jacobi solvers take (``syevjBatched``, ``gesvdjBatched``).
+BATCHED_MAX = 32
 
 
 def aligned(nbytes: int) -> int:
@@ -51,6 +55,12 @@ class SolverCalls(Protocol):
               lwork: int, info: int) -> None: ...
     def evd_lwork(self, dtype: str, vectors: bool, n: int, a: int, w: int) -> int: ...
     def evd(self, dtype: str, vectors: bool, n: int, a: int, w: int, work: int, lwork: int, info: int) -> None: ...
+    def evd_batched_lwork(self, dtype: str, vectors: bool, n: int, a: int, w: int, batch: int) -> int: ...
+    def evd_batched(self, dtype: str, vectors: bool, n: int, a: int, w: int, work: int, lwork: int, info: int,
+                    batch: int) -> None: ...
+    def gesvdj_batched_lwork(self, dtype: str, m: int, n: int, a: int, s: int, u: int, v: int, batch: int) -> int: ...
+    def gesvdj_batched(self, dtype: str, m: int, n: int, a: int, s: int, u: int, v: int, work: int, lwork: int,
+                       info: int, batch: int) -> None: ...
     def gesvdj_lwork(self, dtype: str, full: bool, m: int, n: int, a: int, s: int, u: int, v: int) -> int: ...
     def gesvdj(self, dtype: str, full: bool, m: int, n: int, a: int, s: int, u: int, v: int, work: int, lwork: int,
                info: int) -> None: ...
@@ -153,9 +163,18 @@ class SolverBackend:
         batch, n = s["batch"], s["n"]
         size = routine.element_size
         vectors = bool(routine.vectors)  # type: ignore[attr-defined]
-        lwork = max(calls.evd_lwork(dtype, vectors, n, pointers[0], pointers[1]), 1)
         matrix = n * n * size
         real = size // 2 if dtype.startswith("complex") else size
+        if batch > 1 and n <= BATCHED_MAX:
+            blwork = max(calls.evd_batched_lwork(dtype, vectors, n, pointers[0], pointers[1], batch), 1)
+
+            def batched(p: Sequence[int], work: int, stream: Any) -> None:
+                v, w, a, info = p
+                calls.copy(v, a, batch * matrix, stream)
+                calls.evd_batched(dtype, vectors, n, v, w, work, blwork, info, batch)
+
+            return SolverPlan(batched, aligned(blwork * size))
+        lwork = max(calls.evd_lwork(dtype, vectors, n, pointers[0], pointers[1]), 1)
 
         def run(p: Sequence[int], work: int, stream: Any) -> None:
             v, w, a, info = p
@@ -173,9 +192,21 @@ class SolverBackend:
         ku, kv = routine.columns(m, n)  # type: ignore[attr-defined]
         k = min(m, n)
         real = size // 2 if dtype.startswith("complex") else size
+        matrix = m * n * size
+        if batch > 1 and max(m, n) <= BATCHED_MAX and (full or m == n):
+            blwork = max(calls.gesvdj_batched_lwork(dtype, m, n, pointers[3], pointers[1], pointers[0], pointers[2],
+                                                    batch), 1)
+            blibrary = aligned(blwork * size)
+
+            def batched(p: Sequence[int], work: int, stream: Any) -> None:
+                u, sv, v, a, info = p
+                scratch = work + blibrary
+                calls.copy(scratch, a, batch * matrix, stream)
+                calls.gesvdj_batched(dtype, m, n, scratch, sv, u, v, work, blwork, info, batch)
+
+            return SolverPlan(batched, blibrary + aligned(batch * matrix))
         lwork = max(calls.gesvdj_lwork(dtype, full, m, n, pointers[3], pointers[1], pointers[0], pointers[2]), 1)
         library = aligned(lwork * size)
-        matrix = m * n * size
 
         def run(p: Sequence[int], work: int, stream: Any) -> None:
             u, sv, v, a, info = p

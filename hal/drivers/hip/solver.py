@@ -57,6 +57,7 @@ class HipSolverCalls:
         self.vector, self.novector = modes.HIPSOLVER_EIG_MODE_VECTOR, modes.HIPSOLVER_EIG_MODE_NOVECTOR
         self.handle = self._call("hipsolverCreate")
         self._gesvdj: Any = None
+        self._syevj_params: Any = None
 
     def _call(self, name: str, *args: Any) -> Any:
         return check_hipsolver(getattr(self.hs, name)(*args), name)
@@ -102,6 +103,31 @@ class HipSolverCalls:
     def evd(self, dtype, vectors, n, a, w, work, lwork, info):
         self._typed(dtype, self._evd(dtype), self.handle, self.vector if vectors else self.novector, self.lower, n,
                     a, n, w, work, lwork, info)
+
+    def _syevj(self) -> Any:
+        if self._syevj_params is None:
+            self._syevj_params = self._call("hipsolverCreateSyevjInfo")
+        return self._syevj_params
+
+    @staticmethod
+    def _evj(dtype: str) -> str:
+        return "syevjBatched" if dtype.startswith("float") else "heevjBatched"
+
+    def evd_batched_lwork(self, dtype, vectors, n, a, w, batch):
+        return self._typed(dtype, self._evj(dtype) + "_bufferSize", self.handle,
+                           self.vector if vectors else self.novector, self.lower, n, a, n, w, self._syevj(), batch)
+
+    def evd_batched(self, dtype, vectors, n, a, w, work, lwork, info, batch):
+        self._typed(dtype, self._evj(dtype), self.handle, self.vector if vectors else self.novector, self.lower, n,
+                    a, n, w, work, lwork, info, self._syevj(), batch)
+
+    def gesvdj_batched_lwork(self, dtype, m, n, a, s, u, v, batch):
+        return self._typed(dtype, "gesvdjBatched_bufferSize", self.handle, self.vector, m, n, a, m, s, u, m, v, n,
+                           self._params(), batch)
+
+    def gesvdj_batched(self, dtype, m, n, a, s, u, v, work, lwork, info, batch):
+        self._typed(dtype, "gesvdjBatched", self.handle, self.vector, m, n, a, m, s, u, m, v, n, work, lwork, info,
+                    self._params(), batch)
 
     def _params(self) -> Any:
         if self._gesvdj is None:
