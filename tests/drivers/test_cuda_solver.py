@@ -34,9 +34,17 @@ class Api:
     def memcpy_dtod_async(self, dst, src, size, stream) -> None:
         self.calls.append(("memcpy", dst, src, size, stream))
 
+    def mem_alloc(self, size) -> int:
+        self.calls.append(("mem_alloc", size))
+        return 1 << 30
+
+    def memcpy_htod(self, dst, host, size) -> None:
+        self.calls.append(("memcpy_htod", dst, host, size))
+
 
 CASES = [
-    (hal.Cholesky("float32"), [2, 3], ["spotrf", "spotrf"]),
+    (hal.Cholesky("float32"), [1, 3], ["spotrf"]),
+    (hal.Cholesky("float32"), [2, 3], ["spotrf_batched"]),
     (hal.LU("complex64"), [2, 3], ["cgetrf", "cgetrf"]),
     (hal.LUSolve("float64", transpose=True), [2, 3, 2], ["dgetrs", "dgetrs"]),
     (hal.Eigh("complex128"), [2, 40], ["zheevd", "zheevd"]),
@@ -93,3 +101,18 @@ def test_load_gives_a_backend_for_every_solver_kind():
     backends = solver.load(99)
     assert set(backends) in (set(), {"cholesky", "lu", "lu_solve", "eigh", "svd", "qr"})
     assert len({id(b) for b in backends.values()}) <= 1
+
+
+def test_a_batched_cholesky_uploads_its_matrix_addresses_once_per_output_while_planning():
+    dn = Recorder()
+    api = Api(dn.calls)
+    backend = solver.CuSolver(dn, api)
+    routine, constants = hal.Cholesky("float64"), [3, 4]
+    for out in (4096, 4096, 65536):
+        plan = backend.plan(routine, routine.call_of(constants), [out, 8192, 12288])
+    assert [c[0] for c in dn.calls].count("memcpy_htod") == 2  # one array per output address
+    dn.calls.clear()
+    backend.enqueue(plan, tuple(constants), [65536, 8192, 12288], 1 << 20, plan.workspace_size, 5)
+    assert "memcpy_htod" not in [c[0] for c in dn.calls]  # (nothing synchronous while a stream may capture)
+    (batched,) = [c for c in dn.calls if c[0] == "dpotrf_batched"]
+    assert batched[4] == 1 << 30 and batched[-1] == 3

@@ -49,9 +49,17 @@ class Api:
     def memcpy_dtod_async(self, dst, src, size, stream) -> None:
         self.calls.append(("memcpy", dst, src, size, stream))
 
+    def mem_alloc(self, size) -> int:
+        self.calls.append(("mem_alloc", size))
+        return 1 << 30
+
+    def memcpy_htod(self, dst, host, size) -> None:
+        self.calls.append(("memcpy_htod", dst, host, size))
+
 
 CASES = [
-    (hal.Cholesky("float32"), [2, 3], ["hipsolverSpotrf"] * 2),
+    (hal.Cholesky("float32"), [1, 3], ["hipsolverSpotrf"]),
+    (hal.Cholesky("float32"), [2, 3], ["hipsolverSpotrfBatched"]),
     (hal.LU("complex64"), [2, 3], ["hipsolverCgetrf"] * 2),
     (hal.LUSolve("float64", transpose=True), [2, 3, 2], ["hipsolverDgetrs"] * 2),
     (hal.Eigh("complex128"), [2, 40], ["hipsolverZheevd"] * 2),

@@ -17,6 +17,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
+
 from hal.distribution import install_hint
 from hal.drivers.gpu.solver import DeferredSolver, SolverBackend, SolverPlan, kinds
 from hal.log import driver_logger
@@ -60,6 +62,19 @@ class CuSolverCalls:
 
     def potrf(self, dtype, n, a, work, lwork, info):
         self._fn(dtype, "potrf")(self.handle, FILL_LOWER, n, a, n, work, lwork, info)
+
+    def pointer_array(self, pointers):
+        """A device array of ``pointers`` (uint64), uploaded now (never while a stream captures)."""
+        host = np.asarray(pointers, np.uint64)
+        array = self.api.mem_alloc(host.nbytes)
+        self.api.memcpy_htod(array, host.ctypes.data, host.nbytes)
+        return array
+
+    def potrf_batched_lwork(self, dtype, n, array, batch):
+        return 0  # (cuSOLVER's potrfBatched takes no workspace)
+
+    def potrf_batched(self, dtype, n, array, work, lwork, info, batch):
+        self._fn(dtype, "potrf_batched")(self.handle, FILL_LOWER, n, array, n, info, batch)
 
     def getrf_lwork(self, dtype, n, a):
         return self._fn(dtype, "getrf_buffer_size")(self.handle, n, n, a, n)

@@ -11,9 +11,10 @@ with the library's own enums already chosen. What is written once here:
   ``transpose``), Eigh ``syevd``/``heevd``, Svd ``gesvdj`` (``econ`` unless ``full_matrices``; it
   writes V, as the routine does), Qr ``geqrf`` then ``orgqr``/``ungqr``. Batches of matrices up to
   32 x 32 take one batched Jacobi call instead: ``syevjBatched``/``heevjBatched`` (Eigh) and
-  ``gesvdjBatched`` (Svd with full factors or square matrices: it has no economy form). The
-  other batched forms take arrays of device pointers (``potrfBatched``) or exist only in cuBLAS;
-  the loop serves every size with one handle and one workspace;
+  ``gesvdjBatched`` (Svd with full factors or square matrices: it has no economy form); batched
+  Choleskys one ``potrfBatched`` over a device array of the matrices' addresses (made once per
+  output address). The batched LU exists only in cuBLAS: the LU and its solve loop, with one
+  handle and one workspace;
 - the plan of a call (workspace sizes asked of the library) is made once per (routine, sizes);
 - nothing allocates during a call: the library's workspace, the Householder scalars, scratch
   matrices and a scratch info word are the call's own workspace (``LibraryCall``).
@@ -48,6 +49,9 @@ class SolverCalls(Protocol):
     def copy(self, dst: int, src: int, nbytes: int, stream: Any) -> None: ...
     def potrf_lwork(self, dtype: str, n: int, a: int) -> int: ...
     def potrf(self, dtype: str, n: int, a: int, work: int, lwork: int, info: int) -> None: ...
+    def pointer_array(self, pointers: Sequence[int]) -> int: ...
+    def potrf_batched_lwork(self, dtype: str, n: int, array: int, batch: int) -> int: ...
+    def potrf_batched(self, dtype: str, n: int, array: int, work: int, lwork: int, info: int, batch: int) -> None: ...
     def getrf_lwork(self, dtype: str, n: int, a: int) -> int: ...
     def getrf(self, dtype: str, n: int, a: int, work: int, lwork: int, pivots: int, info: int) -> None: ...
     def getrs_lwork(self, dtype: str, transpose: bool, n: int, nrhs: int, a: int, pivots: int, b: int) -> int: ...
@@ -72,10 +76,13 @@ class SolverCalls(Protocol):
 
 @dataclasses.dataclass
 class SolverPlan:
-    """One planned call: ``run(pointers, workspace, stream)`` and the workspace bytes it needs."""
+    """One planned call: ``run(pointers, workspace, stream)``, the workspace bytes it needs, and what
+    must be made for a set of operand addresses before a call with them is enqueued (``bind``:
+    never while a stream captures)."""
 
     run: Callable[[Sequence[int], int, Any], None]
     workspace_size: int
+    bind: Callable[[Sequence[int]], None] | None = None
 
 
 class SolverBackend:
@@ -100,6 +107,8 @@ class SolverBackend:
             plan = self.plans.get(key)
             if plan is None:
                 plan = self.plans[key] = getattr(self, f"_plan_{routine.kind}")(routine, dict(checked.sizes), pointers)
+            if plan.bind is not None:
+                plan.bind(pointers)
         return plan
 
     def enqueue(self, plan: SolverPlan, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
@@ -113,8 +122,10 @@ class SolverBackend:
         calls, dtype = self.calls, routine.dtype
         batch, n = s["batch"], s["n"]
         size = routine.element_size
-        lwork = max(calls.potrf_lwork(dtype, n, pointers[0]), 1)
         matrix = n * n * size
+        if batch > 1:
+            return self._plan_potrf_batched(dtype, batch, n, size, pointers)
+        lwork = max(calls.potrf_lwork(dtype, n, pointers[0]), 1)
 
         def run(p: Sequence[int], work: int, stream: Any) -> None:
             out, a, info = p[0], p[1], p[2]
@@ -123,6 +134,28 @@ class SolverBackend:
                 calls.potrf(dtype, n, out + i * matrix, work, lwork, info + 4 * i)
 
         return SolverPlan(run, aligned(lwork * size))
+
+    def _plan_potrf_batched(self, dtype: str, batch: int, n: int, size: int, pointers: Sequence[int]) -> SolverPlan:
+        """One ``potrfBatched`` call, whose matrices are given as a device array of their addresses:
+        made and uploaded once per output address (``bind``, at planning) and kept while the backend
+        lives, as graphs captured with it may replay it."""
+        calls = self.calls
+        matrix = n * n * size
+        arrays: dict[int, int] = {}
+
+        def bind(p: Sequence[int]) -> None:
+            if p[0] not in arrays:
+                arrays[p[0]] = calls.pointer_array([p[0] + i * matrix for i in range(batch)])
+
+        bind(pointers)
+        lwork = max(calls.potrf_batched_lwork(dtype, n, arrays[pointers[0]], batch), 1)
+
+        def run(p: Sequence[int], work: int, stream: Any) -> None:
+            out, a, info = p[0], p[1], p[2]
+            calls.copy(out, a, batch * matrix, stream)
+            calls.potrf_batched(dtype, n, arrays[out], work, lwork, info, batch)
+
+        return SolverPlan(run, aligned(lwork * size), bind)
 
     def _plan_lu(self, routine: SolverRoutine, s: dict, pointers: Sequence[int]) -> SolverPlan:
         calls, dtype = self.calls, routine.dtype

@@ -20,6 +20,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
+
 from hal import errors
 from hal.distribution import install_hint
 from hal.drivers.bindings_shim import check
@@ -77,6 +79,19 @@ class HipSolverCalls:
 
     def potrf(self, dtype, n, a, work, lwork, info):
         self._typed(dtype, "potrf", self.handle, self.lower, n, a, n, work, lwork, info)
+
+    def pointer_array(self, pointers):
+        """A device array of ``pointers`` (uint64), uploaded now (never while a stream captures)."""
+        host = np.asarray(pointers, np.uint64)
+        array = self.api.mem_alloc(host.nbytes)
+        self.api.memcpy_htod(array, host.ctypes.data, host.nbytes)
+        return array
+
+    def potrf_batched_lwork(self, dtype, n, array, batch):
+        return self._typed(dtype, "potrfBatched_bufferSize", self.handle, self.lower, n, array, n, batch)
+
+    def potrf_batched(self, dtype, n, array, work, lwork, info, batch):
+        self._typed(dtype, "potrfBatched", self.handle, self.lower, n, array, n, work, lwork, info, batch)
 
     def getrf_lwork(self, dtype, n, a):
         return self._typed(dtype, "getrf_bufferSize", self.handle, n, n, a, n)
