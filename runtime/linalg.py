@@ -17,9 +17,9 @@ determinant is 0 and its slogdet (0, -inf), as numpy's), and an eigen or singula
 that does not converge NaNs, the same on every driver (the routines' ``info`` decides it on the
 device, so nothing waits for the host).
 
-Gradients (``rt.grad``): inv, solve, det, slogdet's logabsdet, cholesky, eigh, eigvalsh, svd,
-svdvals and qr (real matrices for the last four families, reduced QR of tall or square matrices),
-and everything composed of the runtime's ops.
+Gradients (``rt.grad``, JAX's convention for complex inputs): inv, solve, det, slogdet's
+logabsdet, cholesky, eigh and eigvalsh, svd, svdvals and qr (real matrices for the last two
+families, reduced QR of tall or square matrices), and everything composed of the runtime's ops.
 """
 
 from __future__ import annotations
@@ -533,7 +533,8 @@ def _real_only(tag: str, x: Array) -> None:
 
 
 def _sym(x: Array) -> Array:
-    return (x + _t(x)) * 0.5
+    """The transpose of making a matrix Hermitian, (dA + dA^H) / 2, in JAX's convention."""
+    return (x + _h(x)) * 0.5
 
 
 def _tril_half(x: Array) -> Array:
@@ -568,26 +569,27 @@ def vjp(node: Array, k: int, g: Array) -> Array | None:
         d = outs[0]
         return ops.reshape(g * d, d.shape + (1, 1)) * _t(inv(x))
     if name == "logabsdet":
-        xinv = _t(inv(x))
-        if x.dtype.is_complex:
-            xinv = ops.conj(xinv)
+        xinv = _t(inv(x))  # (complex: the rule of log det, holomorphic, through the real part)
         return ops.reshape(ops.astype(g, x.dtype), g.shape + (1, 1)) * xinv
-    _real_only(name, x)
-    if name == "cholesky":
+    if name == "cholesky":  # JAX's rule: dL = L phi(L^-1 dA L^-H), dA made Hermitian first
         upper = tag[1]
-        lower = _t(outs[0]) if upper else outs[0]
-        gl = _t(g) if upper else g
+        lower = _h(outs[0]) if upper else outs[0]
+        gl = _h(g) if upper else g
         p = _tril_half(ops.matmul(_t(lower), gl))
         li = inv(lower)
-        s = ops.matmul(ops.matmul(_t(li), p), li)
+        s = ops.matmul(ops.matmul(_t(li), p), ops.conj(li))
         return _sym(s)
-    if name == "eigh":
+    if name == "eigh":  # JAX's rule: dw = re diag(V^H dA V), dV = V (F o (V^H dA V)), dA made Hermitian
         w, v = outs
         if tag[1] == 0:
-            return ops.matmul(v * ops.expand_dims(g, -2), _t(v))
+            inner = ops.astype(g, v.dtype) if v.dtype.is_complex else g
+            return _sym(ops.matmul(ops.conj(v) * ops.expand_dims(inner, -2), _t(v)))
         diff = ops.expand_dims(w, -2) - ops.expand_dims(w, -1)  # w_j - w_i
         f = ops.where(ops.equal(diff, 0), 0, 1 / ops.where(ops.equal(diff, 0), 1, diff))
-        return _sym(ops.matmul(ops.matmul(v, f * ops.matmul(_t(v), g)), _t(v)))
+        if v.dtype.is_complex:
+            f = ops.astype(f, v.dtype)
+        return _sym(ops.matmul(ops.matmul(ops.conj(v), f * ops.matmul(_t(v), g)), _t(v)))
+    _real_only(name, x)
     if name == "svd":
         u, s, vh = outs
         v = _t(vh)
