@@ -192,16 +192,21 @@ class Cholesky(SolverRoutine):
         info = vector(bindings[2], "int32", batch)
         lower = np.tril(a)
         hermitian = lower + np.conj(np.swapaxes(np.tril(a, -1), -1, -2))
-        out = np.array(a)
-        for i in range(batch):
+        try:  # every entry at once, unless one fails
+            factors = np.linalg.cholesky(hermitian)
+            info[...] = 0
+            failed = [i for i in range(batch) if not np.all(np.isfinite(factors[i]))]
+        except np.linalg.LinAlgError:
+            factors = np.full((batch, n, n), np.nan, a.dtype)
+            failed = list(range(batch))
+        for i in failed:
             try:
-                factor = np.linalg.cholesky(hermitian[i])
-                info[i] = 0 if np.all(np.isfinite(factor)) else _failed_minor(hermitian[i])
+                factors[i] = np.linalg.cholesky(hermitian[i])
+                info[i] = 0 if np.all(np.isfinite(factors[i])) else _failed_minor(hermitian[i])
             except np.linalg.LinAlgError:
-                factor = np.full((n, n), np.nan, a.dtype)
+                factors[i] = np.nan
                 info[i] = _failed_minor(hermitian[i])
-            out[i] = np.tril(factor) + np.triu(a[i], 1)
-        store_matrices(bindings[0], out, self.dtype)
+        store_matrices(bindings[0], np.tril(factors) + np.triu(a, 1), self.dtype)
 
 
 def _failed_minor(a: np.ndarray) -> int:
@@ -362,12 +367,16 @@ class Eigh(SolverRoutine):
         info = vector(bindings[3], "int32", batch)
         w = np.full((batch, n), np.nan, self.real_dtype)
         v = np.full((batch, n, n), np.nan, self.dtype)
-        for i in range(batch):
-            try:
-                w[i], v[i] = np.linalg.eigh(a[i], UPLO="L")
-                info[i] = 0
-            except np.linalg.LinAlgError:
-                info[i] = 1
+        try:  # every entry at once, unless one fails
+            w[...], v[...] = np.linalg.eigh(a, UPLO="L")
+            info[...] = 0
+        except np.linalg.LinAlgError:
+            for i in range(batch):
+                try:
+                    w[i], v[i] = np.linalg.eigh(a[i], UPLO="L")
+                    info[i] = 0
+                except np.linalg.LinAlgError:
+                    info[i] = 1
         store_matrices(bindings[0], v, self.dtype)
         vector(bindings[1], self.real_dtype, batch * n)[...] = w.ravel()
 
@@ -413,13 +422,18 @@ class Svd(SolverRoutine):
         u = np.full((batch, m, ku), np.nan, self.dtype)
         sv = np.full((batch, k), np.nan, self.real_dtype)
         v = np.full((batch, n, kv), np.nan, self.dtype)
-        for i in range(batch):
-            try:
-                ui, si, vhi = np.linalg.svd(a[i], full_matrices=self.full_matrices)
-                u[i], sv[i], v[i] = ui, si, np.conj(vhi).T
-                info[i] = 0
-            except np.linalg.LinAlgError:
-                info[i] = 1
+        try:  # every entry at once, unless one fails
+            ui, si, vhi = np.linalg.svd(a, full_matrices=self.full_matrices)
+            u[...], sv[...], v[...] = ui, si, np.conj(np.swapaxes(vhi, -1, -2))
+            info[...] = 0
+        except np.linalg.LinAlgError:
+            for i in range(batch):
+                try:
+                    ui, si, vhi = np.linalg.svd(a[i], full_matrices=self.full_matrices)
+                    u[i], sv[i], v[i] = ui, si, np.conj(vhi).T
+                    info[i] = 0
+                except np.linalg.LinAlgError:
+                    info[i] = 1
         if m * ku:
             store_matrices(bindings[0], u, self.dtype)
         if k:
