@@ -32,6 +32,7 @@ import numpy as np
 import hal
 
 from . import dtypes as _dt
+from . import fft as _fft
 from . import linalg, ops
 from .errors import InvalidTypeError
 from .graph import Node, constant, new_node
@@ -346,9 +347,7 @@ def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
         # every rank's output reads every rank's input: the cotangents summed (averaged) the same way
         return new_node("collective", (ops.contiguous(g),), node.params, g.shape, g.dtype, g.ctx)
     if op == "fft":  # the transposed transform (runtime/fft.py)
-        from .fft import vjp as fft_vjp
-
-        return fft_vjp(node, g)
+        return _fft.vjp(node, g)
     if op == "linalg_result":
         return linalg.vjp(node, k, g)
     r = _elementwise_vjp(op, node, k, g)
