@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import array_api, ops
+from . import fft as _fft
 from .errors import InvalidTypeError
 from .graph import Node
 
@@ -137,6 +138,29 @@ _FUNCTIONS = {
     np.array_equal: lambda a1, a2, equal_nan=False: ops.asarray(a1).shape == ops.asarray(a2).shape and bool(
         array_api.all(ops.equal(a1, a2))),
 }
+
+
+def _fft1(fn):
+    """numpy's one-axis transform (``norm=None`` is "backward"; no ``out=``) as rt.fft's ``fn``."""
+    def run(a, n=None, axis=-1, norm=None, out=None):
+        return NotImplemented if out is not None else fn(a, n=n, axis=axis, norm=norm or "backward")
+    return run
+
+
+def _fftn(fn, default_axes=None):
+    """numpy's n-axis transform (``fft2`` and the like: ``default_axes`` (-2, -1)) as rt.fft's ``fn``."""
+    def run(a, s=None, axes=default_axes, norm=None, out=None):
+        return NotImplemented if out is not None else fn(a, s=s, axes=axes, norm=norm or "backward")
+    return run
+
+
+_FUNCTIONS.update({getattr(np.fft, name): _fft1(getattr(_fft, name))
+                   for name in ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft")})
+_FUNCTIONS.update({getattr(np.fft, name): _fftn(getattr(_fft, name)) for name in ("fftn", "ifftn", "rfftn", "irfftn")})
+_FUNCTIONS.update({getattr(np.fft, name + "2"): _fftn(getattr(_fft, name + "n"), (-2, -1))
+                   for name in ("fft", "ifft", "rfft", "irfft")})
+_FUNCTIONS.update({np.fft.fftshift: lambda x, axes=None: _fft.fftshift(x, axes=axes),
+                   np.fft.ifftshift: lambda x, axes=None: _fft.ifftshift(x, axes=axes)})
 
 
 def _isclose(a, b, rtol, atol, equal_nan) -> Array:

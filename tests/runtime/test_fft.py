@@ -127,6 +127,18 @@ def test_the_namespace_has_the_extension(dev):
     close(xp.fft.fft(a), np.fft.fft(a.numpy()), "complex64")
 
 
+def test_numpys_fft_functions_stay_lazy_on_the_device(dev):
+    """np.fft's functions called with runtime arrays (``__array_function__``) are rt.fft's."""
+    x = draw((4, 6), "complex128")
+    a = rt.asarray(x, device=dev)
+    for call in (lambda v: np.fft.fft(v, n=8, norm="ortho"), lambda v: np.fft.ifft2(v),
+                 lambda v: np.fft.irfft(v, axis=0), lambda v: np.fft.fftn(v, s=(3, 5), axes=(0, 1)),
+                 lambda v: np.fft.fftshift(v, axes=1)):
+        result = call(a)
+        assert isinstance(result, rt.Array)
+        close(result, call(x), "complex128")
+
+
 def test_strided_views_and_lazy_inputs(dev):
     x = draw((6, 8), "complex128")
     a = rt.asarray(x, device=dev)
