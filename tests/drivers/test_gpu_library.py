@@ -161,3 +161,21 @@ def test_library_backends_route_each_routine_to_its_kinds_library():
     assert plan.workspace_size == 64
     backends.enqueue(plan, (), [1, 2, 3], 0, 64, 0)
     assert calls == [("blas", "blas", (1, 2, 3), 64)]
+
+
+@pytest.mark.parametrize("mode", ["stream", "graph"])
+def test_the_queue_keeps_no_retired_submission_alive(mode):
+    """Once its work is done, a command buffer the program dropped is freed (with its graph): a
+    communicator whose work a CUDA graph holds cannot be destroyed, so nothing may keep one."""
+    api, device = make(mode)
+    try:
+        sem = device.create_semaphore(0)
+        cb = gemm_buffer(device)
+        run(device, cb, table(device, 1.0), sem)
+        device.wait_idle()
+        released = weakref.ref(cb)
+        del cb
+        gc.collect()
+        assert released() is None
+    finally:
+        device.close()

@@ -89,6 +89,9 @@ class Completion:
             self._release(sub)
         outstanding = self.outstanding
         outstanding.pop(sub.seq, None)
+        # The retired work needs its command buffers no more; the submission may stay a semaphore's
+        # timepoint for a while, and must not keep them (nor the graphs a communicator waits for).
+        sub.execution = None
         sub.retired = True
         if self.deferred:
             self._run_deferred()

@@ -89,11 +89,14 @@ class GpuQueue:
                         timepoint = sem.device_wait(value)  # type: ignore[attr-defined]
                         if timepoint is not None and timepoint.queue is not self:
                             api.stream_wait_event(stream, timepoint.event)
-                    commands = sub.execution.commands
+                    commands = sub.execution.commands  # type: ignore[union-attr]  # (not retired: checked above)
                     timed = device_timing.begin(self) if tracing.ENABLED else None
                     if commands is not None:
                         self.issuing = sub
-                        commands()
+                        try:
+                            commands()
+                        finally:  # (holding it on would keep its command buffers, and their graphs, alive)
+                            self.issuing = None
                     if timed is not None:
                         device_timing.end(self, sub, timed)
                     free = self.events.free

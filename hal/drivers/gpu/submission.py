@@ -31,7 +31,8 @@ class Submission:
 
     def __init__(self, execution: GpuExecution, queue: GpuQueue, waits: list[Fence], signals: list[Fence],
                  seq: int) -> None:
-        self.execution = execution
+        #: What it runs (None once retired: see ``Completion.finish``).
+        self.execution: GpuExecution | None = execution
         #: The execution's queue (read wherever the submission is a timepoint: whose stream runs it).
         self.queue = queue
         self.waits = waits
@@ -47,7 +48,9 @@ class Submission:
 
     @property
     def command_buffers(self) -> Sequence[CommandBuffer]:
-        return self.execution.command_buffers
+        """Its command buffers (none once it retired: it lets go of them)."""
+        execution = self.execution
+        return execution.command_buffers if execution is not None else ()
 
     def hold(self, release: Callable[[], Any]) -> None:
         """Call ``release`` when the submission retires (the work no longer uses the resource)."""
