@@ -4,7 +4,7 @@
 
 Cases: batched ``solve`` (256 systems of 64 x 64, one right-hand side column each of 64) and
 ``cholesky`` of 256 x 64 x 64 float32, and ``svd`` of one 1024 x 1024 float32 matrix. The runtime's
-time is from the call to the evaluated result (``rt.eval``, which waits for the device); PyTorch's
+time is from the call to the evaluated result (``rt.eval``, then ``rt.synchronize``); PyTorch's
 includes a ``torch.cuda.synchronize()`` on GPUs. Rounds are interleaved (runtime, then the
 baselines), each case reports the median over rounds and the ratio baseline / runtime (above 1:
 the runtime is faster). PyTorch is measured where it imports (on the GPU for a GPU device, else on
@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         def run_rt(fn=fn, xs=xs):
             out = fn(*xs)
             rt.eval(*(out if isinstance(out, tuple) else (out,)))
+            rt.synchronize(device)  # (rt.eval submits; the work may still run)
 
         samples: dict = {"runtime": []}
         baselines = {}

@@ -227,28 +227,56 @@ def lu_factor(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     batch, n, _ = lu.shape
     pivots = np.zeros((batch, n), np.int32)
     info = np.zeros(batch, np.int32)
-    rows = np.arange(batch)
     for k in range(n):
         p = k + np.argmax(np.abs(lu[:, k:, k]), axis=1)
         pivots[:, k] = p + 1
-        top = lu[rows, k].copy()
-        lu[rows, k] = lu[rows, p]
-        lu[rows, p] = top
+        swapped = np.nonzero(p != k)[0]
+        if len(swapped):
+            rows = p[swapped]
+            top = lu[swapped, k].copy()
+            lu[swapped, k] = lu[swapped, rows]
+            lu[swapped, rows] = top
         pivot = lu[:, k, k]
         zero = pivot == 0
-        info[(info == 0) & zero] = k + 1
-        safe = np.where(zero, 1, pivot)
-        below = np.where(zero[:, None], 0, lu[:, k + 1:, k] / safe[:, None])
-        lu[:, k + 1:, k] = np.where(zero[:, None], lu[:, k + 1:, k], below)
+        if zero.any():  # LAPACK goes on past a zero pivot, leaving its column as it is
+            info[(info == 0) & zero] = k + 1
+            below = np.where(zero[:, None], 0, lu[:, k + 1:, k] / np.where(zero, 1, pivot)[:, None])
+            lu[:, k + 1:, k] = np.where(zero[:, None], lu[:, k + 1:, k], below)
+        else:
+            below = lu[:, k + 1:, k] / pivot[:, None]
+            lu[:, k + 1:, k] = below
         lu[:, k + 1:, k + 1:] -= below[:, :, None] * lu[:, k, None, k + 1:]
     return lu, pivots, info
+
+
+def _permutation(pivots: np.ndarray) -> np.ndarray:
+    """(batch, n) row order of P^T A from LAPACK's pivots: row i of P^T A is row order[i] of A."""
+    batch, n = pivots.shape
+    order = np.tile(np.arange(n), (batch, 1))
+    rows = np.arange(batch)
+    for k in range(n):
+        p = pivots[:, k] - 1
+        top = order[rows, k].copy()
+        order[rows, k] = order[rows, p]
+        order[rows, p] = top
+    return order
 
 
 def lu_solve(lu: np.ndarray, pivots: np.ndarray, b: np.ndarray, transpose: bool) -> np.ndarray:
     """LAPACK's getrs: X with ``A X = B`` (``A^T X = B`` when ``transpose``), A's LU and pivots from
     ``lu_factor``; b is (batch, n, nrhs)."""
-    x = np.array(b)
     batch, n, _ = lu.shape
+    upper = np.triu(lu)
+    if np.all(np.diagonal(upper, axis1=1, axis2=2) != 0):  # LAPACK's solve of the same matrix, batched
+        lower = np.tril(lu, -1) + np.eye(n, dtype=lu.dtype)
+        order = _permutation(pivots)
+        a = np.empty_like(lu)
+        np.put_along_axis(a, order[:, :, None], lower @ upper, axis=1)  # A = P L U
+        try:
+            return np.linalg.solve(np.swapaxes(a, -1, -2) if transpose else a, b)
+        except np.linalg.LinAlgError:
+            pass
+    x = np.array(b)
     rows = np.arange(batch)
 
     def swap(k: int) -> None:
