@@ -70,7 +70,7 @@ class LibraryBackends:
 
     def __init__(self, backends: dict[str, LibraryBackend]) -> None:
         self.backends = dict(backends)
-        self.name = ", ".join(backend.name for backend in self.backends.values())
+        self.name = ", ".join(dict.fromkeys(backend.name for backend in self.backends.values()))  # (each library once)
 
     @classmethod
     def of(cls, backends: dict[str, LibraryBackend | None]) -> LibraryBackends | None:
