@@ -210,7 +210,7 @@ def test_closing_a_group_releases_its_recordings(ranks):
         return f, x, first
 
     results = run_ranks(devices, rank_fn)
-    for f, x, first in results:
+    for _f, _x, first in results:
         np.testing.assert_array_equal(first, np.full(3, 2.0 * len(devices)))
     for group in groups:
         group.close()
