@@ -18,8 +18,8 @@ that does not converge NaNs, the same on every driver (the routines' ``info`` de
 device, so nothing waits for the host).
 
 Gradients (``rt.grad``, JAX's convention for complex inputs): inv, solve, det, slogdet's
-logabsdet, cholesky, eigh and eigvalsh, svd, svdvals and qr (real matrices for the last two
-families, reduced QR of tall or square matrices), and everything composed of the runtime's ops.
+logabsdet, cholesky, eigh and eigvalsh, svd (reduced factors, or square matrices) and svdvals,
+and qr (reduced, of tall or square matrices), and everything composed of the runtime's ops.
 """
 
 from __future__ import annotations
@@ -527,11 +527,6 @@ def _h(x: Array) -> Array:
     return ops.conj(_api.matrix_transpose(x))
 
 
-def _real_only(tag: str, x: Array) -> None:
-    if x.dtype.is_complex:
-        raise hal.UnimplementedError(f"linalg: no gradient of {tag} of complex matrices")
-
-
 def _sym(x: Array) -> Array:
     """The transpose of making a matrix Hermitian, (dA + dA^H) / 2, in JAX's convention."""
     return (x + _h(x)) * 0.5
@@ -589,44 +584,48 @@ def vjp(node: Array, k: int, g: Array) -> Array | None:
         if v.dtype.is_complex:
             f = ops.astype(f, v.dtype)
         return _sym(ops.matmul(ops.matmul(ops.conj(v), f * ops.matmul(_t(v), g)), _t(v)))
-    _real_only(name, x)
-    if name == "svd":
+    if name == "svd":  # the transpose of JAX's JVP of the reduced SVD, complex parts included
         u, s, vh = outs
-        v = _t(vh)
+        conj_v_t = ops.conj(vh)  # V^T
+        cast = (lambda y: ops.astype(y, u.dtype)) if u.dtype.is_complex else (lambda y: y)
         if tag[1] == 1:
-            return ops.matmul(u * ops.expand_dims(g, -2), vh)
+            return ops.matmul(ops.conj(u) * ops.expand_dims(cast(g), -2), conj_v_t)
+        k = s.shape[-1]
         s2 = s * s
         diff = ops.expand_dims(s2, -2) - ops.expand_dims(s2, -1)  # s_j^2 - s_i^2
-        f = ops.where(ops.equal(diff, 0), 0, 1 / ops.where(ops.equal(diff, 0), 1, diff))
-        sm = ops.expand_dims(s, -2)  # multiplies columns
-        s_inv = ops.expand_dims(1 / s, -2)
-        m, n = u.shape[-2], v.shape[-2]
+        f = cast(ops.where(ops.equal(diff, 0), 0, 1 / ops.where(ops.equal(diff, 0), 1, diff)))
+        s_inv = cast(ops.where(ops.equal(s, 0), 0, 1 / ops.where(ops.equal(s, 0), 1, s)))
         if tag[1] == 0:
-            gu = g
-            j = f * (ops.matmul(_t(u), gu) - ops.matmul(_t(gu), u))
-            inner = ops.matmul(u, j * sm)
-            result = ops.matmul(inner, vh)
-            if m > s.shape[-1]:
-                proj = gu - ops.matmul(u, ops.matmul(_t(u), gu))
-                result = result + ops.matmul(proj * s_inv, vh)
+            kk = ops.matmul(_t(u), g)
+            fk = f * kk
+            diagonal_part = kk * _api.eye(k, dtype=kk.dtype, device=kk.ctx) * ops.expand_dims(s_inv, -2)
+            ds = (fk + _h(fk)) * ops.expand_dims(cast(s), -2) + (diagonal_part - _h(diagonal_part)) * 0.5
+            result = ops.matmul(ops.matmul(ops.conj(u), ds), conj_v_t)
+            if u.shape[-2] > k:
+                proj = g - ops.matmul(ops.conj(u), kk)
+                result = result + ops.matmul(proj * ops.expand_dims(s_inv, -2), conj_v_t)
             return result
-        gv = _t(g)
-        kk = f * (ops.matmul(_t(v), gv) - ops.matmul(_t(gv), v))
-        result = ops.matmul(u, ops.matmul(ops.expand_dims(s, -1) * kk, vh))
-        if n > s.shape[-1]:
-            proj = gv - ops.matmul(v, ops.matmul(_t(v), gv))
-            result = result + ops.matmul(u * s_inv, _t(proj))
+        gv = _h(g)  # the cotangent of V
+        kk = ops.matmul(conj_v_t, gv)
+        fk = f * kk
+        ds = ops.expand_dims(cast(s), -1) * (fk + _h(fk))
+        result = ops.matmul(ops.matmul(ops.conj(u), ds), conj_v_t)
+        if vh.shape[-1] > k:
+            proj = gv - ops.matmul(_t(vh), kk)
+            result = result + _h(ops.matmul(proj * ops.expand_dims(s_inv, -2), _t(u)))
         return result
-    if name == "qr":
+    if name == "qr":  # the transpose of JAX's JVP (j-towns' derivation), complex parts included
         q, r = outs
         if q.shape[-2] < r.shape[-1]:
             raise hal.UnimplementedError("linalg: no gradient of qr of wide matrices (more columns than rows)")
         gq = g if tag[1] == 0 else ops.zeros(q.shape, q.dtype, q.ctx)
         gr = g if tag[1] == 1 else ops.zeros(r.shape, r.dtype, r.ctx)
-        mm = ops.matmul(r, _t(gr)) - ops.matmul(_t(gq), q)
-        low = _api.tril(mm, k=-1)
-        copyltu = low + _t(low) + mm * _api.eye(mm.shape[-1], dtype=mm.dtype, device=mm.ctx)
-        b = gq + ops.matmul(q, copyltu)
+        c = ops.matmul(_t(q), gq) - ops.matmul(gr, _t(r))
+        eye = _api.eye(c.shape[-1], dtype=c.dtype, device=c.ctx)
+        cy = -c + _api.tril(c, k=-1) - _api.tril(_h(c), k=-1)
+        if c.dtype.is_complex:
+            cy = cy + (c - ops.conj(c)) * 0.5 * eye  # (the diagonal's imaginary parts)
+        b = gq + ops.matmul(ops.conj(q), cy)
         return _t(solve(r, _t(b)))
     raise hal.UnimplementedError(f"linalg: no gradient rule for {name}")
 

@@ -418,9 +418,34 @@ def test_gradients_of_complex_matrices(dev):
         np.testing.assert_allclose(grad, complex_numeric_grad(loss_np, x), rtol=1e-5, atol=1e-5)
 
 
-def test_complex_svd_and_qr_gradients_are_refused_with_a_typed_error(dev):
-    x = rt.asarray(rand((3, 3), "complex128"), device=dev)
-    with pytest.raises(hal.UnimplementedError, match="complex"):
-        rt.grad(lambda y: rt.sum(rt.linalg.svdvals(y)))(x).numpy()
-    with pytest.raises(hal.UnimplementedError, match="complex"):
-        rt.grad(lambda y: rt.sum(rt.abs(rt.linalg.qr(y).R)))(x).numpy()
+@pytest.mark.parametrize("shape", [(4, 3), (3, 3), (3, 4)])
+def test_gradients_of_complex_svd_and_qr(dev, shape):
+    a = rand(shape, "complex128")
+    k = min(shape)
+    ws, wu, wv = _weights((k,)), _weights((shape[0], k), 6), _weights((k, shape[1]), 7)
+
+    def svd_rt(x):  # phase-invariant: |U|^2 and |Vh|^2
+        u, s, vh = rt.linalg.svd(x, full_matrices=False)
+        return (rt.sum(s * rt.asarray(ws, device=dev)) + rt.sum(rt.abs(u) ** 2 * rt.asarray(wu, device=dev))
+                + rt.sum(rt.abs(vh) ** 2 * rt.asarray(wv, device=dev)))
+
+    def svd_np(x):
+        u, s, vh = np.linalg.svd(x, full_matrices=False)
+        return np.sum(s * ws) + np.sum(np.abs(u) ** 2 * wu) + np.sum(np.abs(vh) ** 2 * wv)
+
+    grad = rt.grad(svd_rt)(rt.asarray(a, device=dev)).numpy()
+    np.testing.assert_allclose(grad, complex_numeric_grad(svd_np, a), rtol=1e-5, atol=1e-5)
+    if shape[0] < shape[1]:
+        return
+    wq, wr = _weights(shape, 8), _weights((shape[1], shape[1]), 9)
+
+    def qr_rt(x):
+        q, r = rt.linalg.qr(x)
+        return rt.sum(rt.real(q) * rt.asarray(wq, device=dev)) + rt.sum(rt.imag(r) * rt.asarray(wr, device=dev))
+
+    def qr_np(x):
+        q, r = np.linalg.qr(x)
+        return np.sum(np.real(q) * wq) + np.sum(np.imag(r) * wr)
+
+    grad = rt.grad(qr_rt)(rt.asarray(a, device=dev)).numpy()
+    np.testing.assert_allclose(grad, complex_numeric_grad(qr_np, a), rtol=1e-5, atol=1e-5)
