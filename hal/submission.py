@@ -154,6 +154,8 @@ class HostSubmissions:
                         result = work()
             except BaseException as exc:  # the failure travels to every semaphore we would signal
                 completed(exc)
+                if not isinstance(exc, Exception):  # a KeyboardInterrupt in work run inline: the caller's too
+                    raise
                 return
             if type(result) is Deferred:
                 result.when_done(completed)

@@ -31,7 +31,7 @@ from operator import attrgetter, itemgetter
 from typing import ParamSpec, Protocol, TypeVar, cast
 
 import hal
-from hal import env, tracing
+from hal import env, interrupts, tracing
 
 from .array import Array
 from .autodiff import GRAD, materialize, resolved
@@ -171,6 +171,8 @@ class _Traced:
     def __del__(self) -> None:
         try:
             self.release()
+        except KeyboardInterrupt:
+            interrupts.redeliver()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 

@@ -7,7 +7,7 @@ import collections
 import threading
 
 import hal
-from hal import env
+from hal import env, interrupts
 
 from .buffer_cache import BufferCache
 from .errors import ArrayTooLargeError
@@ -259,6 +259,8 @@ class Storage:
             return
         try:
             ctx.buffers.release(self.buffer, self.bucket, ctx.submitted)
+        except KeyboardInterrupt:
+            interrupts.redeliver()
         except Exception:  # noqa: BLE001 - interpreter shutdown or closed device
             pass
 

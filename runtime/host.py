@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import hal
+from hal import interrupts
 
 from . import dtypes as _dt
 from .graph import raise_index_errors
@@ -27,6 +28,8 @@ class _Mapped:
         if cm is not None:
             try:
                 cm.__exit__(None, None, None)
+            except KeyboardInterrupt:
+                interrupts.redeliver()
             except Exception:  # noqa: BLE001 - the buffer may already be gone at shutdown
                 pass
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import hal
-from hal import tracing
+from hal import interrupts, tracing
 
 from ..graph import root_of
 from ..kernels.source import executable
@@ -93,6 +93,8 @@ class Recording:
             ctx, pid = self.program
             try:
                 ctx.retire_program(pid)
+            except KeyboardInterrupt:
+                interrupts.redeliver()
             except Exception:  # noqa: BLE001 - interpreter shutdown
                 pass
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hal import interrupts
+
 if TYPE_CHECKING:
     from hal.command_buffer import CommandBuffer
     from hal.drivers.gpu.execution import GpuExecution
@@ -65,4 +67,7 @@ class Submission:
         except AttributeError:  # its construction was interrupted (a KeyboardInterrupt)
             return
         if event is not None:  # nobody can wait on it any more: the event may be recorded again
-            self.queue.events.release(event)
+            try:
+                self.queue.events.release(event)
+            except KeyboardInterrupt:
+                interrupts.redeliver()

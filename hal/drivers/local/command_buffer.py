@@ -135,6 +135,8 @@ class Execution:
                 return  # waiting again
         except BaseException as exc:
             deferred.complete(exc)  # type: ignore[union-attr]
+            if not isinstance(exc, Exception):  # a KeyboardInterrupt: the thread's too, not only the work's
+                raise
             return
         deferred.complete(None)  # type: ignore[union-attr]
 
