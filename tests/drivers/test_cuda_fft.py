@@ -17,7 +17,7 @@ import pytest
 import hal
 from hal.drivers.cuda import fft as cuda_fft
 from hal.drivers.gpu import fft as gpu_fft
-from hal.drivers.gpu.library import LibraryBackends
+from hal.drivers.gpu.library import DeferredBackend, LibraryBackends
 from hal.library_fft import FftShape, side_lengths
 
 from .fake_gpu import FakeGpuDriver, _Stream
@@ -271,7 +271,7 @@ def test_a_library_that_fails_to_load_refuses_fft_routines_with_the_reason(monke
         def get_version(self):
             raise RuntimeError("libcufft.so.12: cannot open shared object file")
 
-    deferred = cuda_fft.DeferredCufft(0, None, Missing())
+    deferred = DeferredBackend("cuFFT", lambda: cuda_fft.Cufft(Missing(), None), cuda_fft._report)
     assert deferred.name == "cuFFT"
     with caplog.at_level(logging.WARNING, logger="hal"):
         reason = deferred.supports(hal.Fft())
@@ -291,7 +291,7 @@ def test_a_library_that_fails_to_load_refuses_fft_routines_with_the_reason(monke
 def test_every_routine_maps_to_a_cufft_type_and_exec_of_the_bindings(fresh_load):
     cufft = pytest.importorskip("nvmath.bindings.cufft")
     deferred = cuda_fft.load(0)  # (the library itself loads at the first routine)
-    assert isinstance(deferred, cuda_fft.DeferredCufft) and cuda_fft.load(0) is deferred
+    assert isinstance(deferred, DeferredBackend) and cuda_fft.load(0) is deferred
     assert {name: int(getattr(cufft.Type, name)) for name in gpu_fft.TYPES.values()} == {
         t.name: int(t) for t in CufftType}
     for name, _ in cuda_fft.EXECS.values():

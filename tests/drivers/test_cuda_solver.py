@@ -8,7 +8,7 @@ import pytest
 
 import hal
 from hal.drivers.cuda import solver
-from hal.drivers.gpu.solver import DeferredSolver
+from hal.drivers.gpu.solver import deferred as deferred_solver
 
 
 class Recorder:
@@ -90,7 +90,7 @@ def test_a_library_that_fails_to_load_refuses_every_routine_with_the_reason():
         def create(self):
             raise OSError("libcusolver.so.12: cannot open shared object file")
 
-    deferred = DeferredSolver("cuSOLVER", lambda: solver.CuSolverCalls(Broken(), None), lambda exc: None)
+    deferred = deferred_solver("cuSOLVER", lambda: solver.CuSolverCalls(Broken(), None), lambda exc: None)
     reason = deferred.supports(hal.Cholesky("float32"))
     assert reason is not None and "libcusolver" in reason
     with pytest.raises(hal.UnavailableError):

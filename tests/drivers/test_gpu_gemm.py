@@ -155,11 +155,12 @@ def test_cublaslt_loads_at_the_first_routine_and_a_failure_refuses_routines_with
     from types import SimpleNamespace
 
     from hal.drivers.cuda import blas
+    from hal.drivers.gpu.library import DeferredBackend
 
     monkeypatch.setattr(blas, "_reported", [])
     created = []
     working = SimpleNamespace(get_version=lambda: 130100, create=lambda: created.append(1) or 7)
-    deferred = blas.DeferredCublasLt(0, None, working, None)
+    deferred = DeferredBackend("cuBLASLt", lambda: blas.CublasLt(working, None, None), blas._report)
     assert not created and deferred.name == "cuBLASLt"  # nothing loaded with the device
     assert deferred.supports(hal.Gemm("float32")) is None
     assert created == [1] and deferred.name == "cuBLASLt 13.1.0"
@@ -167,7 +168,8 @@ def test_cublaslt_loads_at_the_first_routine_and_a_failure_refuses_routines_with
     def missing():
         raise OSError("libcublasLt.so.13: cannot open shared object file")
 
-    broken = blas.DeferredCublasLt(1, None, SimpleNamespace(get_version=missing, create=lambda: 0), None)
+    absent = SimpleNamespace(get_version=missing, create=lambda: 0)
+    broken = DeferredBackend("cuBLASLt", lambda: blas.CublasLt(absent, None, None), blas._report)
     with caplog.at_level(logging.WARNING, logger="hal"):
         assert "libcublasLt" in broken.supports(hal.Gemm("float32"))
         assert "libcublasLt" in broken.supports(hal.Gemm("float16"))  # tried once, the same reason

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import hal
-from hal.drivers.gpu.solver import DeferredSolver
+from hal.drivers.gpu.solver import deferred as deferred_solver
 from hal.drivers.hip import solver
 
 
@@ -123,7 +123,7 @@ class _Status(int):
 
 
 def test_a_library_that_fails_to_load_refuses_every_routine_with_the_reason(real_hipsolver):
-    deferred = DeferredSolver("hipSOLVER", lambda: solver.HipSolverCalls(real_hipsolver, None), lambda exc: None)
+    deferred = deferred_solver("hipSOLVER", lambda: solver.HipSolverCalls(real_hipsolver, None), lambda exc: None)
     reason = deferred.supports(hal.Cholesky("float32"))
     assert reason is not None and "libhipsolver" in reason
     with pytest.raises(hal.UnavailableError):

@@ -25,7 +25,7 @@ import numpy as np
 
 from hal.distribution import install_hint
 from hal.drivers.gpu.gemm import GemmBackend, Plan, column_major
-from hal.errors import UnavailableError
+from hal.drivers.gpu.library import DeferredBackend
 from hal.library import Gemm, GemmShape, relu_mask_row_bytes
 from hal.log import driver_logger
 
@@ -179,50 +179,8 @@ def _set(setter: Any, target: int, attribute: Any, value: np.generic) -> None:
     setter(target, attribute, buffer.ctypes.data, buffer.nbytes)
 
 
-class DeferredCublasLt:
-    """The device's backend until its first library routine: cuBLASLt (a library of several
-    hundred MB) and the CUDA runtime it starts are loaded then, not when the device is created. A
-    library that fails to load makes every routine refused with the reason (``supports``), so the
-    runtime's products take its own kernels."""
-
-    def __init__(self, ordinal: int, api: Any, lt: Any, blas: Any) -> None:
-        self._ordinal, self._api, self._lt, self._blas = ordinal, api, lt, blas
-        self._backend: CublasLt | None = None
-        self._failure: str | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def name(self) -> str:
-        return self._backend.name if self._backend is not None else "cuBLASLt"
-
-    def backend(self) -> CublasLt:
-        if self._backend is None:
-            with self._lock:
-                if self._backend is None and self._failure is None:
-                    try:
-                        self._backend = CublasLt(self._lt, self._api, self._blas)
-                    except Exception as exc:  # a missing library, a failing handle creation
-                        self._failure = f"{type(exc).__name__}: {exc}"
-                        _report(exc)
-        if self._backend is None:
-            raise UnavailableError(f"cuBLASLt could not be loaded: {self._failure}")
-        return self._backend
-
-    def supports(self, routine: Any) -> str | None:
-        try:
-            return self.backend().supports(routine)
-        except UnavailableError as exc:
-            return str(exc)
-
-    def plan(self, routine: Any, checked: Any, pointers: Any) -> Plan:
-        return self.backend().plan(routine, checked, pointers)
-
-    def enqueue(self, *args: Any) -> None:
-        self.backend().enqueue(*args)
-
-
 #: One backend per device ordinal (its plans are the device's).
-_backends: dict[int, DeferredCublasLt] = {}
+_backends: dict[int, DeferredBackend] = {}
 _reported: list[BaseException] = []
 _lock = threading.Lock()
 
@@ -237,7 +195,7 @@ def _report(exc: BaseException) -> None:
             type(exc).__name__, exc, install_hint("cuda"))
 
 
-def load(ordinal: int, api: Any = None) -> DeferredCublasLt | None:
+def load(ordinal: int, api: Any = None) -> DeferredBackend | None:
     """The cuBLASLt backend of CUDA device ``ordinal`` (``api``: the shim that times candidate
     algorithms), loaded at its first use; None when nvmath-python is missing (the reason logged
     once per process)."""
@@ -254,5 +212,5 @@ def load(ordinal: int, api: Any = None) -> DeferredCublasLt | None:
             from nvmath.bindings import cublas as blas
         except Exception:  # cuBLASLt alone still serves every product
             blas = None
-        backend = _backends[ordinal] = DeferredCublasLt(ordinal, api, lt, blas)
+        backend = _backends[ordinal] = DeferredBackend("cuBLASLt", lambda: CublasLt(lt, api, blas), _report)
         return backend

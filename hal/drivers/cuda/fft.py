@@ -20,7 +20,7 @@ from typing import Any
 
 from hal.distribution import install_hint
 from hal.drivers.gpu.fft import DIRECTIONS, FftBackend, Run, plan_arguments
-from hal.errors import UnavailableError
+from hal.drivers.gpu.library import DeferredBackend
 from hal.library_fft import Fft, FftShape
 from hal.log import driver_logger
 
@@ -65,49 +65,8 @@ class Cufft(FftBackend):
         self.cufft.set_work_area(handle, work_area)
 
 
-class DeferredCufft:
-    """The device's FFT backend until its first FFT routine: cuFFT and the CUDA runtime it starts are
-    loaded then, not when the device is created. A library that fails to load makes every FFT
-    routine refused with the reason (``supports``)."""
-
-    def __init__(self, ordinal: int, api: Any, cufft: Any) -> None:
-        self._ordinal, self._api, self._cufft = ordinal, api, cufft
-        self._backend: Cufft | None = None
-        self._failure: str | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def name(self) -> str:
-        return self._backend.name if self._backend is not None else "cuFFT"
-
-    def backend(self) -> Cufft:
-        if self._backend is None:
-            with self._lock:
-                if self._backend is None and self._failure is None:
-                    try:
-                        self._backend = Cufft(self._cufft, self._api)
-                    except Exception as exc:  # a missing libcufft, no CUDA driver
-                        self._failure = f"{type(exc).__name__}: {exc}"
-                        _report(exc)
-        if self._backend is None:
-            raise UnavailableError(f"cuFFT could not be loaded: {self._failure}")
-        return self._backend
-
-    def supports(self, routine: Any) -> str | None:
-        try:
-            return self.backend().supports(routine)
-        except UnavailableError as exc:
-            return str(exc)
-
-    def plan(self, routine: Any, checked: Any, pointers: Any) -> Any:
-        return self.backend().plan(routine, checked, pointers)
-
-    def enqueue(self, *args: Any) -> None:
-        self.backend().enqueue(*args)
-
-
 #: One backend per device ordinal (its plans are the device's).
-_backends: dict[int, DeferredCufft] = {}
+_backends: dict[int, DeferredBackend] = {}
 _reported: list[BaseException] = []
 _lock = threading.Lock()
 
@@ -121,7 +80,7 @@ def _report(exc: BaseException) -> None:
             "%s (nvmath-python and nvidia-cufft) for FFTs", type(exc).__name__, exc, install_hint("cuda"))
 
 
-def load(ordinal: int, api: Any = None) -> DeferredCufft | None:
+def load(ordinal: int, api: Any = None) -> DeferredBackend | None:
     """The cuFFT backend of CUDA device ``ordinal`` (``api``: the shim that copies c2r inputs),
     loaded at its first use; None when nvmath-python's cuFFT bindings are missing (the reason
     logged once per process)."""
@@ -134,5 +93,5 @@ def load(ordinal: int, api: Any = None) -> DeferredCufft | None:
         except Exception as exc:  # not installed, or its bindings fail to import
             _report(exc)
             return None
-        backend = _backends[ordinal] = DeferredCufft(ordinal, api, cufft)
+        backend = _backends[ordinal] = DeferredBackend("cuFFT", lambda: Cufft(cufft, api), _report)
         return backend

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from hal.distribution import install_hint
-from hal.drivers.gpu.solver import DeferredSolver, SolverBackend, SolverPlan, kinds
+from hal.drivers.gpu.library import DeferredBackend
+from hal.drivers.gpu.solver import SolverBackend, SolverPlan, deferred, kinds
 from hal.log import driver_logger
 
 #: cuSOLVER/cuBLAS enum values (cublas_api.h, cusolver_common.h).
@@ -157,7 +158,7 @@ def CuSolver(dn: Any, api: Any) -> SolverBackend:  # noqa: N802 - the backend's 
     return SolverBackend(CuSolverCalls(dn, api))
 
 
-_backends: dict[int, DeferredSolver] = {}
+_backends: dict[int, DeferredBackend] = {}
 _reported: list[BaseException] = []
 _lock = threading.Lock()
 
@@ -171,7 +172,7 @@ def _report(exc: BaseException) -> None:
             "%s (nvmath-python and nvidia-cusolver) for them", type(exc).__name__, exc, install_hint("cuda"))
 
 
-def load(ordinal: int, api: Any = None) -> dict[str, DeferredSolver]:
+def load(ordinal: int, api: Any = None) -> dict[str, DeferredBackend]:
     """The cuSOLVER backend of CUDA device ``ordinal`` for every solver routine kind, loaded at its
     first use; empty when nvmath-python is missing (the reason logged once per process)."""
     with _lock:
@@ -182,5 +183,5 @@ def load(ordinal: int, api: Any = None) -> dict[str, DeferredSolver]:
             except Exception as exc:  # not installed, or its bindings fail to import
                 _report(exc)
                 return {}
-            backend = _backends[ordinal] = DeferredSolver("cuSOLVER", lambda: CuSolverCalls(dn, api), _report)
+            backend = _backends[ordinal] = deferred("cuSOLVER", lambda: CuSolverCalls(dn, api), _report)
         return kinds(backend)

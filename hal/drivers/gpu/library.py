@@ -22,11 +22,11 @@ the plan, so a re-issue or a re-capture costs the library call itself.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hal.command_buffer import Binding
-from hal.errors import IncompatibleError, UnimplementedError
+from hal.errors import IncompatibleError, UnavailableError, UnimplementedError
 from hal.executable import Executable, ExecutableSpec
 from hal.library import Routine
 
@@ -52,6 +52,50 @@ class LibraryBackend(Protocol):
     def enqueue(self, plan: Any, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
                 workspace_size: int, stream: Any) -> None:
         """Enqueue the planned call on ``stream`` (also while the stream captures into a graph)."""
+
+
+class DeferredBackend:
+    """A device's backend of one library until its first routine: ``make()`` loads the library and
+    makes its handle then (with the device current), not when the device is created (a library of
+    hundreds of MB, and the runtime it starts). A library that fails to load refuses every routine
+    with the reason (``supports``: the runtime then takes its own kernels or raises), and
+    ``report`` is told once."""
+
+    def __init__(self, name: str, make: Callable[[], LibraryBackend],
+                 report: Callable[[BaseException], None]) -> None:
+        self._name, self._make, self._report = name, make, report
+        self._backend: LibraryBackend | None = None
+        self._failure: str | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self._backend.name if self._backend is not None else self._name
+
+    def backend(self) -> LibraryBackend:
+        if self._backend is None:
+            with self._lock:
+                if self._backend is None and self._failure is None:
+                    try:
+                        self._backend = self._make()
+                    except Exception as exc:  # a missing library, a failing handle creation
+                        self._failure = f"{type(exc).__name__}: {exc}"
+                        self._report(exc)
+        if self._backend is None:
+            raise UnavailableError(f"{self._name} could not be loaded: {self._failure}")
+        return self._backend
+
+    def supports(self, routine: Routine) -> str | None:
+        try:
+            return self.backend().supports(routine)
+        except UnavailableError as exc:
+            return str(exc)
+
+    def plan(self, routine: Routine, checked: Any, pointers: Sequence[int]) -> Any:
+        return self.backend().plan(routine, checked, pointers)
+
+    def enqueue(self, *args: Any) -> None:
+        self.backend().enqueue(*args)
 
 
 class Planned:

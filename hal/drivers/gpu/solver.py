@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from hal.errors import UnavailableError
+from hal.drivers.gpu.library import DeferredBackend
 from hal.solver import SOLVER_DTYPES, SOLVER_ROUTINES, SolverCall, SolverRoutine
 
 ALIGN = 256
@@ -278,47 +278,11 @@ class SolverBackend:
         return SolverPlan(run, library + tau + ALIGN + aligned(m * columns * size))
 
 
-class DeferredSolver:
-    """A device's solver backend until its first solver routine: the library and its handle are made
-    then (``make()``, with the device current); a library that fails to load refuses every routine
-    with the reason (``supports``), and ``report`` is told once."""
-
-    def __init__(self, name: str, make: Callable[[], SolverCalls], report: Callable[[BaseException], None]) -> None:
-        self._name, self._make, self._report = name, make, report
-        self._backend: SolverBackend | None = None
-        self._failure: str | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def name(self) -> str:
-        return self._backend.name if self._backend is not None else self._name
-
-    def backend(self) -> SolverBackend:
-        if self._backend is None:
-            with self._lock:
-                if self._backend is None and self._failure is None:
-                    try:
-                        self._backend = SolverBackend(self._make())
-                    except Exception as exc:  # a missing library, a failing handle creation
-                        self._failure = f"{type(exc).__name__}: {exc}"
-                        self._report(exc)
-        if self._backend is None:
-            raise UnavailableError(f"{self._name} could not be loaded: {self._failure}")
-        return self._backend
-
-    def supports(self, routine: Any) -> str | None:
-        try:
-            return self.backend().supports(routine)
-        except UnavailableError as exc:
-            return str(exc)
-
-    def plan(self, routine: Any, checked: Any, pointers: Any) -> SolverPlan:
-        return self.backend().plan(routine, checked, pointers)
-
-    def enqueue(self, *args: Any) -> None:
-        self.backend().enqueue(*args)
+def deferred(name: str, make: Callable[[], SolverCalls], report: Callable[[BaseException], None]) -> DeferredBackend:
+    """The solver backend over the calls ``make()`` gives, made at the device's first solver routine."""
+    return DeferredBackend(name, lambda: SolverBackend(make()), report)
 
 
-def kinds(backend: DeferredSolver | None) -> dict[str, DeferredSolver]:
+def kinds(backend: DeferredBackend | None) -> dict[str, DeferredBackend]:
     """``backend`` for every solver routine kind (none when None)."""
     return {} if backend is None else dict.fromkeys(SOLVER_ROUTINES, backend)

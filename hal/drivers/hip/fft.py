@@ -28,8 +28,8 @@ from hal import errors
 from hal.distribution import install_hint
 from hal.drivers.bindings_shim import check
 from hal.drivers.gpu.fft import DIRECTIONS, FftBackend, Run, plan_arguments
+from hal.drivers.gpu.library import DeferredBackend
 from hal.drivers.gpu.status import StatusTable
-from hal.errors import UnavailableError
 from hal.library_fft import Fft, FftShape
 from hal.log import driver_logger
 
@@ -96,48 +96,8 @@ class Hipfft(FftBackend):
         self.call(self.hipfft.hipfftSetWorkArea, handle, work_area)
 
 
-class DeferredHipfft:
-    """The device's FFT backend until its first FFT routine, when ``libhipfft.so`` loads; a library
-    that fails to load makes every FFT routine refused with the reason (``supports``)."""
-
-    def __init__(self, ordinal: int, api: Any, hipfft: Any) -> None:
-        self._ordinal, self._api, self._hipfft = ordinal, api, hipfft
-        self._backend: Hipfft | None = None
-        self._failure: str | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def name(self) -> str:
-        return self._backend.name if self._backend is not None else "hipFFT"
-
-    def backend(self) -> Hipfft:
-        if self._backend is None:
-            with self._lock:
-                if self._backend is None and self._failure is None:
-                    try:
-                        self._backend = Hipfft(self._hipfft, self._api)
-                    except Exception as exc:  # a missing libhipfft, a failing call
-                        self._failure = f"{type(exc).__name__}: {exc}"
-                        _report(exc)
-        if self._backend is None:
-            raise UnavailableError(f"hipFFT could not be loaded: {self._failure}")
-        return self._backend
-
-    def supports(self, routine: Any) -> str | None:
-        try:
-            return self.backend().supports(routine)
-        except UnavailableError as exc:
-            return str(exc)
-
-    def plan(self, routine: Any, checked: Any, pointers: Any) -> Any:
-        return self.backend().plan(routine, checked, pointers)
-
-    def enqueue(self, *args: Any) -> None:
-        self.backend().enqueue(*args)
-
-
 #: One backend per device ordinal (its plans are the device's).
-_backends: dict[int, DeferredHipfft] = {}
+_backends: dict[int, DeferredBackend] = {}
 _reported: list[BaseException] = []
 _lock = threading.Lock()
 
@@ -152,7 +112,7 @@ def _report(exc: BaseException) -> None:
             "for FFTs", type(exc).__name__, exc, install_hint("hip"))
 
 
-def load(ordinal: int, api: Any = None) -> DeferredHipfft | None:
+def load(ordinal: int, api: Any = None) -> DeferredBackend | None:
     """The hipFFT backend of HIP device ``ordinal`` (``api``: the shim that copies c2r inputs), loaded
     at its first use; None when hip-python's hipFFT bindings are missing (the reason logged once)."""
     with _lock:
@@ -164,5 +124,5 @@ def load(ordinal: int, api: Any = None) -> DeferredHipfft | None:
         except Exception as exc:  # hip-python, or its library bindings, not installed
             _report(exc)
             return None
-        backend = _backends[ordinal] = DeferredHipfft(ordinal, api, hipfft)
+        backend = _backends[ordinal] = DeferredBackend("hipFFT", lambda: Hipfft(hipfft, api), _report)
         return backend

@@ -25,7 +25,8 @@ import numpy as np
 from hal import errors
 from hal.distribution import install_hint
 from hal.drivers.bindings_shim import check
-from hal.drivers.gpu.solver import DeferredSolver, SolverBackend, kinds
+from hal.drivers.gpu.library import DeferredBackend
+from hal.drivers.gpu.solver import SolverBackend, deferred, kinds
 from hal.drivers.gpu.status import StatusTable
 from hal.log import driver_logger
 
@@ -179,7 +180,7 @@ def HipSolver(hs: Any, api: Any) -> SolverBackend:  # noqa: N802 - the backend's
     return SolverBackend(HipSolverCalls(hs, api))
 
 
-_backends: dict[int, DeferredSolver] = {}
+_backends: dict[int, DeferredBackend] = {}
 _reported: list[BaseException] = []
 _lock = threading.Lock()
 
@@ -193,7 +194,7 @@ def _report(exc: BaseException) -> None:
             "%s (hip-python's libraries and ROCm's hipSOLVER) for them", type(exc).__name__, exc, install_hint("hip"))
 
 
-def load(ordinal: int, api: Any = None) -> dict[str, DeferredSolver]:
+def load(ordinal: int, api: Any = None) -> dict[str, DeferredBackend]:
     """The hipSOLVER backend of HIP device ``ordinal`` for every solver routine kind, loaded at its
     first use; empty when hip-python's ``hip.hipsolver`` does not import (the reason logged once)."""
     with _lock:
@@ -204,5 +205,5 @@ def load(ordinal: int, api: Any = None) -> dict[str, DeferredSolver]:
             except Exception as exc:  # hip-python without its libraries extra
                 _report(exc)
                 return {}
-            backend = _backends[ordinal] = DeferredSolver("hipSOLVER", lambda: HipSolverCalls(hs, api), _report)
+            backend = _backends[ordinal] = deferred("hipSOLVER", lambda: HipSolverCalls(hs, api), _report)
         return kinds(backend)
