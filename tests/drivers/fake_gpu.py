@@ -595,9 +595,15 @@ class FakeLibraries:
     def __init__(self, api: FakeGpuApi) -> None:
         self.api = api
         self.planned: dict = {}
+        #: The routine kinds that cannot be captured (cuSOLVER's Jacobi SVD, say): enqueuing one
+        #: while the stream captures invalidates the capture, as the real library does.
+        self.uncapturable: set[str] = set()
 
     def supports(self, routine) -> str | None:
         return None
+
+    def capturable(self, routine, checked) -> bool:
+        return routine.kind not in self.uncapturable
 
     def plan(self, routine, checked, pointers) -> SimpleNamespace:
         key = (routine, checked, tuple(p % 256 for p in pointers))
@@ -609,6 +615,8 @@ class FakeLibraries:
         api = self.api
         reference = plan.routine.reference()
         pointers = list(pointers)
+        if plan.routine.kind in self.uncapturable and stream.capture is not None:
+            raise RuntimeError(f"{plan.routine.kind} enqueued while its stream captures")
         api.enqueue_work(stream, lambda: reference((1, 1, 1), [api.view(p) for p in pointers], list(constants)))
 
 

@@ -48,8 +48,9 @@ CASES = [
     (hal.LU("complex64"), [2, 3], ["cgetrf", "cgetrf"]),
     (hal.LUSolve("float64", transpose=True), [2, 3, 2], ["dgetrs", "dgetrs"]),
     (hal.Eigh("complex128"), [2, 40], ["zheevd", "zheevd"]),
-    (hal.Eigh("complex128"), [2, 3], ["zheevj_batched"]),  # batches of up to 32 x 32: one Jacobi call
-    (hal.Eigh("float64", vectors=False), [1, 3], ["dsyevd"]),
+    (hal.Eigh("complex128"), [2, 3], ["zheevj_batched"]),  # matrices up to 32 x 32: one Jacobi call
+    (hal.Eigh("float64", vectors=False), [1, 3], ["dsyevj_batched"]),
+    (hal.Eigh("float64", vectors=False), [1, 33], ["dsyevd"]),
     (hal.Svd("float32", full_matrices=True), [2, 4, 3], ["sgesvdj_batched"]),
     (hal.Svd("float32"), [2, 4, 3], ["sgesvdj", "sgesvdj"]),  # (the batched form has no economy SVD)
     (hal.Svd("complex128"), [2, 40, 40], ["zgesvdj", "zgesvdj"]),
@@ -73,6 +74,27 @@ def test_each_routine_copies_its_input_and_calls_cusolver_per_batch_entry(routin
     assert [n for n in names if n not in ("set_stream", "memcpy")] == expected
     for call in dn.calls:  # every library call on the call's own memory: no allocation
         assert call[0] != "malloc"
+
+
+CAPTURABLE = [
+    (hal.Cholesky("float32"), [4, 100], True),
+    (hal.LU("float32"), [4, 100], True),
+    (hal.LUSolve("float32"), [4, 100, 3], True),
+    (hal.Qr("float32"), [4, 100, 50], True),
+    (hal.Eigh("float32"), [4, 32], True),  # syevjBatched
+    (hal.Eigh("float32"), [1, 33], False),  # syevd reads its progress on the host
+    (hal.Svd("float32", full_matrices=True), [1, 32, 20], True),  # gesvdjBatched
+    (hal.Svd("float32"), [3, 20, 20], True),
+    (hal.Svd("float32"), [3, 20, 10], False),  # gesvdj (no batched economy form)
+    (hal.Svd("float32", full_matrices=True), [1, 33, 20], False),
+]
+
+
+@pytest.mark.parametrize("routine,constants,capturable", CAPTURABLE, ids=lambda c: getattr(c, "kind", None))
+def test_what_waits_on_the_host_is_not_capturable(routine, constants, capturable):
+    dn = Recorder()
+    backend = solver.CuSolver(dn, Api(dn.calls))
+    assert backend.capturable(routine, routine.call_of(constants)) is capturable
 
 
 def test_the_transposed_solve_asks_for_op_t():

@@ -146,6 +146,9 @@ def test_library_backends_route_each_routine_to_its_kinds_library():
         def plan(self, routine, checked, pointers):
             return SimpleNamespace(workspace_size=64, by=self.name)
 
+        def capturable(self, routine, checked):
+            return True
+
         def enqueue(self, plan, constants, pointers, workspace, workspace_size, stream):
             calls.append((self.name, plan.by, tuple(pointers), workspace_size))
 
@@ -177,5 +180,38 @@ def test_the_queue_keeps_no_retired_submission_alive(mode):
         del cb
         gc.collect()
         assert released() is None
+    finally:
+        device.close()
+
+
+@pytest.mark.parametrize("slots", [False, True], ids=["fixed", "slots"])
+def test_a_graph_buffer_with_an_uncapturable_call_issues_its_commands_on_the_stream(slots):
+    """A library call that waits on the device while it is enqueued (cuSOLVER's gesvdj) would
+    invalidate a capture: the graph command buffer holding it builds no graph and issues every
+    command in order on the stream, updates from its device staging included."""
+    api, device = make("graph")
+    try:
+        device.executables.libraries.uncapturable.add("gemm")
+        exe = device.load_executable(hal.library_spec({"gemm": hal.Gemm("float32")}))
+        buffers = table(device, 3.0)
+        out = device.allocator.allocate(N * N * 4)
+        ones = np.ones((N, N), np.float32)
+        refs = [hal.Slot(i) for i in range(4)] if slots else [*buffers, out]
+        cb = device.create_command_buffer(mode=hal.CommandBufferMode.REUSABLE,
+                                         binding_capacity=4 if slots else 0)
+        with cb.record():
+            cb.fill_buffer(refs[0], 0, 4)
+            cb.update_buffer(ones.tobytes(), refs[2])  # B = ones, from the staging block
+            cb.execution_barrier()
+            cb.dispatch(exe, "gemm", constants=hal.Gemm.constants_for(N, N, N), bindings=refs[:3])
+            cb.execution_barrier()
+            cb.copy_buffer(refs[0], refs[3])
+        sem = device.create_semaphore(0)
+        for value in (1, 2):
+            device.queue_execute([cb], signal=[(sem, value)], binding_tables=[[*buffers, out]] if slots else None)
+            sem.wait(value, timeout=10)
+            got = np.frombuffer(device.read(out), np.float32).reshape(N, N)
+            np.testing.assert_array_equal(got, np.full((N, N), 3.0 * N))
+        assert cb.node_count == 0  # no graph was built
     finally:
         device.close()

@@ -52,7 +52,7 @@ class CuSolverCalls:
         return dtype.startswith("float")
 
     def set_stream(self, stream: Any) -> None:
-        self.dn.set_stream(self.handle, stream)
+        self.dn.set_stream(self.handle, int(stream))  # (a CUstream, or the native path's integer)
 
     def copy(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
         if nbytes:

@@ -194,6 +194,9 @@ class CollectiveBackend:
     def plan(self, routine: CollectiveGroup, checked: Any, pointers: Sequence[int]) -> CollectiveGroup:
         return routine
 
+    def capturable(self, routine: CollectiveGroup, checked: Any) -> bool:
+        return True  # (NCCL and RCCL calls capture into graphs)
+
     def enqueue(self, plan: CollectiveGroup, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
                 workspace_size: int, stream: Any) -> None:
         plan.enqueue(pointers, stream)

@@ -88,6 +88,9 @@ class FftBackend:
         raise NotImplementedError
 
     # -- LibraryBackend ------------------------------------------------------------------------
+    def capturable(self, routine: Routine, checked: Any) -> bool:
+        return True  # (cuFFT and hipFFT plans run asynchronously)
+
     def plan(self, fft: Fft, shape: FftShape, pointers: Sequence[int]) -> FftPlan:
         """The plan of the transform (the same for any operand addresses), made once."""
         key = (fft, shape)

@@ -103,6 +103,9 @@ class GemmBackend:
         raise NotImplementedError
 
     # -- LibraryBackend ------------------------------------------------------------------------
+    def capturable(self, routine: Routine, checked: Any) -> bool:
+        return True  # (cuBLASLt and hipBLASLt products never wait on the device)
+
     def enqueue(self, plan: Plan, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
                 workspace_size: int, stream: Any) -> None:
         with self.lock:

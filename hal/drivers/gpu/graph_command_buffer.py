@@ -43,7 +43,10 @@ then reused for every table, two ways:
 Library routines (``hal.library``, cuBLASLt or hipBLASLt calls) are captured on the device's
 capture stream into a child-graph node; a new table changing one of their operands captures the
 call again and sets the new child graph on the executable graph in place
-(``exec_set_child_graph``), as the node updates above.
+(``exec_set_child_graph``), as the node updates above. A command buffer holding a library call that
+cannot be captured (``LibraryCall.capturable``: a solver that reads its own results on the host
+while it runs, cuSOLVER's ``gesvdj`` and ``syevd``) builds no graph: its commands are issued on the
+stream one by one, as a stream command buffer's are (``StreamIssue``).
 
 The graph is re-instantiated only when the driver rejects an in-place update of
 a memset/memcpy node (a different kind of allocation, a length change to or
@@ -77,6 +80,7 @@ from hal.drivers.gpu.recording import (
     SlotDispatch,
     slot_address,
 )
+from hal.drivers.gpu.stream_issue import StreamIssue
 
 JOIN_KINDS = ("empty", "edges", "kernel")
 #: With indirect_bindings="auto", a graph rebound with new tables this many times through node
@@ -212,6 +216,8 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self._seen_tables: dict[tuple, None] = {}
         #: The slots a table's key reads (see _table_key), fixed when the graph is built.
         self._key_slots: list[int] = []
+        #: Set at ``end()`` when a library call cannot be captured: the commands are issued on the stream.
+        self._streamed: StreamIssue | None = None
 
     # -- recording -----------------------------------------------------------------
     def _pack_staging(self) -> None:
@@ -225,7 +231,10 @@ class GraphCommandBuffer(RecordingCommandBuffer):
 
     def _end(self) -> None:
         super()._end()
-        if not self.uses_slots:
+        if not all(call.capturable for call in self.library_calls):
+            staging = self._resources.staging
+            self._streamed = StreamIssue(self, 0 if staging is None else staging.ptr, staging_on_device=True)
+        elif not self.uses_slots:
             self._build(None)
 
     # -- building ----------------------------------------------------------------------
@@ -558,6 +567,8 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         with the queue's lock held; None: nothing to launch). A graph without binding-table slots
         was instantiated at ``end()`` and never changes: its launch is the shim's ``graph_launch``
         with the executable graph and the stream bound."""
+        if self._streamed is not None:
+            return self._streamed.issuer(queue, table)
         if not self.uses_slots:
             graph_exec = self._resources.graph_exec
             return None if graph_exec is None else functools.partial(self.device.api.graph_launch, graph_exec,

@@ -49,9 +49,15 @@ class LibraryBackend(Protocol):
         ``workspace_size`` the bytes of workspace it needs; ``checked`` is what ``routine.check``
         made of the dispatch's constants."""
 
+    def capturable(self, routine: Routine, checked: Any) -> bool:
+        """Whether the call can be captured into a graph: False for one that waits on the device
+        while it is enqueued (reading a convergence flag, say); graph command buffers issue such a
+        call on the stream instead."""
+
     def enqueue(self, plan: Any, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
                 workspace_size: int, stream: Any) -> None:
-        """Enqueue the planned call on ``stream`` (also while the stream captures into a graph)."""
+        """Enqueue the planned call on ``stream`` (also while the stream captures into a graph,
+        when ``capturable``)."""
 
 
 class DeferredBackend:
@@ -94,6 +100,9 @@ class DeferredBackend:
     def plan(self, routine: Routine, checked: Any, pointers: Sequence[int]) -> Any:
         return self.backend().plan(routine, checked, pointers)
 
+    def capturable(self, routine: Routine, checked: Any) -> bool:
+        return self.backend().capturable(routine, checked)
+
     def enqueue(self, *args: Any) -> None:
         self.backend().enqueue(*args)
 
@@ -132,6 +141,9 @@ class LibraryBackends:
     def plan(self, routine: Routine, checked: Any, pointers: Sequence[int]) -> Planned:
         backend = self.backends[routine.kind]
         return Planned(backend, backend.plan(routine, checked, pointers))
+
+    def capturable(self, routine: Routine, checked: Any) -> bool:
+        return self.backends[routine.kind].capturable(routine, checked)
 
     def enqueue(self, plan: Planned, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
                 workspace_size: int, stream: Any) -> None:
@@ -190,7 +202,7 @@ class Workspace:
 class LibraryCall:
     """A recorded library routine: its operands, its constants' checked form and its workspace."""
 
-    __slots__ = ("backend", "routine", "checked", "constants", "targets", "workspace", "empty")
+    __slots__ = ("backend", "routine", "checked", "constants", "targets", "workspace", "empty", "capturable")
 
     def __init__(self, backend: LibraryBackend, routine: Routine, checked: Any, constants: tuple[int, ...],
                  targets: list[Target], empty: bool) -> None:
@@ -202,6 +214,8 @@ class LibraryCall:
         self.workspace = Workspace()
         #: A call with no output (a zero-size product): recorded, never enqueued.
         self.empty = empty
+        #: Whether graph command buffers can capture it (``LibraryBackend.capturable``).
+        self.capturable = empty or backend.capturable(routine, checked)
 
     @property
     def slots(self) -> set[int]:

@@ -9,12 +9,16 @@ with the library's own enums already chosen. What is written once here:
 - per batch entry, on the queue's stream (captured into a graph like any library call): Cholesky
   ``potrf`` (lower), LU ``getrf`` (int32 pivots), LUSolve ``getrs`` (transposed for
   ``transpose``), Eigh ``syevd``/``heevd``, Svd ``gesvdj`` (``econ`` unless ``full_matrices``; it
-  writes V, as the routine does), Qr ``geqrf`` then ``orgqr``/``ungqr``. Batches of matrices up to
-  32 x 32 take one batched Jacobi call instead: ``syevjBatched``/``heevjBatched`` (Eigh) and
+  writes V, as the routine does), Qr ``geqrf`` then ``orgqr``/``ungqr``. Matrices up to 32 x 32
+  take one batched Jacobi call instead: ``syevjBatched``/``heevjBatched`` (Eigh) and
   ``gesvdjBatched`` (Svd with full factors or square matrices: it has no economy form); batched
   Choleskys one ``potrfBatched`` over a device array of the matrices' addresses (made once per
   output address). The batched LU exists only in cuBLAS: the LU and its solve loop, with one
   handle and one workspace;
+- ``syevd`` and ``gesvdj`` read their progress on the host while they run (measured on the H100:
+  enqueuing either while the stream captures invalidates the capture), so an Eigh or Svd that
+  takes them is not ``capturable``: graph command buffers issue it on the stream. The batched
+  Jacobi calls and every other routine capture;
 - the plan of a call (workspace sizes asked of the library) is made once per (routine, sizes);
 - nothing allocates during a call: the library's workspace, the Householder scalars, scratch
   matrices and a scratch info word are the call's own workspace (``LibraryCall``).
@@ -33,6 +37,16 @@ from hal.solver import SOLVER_DTYPES, SOLVER_ROUTINES, SolverCall, SolverRoutine
 ALIGN = 256
 #: The largest matrices the libraries' batched Jacobi solvers take (``syevjBatched``, ``gesvdjBatched``).
 BATCHED_MAX = 32
+
+
+def batched_eigh(n: int) -> bool:
+    """Whether an Eigh of n x n matrices takes the batched Jacobi call."""
+    return n <= BATCHED_MAX
+
+
+def batched_svd(m: int, n: int, full: bool) -> bool:
+    """Whether an Svd of m x n matrices takes the batched Jacobi call (it has no economy form)."""
+    return max(m, n) <= BATCHED_MAX and (full or m == n)
 
 
 def aligned(nbytes: int) -> int:
@@ -110,6 +124,14 @@ class SolverBackend:
             if plan.bind is not None:
                 plan.bind(pointers)
         return plan
+
+    def capturable(self, routine: SolverRoutine, checked: SolverCall) -> bool:
+        s = dict(checked.sizes)
+        if routine.kind == "eigh":
+            return batched_eigh(s["n"])
+        if routine.kind == "svd":
+            return batched_svd(s["m"], s["n"], bool(routine.full_matrices))  # type: ignore[attr-defined]
+        return True
 
     def enqueue(self, plan: SolverPlan, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
                 workspace_size: int, stream: Any) -> None:
@@ -198,7 +220,7 @@ class SolverBackend:
         vectors = bool(routine.vectors)  # type: ignore[attr-defined]
         matrix = n * n * size
         real = size // 2 if dtype.startswith("complex") else size
-        if batch > 1 and n <= BATCHED_MAX:
+        if batched_eigh(n):
             blwork = max(calls.evd_batched_lwork(dtype, vectors, n, pointers[0], pointers[1], batch), 1)
 
             def batched(p: Sequence[int], work: int, stream: Any) -> None:
@@ -226,7 +248,7 @@ class SolverBackend:
         k = min(m, n)
         real = size // 2 if dtype.startswith("complex") else size
         matrix = m * n * size
-        if batch > 1 and max(m, n) <= BATCHED_MAX and (full or m == n):
+        if batched_svd(m, n, full):
             blwork = max(calls.gesvdj_batched_lwork(dtype, m, n, pointers[3], pointers[1], pointers[0], pointers[2],
                                                     batch), 1)
             blibrary = aligned(blwork * size)
