@@ -97,6 +97,41 @@ def test_what_waits_on_the_host_is_not_capturable(routine, constants, capturable
     assert backend.capturable(routine, routine.call_of(constants)) is capturable
 
 
+def test_batches_of_lus_and_solves_take_cublas_batched_calls_over_arrays_uploaded_at_planning():
+    dn, blas = Recorder(), Recorder()
+    api = Api(dn.calls)
+    backend = solver.CuSolver(dn, api, blas)
+    lu, solve = hal.LU("float64"), hal.LUSolve("complex64", transpose=True)
+    lu_plan = backend.plan(lu, lu.call_of([3, 4]), [4096, 8192, 12288, 16384])
+    solve_plan = backend.plan(solve, solve.call_of([3, 4, 2]), [20480, 4096, 12288, 24576])
+    assert [c[0] for c in dn.calls].count("memcpy_htod") == 3  # LU's outputs, then X's and LU's
+    dn.calls.clear()
+    backend.enqueue(lu_plan, (3, 4), [4096, 8192, 12288, 16384], 1 << 20, lu_plan.workspace_size, 5)
+    backend.enqueue(solve_plan, (3, 4, 2), [20480, 4096, 12288, 24576], 1 << 20, solve_plan.workspace_size, 5)
+    assert [c[0] for c in dn.calls] == ["set_stream", "memcpy", "set_stream", "memcpy"]
+    assert [c[0] for c in blas.calls if c[0] != "set_stream"] == ["create", "dgetrf_batched", "cgetrs_batched"]
+    getrf = [c for c in blas.calls if c[0] == "dgetrf_batched"][0]
+    assert getrf[2:] == (4, 1 << 30, 4, 12288, 16384, 3)  # n, the matrices' array, lda, pivots, info, batch
+    getrs = [c for c in blas.calls if c[0] == "cgetrs_batched"][0]
+    assert getrs[2:6] == (solver.OP_T, 4, 2, 1 << 30) and getrs[-1] == 3
+    # one matrix, or matrices past BATCHED_LU_MAX: cuSOLVER's getrf per matrix
+    for constants in ([1, 4], [2, 513]):
+        dn.calls.clear()
+        plan = backend.plan(lu, lu.call_of(constants), [4096, 8192, 12288, 16384])
+        backend.enqueue(plan, tuple(constants), [4096, 8192, 12288, 16384], 1 << 20, plan.workspace_size, 5)
+        assert [c[0] for c in dn.calls].count("dgetrf") == constants[0]
+
+
+def test_a_cublas_that_fails_to_load_leaves_the_lus_one_matrix_at_a_time():
+    class Broken:
+        def create(self):
+            raise OSError("libcublas.so.13: cannot open shared object file")
+
+    dn = Recorder()
+    calls = solver.CuSolverCalls(dn, Api(dn.calls), Broken())
+    assert not calls.batched_lu
+
+
 def test_the_transposed_solve_asks_for_op_t():
     dn = Recorder()
     backend = solver.CuSolver(dn, Api(dn.calls))

@@ -100,6 +100,19 @@ class NumpyCalls:
     def getrs_lwork(self, dtype, transpose, n, nrhs, a, pivots, b):
         return 2
 
+    # the batched LU, over arrays of the matrices' addresses (as cuBLAS's)
+    batched_lu = True
+
+    def getrf_batched(self, dtype, n, array, pivots, info, batch):
+        for i, address in enumerate(self.m.array(array, np.uint64, batch)):
+            self.getrf(dtype, n, int(address), 0, 0, pivots + 4 * n * i, info + 4 * i)
+
+    def getrs_batched(self, dtype, transpose, n, nrhs, lu_array, pivots, b_array, batch):
+        lus, bs = self.m.array(lu_array, np.uint64, batch), self.m.array(b_array, np.uint64, batch)
+        for i in range(batch):
+            self.getrs(dtype, transpose, n, nrhs, int(lus[i]), pivots + 4 * n * i, int(bs[i]), 0, 0,
+                       self.m.allocate(4))
+
     def getrs(self, dtype, transpose, n, nrhs, a, pivots, b, work, lwork, info):
         lu = self.m.matrix(a, dtype, n, n)[None]
         piv = self.m.array(pivots, np.int32, n)[None]
@@ -248,3 +261,12 @@ def test_the_planner_computes_what_the_reference_does(routine, sizes):
         tol = 1e-4 if routine.dtype in ("float32", "complex64") else 1e-10
         np.testing.assert_allclose(got, expected, rtol=tol, atol=tol, err_msg=f"{type(routine).__name__} {name}")
     assert names  # (every binding named)
+
+
+@pytest.mark.parametrize("routine,sizes", [case for case in CASES if case[0].kind in ("lu", "lu_solve")],
+                         ids=lambda c: getattr(c, "kind", None))
+def test_without_a_batched_lu_the_planner_loops_over_the_matrices(routine, sizes, monkeypatch):
+    monkeypatch.setattr(NumpyCalls, "batched_lu", False)
+    monkeypatch.setattr(NumpyCalls, "getrf_batched", None)
+    monkeypatch.setattr(NumpyCalls, "getrs_batched", None)
+    test_the_planner_computes_what_the_reference_does(routine, sizes)

@@ -9,7 +9,9 @@ reason: the runtime's linalg then raises ``UnimplementedError`` naming it.
 The planning (out-of-place copies, a loop over the batch, workspace layout, the plan cache) is the
 GPU drivers' (``hal/drivers/gpu/solver.py``); this module gives cuSOLVER's legacy dense calls
 (``cusolverDn<t>potrf``, ``getrf``/``getrs`` with int32 pivots, ``syevd``/``heevd``,
-``gesvdj``, ``geqrf``, ``orgqr``/``ungqr``), their workspace sizes in elements, and the enums.
+``gesvdj``, ``geqrf``, ``orgqr``/``ungqr``), their workspace sizes in elements, and the enums; and
+cuBLAS's batched LU (``cublas<t>getrfBatched``/``getrsBatched``, on a cuBLAS handle of its own)
+where nvmath-python's cuBLAS bindings import: cuSOLVER has no batched LU.
 """
 
 from __future__ import annotations
@@ -38,11 +40,20 @@ class CuSolverCalls:
 
     name = "cuSOLVER"
 
-    def __init__(self, dn: Any, api: Any) -> None:
-        self.dn, self.api = dn, api
+    def __init__(self, dn: Any, api: Any, blas: Any = None) -> None:
+        self.dn, self.api, self.blas = dn, api, blas
         self.handle = dn.create()
         self._gesvdj: Any = None
         self._syevj_params: Any = None
+        self.blas_handle: Any = None
+        if blas is not None:
+            try:
+                self.blas_handle = blas.create()
+            except Exception as exc:  # libcublas missing: the LUs run one matrix at a time
+                driver_logger("cuda").info("cuBLAS's batched LU is unavailable (%s: %s)", type(exc).__name__, exc)
+        self.batched_lu = self.blas_handle is not None
+        #: getrsBatched's info word is host memory (it reports a bad argument, nothing the device finds).
+        self._getrs_info = np.zeros(1, np.int32)
 
     def _fn(self, dtype: str, name: str) -> Any:
         return getattr(self.dn, PREFIX[dtype] + name)
@@ -52,7 +63,10 @@ class CuSolverCalls:
         return dtype.startswith("float")
 
     def set_stream(self, stream: Any) -> None:
-        self.dn.set_stream(self.handle, int(stream))  # (a CUstream, or the native path's integer)
+        stream = int(stream)  # (a CUstream, or the native path's integer)
+        self.dn.set_stream(self.handle, stream)
+        if self.blas_handle is not None:
+            self.blas.set_stream(self.blas_handle, stream)
 
     def copy(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
         if nbytes:
@@ -137,6 +151,14 @@ class CuSolverCalls:
         self._fn(dtype, "gesvdj")(self.handle, EIG_VECTOR, 0 if full else 1, m, n, a, m, s, u, m, v, n, work, lwork,
                                   info, self._params())
 
+    def getrf_batched(self, dtype, n, array, pivots, info, batch):
+        getattr(self.blas, PREFIX[dtype] + "getrf_batched")(self.blas_handle, n, array, n, pivots, info, batch)
+
+    def getrs_batched(self, dtype, transpose, n, nrhs, lu_array, pivots, b_array, batch):
+        getattr(self.blas, PREFIX[dtype] + "getrs_batched")(self.blas_handle, OP_T if transpose else OP_N, n, nrhs,
+                                                            lu_array, n, pivots, b_array, n,
+                                                            self._getrs_info.ctypes.data, batch)
+
     def geqrf_lwork(self, dtype, m, n, a):
         return self._fn(dtype, "geqrf_buffer_size")(self.handle, m, n, a, m)
 
@@ -153,9 +175,10 @@ class CuSolverCalls:
         self._fn(dtype, self._gqr(dtype))(self.handle, m, n, k, a, m, tau, work, lwork, info)
 
 
-def CuSolver(dn: Any, api: Any) -> SolverBackend:  # noqa: N802 - the backend's name
-    """The solver backend over ``dn`` (nvmath's cusolverDn, or a stand-in) and the device's shim."""
-    return SolverBackend(CuSolverCalls(dn, api))
+def CuSolver(dn: Any, api: Any, blas: Any = None) -> SolverBackend:  # noqa: N802 - the backend's name
+    """The solver backend over ``dn`` (nvmath's cusolverDn, or a stand-in), the device's shim and
+    ``blas`` (nvmath's cublas, for the batched LU; None: LUs one matrix at a time)."""
+    return SolverBackend(CuSolverCalls(dn, api, blas))
 
 
 _backends: dict[int, DeferredBackend] = {}
@@ -183,5 +206,9 @@ def load(ordinal: int, api: Any = None) -> dict[str, DeferredBackend]:
             except Exception as exc:  # not installed, or its bindings fail to import
                 _report(exc)
                 return {}
-            backend = _backends[ordinal] = deferred("cuSOLVER", lambda: CuSolverCalls(dn, api), _report)
+            try:
+                from nvmath.bindings import cublas as blas
+            except Exception:  # (the LUs then run one matrix at a time)
+                blas = None
+            backend = _backends[ordinal] = deferred("cuSOLVER", lambda: CuSolverCalls(dn, api, blas), _report)
         return kinds(backend)

@@ -13,8 +13,10 @@ with the library's own enums already chosen. What is written once here:
   take one batched Jacobi call instead: ``syevjBatched``/``heevjBatched`` (Eigh) and
   ``gesvdjBatched`` (Svd with full factors or square matrices: it has no economy form); batched
   Choleskys one ``potrfBatched`` over a device array of the matrices' addresses (made once per
-  output address). The batched LU exists only in cuBLAS: the LU and its solve loop, with one
-  handle and one workspace;
+  output address). Where the library has a batched LU (``SolverCalls.batched_lu``: cuBLAS's
+  ``getrfBatched``/``getrsBatched`` beside cuSOLVER), batches of matrices up to
+  ``BATCHED_LU_MAX`` take it, over device arrays of the matrices' addresses as the batched
+  Cholesky; one call instead of one per matrix, each tens of microseconds of host time;
 - ``syevd`` and ``gesvdj`` read their progress on the host while they run (measured on the H100:
   enqueuing either while the stream captures invalidates the capture), so an Eigh or Svd that
   takes them is not ``capturable``: graph command buffers issue it on the stream. The batched
@@ -37,6 +39,11 @@ from hal.solver import SOLVER_DTYPES, SOLVER_ROUTINES, SolverCall, SolverRoutine
 ALIGN = 256
 #: The largest matrices the libraries' batched Jacobi solvers take (``syevjBatched``, ``gesvdjBatched``).
 BATCHED_MAX = 32
+
+
+#: The largest matrices a batch of LU factorizations or solves takes the batched LU for (larger
+#: ones are each enough work for the per-matrix call).
+BATCHED_LU_MAX = 512
 
 
 def batched_eigh(n: int) -> bool:
@@ -82,6 +89,12 @@ class SolverCalls(Protocol):
     def gesvdj_lwork(self, dtype: str, full: bool, m: int, n: int, a: int, s: int, u: int, v: int) -> int: ...
     def gesvdj(self, dtype: str, full: bool, m: int, n: int, a: int, s: int, u: int, v: int, work: int, lwork: int,
                info: int) -> None: ...
+    #: Whether the library has the batched LU below (``getrf_batched``/``getrs_batched``).
+    batched_lu: bool
+
+    def getrf_batched(self, dtype: str, n: int, array: int, pivots: int, info: int, batch: int) -> None: ...
+    def getrs_batched(self, dtype: str, transpose: bool, n: int, nrhs: int, lu_array: int, pivots: int,
+                      b_array: int, batch: int) -> None: ...
     def geqrf_lwork(self, dtype: str, m: int, n: int, a: int) -> int: ...
     def geqrf(self, dtype: str, m: int, n: int, a: int, tau: int, work: int, lwork: int, info: int) -> None: ...
     def orgqr_lwork(self, dtype: str, m: int, n: int, k: int, a: int, tau: int) -> int: ...
@@ -97,6 +110,28 @@ class SolverPlan:
     run: Callable[[Sequence[int], int, Any], None]
     workspace_size: int
     bind: Callable[[Sequence[int]], None] | None = None
+
+
+class PointerArrays:
+    """Device arrays of a batch's matrix addresses, for the batched calls that take them: per
+    operand (by binding index) the matrices ``stride`` bytes apart from its address. Made and
+    uploaded once per address at planning (``bind``: never while a stream captures) and kept while
+    the backend lives, as graphs captured with them may replay them."""
+
+    def __init__(self, calls: SolverCalls, batch: int, strides: dict[int, int]) -> None:
+        self.calls, self.batch, self.strides = calls, batch, strides
+        self.arrays: dict[tuple[int, int], int] = {}
+
+    def bind(self, pointers: Sequence[int]) -> None:
+        arrays = self.arrays
+        for index, stride in self.strides.items():
+            key = (pointers[index], stride)
+            if key not in arrays:
+                arrays[key] = self.calls.pointer_array([key[0] + i * stride for i in range(self.batch)])
+
+    def of(self, index: int, pointers: Sequence[int]) -> int:
+        """The array of binding ``index``'s matrices at ``pointers``."""
+        return self.arrays[(pointers[index], self.strides[index])]
 
 
 class SolverBackend:
@@ -158,33 +193,36 @@ class SolverBackend:
         return SolverPlan(run, aligned(lwork * size))
 
     def _plan_potrf_batched(self, dtype: str, batch: int, n: int, size: int, pointers: Sequence[int]) -> SolverPlan:
-        """One ``potrfBatched`` call, whose matrices are given as a device array of their addresses:
-        made and uploaded once per output address (``bind``, at planning) and kept while the backend
-        lives, as graphs captured with it may replay it."""
+        """One ``potrfBatched`` call, whose matrices are given as a device array of their addresses."""
         calls = self.calls
         matrix = n * n * size
-        arrays: dict[int, int] = {}
-
-        def bind(p: Sequence[int]) -> None:
-            if p[0] not in arrays:
-                arrays[p[0]] = calls.pointer_array([p[0] + i * matrix for i in range(batch)])
-
-        bind(pointers)
-        lwork = max(calls.potrf_batched_lwork(dtype, n, arrays[pointers[0]], batch), 1)
+        arrays = PointerArrays(calls, batch, {0: matrix})
+        arrays.bind(pointers)
+        lwork = max(calls.potrf_batched_lwork(dtype, n, arrays.of(0, pointers), batch), 1)
 
         def run(p: Sequence[int], work: int, stream: Any) -> None:
             out, a, info = p[0], p[1], p[2]
             calls.copy(out, a, batch * matrix, stream)
-            calls.potrf_batched(dtype, n, arrays[out], work, lwork, info, batch)
+            calls.potrf_batched(dtype, n, arrays.of(0, p), work, lwork, info, batch)
 
-        return SolverPlan(run, aligned(lwork * size), bind)
+        return SolverPlan(run, aligned(lwork * size), arrays.bind)
 
     def _plan_lu(self, routine: SolverRoutine, s: dict, pointers: Sequence[int]) -> SolverPlan:
         calls, dtype = self.calls, routine.dtype
         batch, n = s["batch"], s["n"]
         size = routine.element_size
-        lwork = max(calls.getrf_lwork(dtype, n, pointers[0]), 1)
         matrix = n * n * size
+        if batch > 1 and n <= BATCHED_LU_MAX and calls.batched_lu:
+            arrays = PointerArrays(calls, batch, {0: matrix})
+            arrays.bind(pointers)
+
+            def batched(p: Sequence[int], work: int, stream: Any) -> None:
+                out, a, pivots, info = p
+                calls.copy(out, a, batch * matrix, stream)
+                calls.getrf_batched(dtype, n, arrays.of(0, p), pivots, info, batch)
+
+            return SolverPlan(batched, ALIGN, arrays.bind)
+        lwork = max(calls.getrf_lwork(dtype, n, pointers[0]), 1)
 
         def run(p: Sequence[int], work: int, stream: Any) -> None:
             out, a, pivots, info = p
@@ -199,9 +237,19 @@ class SolverBackend:
         batch, n, nrhs = s["batch"], s["n"], s["nrhs"]
         size = routine.element_size
         transpose = bool(routine.transpose)  # type: ignore[attr-defined]
+        matrix, rhs = n * n * size, n * nrhs * size
+        if batch > 1 and n <= BATCHED_LU_MAX and calls.batched_lu:
+            arrays = PointerArrays(calls, batch, {0: rhs, 1: matrix})  # X's and LU's matrices
+            arrays.bind(pointers)
+
+            def batched(p: Sequence[int], work: int, stream: Any) -> None:
+                x, lu, pivots, b = p
+                calls.copy(x, b, batch * rhs, stream)
+                calls.getrs_batched(dtype, transpose, n, nrhs, arrays.of(1, p), pivots, arrays.of(0, p), batch)
+
+            return SolverPlan(batched, ALIGN, arrays.bind)
         lwork = max(calls.getrs_lwork(dtype, transpose, n, nrhs, pointers[1], pointers[2], pointers[0]), 1)
         library = aligned(lwork * size)
-        matrix, rhs = n * n * size, n * nrhs * size
 
         def run(p: Sequence[int], work: int, stream: Any) -> None:
             x, lu, pivots, b = p

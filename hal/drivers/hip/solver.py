@@ -52,6 +52,9 @@ class HipSolverCalls:
 
     name = "hipSOLVER"
 
+    #: hipSOLVER has no batched LU (hipBLAS's is another library, often not installed).
+    batched_lu = False
+
     def __init__(self, hs: Any, api: Any) -> None:
         self.hs, self.api = hs, api
         self.lower = hs.hipblasFillMode_t.HIPBLAS_FILL_MODE_LOWER
