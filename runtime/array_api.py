@@ -21,7 +21,7 @@ from . import dtypes as _dt
 from . import ops
 from .device import context_for
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
-from .graph import Node, merge_checks, upload
+from .graph import Node, keep_constant, merge_checks, upload
 from .shapes import broadcast_shapes, normalize_axes, normalize_axis
 
 if TYPE_CHECKING:
@@ -98,10 +98,22 @@ def meshgrid(*arrays, indexing="xy") -> list:
     return out
 
 
+#: The largest triangle masks kept on the device between calls (bytes): a triu in a loop (a
+#: Cholesky's, say) then costs no upload, a synchronous copy, per call.
+TRI_MASK_KEPT = 1 << 20
+
+
 def _tri_mask(x: Array, k: int, upper: bool) -> Array:
     n, m = x.shape[-2:]
-    host = np.triu(np.ones((n, m), bool), k) if upper else np.tril(np.ones((n, m), bool), k)
-    return upload(host, _dt.bool_, x.ctx)
+    key = ("tri_mask", n, m, k, upper)
+    cache = x.ctx.constants
+    mask = cache.get(key)
+    if mask is None:
+        host = np.triu(np.ones((n, m), bool), k) if upper else np.tril(np.ones((n, m), bool), k)
+        mask = upload(host, _dt.bool_, x.ctx)
+        if n * m <= TRI_MASK_KEPT:
+            keep_constant(cache, key, mask)
+    return mask
 
 
 def tril(x, /, *, k=0) -> Array:
