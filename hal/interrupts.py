@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import _thread
 import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
 
 #: Seconds after which a caught interrupt is delivered again.
 DELAY = 0.01
@@ -21,3 +24,17 @@ def redeliver() -> None:
     timer = threading.Timer(DELAY, _thread.interrupt_main)
     timer.daemon = True
     timer.start()
+
+
+def finalize(obj: object, fn: Callable[..., Any], *args: Any) -> weakref.finalize:
+    """``weakref.finalize(obj, fn, *args)`` whose callback delivers a KeyboardInterrupt it caught to the
+    main thread again (``redeliver``): Python drops whatever a weakref callback raises. Called
+    directly (a release before the object is garbage), the interrupt comes back the same way."""
+    return weakref.finalize(obj, _delivering_interrupts, fn, *args)
+
+
+def _delivering_interrupts(fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except KeyboardInterrupt:
+        redeliver()

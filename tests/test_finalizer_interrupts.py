@@ -61,3 +61,58 @@ def test_an_interrupt_in_a_finalizer_is_delivered_again(monkeypatch):
     monkeypatch.undo()
     assert (rt.array(np.ones(2, np.float32), device=device) + 1).numpy().tolist() == [2.0, 2.0]
     device.close()
+
+
+def test_an_interrupt_in_a_weakref_finalizer_is_delivered_again():
+    """weakref.finalize callbacks (a GPU command buffer's release of its graph and workspaces) are
+    dropped by Python as ``__del__``'s are: ``hal.interrupts.finalize`` delivers the interrupt again."""
+    from hal import interrupts
+
+    class Resource:
+        pass
+
+    calls = []
+
+    def interrupted(*args):
+        calls.append(args)
+        raise KeyboardInterrupt
+
+    resource = Resource()
+    interrupts.finalize(resource, interrupted, 1, 2)
+    with pytest.raises(KeyboardInterrupt):
+        del resource
+        for _ in range(1000):
+            time.sleep(0.001)
+    assert calls == [(1, 2)]
+
+
+@pytest.mark.parametrize("mode", ["graph", "stream"])
+def test_an_interrupt_while_a_gpu_command_buffer_is_collected_is_delivered_again(mode, monkeypatch):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from drivers.fake_gpu import FakeGpuDriver
+
+    device = FakeGpuDriver().create_device(command_buffer=mode)
+    try:
+        buf = device.allocator.allocate(16)
+        cb = device.create_command_buffer(mode=hal.CommandBufferMode.REUSABLE)
+        with cb.record():
+            cb.update_buffer(b"\x07" * 16, buf)  # (a staging block to release)
+        sem = device.create_semaphore(0)
+        device.queue_execute([cb], signal=[(sem, 1)])
+        sem.wait(1, timeout=10)
+
+        def interrupted(*args):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(type(device.gpu), "release_later", interrupted)  # (what the finalizer calls)
+        with pytest.raises(KeyboardInterrupt):
+            del cb
+            for _ in range(1000):
+                time.sleep(0.001)
+        monkeypatch.undo()
+        assert device.read(buf) == b"\x07" * 16  # the device works on
+    finally:
+        device.close()

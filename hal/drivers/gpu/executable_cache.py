@@ -10,10 +10,10 @@ for every GPU API, written here once against ``GpuApi``.
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hal import interrupts
 from hal.errors import InvalidArgumentError, NotFoundError, UnimplementedError
 from hal.executable import Executable, ExecutableSpec, Export
 
@@ -39,7 +39,7 @@ class GpuExecutable(Executable):
         self.indirect: Any = None
         #: The modules to unload with it (the finalizer holds this list, not the executable).
         self.modules: list[Any] = [] if module is None else [module]
-        weakref.finalize(self, device.unload_modules, self.modules).atexit = False  # (exit frees them all)
+        interrupts.finalize(self, device.unload_modules, self.modules).atexit = False  # (exit frees them all)
 
 
 #: The no-op kernel that joins graph levels when a barrier is lowered to a kernel node (CUDA and HIP C).

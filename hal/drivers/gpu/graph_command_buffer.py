@@ -62,12 +62,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import operator
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from hal import interrupts
 from hal.command_buffer import Binding
 from hal.drivers.gpu.kernel_args import ArgArena
 from hal.drivers.gpu.library import LibraryCall
@@ -171,7 +171,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         super().__init__(device, mode, binding_capacity)
         self._resources = _GraphResources(device)
         device.graph_resources.add(self._resources)
-        self._finalizer = weakref.finalize(self, device.release_later, self._resources.release)
+        self._finalizer = interrupts.finalize(self, device.release_later, self._resources.release)
         self._nodes: list[_Node] = []
         #: Per used slot: indices into _nodes of the nodes reading it.
         self._slot_nodes: dict[int, list[int]] = {}
@@ -233,7 +233,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         super()._end()
         if not all(call.capturable for call in self.library_calls):
             staging = self._resources.staging
-            self._streamed = StreamIssue(self, 0 if staging is None else staging.ptr, staging_on_device=True)
+            self._streamed = StreamIssue(self.device, 0 if staging is None else staging.ptr, staging_on_device=True)
         elif not self.uses_slots:
             self._build(None)
 
@@ -568,7 +568,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         was instantiated at ``end()`` and never changes: its launch is the shim's ``graph_launch``
         with the executable graph and the stream bound."""
         if self._streamed is not None:
-            return self._streamed.issuer(queue, table)
+            return self._streamed.issuer(self, queue, table)
         if not self.uses_slots:
             graph_exec = self._resources.graph_exec
             return None if graph_exec is None else functools.partial(self.device.api.graph_launch, graph_exec,

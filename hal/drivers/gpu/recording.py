@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import functools
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hal import interrupts
 from hal.channel import Channel, Collective
 from hal.command_buffer import Binding, BufferRef, CommandBuffer
 from hal.drivers.gpu import channel as collectives
@@ -234,7 +234,7 @@ class RecordingCommandBuffer(CommandBuffer):
         call = LibraryCall(executable.backend, routine, checked, constants, targets,  # type: ignore[attr-defined]
                            empty=routine.is_empty(checked))
         if not self.library_calls:
-            self._release_library = weakref.finalize(self, self.device.release_later, _release_workspaces,
+            self._release_library = interrupts.finalize(self, self.device.release_later, _release_workspaces,
                                                      self.device, self.library_calls)
         self.library_calls.append(call)
         self._level.append(call)

@@ -10,6 +10,7 @@ import ctypes
 import weakref
 from collections.abc import Callable, Sequence
 
+from hal import interrupts
 from hal.command_buffer import Binding
 from hal.drivers.gpu.recording import RecordingCommandBuffer
 from hal.drivers.gpu.stream_issue import StreamIssue
@@ -34,15 +35,16 @@ class StreamCommandBuffer(RecordingCommandBuffer):
         ctypes.memmove(host, payload, len(payload))
         self._staging = (host, capacity)
         # A reusable buffer keeps its block until it is garbage (no submission holds it then).
-        self._release_staging = weakref.finalize(self, device.release_later, device.staging.release, host, capacity)
+        self._release_staging = interrupts.finalize(self, device.release_later, device.staging.release, host,
+                                                     capacity)
 
     def _end(self) -> None:
         super()._end()
-        self._issue = StreamIssue(self, self._staging[0] if self._staging else 0, staging_on_device=False)
+        self._issue = StreamIssue(self.device, self._staging[0] if self._staging else 0, staging_on_device=False)
 
     def issuer(self, queue, table: Sequence[Binding] | None) -> Callable[[], None] | None:
         """What issues this command buffer on ``queue`` with ``table`` (``StreamIssue.issuer``)."""
-        return self._issue.issuer(queue, table)  # type: ignore[union-attr]
+        return self._issue.issuer(self, queue, table)  # type: ignore[union-attr]
 
     def retired(self) -> None:
         super().retired()

@@ -30,22 +30,22 @@ Segment = tuple[list[Any], "Command | None"]
 
 
 class StreamIssue:
-    """Issues ``command_buffer``'s commands on queues' streams; update payloads are read from the
-    staging block at ``staging`` (pinned host memory, or device memory when ``staging_on_device``)."""
+    """Issues a command buffer's commands on queues' streams; update payloads are read from the
+    staging block at ``staging`` (pinned host memory, or device memory when ``staging_on_device``).
+    The command buffer holds it and passes itself to each call (held here, it would make a reference
+    cycle, and command buffers would wait for the cyclic collector to release their resources)."""
 
-    def __init__(self, command_buffer: RecordingCommandBuffer, staging: int, staging_on_device: bool) -> None:
-        self.command_buffer = command_buffer
-        self.device = command_buffer.device
+    def __init__(self, device: Any, staging: int, staging_on_device: bool) -> None:
+        self.device = device
         self.staging = staging
         self.staging_on_device = staging_on_device
         #: Per queue index: the prepared calls (see segments_for).
         self._segments: dict[int, list[Segment]] = {}
 
-    def segments_for(self, queue) -> list[Segment]:
+    def segments_for(self, cb: RecordingCommandBuffer, queue) -> list[Segment]:
         """The commands as runs of prepared calls, each run followed by the command that ends it
         (None for the last run): slot commands are resolved at each submission, everything else
         was resolved once."""
-        cb = self.command_buffer
         api = self.device.api
         stream = queue.stream
         staging = self.staging
@@ -82,22 +82,22 @@ class StreamIssue:
         segments.append((calls, None))
         return segments
 
-    def issuer(self, queue, table: Sequence[Binding] | None) -> Callable[[], None]:
+    def issuer(self, cb: RecordingCommandBuffer, queue, table: Sequence[Binding] | None) -> Callable[[], None]:
         """What issues the commands on ``queue`` with ``table`` (see ``RecordingCommandBuffer.issuer``):
         with no command through a binding-table slot, its one run of prepared calls, the shim's
         ``run_prepared`` itself."""
         segments = self._segments.get(queue.index)
         if segments is None:
-            segments = self._segments[queue.index] = self.segments_for(queue)
-        cb = self.command_buffer
+            segments = self._segments[queue.index] = self.segments_for(cb, queue)
         if cb.slot_dispatches:  # (serialized: a launch copies the patched arguments before returning)
-            return cb.serialized(functools.partial(self._issue_patched, segments, table, queue.stream))
+            return cb.serialized(functools.partial(self._issue_patched, cb, segments, table, queue.stream))
         if len(segments) == 1:
             return functools.partial(self.device.api.run_prepared, segments[0][0])
         return functools.partial(self._issue_segments, segments, table, queue.stream)
 
-    def _issue_patched(self, segments: list[Segment], table: Sequence[Binding] | None, stream: Any) -> None:
-        self.command_buffer.patch_slot_args(table)
+    def _issue_patched(self, cb: RecordingCommandBuffer, segments: list[Segment], table: Sequence[Binding] | None,
+                       stream: Any) -> None:
+        cb.patch_slot_args(table)
         self._issue_segments(segments, table, stream)
 
     def _issue_segments(self, segments: list[Segment], table: Sequence[Binding] | None, stream: Any) -> None:
