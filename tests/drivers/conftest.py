@@ -26,3 +26,16 @@ def fake_device(fake_driver):
     dev = fake_driver.create_device()
     yield dev
     dev.close()
+
+
+@pytest.fixture
+def fresh_library(monkeypatch):
+    """``fresh_library(module)``: the module's vendor library (``module.LIBRARY``) as in a new process,
+    no backend made and no reason reported yet, for this test."""
+    from hal.drivers.gpu.library import VendorLibrary
+
+    def fresh(module) -> None:
+        library = module.LIBRARY
+        monkeypatch.setattr(module, "LIBRARY", VendorLibrary(library.driver, library.name, library.consequence))
+
+    return fresh

@@ -252,9 +252,8 @@ def test_a_failing_plan_destroys_its_handle():
 
 
 @pytest.fixture
-def fresh_load(monkeypatch):
-    monkeypatch.setattr(cuda_fft, "_backends", {})
-    monkeypatch.setattr(cuda_fft, "_reported", [])
+def fresh_load(fresh_library):
+    fresh_library(cuda_fft)
 
 
 def test_without_the_bindings_there_is_no_backend_and_the_reason_is_logged_once(monkeypatch, caplog, fresh_load):
@@ -271,7 +270,7 @@ def test_a_library_that_fails_to_load_refuses_fft_routines_with_the_reason(monke
         def get_version(self):
             raise RuntimeError("libcufft.so.12: cannot open shared object file")
 
-    deferred = DeferredBackend("cuFFT", lambda: cuda_fft.Cufft(Missing(), None), cuda_fft._report)
+    deferred = DeferredBackend("cuFFT", lambda: cuda_fft.Cufft(Missing(), None), cuda_fft.LIBRARY.report)
     assert deferred.name == "cuFFT"
     with caplog.at_level(logging.WARNING, logger="hal"):
         reason = deferred.supports(hal.Fft())

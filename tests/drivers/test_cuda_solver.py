@@ -8,7 +8,10 @@ import pytest
 
 import hal
 from hal.drivers.cuda import solver
-from hal.drivers.gpu.solver import deferred as deferred_solver
+from hal.drivers.gpu.library import DeferredBackend
+from hal.drivers.gpu.solver import SolverBackend
+
+from .solver_stubs import RecordingApi
 
 
 class Recorder:
@@ -26,20 +29,6 @@ class Recorder:
 
         return call
 
-
-class Api:
-    def __init__(self, calls: list) -> None:
-        self.calls = calls
-
-    def memcpy_dtod_async(self, dst, src, size, stream) -> None:
-        self.calls.append(("memcpy", dst, src, size, stream))
-
-    def mem_alloc(self, size) -> int:
-        self.calls.append(("mem_alloc", size))
-        return 1 << 30
-
-    def memcpy_htod(self, dst, host, size) -> None:
-        self.calls.append(("memcpy_htod", dst, host, size))
 
 
 CASES = [
@@ -61,7 +50,7 @@ CASES = [
 @pytest.mark.parametrize("routine,constants,expected", CASES, ids=lambda c: getattr(c, "kind", None))
 def test_each_routine_copies_its_input_and_calls_cusolver_per_batch_entry(routine, constants, expected):
     dn = Recorder()
-    backend = solver.CuSolver(dn, Api(dn.calls))
+    backend = solver.CuSolver(dn, RecordingApi(dn.calls))
     assert backend.supports(routine) is None
     pointers = [4096 * (i + 1) for i in range(routine.bindings)]
     plan = backend.plan(routine, routine.call_of(constants), pointers)
@@ -93,13 +82,13 @@ CAPTURABLE = [
 @pytest.mark.parametrize("routine,constants,capturable", CAPTURABLE, ids=lambda c: getattr(c, "kind", None))
 def test_what_waits_on_the_host_is_not_capturable(routine, constants, capturable):
     dn = Recorder()
-    backend = solver.CuSolver(dn, Api(dn.calls))
+    backend = solver.CuSolver(dn, RecordingApi(dn.calls))
     assert backend.capturable(routine, routine.call_of(constants)) is capturable
 
 
 def test_batches_of_lus_and_solves_take_cublas_batched_calls_over_arrays_uploaded_at_planning():
     dn, blas = Recorder(), Recorder()
-    api = Api(dn.calls)
+    api = RecordingApi(dn.calls)
     backend = solver.CuSolver(dn, api, blas)
     lu, solve = hal.LU("float64"), hal.LUSolve("complex64", transpose=True)
     lu_plan = backend.plan(lu, lu.call_of([3, 4]), [4096, 8192, 12288, 16384])
@@ -128,13 +117,13 @@ def test_a_cublas_that_fails_to_load_leaves_the_lus_one_matrix_at_a_time():
             raise OSError("libcublas.so.13: cannot open shared object file")
 
     dn = Recorder()
-    calls = solver.CuSolverCalls(dn, Api(dn.calls), Broken())
+    calls = solver.CuSolverCalls(dn, RecordingApi(dn.calls), Broken())
     assert not calls.batched_lu
 
 
 def test_the_transposed_solve_asks_for_op_t():
     dn = Recorder()
-    backend = solver.CuSolver(dn, Api(dn.calls))
+    backend = solver.CuSolver(dn, RecordingApi(dn.calls))
     routine = hal.LUSolve("float32", transpose=True)
     plan = backend.plan(routine, routine.call_of([1, 3, 1]), [4096, 8192, 12288, 16384])
     backend.enqueue(plan, (1, 3, 1), [4096, 8192, 12288, 16384], 1 << 20, plan.workspace_size, 5)
@@ -147,7 +136,8 @@ def test_a_library_that_fails_to_load_refuses_every_routine_with_the_reason():
         def create(self):
             raise OSError("libcusolver.so.12: cannot open shared object file")
 
-    deferred = deferred_solver("cuSOLVER", lambda: solver.CuSolverCalls(Broken(), None), lambda exc: None)
+    deferred = DeferredBackend("cuSOLVER", lambda: SolverBackend(solver.CuSolverCalls(Broken(), None)),
+                               lambda exc: None)
     reason = deferred.supports(hal.Cholesky("float32"))
     assert reason is not None and "libcusolver" in reason
     with pytest.raises(hal.UnavailableError):
@@ -162,7 +152,7 @@ def test_load_gives_a_backend_for_every_solver_kind():
 
 def test_a_batched_cholesky_uploads_its_matrix_addresses_once_per_output_while_planning():
     dn = Recorder()
-    api = Api(dn.calls)
+    api = RecordingApi(dn.calls)
     backend = solver.CuSolver(dn, api)
     routine, constants = hal.Cholesky("float64"), [3, 4]
     for out in (4096, 4096, 65536):

@@ -137,13 +137,12 @@ def test_no_candidate_is_unimplemented():
         backend.plan(hal.Gemm("float32"), GemmShape.of(hal.Gemm.constants_for(8, 8, 8)), [256, 512, 768])
 
 
-def test_without_nvmath_the_cuda_backend_is_absent_and_says_why_once(monkeypatch, caplog):
+def test_without_nvmath_the_cuda_backend_is_absent_and_says_why_once(monkeypatch, caplog, fresh_library):
     from hal.drivers.cuda import blas
 
     for name in ("nvmath", "nvmath.bindings", "nvmath.bindings.cublasLt", "nvmath.bindings.cublas"):
         monkeypatch.setitem(sys.modules, name, None)  # (also where nvmath was imported before): ImportError
-    monkeypatch.setattr(blas, "_backends", {})
-    monkeypatch.setattr(blas, "_reported", [])
+    fresh_library(blas)
     with caplog.at_level(logging.WARNING, logger="hal"):
         assert blas.load(0) is None
         assert blas.load(1) is None
@@ -151,16 +150,17 @@ def test_without_nvmath_the_cuda_backend_is_absent_and_says_why_once(monkeypatch
     assert len(warnings) == 1 and "own kernels" in warnings[0].getMessage()
 
 
-def test_cublaslt_loads_at_the_first_routine_and_a_failure_refuses_routines_with_the_reason(monkeypatch, caplog):
+def test_cublaslt_loads_at_the_first_routine_and_a_failure_refuses_routines_with_the_reason(monkeypatch, caplog,
+                                                                                          fresh_library):
     from types import SimpleNamespace
 
     from hal.drivers.cuda import blas
     from hal.drivers.gpu.library import DeferredBackend
 
-    monkeypatch.setattr(blas, "_reported", [])
+    fresh_library(blas)
     created = []
     working = SimpleNamespace(get_version=lambda: 130100, create=lambda: created.append(1) or 7)
-    deferred = DeferredBackend("cuBLASLt", lambda: blas.CublasLt(working, None, None), blas._report)
+    deferred = DeferredBackend("cuBLASLt", lambda: blas.CublasLt(working, None, None), blas.LIBRARY.report)
     assert not created and deferred.name == "cuBLASLt"  # nothing loaded with the device
     assert deferred.supports(hal.Gemm("float32")) is None
     assert created == [1] and deferred.name == "cuBLASLt 13.1.0"
@@ -169,7 +169,7 @@ def test_cublaslt_loads_at_the_first_routine_and_a_failure_refuses_routines_with
         raise OSError("libcublasLt.so.13: cannot open shared object file")
 
     absent = SimpleNamespace(get_version=missing, create=lambda: 0)
-    broken = DeferredBackend("cuBLASLt", lambda: blas.CublasLt(absent, None, None), blas._report)
+    broken = DeferredBackend("cuBLASLt", lambda: blas.CublasLt(absent, None, None), blas.LIBRARY.report)
     with caplog.at_level(logging.WARNING, logger="hal"):
         assert "libcublasLt" in broken.supports(hal.Gemm("float32"))
         assert "libcublasLt" in broken.supports(hal.Gemm("float16"))  # tried once, the same reason

@@ -25,10 +25,9 @@ from hal.library import GEMM_EPILOGUES, Gemm, GemmShape, Routine
 
 
 @pytest.fixture
-def fresh_load(monkeypatch):
+def fresh_load(fresh_library):
     """``blas.load`` as in a new process: no backend made, no reason reported yet."""
-    monkeypatch.setattr(blas, "_backends", {})
-    monkeypatch.setattr(blas, "_reported", [])
+    fresh_library(blas)
 
 
 def unavailable_warnings(caplog) -> list[str]:

@@ -20,10 +20,9 @@ from hal.library_fft import Fft
 
 
 @pytest.fixture
-def fresh_load(monkeypatch):
+def fresh_load(fresh_library):
     """``fft.load`` as in a new process: no backend made, no reason reported yet."""
-    monkeypatch.setattr(hip_fft, "_backends", {})
-    monkeypatch.setattr(hip_fft, "_reported", [])
+    fresh_library(hip_fft)
 
 
 def unavailable_warnings(caplog) -> list[str]:

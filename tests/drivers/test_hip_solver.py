@@ -11,8 +11,11 @@ import sys
 import pytest
 
 import hal
-from hal.drivers.gpu.solver import deferred as deferred_solver
+from hal.drivers.gpu.library import DeferredBackend
+from hal.drivers.gpu.solver import SolverBackend
 from hal.drivers.hip import solver
+
+from .solver_stubs import RecordingApi
 
 
 class Recorder:
@@ -41,20 +44,6 @@ class Recorder:
 
         return call
 
-
-class Api:
-    def __init__(self, calls: list) -> None:
-        self.calls = calls
-
-    def memcpy_dtod_async(self, dst, src, size, stream) -> None:
-        self.calls.append(("memcpy", dst, src, size, stream))
-
-    def mem_alloc(self, size) -> int:
-        self.calls.append(("mem_alloc", size))
-        return 1 << 30
-
-    def memcpy_htod(self, dst, host, size) -> None:
-        self.calls.append(("memcpy_htod", dst, host, size))
 
 
 CASES = [
@@ -96,7 +85,7 @@ def real_hipsolver():
 def test_each_routine_calls_hipsolver_per_batch_entry_with_arguments_that_convert(
         routine, constants, expected, real_hipsolver):
     hs = Recorder(real_hipsolver)
-    backend = solver.HipSolver(hs, Api(hs.calls))
+    backend = solver.HipSolver(hs, RecordingApi(hs.calls))
     assert backend.supports(routine) is None
     pointers = [4096 * (i + 1) for i in range(routine.bindings)]
     plan = backend.plan(routine, routine.call_of(constants), pointers)
@@ -124,16 +113,16 @@ class _Status(int):
 
 
 def test_a_library_that_fails_to_load_refuses_every_routine_with_the_reason(real_hipsolver):
-    deferred = deferred_solver("hipSOLVER", lambda: solver.HipSolverCalls(real_hipsolver, None), lambda exc: None)
+    deferred = DeferredBackend("hipSOLVER", lambda: SolverBackend(solver.HipSolverCalls(real_hipsolver, None)),
+                               lambda exc: None)
     reason = deferred.supports(hal.Cholesky("float32"))
     assert reason is not None and "libhipsolver" in reason
     with pytest.raises(hal.UnavailableError):
         deferred.plan(hal.Cholesky("float32"), None, [])
 
 
-def test_without_the_bindings_there_is_no_backend_and_the_reason_is_logged_once(monkeypatch, caplog):
-    monkeypatch.setattr(solver, "_backends", {})
-    monkeypatch.setattr(solver, "_reported", [])
+def test_without_the_bindings_there_is_no_backend_and_the_reason_is_logged_once(monkeypatch, caplog, fresh_library):
+    fresh_library(solver)
     monkeypatch.setitem(sys.modules, "hip.hipsolver", None)
     hip = sys.modules.get("hip")
     if hip is not None:

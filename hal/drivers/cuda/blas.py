@@ -18,16 +18,14 @@ classic handle (``cublasSetWorkspace``), so a captured call holds no memory node
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 
 from hal.distribution import install_hint
 from hal.drivers.gpu.gemm import GemmBackend, Plan, column_major
-from hal.drivers.gpu.library import DeferredBackend
+from hal.drivers.gpu.library import DeferredBackend, VendorLibrary
 from hal.library import Gemm, GemmShape, relu_mask_row_bytes
-from hal.log import driver_logger
 
 #: cudaDataType_t and cublasComputeType_t values (library_types.h, cublas_api.h): CUDA_R_32F, CUDA_R_64F,
 #: CUDA_R_16F, CUDA_R_16BF, CUDA_C_32F, CUDA_C_64F.
@@ -179,38 +177,27 @@ def _set(setter: Any, target: int, attribute: Any, value: np.generic) -> None:
     setter(target, attribute, buffer.ctypes.data, buffer.nbytes)
 
 
-#: One backend per device ordinal (its plans are the device's).
-_backends: dict[int, DeferredBackend] = {}
-_reported: list[BaseException] = []
-_lock = threading.Lock()
+#: cuBLASLt's backend of each CUDA device (its plans are the device's).
+LIBRARY = VendorLibrary("cuda", "cuBLASLt", "matmul runs on the runtime's own kernels; "
+                        f"{install_hint('cuda')} (nvmath-python and nvidia-cublas) for vendor GEMMs")
 
 
-def _report(exc: BaseException) -> None:
-    """Log once per process why vendor GEMMs are unavailable."""
-    if not _reported:
-        _reported.append(exc)
-        driver_logger("cuda").warning(
-            "cuBLASLt is unavailable (%s: %s): matmul runs on the runtime's own kernels; "
-            "%s (nvmath-python and nvidia-cublas) for vendor GEMMs",
-            type(exc).__name__, exc, install_hint("cuda"))
+def _bindings() -> Any:
+    from nvmath.bindings import cublasLt
+
+    return cublasLt
+
+
+def _classic_bindings() -> Any:
+    try:
+        from nvmath.bindings import cublas
+    except Exception:  # cuBLASLt alone still serves every product
+        return None
+    return cublas
 
 
 def load(ordinal: int, api: Any = None) -> DeferredBackend | None:
     """The cuBLASLt backend of CUDA device ``ordinal`` (``api``: the shim that times candidate
     algorithms), loaded at its first use; None when nvmath-python is missing (the reason logged
     once per process)."""
-    with _lock:
-        backend = _backends.get(ordinal)
-        if backend is not None:
-            return backend
-        try:
-            from nvmath.bindings import cublasLt as lt
-        except Exception as exc:  # not installed, or its bindings fail to import
-            _report(exc)
-            return None
-        try:
-            from nvmath.bindings import cublas as blas
-        except Exception:  # cuBLASLt alone still serves every product
-            blas = None
-        backend = _backends[ordinal] = DeferredBackend("cuBLASLt", lambda: CublasLt(lt, api, blas), _report)
-        return backend
+    return LIBRARY.load(ordinal, _bindings, lambda lt: CublasLt(lt, api, _classic_bindings()))

@@ -15,14 +15,12 @@ gets the ``LibraryCall``'s workspace (``cufftSetWorkArea``) and the queue's or t
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from hal.distribution import install_hint
 from hal.drivers.gpu.fft import DIRECTIONS, FftBackend, Run, plan_arguments
-from hal.drivers.gpu.library import DeferredBackend
+from hal.drivers.gpu.library import DeferredBackend, VendorLibrary
 from hal.library_fft import Fft, FftShape
-from hal.log import driver_logger
 
 #: The exec function of each cufftType (nvmath's names of cufftExec*), and whether it takes a direction.
 EXECS = {"C2C": ("exec_c2c", True), "Z2Z": ("exec_z2z", True), "R2C": ("exec_r2c", False),
@@ -65,33 +63,19 @@ class Cufft(FftBackend):
         self.cufft.set_work_area(handle, work_area)
 
 
-#: One backend per device ordinal (its plans are the device's).
-_backends: dict[int, DeferredBackend] = {}
-_reported: list[BaseException] = []
-_lock = threading.Lock()
+#: cuFFT's backend of each CUDA device (its plans are the device's).
+LIBRARY = VendorLibrary("cuda", "cuFFT", "FFT routines are refused (rt.fft raises UnimplementedError); "
+                        f"{install_hint('cuda')} (nvmath-python and nvidia-cufft) for FFTs")
 
 
-def _report(exc: BaseException) -> None:
-    """Log once per process why FFTs are unavailable."""
-    if not _reported:
-        _reported.append(exc)
-        driver_logger("cuda").warning(
-            "cuFFT is unavailable (%s: %s): FFT routines are refused (rt.fft raises UnimplementedError); "
-            "%s (nvmath-python and nvidia-cufft) for FFTs", type(exc).__name__, exc, install_hint("cuda"))
+def _bindings() -> Any:
+    from nvmath.bindings import cufft
+
+    return cufft
 
 
 def load(ordinal: int, api: Any = None) -> DeferredBackend | None:
     """The cuFFT backend of CUDA device ``ordinal`` (``api``: the shim that copies c2r inputs),
     loaded at its first use; None when nvmath-python's cuFFT bindings are missing (the reason
     logged once per process)."""
-    with _lock:
-        backend = _backends.get(ordinal)
-        if backend is not None:
-            return backend
-        try:
-            from nvmath.bindings import cufft
-        except Exception as exc:  # not installed, or its bindings fail to import
-            _report(exc)
-            return None
-        backend = _backends[ordinal] = DeferredBackend("cuFFT", lambda: Cufft(cufft, api), _report)
-        return backend
+    return LIBRARY.load(ordinal, _bindings, lambda cufft: Cufft(cufft, api))

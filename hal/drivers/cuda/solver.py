@@ -16,14 +16,13 @@ where nvmath-python's cuBLAS bindings import: cuSOLVER has no batched LU.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 
 from hal.distribution import install_hint
-from hal.drivers.gpu.library import DeferredBackend
-from hal.drivers.gpu.solver import SolverBackend, SolverPlan, deferred, kinds
+from hal.drivers.gpu.library import DeferredBackend, VendorLibrary
+from hal.drivers.gpu.solver import SolverBackend, SolverPlan, kinds
 from hal.log import driver_logger
 
 #: cuSOLVER/cuBLAS enum values (cublas_api.h, cusolver_common.h).
@@ -181,34 +180,26 @@ def CuSolver(dn: Any, api: Any, blas: Any = None) -> SolverBackend:  # noqa: N80
     return SolverBackend(CuSolverCalls(dn, api, blas))
 
 
-_backends: dict[int, DeferredBackend] = {}
-_reported: list[BaseException] = []
-_lock = threading.Lock()
+#: cuSOLVER's backend of each CUDA device.
+LIBRARY = VendorLibrary("cuda", "cuSOLVER", "rt.linalg's decompositions cannot run on CUDA devices; "
+                        f"{install_hint('cuda')} (nvmath-python and nvidia-cusolver) for them")
 
 
-def _report(exc: BaseException) -> None:
-    """Log once per process why the solver routines are unavailable."""
-    if not _reported:
-        _reported.append(exc)
-        driver_logger("cuda").warning(
-            "cuSOLVER is unavailable (%s: %s): rt.linalg's decompositions cannot run on CUDA devices; "
-            "%s (nvmath-python and nvidia-cusolver) for them", type(exc).__name__, exc, install_hint("cuda"))
+def _bindings() -> Any:
+    from nvmath.bindings import cusolverDn
+
+    return cusolverDn
+
+
+def _blas_bindings() -> Any:
+    try:
+        from nvmath.bindings import cublas
+    except Exception:  # (the LUs then run one matrix at a time)
+        return None
+    return cublas
 
 
 def load(ordinal: int, api: Any = None) -> dict[str, DeferredBackend]:
     """The cuSOLVER backend of CUDA device ``ordinal`` for every solver routine kind, loaded at its
     first use; empty when nvmath-python is missing (the reason logged once per process)."""
-    with _lock:
-        backend = _backends.get(ordinal)
-        if backend is None:
-            try:
-                from nvmath.bindings import cusolverDn as dn
-            except Exception as exc:  # not installed, or its bindings fail to import
-                _report(exc)
-                return {}
-            try:
-                from nvmath.bindings import cublas as blas
-            except Exception:  # (the LUs then run one matrix at a time)
-                blas = None
-            backend = _backends[ordinal] = deferred("cuSOLVER", lambda: CuSolverCalls(dn, api, blas), _report)
-        return kinds(backend)
+    return kinds(LIBRARY.load(ordinal, _bindings, lambda dn: CuSolver(dn, api, _blas_bindings())))

@@ -29,6 +29,7 @@ from hal.command_buffer import Binding
 from hal.errors import IncompatibleError, UnavailableError, UnimplementedError
 from hal.executable import Executable, ExecutableSpec
 from hal.library import Routine
+from hal.log import driver_logger
 
 if TYPE_CHECKING:
     from hal.drivers.gpu.device import GpuDevice
@@ -105,6 +106,53 @@ class DeferredBackend:
 
     def enqueue(self, *args: Any) -> None:
         self.backend().enqueue(*args)
+
+
+class VendorLibrary:
+    """A vendor library of one driver (cuBLASLt, cuFFT, hipSOLVER, ...): its backend per device ordinal,
+    made once, and why it is unavailable, logged once per process as
+    "<name> is unavailable (<error>): <consequence>"."""
+
+    def __init__(self, driver: str, name: str, consequence: str) -> None:
+        self.driver, self.name, self.consequence = driver, name, consequence
+        self._backends: dict[int, Any] = {}
+        self._reported: list[BaseException] = []
+        self._lock = threading.Lock()
+
+    def report(self, exc: BaseException) -> None:
+        """Log why the library is unavailable (the first reason only)."""
+        if not self._reported:
+            self._reported.append(exc)
+            driver_logger(self.driver).warning("%s is unavailable (%s: %s): %s", self.name, type(exc).__name__, exc,
+                                               self.consequence)
+
+    def load(self, ordinal: int, bindings: Callable[[], Any],
+             make: Callable[[Any], LibraryBackend]) -> DeferredBackend | None:
+        """Device ``ordinal``'s backend, made by ``make(bindings())`` at its first routine
+        (``DeferredBackend``); None when ``bindings()`` (the import of the library's Python
+        bindings) fails, the reason reported."""
+        with self._lock:
+            backend = self._backends.get(ordinal)
+            if backend is None:
+                try:
+                    module = bindings()
+                except Exception as exc:  # not installed, or its bindings fail to import
+                    self.report(exc)
+                    return None
+                backend = self._backends[ordinal] = DeferredBackend(self.name, lambda: make(module), self.report)
+            return backend
+
+    def load_now(self, ordinal: int, make: Callable[[], Any]) -> Any:
+        """Device ``ordinal``'s backend made now by ``make()`` (kept once made); None when that fails,
+        the reason reported."""
+        with self._lock:
+            backend = self._backends.get(ordinal)
+            if backend is None:
+                try:
+                    backend = self._backends[ordinal] = make()
+                except Exception as exc:  # an import error, a missing library, a failing handle creation
+                    self.report(exc)
+            return backend
 
 
 class Planned:

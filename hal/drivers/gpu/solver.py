@@ -348,11 +348,6 @@ class SolverBackend:
         return SolverPlan(run, library + tau + ALIGN + aligned(m * columns * size))
 
 
-def deferred(name: str, make: Callable[[], SolverCalls], report: Callable[[BaseException], None]) -> DeferredBackend:
-    """The solver backend over the calls ``make()`` gives, made at the device's first solver routine."""
-    return DeferredBackend(name, lambda: SolverBackend(make()), report)
-
-
 def kinds(backend: DeferredBackend | None) -> dict[str, DeferredBackend]:
     """``backend`` for every solver routine kind (none when None)."""
     return {} if backend is None else dict.fromkeys(SOLVER_ROUTINES, backend)

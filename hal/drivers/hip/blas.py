@@ -22,7 +22,6 @@ no memory node. Every call's hipblasStatus_t is checked by ``status.check_hipbla
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,10 +29,10 @@ import numpy as np
 
 from hal.distribution import install_hint
 from hal.drivers.gpu.gemm import OP_N, OP_T, ColumnMajor, GemmBackend, Plan, column_major
+from hal.drivers.gpu.library import VendorLibrary
 from hal.drivers.hip.status import check_hipblaslt
 from hal.errors import UnimplementedError
 from hal.library import Gemm, GemmShape, Routine
-from hal.log import driver_logger
 
 #: hipDataType members of the routine dtypes hipBLASLt multiplies.
 DATA_TYPES = {"float32": "HIP_R_32F", "float16": "HIP_R_16F", "bfloat16": "HIP_R_16BF"}
@@ -235,33 +234,22 @@ class HipblasLt(GemmBackend):
         lt.hipblasLtMatmulDescDestroy(desc)
 
 
-#: One backend per device ordinal (its plans are the device's), made at the first device of each.
-_backends: dict[int, HipblasLt] = {}
-_reported: list[BaseException] = []
-_lock = threading.Lock()
+#: hipBLASLt's backend of each HIP device (its plans are the device's), made at the first device of each.
+LIBRARY = VendorLibrary("hip", "hipBLASLt", "matmul runs on the runtime's own kernels; "
+                        f"{install_hint('hip')} (hip-python's library bindings) and install ROCm's hipBLASLt "
+                        "(libhipblaslt.so on the loader's path) for vendor GEMMs")
 
 
 def load(ordinal: int, api: Any = None) -> HipblasLt | None:
     """The hipBLASLt backend of HIP device ``ordinal`` (``api``: the shim that makes the device current
     and times candidate algorithms), or None when the library is missing (the reason logged once
     per process)."""
-    with _lock:
-        backend = _backends.get(ordinal)
-        if backend is not None:
-            return backend
-        try:
-            from hip import hipblaslt as lt
 
-            if api is not None:
-                api.activate(ordinal)  # a hipBLASLt handle belongs to the current device (HIP's context: its ordinal)
-            backend = _backends[ordinal] = HipblasLt(lt, Enums.installed(), api)
-            return backend
-        except Exception as exc:  # an import error, a missing libhipblaslt, or a failing handle creation
-            if not _reported:
-                _reported.append(exc)
-                driver_logger("hip").warning(
-                    "hipBLASLt is unavailable (%s: %s): matmul runs on the runtime's own kernels; "
-                    "%s (hip-python's library bindings) and install ROCm's hipBLASLt "
-                    "(libhipblaslt.so on the loader's path) for vendor GEMMs",
-                    type(exc).__name__, exc, install_hint("hip"))
-            return None
+    def make() -> HipblasLt:
+        from hip import hipblaslt as lt
+
+        if api is not None:
+            api.activate(ordinal)  # a hipBLASLt handle belongs to the current device (HIP's context: its ordinal)
+        return HipblasLt(lt, Enums.installed(), api)
+
+    return LIBRARY.load_now(ordinal, make)

@@ -18,7 +18,6 @@ signatures and conversions (tests/drivers/test_hip_fft.py), not their results.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -28,10 +27,9 @@ from hal import errors
 from hal.distribution import install_hint
 from hal.drivers.bindings_shim import check
 from hal.drivers.gpu.fft import DIRECTIONS, FftBackend, Run, plan_arguments
-from hal.drivers.gpu.library import DeferredBackend
+from hal.drivers.gpu.library import DeferredBackend, VendorLibrary
 from hal.drivers.gpu.status import StatusTable
 from hal.library_fft import Fft, FftShape
-from hal.log import driver_logger
 
 #: The exec function of each transform type, and whether it takes a direction.
 EXECS = {"C2C": ("hipfftExecC2C", True), "Z2Z": ("hipfftExecZ2Z", True), "R2C": ("hipfftExecR2C", False),
@@ -96,33 +94,19 @@ class Hipfft(FftBackend):
         self.call(self.hipfft.hipfftSetWorkArea, handle, work_area)
 
 
-#: One backend per device ordinal (its plans are the device's).
-_backends: dict[int, DeferredBackend] = {}
-_reported: list[BaseException] = []
-_lock = threading.Lock()
+#: hipFFT's backend of each HIP device (its plans are the device's).
+LIBRARY = VendorLibrary("hip", "hipFFT", "FFT routines are refused (rt.fft raises UnimplementedError); "
+                        f"{install_hint('hip')} (hip-python's library bindings) and install ROCm's hipFFT "
+                        "(libhipfft.so on the loader's path) for FFTs")
 
 
-def _report(exc: BaseException) -> None:
-    """Log once per process why FFTs are unavailable."""
-    if not _reported:
-        _reported.append(exc)
-        driver_logger("hip").warning(
-            "hipFFT is unavailable (%s: %s): FFT routines are refused (rt.fft raises UnimplementedError); "
-            "%s (hip-python's library bindings) and install ROCm's hipFFT (libhipfft.so on the loader's path) "
-            "for FFTs", type(exc).__name__, exc, install_hint("hip"))
+def _bindings() -> Any:
+    from hip import hipfft
+
+    return hipfft
 
 
 def load(ordinal: int, api: Any = None) -> DeferredBackend | None:
     """The hipFFT backend of HIP device ``ordinal`` (``api``: the shim that copies c2r inputs), loaded
     at its first use; None when hip-python's hipFFT bindings are missing (the reason logged once)."""
-    with _lock:
-        backend = _backends.get(ordinal)
-        if backend is not None:
-            return backend
-        try:
-            from hip import hipfft
-        except Exception as exc:  # hip-python, or its library bindings, not installed
-            _report(exc)
-            return None
-        backend = _backends[ordinal] = DeferredBackend("hipFFT", lambda: Hipfft(hipfft, api), _report)
-        return backend
+    return LIBRARY.load(ordinal, _bindings, lambda hipfft: Hipfft(hipfft, api))

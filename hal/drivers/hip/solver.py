@@ -17,7 +17,6 @@ checked here (``check_hipsolver``).
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
@@ -25,10 +24,9 @@ import numpy as np
 from hal import errors
 from hal.distribution import install_hint
 from hal.drivers.bindings_shim import check
-from hal.drivers.gpu.library import DeferredBackend
-from hal.drivers.gpu.solver import SolverBackend, deferred, kinds
+from hal.drivers.gpu.library import DeferredBackend, VendorLibrary
+from hal.drivers.gpu.solver import SolverBackend, kinds
 from hal.drivers.gpu.status import StatusTable
-from hal.log import driver_logger
 
 PREFIX = {"float32": "S", "float64": "D", "complex64": "C", "complex128": "Z"}
 
@@ -183,30 +181,18 @@ def HipSolver(hs: Any, api: Any) -> SolverBackend:  # noqa: N802 - the backend's
     return SolverBackend(HipSolverCalls(hs, api))
 
 
-_backends: dict[int, DeferredBackend] = {}
-_reported: list[BaseException] = []
-_lock = threading.Lock()
+#: hipSOLVER's backend of each HIP device.
+LIBRARY = VendorLibrary("hip", "hipSOLVER", "rt.linalg's decompositions cannot run on HIP devices; "
+                        f"{install_hint('hip')} (hip-python's libraries and ROCm's hipSOLVER) for them")
 
 
-def _report(exc: BaseException) -> None:
-    """Log once per process why the solver routines are unavailable."""
-    if not _reported:
-        _reported.append(exc)
-        driver_logger("hip").warning(
-            "hipSOLVER is unavailable (%s: %s): rt.linalg's decompositions cannot run on HIP devices; "
-            "%s (hip-python's libraries and ROCm's hipSOLVER) for them", type(exc).__name__, exc, install_hint("hip"))
+def _bindings() -> Any:
+    from hip import hipsolver
+
+    return hipsolver
 
 
 def load(ordinal: int, api: Any = None) -> dict[str, DeferredBackend]:
     """The hipSOLVER backend of HIP device ``ordinal`` for every solver routine kind, loaded at its
     first use; empty when hip-python's ``hip.hipsolver`` does not import (the reason logged once)."""
-    with _lock:
-        backend = _backends.get(ordinal)
-        if backend is None:
-            try:
-                from hip import hipsolver as hs
-            except Exception as exc:  # hip-python without its libraries extra
-                _report(exc)
-                return {}
-            backend = _backends[ordinal] = deferred("hipSOLVER", lambda: HipSolverCalls(hs, api), _report)
-        return kinds(backend)
+    return kinds(LIBRARY.load(ordinal, _bindings, lambda hs: HipSolver(hs, api)))
