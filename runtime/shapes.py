@@ -39,7 +39,28 @@ def check_shape(shape) -> tuple:
     return shape
 
 
+#: broadcast_shapes' answers by their shapes (an elementwise op of a broadcast operand asks each time
+#: it is built: a layer norm's four broadcasts were an eighth of its eager evaluation's bytecodes).
+_BROADCASTS: dict = {}
+#: The answers kept at most (the memo is emptied when full).
+BROADCASTS_KEPT = 4096
+
+
 def broadcast_shapes(*shapes: tuple) -> tuple:
+    """numpy's broadcast of ``shapes``; InvalidValueError for shapes that do not broadcast."""
+    try:
+        shape = _BROADCASTS.get(shapes)
+    except TypeError:  # (an unhashable dimension: computed, and refused, below)
+        return _broadcast(shapes)
+    if shape is None:
+        shape = tuple(int(d) for d in _broadcast(shapes))  # (numpy integers hash as the ints they equal)
+        if len(_BROADCASTS) >= BROADCASTS_KEPT:
+            _BROADCASTS.clear()
+        _BROADCASTS[shapes] = shape
+    return shape
+
+
+def _broadcast(shapes: tuple) -> tuple:
     ndim = max(len(s) for s in shapes)
     out = []
     for i in range(ndim):
