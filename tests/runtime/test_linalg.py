@@ -452,3 +452,31 @@ def test_gradients_of_complex_svd_and_qr(dev, shape):
 
     grad = rt.grad(qr_rt)(rt.asarray(a, device=dev)).numpy()
     np.testing.assert_allclose(grad, complex_numeric_grad(qr_np, a), rtol=1e-5, atol=1e-5)
+
+
+def test_decompositions_that_cannot_be_captured_run_on_the_stream_eagerly_and_compiled():
+    """cuSOLVER's syevd and gesvdj wait on the device while they are enqueued (a CUDA graph cannot
+    hold them): on the simulated GPU with Eigh and Svd marked so, an eval holding one is issued on
+    the stream, eagerly, under rt.compile with new inputs each call, and beside a GEMM and fused
+    elementwise work, with the results numpy gives."""
+    device, emulated = _fake_gpu(libraries=True)
+    device.executables.libraries.uncapturable.update({"eigh", "svd"})
+    try:
+        with emulated:
+            a = hpd((3, 6, 6), "float32")
+            x = rt.asarray(a, device=device)
+            w, v = rt.linalg.eigh(x)
+            close(w.numpy(), np.linalg.eigh(a)[0], "float32", 10)
+
+            @rt.compile
+            def step(m, n):
+                s = rt.linalg.svdvals(m @ n)
+                return rt.linalg.eigvalsh(m) * 2 + 1, s.sum(axis=-1)
+
+            for seed in range(3):
+                m, n = hpd((2, 5, 5), "float32", seed), rand((2, 5, 5), "float32", seed + 7)
+                got_w, got_s = step(rt.asarray(m, device=device), rt.asarray(n, device=device))
+                close(got_w.numpy(), np.linalg.eigvalsh(m) * 2 + 1, "float32", 10)
+                close(got_s.numpy(), np.linalg.svd(m @ n, compute_uv=False).sum(axis=-1), "float32", 10)
+    finally:
+        device.close()
