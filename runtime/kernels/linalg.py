@@ -19,6 +19,11 @@ from .matmul import LibrarySource
 from .source import WORKGROUP, KernelSource, executable, grid_1d, source
 
 
+def copy_groups(nbytes: int) -> int:
+    """Workgroups of a copy of ``nbytes``: a thread per 16 bytes (unaligned ends loop over the rest)."""
+    return grid_1d(-(-nbytes // 16))
+
+
 def copy_source() -> KernelSource:
     key = ("linalg_copy",)
     return source(key, lambda: KernelSource(key, [hal.Export("copy_bytes", (WORKGROUP, 1, 1), 2, 3)],
@@ -26,11 +31,24 @@ def copy_source() -> KernelSource:
 
 
 def _cuda() -> str:
+    # 16 bytes a thread where both ends are 16-byte aligned (a byte a thread moved a few hundred
+    # GB/s, a quarter of what the loads and stores of 16 bytes do), the bytes past the last whole
+    # vector one by one.
     return """
 extern "C" __global__ void copy_bytes(unsigned char* __restrict__ out, const unsigned char* __restrict__ in,
                                       u32 n, u32 out_offset, u32 in_offset) {
-  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
-    out[out_offset + i] = in[in_offset + i];
+  unsigned char* o = out + out_offset;
+  const unsigned char* s = in + in_offset;
+  const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x, step = (u64)gridDim.x * blockDim.x;
+  u64 done = 0;
+  if ((((u64)o | (u64)s) & 15) == 0) {
+    const u64 vectors = n / 16;
+    for (u64 i = first; i < vectors; i += step)
+      reinterpret_cast<rt_vec4<u32>*>(o)[i] = reinterpret_cast<const rt_vec4<u32>*>(s)[i];
+    done = vectors * 16;
+  }
+  for (u64 i = done + first; i < n; i += step)
+    o[i] = s[i];
 }
 """
 
@@ -82,7 +100,7 @@ def plan(node, layouts: list, ctx) -> list:
     copy = copy_source()
     for t, (offset, nbytes) in enumerate(outputs):
         if nbytes:
-            cmds.append(("dispatch", copy, "copy_bytes", (grid_1d(nbytes), 1, 1), [nbytes, offset, 0],
+            cmds.append(("dispatch", copy, "copy_bytes", (copy_groups(nbytes), 1, 1), [nbytes, offset, 0],
                          [("out",), ("tmp", t)]))
     return cmds
 
@@ -101,7 +119,7 @@ def _copy_out(node, offset: int) -> list:
     nbytes = node.size * node.dtype.itemsize
     if nbytes == 0:
         return []
-    return [("dispatch", copy_source(), "copy_bytes", (grid_1d(nbytes), 1, 1), [nbytes, 0, offset],
+    return [("dispatch", copy_source(), "copy_bytes", (copy_groups(nbytes), 1, 1), [nbytes, 0, offset],
              [("out",), ("in", 0)])]
 
 

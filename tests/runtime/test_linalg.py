@@ -480,3 +480,23 @@ def test_decompositions_that_cannot_be_captured_run_on_the_stream_eagerly_and_co
                 close(got_s.numpy(), np.linalg.svd(m @ n, compute_uv=False).sum(axis=-1), "float32", 10)
     finally:
         device.close()
+
+
+@pytest.mark.parametrize("n,out_offset,in_offset", [(0, 0, 0), (5, 0, 0), (64, 0, 0), (67, 16, 32), (100, 3, 0),
+                                                    (100, 16, 5), (1000, 256, 512), (4099, 1, 2)])
+def test_the_byte_copy_kernel_moves_exactly_its_bytes(n, out_offset, in_offset):
+    """copy_bytes (the decompositions' packing) as CUDA C: 16 bytes a thread where both ends are
+    aligned, byte by byte otherwise and past the last whole vector; nothing outside the range."""
+    cuda_emu = pytest.importorskip("cuda_emu")
+    if cuda_emu.GXX is None:
+        pytest.skip("g++ is needed to emulate the CUDA kernels")
+    from runtime.kernels import linalg as linalg_kernels
+
+    copy = cuda_emu.emulated_code(linalg_kernels.copy_source())["copy_bytes"]
+    source = np.random.default_rng(n).integers(0, 256, in_offset + n + 40, dtype=np.uint8)
+    out = np.full(out_offset + n + 40, 0xEE, np.uint8)
+    copy((max(linalg_kernels.copy_groups(n), 1), 1, 1), [memoryview(out), memoryview(source)], [n, out_offset,
+                                                                                              in_offset])
+    expected = np.full_like(out, 0xEE)
+    expected[out_offset:out_offset + n] = source[in_offset:in_offset + n]
+    np.testing.assert_array_equal(out, expected)
