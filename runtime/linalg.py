@@ -139,8 +139,8 @@ def _failed(info: Array, value: Array, dims: int) -> Array:
 
 def _graded(value: Array, tag: tuple, inputs: tuple, outputs: tuple) -> Array:
     """``value`` as a node whose gradient to ``inputs`` is ``tag``'s rule (``_rule``) given all the
-    decomposition's ``outputs``; gradients never flow through the routine itself."""
-    value = ops.contiguous(value)
+    decomposition's ``outputs``; gradients never flow through the routine itself. A view (a
+    transposed factor) is copied whole by the node itself."""
     return new_node("linalg_result", (value, *inputs, *outputs), (tag, len(inputs)), value.shape, value.dtype,
                     value.ctx)
 

@@ -535,6 +535,22 @@ def input_variants(out_shape: tuple, layouts: list) -> tuple:
     return variant, bstrides, cstr
 
 
+class _CopyOf:
+    """A node seen as the "copy" of its first input that computes it (``plan_copy``)."""
+
+    op = "copy"
+
+    def __init__(self, node) -> None:
+        self.params = self.dtype = node.dtype
+        self.shape, self.inputs = node.shape, node.inputs[:1]
+
+
+def plan_copy(node, layout: tuple, ctx) -> list:
+    """The dispatch computing ``node`` as a copy of its first input, read through ``layout`` (a
+    strided view's (shape, strides, offset)): a node whose value is another array's, made whole."""
+    return plan(_CopyOf(node), [layout], ctx)
+
+
 def plan(node, layouts: list, ctx) -> list:
     """Dispatch for one elementwise node. layouts: per input (shape, strides, offset)."""
     out_shape = node.shape

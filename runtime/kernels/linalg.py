@@ -1,10 +1,11 @@
 """The lowering of runtime/linalg.py's decompositions: one HAL solver routine (``hal.solver``) a node.
 
 A decomposition's node ("linalg") holds all of its routine's outputs in one byte buffer, one after
-another at the offsets its params give: the routine writes each output to scratch, and a byte copy
-per output packs them. Each result the caller sees is a node of its own ("linalg_get") copying its
-bytes out of that buffer in its dtype and shape, so a routine of several outputs (eigenvalues and
-eigenvectors, an LU and its pivots) runs once however many of them are read.
+another at the offsets its params give: the routine writes each output that is read there (bound
+at its offset), and those nobody reads to scratch. Each result the caller sees is a node of its
+own ("linalg_get") copying its bytes out of that buffer in its dtype and shape, so a routine of
+several outputs (eigenvalues and eigenvectors, an LU and its pivots) runs once however many of
+them are read.
 
 The routine is a ``library`` executable, as ``hal.Gemm`` is: the CPU drivers and the simulated GPU
 run its numpy reference, the CUDA driver cuSOLVER, the HIP driver hipSOLVER (``loadable`` says
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import hal
 
+from . import elementwise
 from .matmul import LibrarySource
 from .source import WORKGROUP, KernelSource, executable, grid_1d, source
 
@@ -82,27 +84,27 @@ def loadable(ctx, routine: hal.Routine) -> str | None:
 
 
 def plan(node, layouts: list, ctx) -> list:
-    """The routine into scratch, then each output copied to its place in the node's buffer."""
+    """The routine, writing each output that is read at its place in the node's buffer (those nobody
+    reads into scratch)."""
     routine, constants, outputs = node.params  # outputs: (byte offset in the node, bytes) per output binding
     src = routine_source(routine)
     extents = routine.call_of(constants).extents
-    temps = [max(extents[i][1], 1) for i in routine.OUTPUTS]
+    temps: list = []
     roles: list = []
     t = k = 0
     for i in range(routine.bindings):
         if i in routine.OUTPUTS:
-            roles.append(("tmp", t))
+            offset, kept = outputs[t]
+            if kept:
+                roles.append(("out_at", offset))
+            else:
+                roles.append(("tmp", len(temps)))
+                temps.append(max(extents[i][1], 1))
             t += 1
         else:
             roles.append(("in", k))
             k += 1
-    cmds: list = [("temps", temps), ("dispatch", src, src.export, (1, 1, 1), list(constants), roles), ("barrier",)]
-    copy = copy_source()
-    for t, (offset, nbytes) in enumerate(outputs):
-        if nbytes:
-            cmds.append(("dispatch", copy, "copy_bytes", (copy_groups(nbytes), 1, 1), [nbytes, offset, 0],
-                         [("out",), ("tmp", t)]))
-    return cmds
+    return [("temps", temps), ("dispatch", src, src.export, (1, 1, 1), list(constants), roles)]
 
 
 def plan_get(node, layouts: list, ctx) -> list:
@@ -111,8 +113,12 @@ def plan_get(node, layouts: list, ctx) -> list:
 
 
 def plan_result(node, layouts: list, ctx) -> list:
-    """A decomposition's result as the node its gradient rule belongs to: a copy of its value."""
-    return _copy_out(node, 0)
+    """A decomposition's result as the node its gradient rule belongs to: a copy of its value (read
+    through its strides when it is a view, a transposed factor, say: one copy, not two)."""
+    value = node.inputs[0]
+    if value.root is value:
+        return _copy_out(node, 0)
+    return elementwise.plan_copy(node, layouts[0], ctx)
 
 
 def _copy_out(node, offset: int) -> list:

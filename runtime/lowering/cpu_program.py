@@ -78,7 +78,10 @@ class Program:
         self.bound = None  # the views list `calls` are bound to
         self.calls: list = []
 
-    def add_dispatch(self, fn, slots: tuple, constants: list, workgroups) -> None:
+    def add_dispatch(self, fn, slots: tuple, constants: list, workgroups, offsets: dict | None = None) -> None:
+        """A kernel's step; ``offsets``: byte offsets into some of its bindings, by binding index."""
+        if offsets:
+            fn = _at_offsets(fn, [offsets.get(i, 0) for i in range(len(slots))])
         self.steps.append((fn, slots, list(constants), workgroups))
 
     def add_fill(self, slot: int, nbytes: int, pattern: int, pattern_length: int) -> None:
@@ -120,6 +123,14 @@ class Program:
             self.calls = list(chain.from_iterable(_bind(step, views) for step in self.steps))
             self.bound = views
         _drain(map(call, self.calls), maxlen=0)  # the calls made by C, one after another
+
+
+def _at_offsets(fn, offsets: list):
+    """``fn`` given its bindings from byte ``offsets`` on."""
+    def at(workgroups, views, constants):
+        return fn(workgroups, [memoryview(v).cast("B")[o:] if o else v for v, o in zip(views, offsets)], constants)
+
+    return at
 
 
 def _bind(step, views) -> tuple:

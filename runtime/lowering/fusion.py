@@ -73,21 +73,11 @@ def _plan_collective(node, layouts, ctx) -> list:
 PLANNERS["collective"] = _plan_collective
 
 
-class _CopyOf:
-    """An alias node seen as the copy that computes it (``_plan_alias``)."""
-
-    op = "copy"
-
-    def __init__(self, node) -> None:
-        self.params = self.dtype = node.dtype
-        self.shape, self.inputs = node.shape, node.inputs
-
-
 def _plan_alias(node, layouts, ctx) -> list:
     """A gradient that rt.compile's trace turned into a view of its backward graph
     (``autodiff.materialize``) after a view of it was made (``grad.reshape(-1)``): that view reads
     it as a whole array of its own, so it is computed into one (a copy of its values)."""
-    return elementwise.plan(_CopyOf(node), layouts, ctx)
+    return elementwise.plan_copy(node, layouts[0], ctx)
 
 
 PLANNERS["alias"] = _plan_alias

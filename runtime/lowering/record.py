@@ -151,6 +151,10 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
                         slots.append(index_of_node[role[1] if len(role) > 1 else unit.first])
                     elif what == "in":
                         slots.append(slot_of_root[id(root_of(unit.node.inputs[role[1]]))])  # (grad nodes: aliased)
+                    elif what == "out_at":  # (a library routine writing its output into the node's buffer)
+                        offsets = offsets or {}
+                        offsets[len(slots)] = role[1]
+                        slots.append(index_of_node[unit.first])
                     elif what == "in_at":
                         offsets = offsets or {}
                         offsets[len(slots)] = role[2]
@@ -164,7 +168,7 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
                     else:
                         slots.append(temp_index[(id(unit), role[1])])
                 if program is not None:
-                    program.add_dispatch(src.numpy_code()[name], tuple(slots), consts, wg)
+                    program.add_dispatch(src.numpy_code()[name], tuple(slots), consts, wg, offsets)
                 else:
                     bindings = [ref(s) for s in slots] if offsets is None else \
                         [ref(s, offsets.get(i, 0)) for i, s in enumerate(slots)]
