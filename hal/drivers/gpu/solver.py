@@ -170,8 +170,9 @@ class SolverBackend:
 
     def enqueue(self, plan: SolverPlan, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
                 workspace_size: int, stream: Any) -> None:
-        self.calls.set_stream(stream)
-        plan.run(pointers, workspace, stream)
+        with self._lock:  # (the handles' stream is set for this call: two queues must not interleave)
+            self.calls.set_stream(stream)
+            plan.run(pointers, workspace, stream)
 
     # -- one planner per routine kind: run(pointers in binding order, workspace address, stream) ---
 
