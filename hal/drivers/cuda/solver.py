@@ -22,7 +22,7 @@ import numpy as np
 
 from hal.distribution import install_hint
 from hal.drivers.gpu.library import DeferredBackend, VendorLibrary
-from hal.drivers.gpu.solver import SolverBackend, SolverPlan, kinds
+from hal.drivers.gpu.solver import ShimTransfers, SolverBackend, SolverPlan, kinds
 from hal.log import driver_logger
 
 #: cuSOLVER/cuBLAS enum values (cublas_api.h, cusolver_common.h).
@@ -34,7 +34,7 @@ PREFIX = {"float32": "s", "float64": "d", "complex64": "c", "complex128": "z"}
 __all__ = ["CuSolverCalls", "SolverPlan", "load"]
 
 
-class CuSolverCalls:
+class CuSolverCalls(ShimTransfers):
     """cuSOLVER's dense calls on one handle (``hal.drivers.gpu.solver.SolverCalls``)."""
 
     name = "cuSOLVER"
@@ -67,9 +67,6 @@ class CuSolverCalls:
         if self.blas_handle is not None:
             self.blas.set_stream(self.blas_handle, stream)
 
-    def copy(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
-        if nbytes:
-            self.api.memcpy_dtod_async(dst, src, nbytes, stream)
 
     def potrf_lwork(self, dtype, n, a):
         return self._fn(dtype, "potrf_buffer_size")(self.handle, FILL_LOWER, n, a, n)
@@ -77,12 +74,6 @@ class CuSolverCalls:
     def potrf(self, dtype, n, a, work, lwork, info):
         self._fn(dtype, "potrf")(self.handle, FILL_LOWER, n, a, n, work, lwork, info)
 
-    def pointer_array(self, pointers):
-        """A device array of ``pointers`` (uint64), uploaded now (never while a stream captures)."""
-        host = np.asarray(pointers, np.uint64)
-        array = self.api.mem_alloc(host.nbytes)
-        self.api.memcpy_htod(array, host.ctypes.data, host.nbytes)
-        return array
 
     def potrf_batched_lwork(self, dtype, n, array, batch):
         return 0  # (cuSOLVER's potrfBatched takes no workspace)

@@ -33,6 +33,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+import numpy as np
+
 from hal.drivers.gpu.library import DeferredBackend
 from hal.solver import SOLVER_DTYPES, SOLVER_ROUTINES, SolverCall, SolverRoutine
 
@@ -110,6 +112,24 @@ class SolverPlan:
     run: Callable[[Sequence[int], int, Any], None]
     workspace_size: int
     bind: Callable[[Sequence[int]], None] | None = None
+
+
+class ShimTransfers:
+    """``SolverCalls``' ``copy`` and ``pointer_array`` over the device's API shim (``self.api``): the
+    same for every vendor library."""
+
+    api: Any
+
+    def copy(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
+        if nbytes:
+            self.api.memcpy_dtod_async(dst, src, nbytes, stream)
+
+    def pointer_array(self, pointers: Sequence[int]) -> int:
+        """A device array of ``pointers`` (uint64), uploaded now (never while a stream captures)."""
+        host = np.asarray(pointers, np.uint64)
+        array = self.api.mem_alloc(host.nbytes)
+        self.api.memcpy_htod(array, host.ctypes.data, host.nbytes)
+        return array
 
 
 class PointerArrays:

@@ -19,13 +19,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from hal import errors
 from hal.distribution import install_hint
 from hal.drivers.bindings_shim import check
 from hal.drivers.gpu.library import DeferredBackend, VendorLibrary
-from hal.drivers.gpu.solver import SolverBackend, kinds
+from hal.drivers.gpu.solver import ShimTransfers, SolverBackend, kinds
 from hal.drivers.gpu.status import StatusTable
 
 PREFIX = {"float32": "S", "float64": "D", "complex64": "C", "complex128": "Z"}
@@ -45,7 +43,7 @@ def check_hipsolver(result: tuple, function: str, detail: str = "") -> object:
     return check(HIPSOLVER, result, function, detail)
 
 
-class HipSolverCalls:
+class HipSolverCalls(ShimTransfers):
     """hipSOLVER's dense calls on one handle (``hal.drivers.gpu.solver.SolverCalls``)."""
 
     name = "hipSOLVER"
@@ -72,9 +70,6 @@ class HipSolverCalls:
     def set_stream(self, stream: Any) -> None:
         self._call("hipsolverSetStream", self.handle, stream)
 
-    def copy(self, dst: int, src: int, nbytes: int, stream: Any) -> None:
-        if nbytes:
-            self.api.memcpy_dtod_async(dst, src, nbytes, stream)
 
     def potrf_lwork(self, dtype, n, a):
         return self._typed(dtype, "potrf_bufferSize", self.handle, self.lower, n, a, n)
@@ -82,12 +77,6 @@ class HipSolverCalls:
     def potrf(self, dtype, n, a, work, lwork, info):
         self._typed(dtype, "potrf", self.handle, self.lower, n, a, n, work, lwork, info)
 
-    def pointer_array(self, pointers):
-        """A device array of ``pointers`` (uint64), uploaded now (never while a stream captures)."""
-        host = np.asarray(pointers, np.uint64)
-        array = self.api.mem_alloc(host.nbytes)
-        self.api.memcpy_htod(array, host.ctypes.data, host.nbytes)
-        return array
 
     def potrf_batched_lwork(self, dtype, n, array, batch):
         return self._typed(dtype, "potrfBatched_bufferSize", self.handle, self.lower, n, array, n, batch)
