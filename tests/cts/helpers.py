@@ -29,6 +29,15 @@ def random_bytes(size: int, seed: int = 0) -> bytes:
     return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
 
 
+def random_array(shape, dtype, seed: int = 0) -> np.ndarray:
+    """Standard normal values of ``dtype`` (a numpy dtype or its name); complex ones in both parts."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape)
+    if np.dtype(dtype).kind == "c":
+        x = x + 1j * rng.standard_normal(shape)
+    return x.astype(dtype)
+
+
 def allocate_with(device: hal.Device, data: bytes | np.ndarray, **kwargs) -> hal.Buffer:
     """A buffer holding `data` (written synchronously)."""
     raw = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)

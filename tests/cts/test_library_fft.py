@@ -16,6 +16,7 @@ import hal
 from hal.library_fft import side_lengths
 
 from .helpers import allocate_with, record, submit_and_wait
+from .helpers import random_array as draw
 
 Mode = hal.CommandBufferMode
 Slot = hal.Slot
@@ -38,14 +39,6 @@ def fft_exe(device, transform="c2c", direction="forward", dtype="complex64"):
     except hal.UnimplementedError as exc:  # a GPU without its FFT library: refused with the reason
         assert "fft" in str(exc).lower()
         pytest.skip(f"{device.info.uri}: {exc}")
-
-
-def draw(shape, dtype, seed=0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(shape)
-    if np.dtype(dtype).kind == "c":
-        x = x + 1j * rng.standard_normal(shape)
-    return x.astype(dtype)
 
 
 def expected(transform, direction, x, lengths):

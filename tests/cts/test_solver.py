@@ -14,6 +14,7 @@ import pytest
 import hal
 
 from .helpers import allocate_with, record, submit_and_wait
+from .helpers import random_array as rand
 
 Mode = hal.CommandBufferMode
 Slot = hal.Slot
@@ -30,14 +31,6 @@ def solver(device):
     except hal.UnimplementedError as exc:
         pytest.skip(f"{device.info.uri} runs no solver routines: {exc}")
     return device
-
-
-def rand(shape, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(shape)
-    if dtype.startswith("complex"):
-        x = x + 1j * rng.standard_normal(shape)
-    return x.astype(dtype)
 
 
 def colmajor(a: np.ndarray) -> np.ndarray:

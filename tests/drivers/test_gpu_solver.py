@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cts.helpers import random_array as rand
 
 import hal
 from hal.drivers.gpu.solver import SolverBackend
@@ -178,14 +179,6 @@ class NumpyCalls:
 
     def orgqr(self, dtype, m, n, k, a, tau, work, lwork, info):
         self.m.matrix(a, dtype, m, n)[...] = self.qr.pop(a)[:, :n]
-
-
-def rand(shape, dtype, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(shape)
-    if dtype.startswith("complex"):
-        x = x + 1j * rng.standard_normal(shape)
-    return x.astype(dtype)
 
 
 def inputs_for(routine, sizes):

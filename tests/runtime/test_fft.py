@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cts.helpers import random_array as draw
 
 import hal
 import runtime as rt
@@ -17,14 +18,6 @@ from runtime.errors import AxisError, InvalidTypeError, InvalidValueError
 TOL = {"float32": 2e-5, "complex64": 2e-5, "float64": 1e-12, "complex128": 1e-12}
 COMPLEX_OF = {"float32": "complex64", "float64": "complex128", "complex64": "complex64", "complex128": "complex128"}
 REAL_OF = {"complex64": "float32", "complex128": "float64", "float32": "float32", "float64": "float64"}
-
-
-def draw(shape, dtype, seed=0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(shape)
-    if np.dtype(dtype).kind == "c":
-        x = x + 1j * rng.standard_normal(shape)
-    return x.astype(dtype)
 
 
 def close(actual, expected, dtype) -> None:

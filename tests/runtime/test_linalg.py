@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cts.helpers import random_array as rand
 from rt_helpers import DEVICES
 
 import hal
@@ -43,14 +44,6 @@ def dev(request):
             yield device
     finally:
         device.close()
-
-
-def rand(shape, dtype, seed=0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(shape)
-    if dtype.startswith("complex"):
-        x = x + 1j * rng.standard_normal(shape)
-    return x.astype(dtype)
 
 
 def hpd(shape, dtype, seed=0) -> np.ndarray:
