@@ -57,6 +57,7 @@ class FakeResult(enum.IntEnum):
     CUDA_ERROR_OUT_OF_MEMORY = 2
     CUDA_ERROR_INVALID_HANDLE = 400
     CUDA_ERROR_LAUNCH_FAILED = 719
+    CUDA_ERROR_NOT_SUPPORTED = 801
 
 
 class FakeHipResult(enum.IntEnum):
@@ -64,19 +65,25 @@ class FakeHipResult(enum.IntEnum):
     hipErrorOutOfMemory = 2
     hipErrorInvalidHandle = 400
     hipErrorLaunchFailure = 719
+    hipErrorNotSupported = 801
 
 
 class Conventions(NamedTuple):
     """What a vendor's shim stands for: its status table and codes (invalid value, out of memory,
-    invalid handle, a sticky launch failure) and the device context it is handed (CUDA: a context
-    object; HIP: the device ordinal, 0 for the first device)."""
+    invalid handle, a sticky launch failure, an operation not supported) and the device context it
+    is handed (CUDA: a context object; HIP: the device ordinal, 0 for the first device)."""
 
     status: StatusTable
     invalid_value: enum.IntEnum
     out_of_memory: enum.IntEnum
     invalid_handle: enum.IntEnum
     launch_failed: enum.IntEnum
+    not_supported: enum.IntEnum
     context: Any
+
+
+def ALLOCATION() -> None:
+    """Captured work standing for a memory allocation node (it does nothing when run)."""
 
 
 VENDORS = {
@@ -536,7 +543,8 @@ class FakeGpuApi:
         graph: list = []
         previous: list = []
         for work in works:  # captured stream order: a chain
-            previous = [self._add(graph, previous, "work", work)]
+            kind = "mem_alloc" if work is ALLOCATION else "work"
+            previous = [self._add(graph, previous, kind, work)]
         return graph
 
     def enqueue_work(self, stream: _Stream, work) -> None:
@@ -556,6 +564,8 @@ class FakeGpuApi:
 
     def graph_add_child_graph_node(self, graph, deps, child):
         self._check("cuGraphAddChildGraphNode")
+        if any(node["kind"] == "mem_alloc" for node in child):  # (as CUDA: no allocation in a child graph)
+            self._raise(self.conventions.not_supported, "cuGraphAddChildGraphNode")
         return self._add(graph, deps, "work", self._child_work(child))
 
     def exec_set_child_graph(self, graph_exec, node, child) -> bool:
@@ -598,12 +608,18 @@ class FakeLibraries:
         #: The routine kinds that cannot be captured (cuSOLVER's Jacobi SVD, say): enqueuing one
         #: while the stream captures invalidates the capture, as the real library does.
         self.uncapturable: set[str] = set()
+        #: The routine kinds that allocate memory while captured (as cuSOLVER's getrs may): their
+        #: captures hold an allocation node, which a child-graph node refuses.
+        self.allocating: set[str] = set()
 
     def supports(self, routine) -> str | None:
         return None
 
     def capturable(self, routine, checked) -> bool:
         return routine.kind not in self.uncapturable
+
+    def serial_key(self, routine, checked):
+        return None if routine.kind == "gemm" else routine.kind  # (as the vendors': handles hold state)
 
     def plan(self, routine, checked, pointers) -> SimpleNamespace:
         key = (routine, checked, tuple(p % 256 for p in pointers))
@@ -617,6 +633,8 @@ class FakeLibraries:
         pointers = list(pointers)
         if plan.routine.kind in self.uncapturable and stream.capture is not None:
             raise RuntimeError(f"{plan.routine.kind} enqueued while its stream captures")
+        if plan.routine.kind in self.allocating and stream.capture is not None:
+            api.enqueue_work(stream, ALLOCATION)
         api.enqueue_work(stream, lambda: reference((1, 1, 1), [api.view(p) for p in pointers], list(constants)))
 
 

@@ -149,6 +149,9 @@ def test_library_backends_route_each_routine_to_its_kinds_library():
         def capturable(self, routine, checked):
             return True
 
+        def serial_key(self, routine, checked):
+            return None
+
         def enqueue(self, plan, constants, pointers, workspace, workspace_size, stream):
             calls.append((self.name, plan.by, tuple(pointers), workspace_size))
 
@@ -220,5 +223,68 @@ def test_a_graph_buffer_with_an_uncapturable_call_issues_its_commands_on_the_str
             got = np.frombuffer(device.read(out), np.float32).reshape(N, N)
             np.testing.assert_array_equal(got, np.full((N, N), 3.0 * N))
         assert cb.node_count == 0  # no graph was built
+    finally:
+        device.close()
+
+
+def test_library_calls_sharing_a_handles_state_run_one_after_another_in_a_graph():
+    """Calls of one level whose library keeps state of its own between them (a solver handle's
+    internal scratch: ``serial_key``) get an edge from the call recorded before them; the others
+    stay free to run concurrently, and every result is right."""
+    api, device = make("graph")
+    try:
+        libraries = device.executables.libraries
+        libraries.serial_key = lambda routine, checked: "handle" if routine.dtype == "float64" else None
+        exe = device.load_executable(hal.library_spec({"f32": hal.Gemm("float32"), "f64": hal.Gemm("float64")}))
+        dtypes = ["float32", "float64", "float32", "float64", "float64"]
+        outs, inputs = [], []
+        cb = device.create_command_buffer(mode=hal.CommandBufferMode.REUSABLE)
+        with cb.record():  # one level: no barrier between the products
+            for i, dtype in enumerate(dtypes):
+                a = np.full((N, N), i + 1, dtype)
+                ins = [device.allocator.allocate(a.nbytes) for _ in range(2)]
+                device.write(ins[0], a)
+                device.write(ins[1], np.eye(N, dtype=dtype))
+                outs.append(device.allocator.allocate(a.nbytes))
+                inputs.append(ins)
+                cb.dispatch(exe, "f32" if dtype == "float32" else "f64", constants=hal.Gemm.constants_for(N, N, N),
+                            bindings=[outs[-1], *ins])
+        nodes = [node for node in cb._resources.graph if node["kind"] == "work"]
+        assert [len(node["deps"]) for node in nodes] == [0, 0, 0, 1, 1]
+        assert nodes[3]["deps"] == [nodes[1]] and nodes[4]["deps"] == [nodes[3]]
+        sem = device.create_semaphore(0)
+        device.queue_execute([cb], signal=[(sem, 1)])
+        sem.wait(1, timeout=10)
+        for i, (out, dtype) in enumerate(zip(outs, dtypes)):
+            np.testing.assert_array_equal(np.frombuffer(device.read(out), dtype), np.full(N * N, i + 1))
+    finally:
+        device.close()
+
+
+@pytest.mark.parametrize("slots", [False, True], ids=["fixed", "slots"])
+def test_a_call_whose_capture_allocates_is_issued_on_the_stream(slots):
+    """A library that allocates memory while captured (cuSOLVER's getrs did) gives a graph that a
+    child-graph node refuses: the command buffer issues its commands on the stream instead, with
+    the right results, and later buffers with that routine skip the capture."""
+    api, device = make("graph")
+    try:
+        device.executables.libraries.allocating.add("gemm")
+        sem = device.create_semaphore(0)
+        for value, scale in ((1, 2.0), (2, 3.0)):
+            buffers = table(device, scale)
+            if slots:
+                cb = gemm_buffer(device)
+                got = run(device, cb, buffers, sem)
+            else:
+                exe = device.load_executable(hal.library_spec({"gemm": hal.Gemm("float32")}))
+                cb = device.create_command_buffer(mode=hal.CommandBufferMode.ONE_SHOT)
+                with cb.record():
+                    cb.dispatch(exe, "gemm", constants=hal.Gemm.constants_for(N, N, N), bindings=buffers)
+                device.queue_execute([cb], signal=[(sem, sem.value + 1)])
+                sem.wait(value, timeout=10)
+                got = np.frombuffer(device.read(buffers[0]), np.float32)
+            np.testing.assert_array_equal(got, np.full(N * N, scale))
+            assert cb.node_count == 0
+        assert not device.capturer.holds(cb.library_calls[0])
     finally:
         device.close()

@@ -197,6 +197,9 @@ class CollectiveBackend:
     def capturable(self, routine: CollectiveGroup, checked: Any) -> bool:
         return True  # (NCCL and RCCL calls capture into graphs)
 
+    def serial_key(self, routine: CollectiveGroup, checked: Any) -> None:
+        return None  # (a level's collectives are one call, ordered within as ``batches`` says)
+
     def enqueue(self, plan: CollectiveGroup, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
                 workspace_size: int, stream: Any) -> None:
         plan.enqueue(pointers, stream)

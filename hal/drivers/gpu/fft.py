@@ -17,7 +17,7 @@ follows, aligned to ``WORK_ALIGN``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from hal.library import Routine
@@ -90,6 +90,9 @@ class FftBackend:
     # -- LibraryBackend ------------------------------------------------------------------------
     def capturable(self, routine: Routine, checked: Any) -> bool:
         return True  # (cuFFT and hipFFT plans run asynchronously)
+
+    def serial_key(self, routine: Routine, checked: Any) -> Hashable:
+        return self  # (a plan executed on two streams at once is not promised to work)
 
     def plan(self, fft: Fft, shape: FftShape, pointers: Sequence[int]) -> FftPlan:
         """The plan of the transform (the same for any operand addresses), made once."""

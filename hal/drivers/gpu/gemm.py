@@ -106,6 +106,9 @@ class GemmBackend:
     def capturable(self, routine: Routine, checked: Any) -> bool:
         return True  # (cuBLASLt and hipBLASLt products never wait on the device)
 
+    def serial_key(self, routine: Routine, checked: Any) -> None:
+        return None  # (each product's scratch is its call's workspace, also the classic handle's)
+
     def enqueue(self, plan: Plan, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
                 workspace_size: int, stream: Any) -> None:
         with self.lock:

@@ -46,7 +46,10 @@ call again and sets the new child graph on the executable graph in place
 (``exec_set_child_graph``), as the node updates above. A command buffer holding a library call that
 cannot be captured (``LibraryCall.capturable``: a solver that reads its own results on the host
 while it runs, cuSOLVER's ``gesvdj`` and ``syevd``) builds no graph: its commands are issued on the
-stream one by one, as a stream command buffer's are (``StreamIssue``).
+stream one by one, as a stream command buffer's are (``StreamIssue``). So does one whose call's
+capture a child-graph node refuses (the library allocated memory while captured, as cuSOLVER's
+``getrs`` did): the routine is then streamed on that device from the start (``Capturer.refuse``).
+Library calls of one level that share a handle's state (``LibraryCall.serial_key``) are chained.
 
 The graph is re-instantiated only when the driver rejects an in-place update of
 a memset/memcpy node (a different kind of allocation, a length change to or
@@ -81,6 +84,7 @@ from hal.drivers.gpu.recording import (
     slot_address,
 )
 from hal.drivers.gpu.stream_issue import StreamIssue
+from hal.errors import UnimplementedError
 
 JOIN_KINDS = ("empty", "edges", "kernel")
 #: With indirect_bindings="auto", a graph rebound with new tables this many times through node
@@ -231,11 +235,21 @@ class GraphCommandBuffer(RecordingCommandBuffer):
 
     def _end(self) -> None:
         super()._end()
-        if not all(call.capturable for call in self.library_calls):
-            staging = self._resources.staging
-            self._streamed = StreamIssue(self.device, 0 if staging is None else staging.ptr, staging_on_device=True)
+        capturer = self.device.capturer
+        if not all(call.capturable and capturer.holds(call) for call in self.library_calls):
+            self._issue_on_the_stream()
         elif not self.uses_slots:
-            self._build(None)
+            try:
+                self._build(None)
+            except _StreamInstead:
+                self._issue_on_the_stream()
+
+    def _issue_on_the_stream(self) -> None:
+        """Give up the graph: every submission issues the commands in order on the queue's stream."""
+        if self._resources.graph is not None:
+            self._drop_graph()
+        staging = self._resources.staging
+        self._streamed = StreamIssue(self.device, 0 if staging is None else staging.ptr, staging_on_device=True)
 
     # -- building ----------------------------------------------------------------------
     def _build(self, table: Sequence[Binding] | None) -> None:
@@ -268,7 +282,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
                     deps = [api.graph_add_empty_node(graph, previous)]
                 else:
                     deps = [api.graph_add_kernel_node(graph, previous, device.join_kernel_params())]
-            previous = [self._add_node(graph, command, deps, table) for command in level]
+            previous = self._add_level(graph, level, deps, table)
         self.node_count = len(self._nodes)
         self._resources.graph_exec = self._launch_exec = api.graph_instantiate(graph) if self._nodes else None
         self._applied = {slot: slot_address(table[slot]) for slot in self._slot_nodes}  # type: ignore[index]
@@ -280,6 +294,21 @@ class GraphCommandBuffer(RecordingCommandBuffer):
             self._nodes[i].kind == "library" for nodes in self._slot_nodes.values() for i in nodes)
         self._seen_tables = {}
         self._key_slots = sorted(set(self._slot_nodes) | set(self._image_slots or ()))
+
+    def _add_level(self, graph: Any, level: list[Command], deps: list[Any],
+                   table: Sequence[Binding] | None) -> list[Any]:
+        """The nodes of one level, each after ``deps``; library calls sharing a handle's state
+        (``LibraryCall.serial_key``) also each after the one recorded before it."""
+        nodes = []
+        last_of: dict[Any, Any] = {}
+        for command in level:
+            key = command.serial_key if type(command) is LibraryCall else None
+            before = None if key is None else last_of.get(key)
+            node = self._add_node(graph, command, deps if before is None else [*deps, before], table)
+            if key is not None:
+                last_of[key] = node
+            nodes.append(node)
+        return nodes
 
     def _add_node(self, graph: Any, command: Command, deps: list[Any], table: Sequence[Binding] | None) -> Any:
         device = self.device
@@ -332,9 +361,15 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         api = self.device.api
         if call.empty:  # writes nothing, whatever the table
             return _Node(call, api.graph_add_empty_node(graph, deps), None, "library", enabled=False)
-        child = self.device.capturer.capture(call, table)
+        capturer = self.device.capturer
+        child = capturer.capture(call, table)
         try:
             handle = api.graph_add_child_graph_node(graph, deps, child)  # (the node holds a copy)
+        except UnimplementedError:
+            # The library allocated memory while captured (cuSOLVER's getrs did, after the handle had
+            # run on other streams): a child graph may not hold allocation nodes.
+            capturer.refuse(call)
+            raise _StreamInstead from None
         finally:
             api.graph_destroy(child)
         return _Node(call, handle, None, "library")
@@ -576,9 +611,17 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         return self.serialized(functools.partial(self._issue_with_table, queue, table))
 
     def _issue_with_table(self, queue, table: Sequence[Binding] | None) -> None:
+        if self._streamed is not None:  # (a capture refused at an earlier submission)
+            self._streamed.issue(self, queue, table)
+            return
         if table is not self._bound_table:  # the same table as last time: nothing to rebind
             try:
                 self._bind(table, queue)
+            except _StreamInstead:
+                self._bound_table = None
+                self._issue_on_the_stream()
+                self._streamed.issue(self, queue, table)  # type: ignore[union-attr]
+                return
             except BaseException:
                 # Cut short part way (an API error, a KeyboardInterrupt): the graph may match no
                 # table any more. The next submission builds it again.
@@ -672,9 +715,13 @@ class GraphCommandBuffer(RecordingCommandBuffer):
     def _recapture(self, graph_exec: Any, node: _Node, table: Sequence[Binding] | None) -> None:
         """Capture a library call again with the new operands and set it on its node in place."""
         api = self.device.api
-        child = self.device.capturer.capture(node.command, table)  # type: ignore[arg-type]
+        capturer = self.device.capturer
+        child = capturer.capture(node.command, table)  # type: ignore[arg-type]
         try:
             updated = api.exec_set_child_graph(graph_exec, node.handle, child)
+        except UnimplementedError:  # (as in _library_node: memory allocated while captured)
+            capturer.refuse(node.command)  # type: ignore[arg-type]
+            raise _StreamInstead from None
         finally:
             api.graph_destroy(child)
         if not updated:
@@ -716,6 +763,10 @@ def entries_getter(slots: list[int]):
 
 class _RebuildNeeded(Exception):
     pass
+
+
+class _StreamInstead(Exception):
+    """A library call's capture cannot be a child-graph node: issue the buffer on the stream."""
 
 
 def _address_of(data: bytes) -> int:

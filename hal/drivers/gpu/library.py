@@ -10,7 +10,9 @@ once here, for every vendor:
 - ``LibraryCall``: one recorded routine with its operands as ``Target`` (fixed addresses or
   binding-table slots) and its own workspace, taken from the device's memory through the
   allocator and grown to what the plan for the bound addresses asks. A command buffer's calls
-  never share a workspace, so calls of one graph level may run concurrently.
+  never share a workspace, so calls of one graph level may run concurrently, except those sharing
+  a library handle's internal state (a solver's, an FFT plan's: ``serial_key``), which a graph
+  command buffer orders one after another.
 - ``issue`` (stream command buffers: the call enqueued on the queue's stream) and ``capture``
   (graph command buffers: the call captured on the device's capture stream into a graph the
   caller adds as a child-graph node, or sets in place on an executable graph after a rebind).
@@ -22,7 +24,7 @@ the plan, so a re-issue or a re-capture costs the library call itself.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hal.command_buffer import Binding
@@ -54,6 +56,11 @@ class LibraryBackend(Protocol):
         """Whether the call can be captured into a graph: False for one that waits on the device
         while it is enqueued (reading a convergence flag, say); graph command buffers issue such a
         call on the stream instead."""
+
+    def serial_key(self, routine: Routine, checked: Any) -> Hashable | None:
+        """What the call's device work shares with other calls beyond its own operands and
+        workspace (a library handle's internal buffers, say), or None when it shares nothing. Calls
+        with equal keys never run concurrently: a graph command buffer orders those of one level."""
 
     def enqueue(self, plan: Any, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
                 workspace_size: int, stream: Any) -> None:
@@ -103,6 +110,9 @@ class DeferredBackend:
 
     def capturable(self, routine: Routine, checked: Any) -> bool:
         return self.backend().capturable(routine, checked)
+
+    def serial_key(self, routine: Routine, checked: Any) -> Hashable | None:
+        return self.backend().serial_key(routine, checked)
 
     def enqueue(self, *args: Any) -> None:
         self.backend().enqueue(*args)
@@ -193,6 +203,9 @@ class LibraryBackends:
     def capturable(self, routine: Routine, checked: Any) -> bool:
         return self.backends[routine.kind].capturable(routine, checked)
 
+    def serial_key(self, routine: Routine, checked: Any) -> Hashable | None:
+        return self.backends[routine.kind].serial_key(routine, checked)
+
     def enqueue(self, plan: Planned, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
                 workspace_size: int, stream: Any) -> None:
         plan.backend.enqueue(plan.plan, constants, pointers, workspace, workspace_size, stream)
@@ -250,7 +263,8 @@ class Workspace:
 class LibraryCall:
     """A recorded library routine: its operands, its constants' checked form and its workspace."""
 
-    __slots__ = ("backend", "routine", "checked", "constants", "targets", "workspace", "empty", "capturable")
+    __slots__ = ("backend", "routine", "checked", "constants", "targets", "workspace", "empty", "capturable",
+                 "serial_key")
 
     def __init__(self, backend: LibraryBackend, routine: Routine, checked: Any, constants: tuple[int, ...],
                  targets: list[Target], empty: bool) -> None:
@@ -264,6 +278,8 @@ class LibraryCall:
         self.empty = empty
         #: Whether graph command buffers can capture it (``LibraryBackend.capturable``).
         self.capturable = empty or backend.capturable(routine, checked)
+        #: Calls of one graph level with the same key run one after another (``LibraryBackend.serial_key``).
+        self.serial_key = None if empty else backend.serial_key(routine, checked)
 
     @property
     def slots(self) -> set[int]:
@@ -297,6 +313,17 @@ class Capturer:
         self.device = device
         self._lock = threading.Lock()
         self._stream: Any = None
+        #: Routines whose capture a graph could not hold as a child node (see ``refuse``).
+        self._refused: set[Routine] = set()
+
+    def holds(self, call: LibraryCall) -> bool:
+        """Whether a child-graph node can hold the call's capture (not refused before)."""
+        return call.routine not in self._refused
+
+    def refuse(self, call: LibraryCall) -> None:
+        """The call's capture held nodes a child graph may not (memory the library allocated while
+        captured): its routine is issued on the stream from now on, on this device."""
+        self._refused.add(call.routine)
 
     def capture(self, call: LibraryCall, table: Sequence[Binding] | None) -> Any:
         """A new graph holding ``call`` with operands from ``table`` (the caller destroys it)."""

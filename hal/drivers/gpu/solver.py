@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -187,6 +187,11 @@ class SolverBackend:
         if routine.kind == "svd":
             return batched_svd(s["m"], s["n"], bool(routine.full_matrices))  # type: ignore[attr-defined]
         return True
+
+    def serial_key(self, routine: SolverRoutine, checked: SolverCall) -> Hashable:
+        # The solver handle's routines use scratch of its own (its internal BLAS handle's workspace):
+        # two of them running at once, captured in one graph level, corrupted each other's results.
+        return self
 
     def enqueue(self, plan: SolverPlan, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
                 workspace_size: int, stream: Any) -> None:

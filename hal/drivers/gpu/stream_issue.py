@@ -86,14 +86,26 @@ class StreamIssue:
         """What issues the commands on ``queue`` with ``table`` (see ``RecordingCommandBuffer.issuer``):
         with no command through a binding-table slot, its one run of prepared calls, the shim's
         ``run_prepared`` itself."""
-        segments = self._segments.get(queue.index)
-        if segments is None:
-            segments = self._segments[queue.index] = self.segments_for(cb, queue)
+        segments = self._segments_of(cb, queue)
         if cb.slot_dispatches:  # (serialized: a launch copies the patched arguments before returning)
             return cb.serialized(functools.partial(self._issue_patched, cb, segments, table, queue.stream))
         if len(segments) == 1:
             return functools.partial(self.device.api.run_prepared, segments[0][0])
         return functools.partial(self._issue_segments, segments, table, queue.stream)
+
+    def issue(self, cb: RecordingCommandBuffer, queue, table: Sequence[Binding] | None) -> None:
+        """Issue the commands now, from an issue already serialized (``RecordingCommandBuffer.serialized``)."""
+        segments = self._segments_of(cb, queue)
+        if cb.slot_dispatches:
+            self._issue_patched(cb, segments, table, queue.stream)
+        else:
+            self._issue_segments(segments, table, queue.stream)
+
+    def _segments_of(self, cb: RecordingCommandBuffer, queue) -> list[Segment]:
+        segments = self._segments.get(queue.index)
+        if segments is None:
+            segments = self._segments[queue.index] = self.segments_for(cb, queue)
+        return segments
 
     def _issue_patched(self, cb: RecordingCommandBuffer, segments: list[Segment], table: Sequence[Binding] | None,
                        stream: Any) -> None:
