@@ -146,17 +146,24 @@ def to_dlpack(a, stream=None, max_version=None, dl_device=None, copy=None):
     strides, offset = a.layout()
     dev = dlpack_device(a)
     if dl_device is not None and tuple(dl_device) != dev:
-        raise BufferError(f"array is on DLPack device {dev}, not {tuple(dl_device)}")
+        # To the host the standard allows a copy (unless copy=False): the GPU array read back.
+        if tuple(dl_device) != (KDL_CPU, 0) or copy is False:
+            why = " and copy=False forbids the copy to the host" if tuple(dl_device) == (KDL_CPU, 0) else ""
+            raise BufferError(f"array is on DLPack device {dev}, not {tuple(dl_device)}{why}")
+        return _host_capsule(a, a.numpy())
     if copy:
         return to_dlpack(a.copy(), stream, max_version, dl_device, False)
     if dev[0] == KDL_CPU:
-        host = a.numpy()  # zero-copy view of mapped memory that keeps the storage alive
-        base = host
-        ptr = base.__array_interface__["data"][0]
-        return make_capsule(ptr, dev, a.shape, tuple(s // a.dtype.itemsize for s in host.strides)
-                            if host.size else (0,) * a.ndim, a.dtype, base)
+        return _host_capsule(a, a.numpy())  # zero-copy view of mapped memory that keeps the storage alive
     ptr = device_pointer(st.buffer) + offset * a.dtype.itemsize
     return make_capsule(ptr, dev, a.shape, strides, a.dtype, (st, a))
+
+
+def _host_capsule(a, host: np.ndarray):
+    """A CPU capsule of ``host``, the host memory holding ``a``'s elements (kept alive with it)."""
+    ptr = host.__array_interface__["data"][0]
+    strides = tuple(s // a.dtype.itemsize for s in host.strides) if host.size else (0,) * a.ndim
+    return make_capsule(ptr, (KDL_CPU, 0), a.shape, strides, a.dtype, host)
 
 
 def cuda_array_interface(a) -> dict:

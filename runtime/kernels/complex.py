@@ -189,7 +189,7 @@ RT_DEV CPX rt_ctanh(CPX z) {
   const REAL x = z.re, y = z.im;
   if (!rt_isfin_@(x)) {
     if (rt_isnan_@(x)) return CPX(x, y == 0 ? y : x);
-    return CPX(copysign@((REAL)1, x), rt_isfin_@(y) ? copysign@((REAL)0, sin@(y) * cos@(y)) : copysign@((REAL)0, y));
+    return CPX(copysign@((REAL)1, x), copysign@((REAL)0, y));  // (the array API's zero: C99's has sin(2y)'s sign)
   }
   if (!rt_isfin_@(y)) return CPX(x == 0 ? x : y - y, y - y);
   if (fabs@(x) >= (REAL)TANH_BIG) {  // tanh(x) is +-1 to the last bit; the imaginary part decays as exp(-2|x|)

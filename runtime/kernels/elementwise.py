@@ -31,7 +31,7 @@ _C_FLOAT = {
     "atan": "atanf(a)", "sinh": "sinhf(a)", "cosh": "coshf(a)", "asinh": "asinhf(a)", "acosh": "acoshf(a)",
     "atanh": "atanhf(a)", "expm1": "expm1f(a)", "log1p": "log1pf(a)", "log2": "log2f(a)",
     "log10": "log10f(a)", "floor": "floorf(a)", "ceil": "ceilf(a)", "trunc": "truncf(a)", "round": "rintf(a)",
-    "square": "a * a", "sign": "(a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : a))",
+    "square": "a * a", "sign": "(a > 0.0f ? 1.0f : (a < 0.0f ? -1.0f : (a == a ? 0.0f : a)))",
     "atan2": "atan2f(a, b)", "hypot": "hypotf(a, b)", "copysign": "copysignf(a, b)",
     "nextafter": "nextafterf(a, b)", "floor_divide": "rt_floordiv(a, b)", "remainder": "rt_remainder(a, b)",
     "logaddexp": "rt_logaddexp(a, b)", "reciprocal": "1.0f / a",
@@ -187,7 +187,17 @@ def _np_clog1p(z):
     return r
 
 
-_NP_COMPLEX = {"sign": _np_csign, "expm1": _np_cexpm1, "log1p": _np_clog1p}
+def _np_ctanh(z):
+    """tanh of complex z with the array API's zeros: tanh(+-inf + yj) of finite y is +-1 + 0j with
+    the sign of y on the zero (C99's, numpy's, takes the sign of sin(2y))."""
+    z = np.asarray(z)
+    r = np.array(np.tanh(z))
+    edge = np.isinf(z.real) & np.isfinite(z.imag)
+    r.imag = np.where(edge, np.copysign(np.zeros((), z.real.dtype), z.imag), r.imag)
+    return r
+
+
+_NP_COMPLEX = {"sign": _np_csign, "expm1": _np_cexpm1, "log1p": _np_clog1p, "tanh": _np_ctanh}
 _NP_INT = {"pow": _np_ipow, "left_shift": _np_shift_op("left_shift"),
            "right_shift": _np_shift_op("right_shift")}
 _BOOL_UFUNC = {"add": np.logical_or, "mul": np.logical_and, "maximum": np.logical_or,
@@ -448,7 +458,8 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
 
     ufunc = _BOOL_UFUNC.get(op) if cdt is _dt.bool_ else None
     ufunc = ufunc or _NP_UFUNC.get(op)
-    fast = (ufunc is not None and not quiet and cdt is not _dt.bfloat16 and all(d is cdt for d in in_dts)
+    fast = (ufunc is not None and int_fn is None and not quiet and cdt is not _dt.bfloat16
+            and all(d is cdt for d in in_dts)
             and (out_dt is cdt or op in PREDICATES))
     fns = {}
     for v in _variants(k):

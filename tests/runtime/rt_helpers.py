@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
+import pytest
 
 import hal
 
@@ -37,3 +41,20 @@ ALL_DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uin
               "float64"]
 TOL = {"float32": (1e-5, 1e-5), "float16": (2e-3, 2e-3), "bfloat16": (2e-2, 2e-2), "float64": (1e-12, 1e-12)}
 TOL.update({name: (0, 0) for name in ALL_DTYPES if name[0] in "ub" or name.startswith("int")})
+
+
+def simulated_gpu(libraries: bool):
+    """A graph-mode device of the simulated GPU (tests/drivers/fake_gpu.py) lowered as a GPU, its
+    kernels the generated CUDA C compiled for the CPU, and the context that runs them
+    (``cuda_emu.emulated_kernels()``); skips without g++. ``libraries``: the numpy references of
+    the library routines (GEMMs, solvers, FFTs) as its ``library`` format."""
+    from runtime.device import context_for
+
+    cuda_emu = pytest.importorskip("cuda_emu")
+    if cuda_emu.GXX is None:
+        pytest.skip("g++ is needed to emulate the CUDA kernels")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    fake_gpu = pytest.importorskip("drivers.fake_gpu")
+    device = fake_gpu.FakeGpuDriver(libraries=libraries).create_device(command_buffer="graph")
+    context_for(device).is_gpu = True
+    return device, cuda_emu.emulated_kernels()

@@ -8,12 +8,9 @@ complex operand cannot do raises a typed error when the op is built.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-from rt_helpers import DEVICES
+from rt_helpers import DEVICES, simulated_gpu
 
 import hal
 import runtime as rt
@@ -34,26 +31,15 @@ SPECIAL = ("exp", "log", "sqrt", "expm1", "log1p", "sinh", "cosh", "tanh", "sin"
 PARTS = (0.0, -0.0, 1.0, -1.0, 0.5, -2.5, np.inf, -np.inf, np.nan)
 
 
-def _fake_gpu():
-    cuda_emu = pytest.importorskip("cuda_emu")
-    if cuda_emu.GXX is None:
-        pytest.skip("g++ is needed to emulate the CUDA kernels")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    fake_gpu = pytest.importorskip("drivers.fake_gpu")
-    # without GEMM libraries: products run on the generated matmul kernels (the library's complex
-    # GEMMs: test_library_matmul.py)
-    device = fake_gpu.FakeGpuDriver(libraries=False).create_device(command_buffer="graph")
-    context_for(device).is_gpu = True
-    return device, cuda_emu.emulated_kernels()
-
-
 @pytest.fixture(scope="module", params=[*DEVICES, "simulated-cuda"])
 def dev(request):
     """A device URI of a runtime device, or the simulated GPU running the generated CUDA C."""
     if request.param != "simulated-cuda":
         yield request.param
         return
-    device, emulated = _fake_gpu()
+    # (without GEMM libraries: products run on the generated matmul kernels; the library's
+    # complex GEMMs: test_library_matmul.py)
+    device, emulated = simulated_gpu(libraries=False)
     try:
         with emulated:
             yield device
@@ -344,6 +330,9 @@ STANDARD_CASES = [
     ("log1p", complex(-1.0, 0.0), complex(-np.inf, 0.0)), ("log1p", complex(np.inf, np.nan), complex(np.inf, np.nan)),
     ("sign", complex(0.0, 0.0), complex(0.0, 0.0)), ("sign", complex(3.0, -4.0), complex(0.6, -0.8)),
     ("sign", complex(np.nan, 1.0), complex(np.nan, np.nan)),
+    # tanh(+-inf + yj), finite y: the zero takes y's sign (C99's, numpy's, takes sin(2y)'s: -0 here)
+    ("tanh", complex(np.inf, 2.0), complex(1.0, 0.0)), ("tanh", complex(-np.inf, -2.0), complex(-1.0, -0.0)),
+    ("tanh", complex(np.inf, 2e30), complex(1.0, 0.0)),
 ]
 
 

@@ -251,3 +251,12 @@ def test_wide_and_narrow_dtypes(gpu_like):
         cpu = rt.array(x, device="local-sync").astype(dtype).numpy()
         close(rt.array(x, device=dev).astype(dtype).numpy(), cpu)
     close(rt.full((5,), 2**40 + 1, dtype=rt.int64, device=dev).numpy(), np.full(5, 2**40 + 1))
+
+
+def test_sign_of_zeros_and_nan(gpu_like):
+    """sign(-0.0) is +0.0 (the array API, numpy), NaN stays NaN, in every float width."""
+    for dtype in (np.float32, np.float64, np.float16):
+        x = np.array([-0.0, 0.0, np.nan, -2.5, 3.0], dtype)
+        got = rt.sign(rt.array(x, device=gpu_like)).numpy()
+        np.testing.assert_array_equal(got, np.sign(x))
+        assert not np.signbit(got[0]), dtype

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import gc
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from rt_helpers import DEVICES
+from rt_helpers import DEVICES, simulated_gpu
 
 import runtime as rt
 from runtime import interop
@@ -129,3 +130,22 @@ def test_a_refused_capsule_gives_the_consumers_error_and_frees_its_tensor():
     del capsule
     interop.release_dropped_capsules()
     assert len(interop._alive) == before
+
+
+def test_a_gpu_array_exports_to_the_host_as_a_copy_when_asked():
+    """``__dlpack__(dl_device=(kDLCPU, 0))`` of a GPU array gives a host copy (the standard lets a
+    producer copy unless copy=False, which raises BufferError), as numpy's from_dlpack asks."""
+    device, emulated = simulated_gpu(libraries=False)
+    try:
+        with emulated:
+            x = rt.asarray(np.arange(12, dtype=np.float32).reshape(3, 4), device=device)[:, 1:]
+            assert x.__dlpack_device__()[0] != 1  # (a GPU device type, not kDLCPU)
+            host = np.from_dlpack(SimpleNamespace(__dlpack__=lambda **kw: x.__dlpack__(dl_device=(1, 0), **kw),
+                                                  __dlpack_device__=lambda: (1, 0)))
+            np.testing.assert_array_equal(host, np.arange(12, dtype=np.float32).reshape(3, 4)[:, 1:])
+            with pytest.raises(BufferError, match="copy=False"):
+                x.__dlpack__(dl_device=(1, 0), copy=False)
+            with pytest.raises(BufferError, match="not \\(2, 1\\)"):
+                x.__dlpack__(dl_device=(2, 1))
+    finally:
+        device.close()

@@ -5,31 +5,16 @@ and gradients against finite differences."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from cts.helpers import random_array as rand
-from rt_helpers import DEVICES
+from rt_helpers import DEVICES, simulated_gpu
 
 import hal
 import runtime as rt
-from runtime.device import context_for
 
 DTYPES = ["float32", "float64", "complex64", "complex128"]
 TOL = {"float32": 2e-4, "float64": 1e-10, "complex64": 2e-4, "complex128": 1e-10}
-
-
-def _fake_gpu(libraries: bool):
-    cuda_emu = pytest.importorskip("cuda_emu")
-    if cuda_emu.GXX is None:
-        pytest.skip("g++ is needed to emulate the CUDA kernels")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    fake_gpu = pytest.importorskip("drivers.fake_gpu")
-    device = fake_gpu.FakeGpuDriver(libraries=libraries).create_device(command_buffer="graph")
-    context_for(device).is_gpu = True
-    return device, cuda_emu.emulated_kernels()
 
 
 @pytest.fixture(scope="module", params=[*DEVICES, "simulated-cuda"])
@@ -38,7 +23,7 @@ def dev(request):
         rt.set_default_device(request.param)
         yield request.param
         return
-    device, emulated = _fake_gpu(libraries=True)
+    device, emulated = simulated_gpu(libraries=True)
     try:
         with emulated:
             yield device
@@ -247,7 +232,7 @@ def test_hostile_inputs_raise_typed_errors(dev):
 
 
 def test_a_gpu_without_its_solver_library_raises_a_typed_error():
-    device, emulated = _fake_gpu(libraries=False)
+    device, emulated = simulated_gpu(libraries=False)
     try:
         with emulated:
             x = rt.asarray(np.eye(3, dtype=np.float32), device=device)
@@ -452,7 +437,7 @@ def test_decompositions_that_cannot_be_captured_run_on_the_stream_eagerly_and_co
     hold them): on the simulated GPU with Eigh and Svd marked so, an eval holding one is issued on
     the stream, eagerly, under rt.compile with new inputs each call, and beside a GEMM and fused
     elementwise work, with the results numpy gives."""
-    device, emulated = _fake_gpu(libraries=True)
+    device, emulated = simulated_gpu(libraries=True)
     device.executables.libraries.uncapturable.update({"eigh", "svd"})
     try:
         with emulated:
