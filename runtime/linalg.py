@@ -102,6 +102,20 @@ def _decompose(routine: hal.Routine, inputs: list, constants: list, keep: list, 
     (``keep``: for each output binding, its dtype, or None when nothing reads it), shaped
     ``shapes`` (the bytes as the routine writes them, read in row-major order)."""
     ctx = inputs[0].ctx
+    packed, outputs = _packed(routine, inputs, constants, keep)
+    results = []
+    for dtype, shape, (start, _) in zip(keep, shapes, outputs):
+        if dtype is None:
+            results.append(None)
+            continue
+        results.append(new_node("linalg_get", (packed,), (start,), tuple(shape), dtype, ctx))
+    return results
+
+
+def _packed(routine: hal.Routine, inputs: list, constants: list, keep: list) -> tuple[Array, list]:
+    """The node of ``routine``'s outputs in one byte buffer, and each output's (byte offset, bytes
+    kept) in it (0 bytes for those ``keep`` says nobody reads)."""
+    ctx = inputs[0].ctx
     reason = _kernels.loadable(ctx, routine)
     if reason is not None:
         raise hal.UnimplementedError(f"linalg: {routine.TITLE} cannot run on {ctx.device.info.uri}: {reason}")
@@ -114,13 +128,7 @@ def _decompose(routine: hal.Routine, inputs: list, constants: list, keep: list, 
         offset += -(-kept // _ALIGN) * _ALIGN
     packed = new_node("linalg", tuple(inputs), (routine, tuple(constants), tuple(outputs)), (max(offset, 1),),
                       _dt.uint8, ctx)
-    results = []
-    for dtype, shape, (start, _) in zip(keep, shapes, outputs):
-        if dtype is None:
-            results.append(None)
-            continue
-        results.append(new_node("linalg_get", (packed,), (start,), tuple(shape), dtype, ctx))
-    return results
+    return packed, outputs
 
 
 def _batch(x: Array) -> tuple[tuple, int]:
@@ -156,12 +164,13 @@ def cholesky(x, /, *, upper: bool = False) -> Array:
     if count == 0 or n == 0:
         return ops.zeros(x.shape, x.dtype, x.ctx)
     # Column-major, the row-major buffer of a Hermitian A is conj(A): its factor conj(L), whose
-    # row-major reading is L^H, upper (the strictly lower triangle is unspecified).
-    raw, info = _decompose(hal.Cholesky(x.dtype.name), [_dense(x)], [count, n], [x.dtype, _dt.int32],
-                           [batch + (n, n), batch])
-    u = _failed(info, _api.triu(raw), 2)
-    result = u if upper else ops.conj(_api.matrix_transpose(u))
-    return _graded(result, ("cholesky", upper), (x,), (result,))
+    # row-major reading is L^H, upper (the strictly lower triangle is unspecified). The result, its
+    # triangle, its transpose and a failed entry's NaNs, is one kernel reading the routine's buffer.
+    packed, ((raw_at, _), (info_at, _)) = _packed(hal.Cholesky(x.dtype.name), [_dense(x)], [count, n],
+                                                  [x.dtype, _dt.int32])
+    factor = _kernels.factor_params(raw_at, info_at, n, transposed=not upper,
+                                    conjugated=not upper and x.dtype.is_complex)
+    return new_node("linalg_result", (packed, x), (("cholesky", upper), 1, factor), batch + (n, n), x.dtype, x.ctx)
 
 
 def _lu(x: Array) -> tuple:
@@ -540,11 +549,11 @@ def _tril_half(x: Array) -> Array:
 
 def vjp(node: Array, k: int, g: Array) -> Array | None:
     """The cotangent of a decomposition's input k given its result's cotangent g (JAX's convention)."""
-    (tag, count) = node.params
+    tag, count = node.params[:2]
     if k == 0 or k > count:
         return None
     inputs = node.inputs[1:1 + count]
-    outs = node.inputs[1 + count:]
+    outs = node.inputs[1 + count:] or (node,)  # (a factor finished by the node itself is its value)
     x = inputs[k - 1]
     name = tag[0]
     if name == "inv":

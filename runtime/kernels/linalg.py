@@ -14,9 +14,12 @@ whether the device runs it).
 
 from __future__ import annotations
 
+import numpy as np
+
 import hal
 
 from . import elementwise
+from .complex import SOURCE as COMPLEX_SOURCE
 from .matmul import LibrarySource
 from .source import WORKGROUP, KernelSource, executable, grid_1d, source
 
@@ -113,11 +116,89 @@ def plan_get(node, layouts: list, ctx) -> list:
 
 def plan_result(node, layouts: list, ctx) -> list:
     """A decomposition's result as the node its gradient rule belongs to: a copy of its value (read
-    through its strides when it is a view, a transposed factor, say: one copy, not two)."""
+    through its strides when it is a view, a transposed factor, say: one copy, not two), or, for a
+    triangular factor (params ``("factor", ...)``), the factor finished from the decomposition's
+    buffer by one kernel."""
+    if len(node.params) > 2:
+        return _plan_factor(node, node.params[2])
     value = node.inputs[0]
     if value.root is value:
         return _copy_out(node, 0)
     return elementwise.plan_copy(node, layouts[0], ctx)
+
+
+# -- triangular factors -----------------------------------------------------------------------------
+#: ``factor`` flags: the triangle is read transposed (the routine's upper triangle as a lower one),
+#: and conjugated.
+TRANSPOSED, CONJUGATED = 1, 2
+
+
+def factor_params(raw_at: int, info_at: int, n: int, transposed: bool, conjugated: bool) -> tuple:
+    """The ``factor`` spec of a ``linalg_result`` node: the n x n matrices at byte ``raw_at`` of the
+    decomposition's buffer, their routine's info words at ``info_at``."""
+    return ("factor", raw_at, info_at, n, (TRANSPOSED if transposed else 0) | (CONJUGATED if conjugated else 0))
+
+
+def factor_source(dt) -> KernelSource:
+    """out[b, r, c]: NaN where the routine's info for matrix b is not 0, else the upper triangle of
+    the routine's matrix b (or its transpose's lower triangle), conjugated if asked, zeros elsewhere:
+    the triangle's mask, the failure's NaNs and the transpose in one pass."""
+    key = ("linalg_factor", dt.name)
+    name = f"linalg_factor_{dt.code}"
+    return source(key, lambda: KernelSource(key, [hal.Export(name, (WORKGROUP, 1, 1), 2, 5)],
+                                            lambda: _factor_cuda(dt, name), lambda: {name: _factor_numpy(dt)}))
+
+
+def _factor_cuda(dt, name: str) -> str:
+    t = dt.c_storage
+    nan = "__int_as_float(0x7fc00000)"  # (a float NaN, widened for double parts)
+    conj = "if (flags & 2u) v = rt_conj(v);" if dt.is_complex else ""
+    return (COMPLEX_SOURCE if dt.is_complex else "") + f"""
+extern "C" __global__ void {name}({t}* __restrict__ out, const unsigned char* __restrict__ in, u32 total, u32 n,
+                                  u32 raw_at, u32 info_at, u32 flags) {{
+  const {t}* raw = reinterpret_cast<const {t}*>(in + raw_at);
+  const int* info = reinterpret_cast<const int*>(in + info_at);
+  const u32 nn = n * n;
+  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)blockDim.x * gridDim.x) {{
+    const u32 b = (u32)(i / nn), e = (u32)(i - (u64)b * nn), r = e / n, c = e - r * n;
+    {t} v;
+    if (info[b] != 0) {{
+      v = {t}({nan});
+    }} else if ((flags & 1u) ? c > r : c < r) {{
+      v = {t}(0);
+    }} else {{
+      v = (flags & 1u) ? raw[(u64)b * nn + (u64)c * n + r] : raw[i];
+      {conj}
+    }}
+    out[i] = v;
+  }}
+}}
+"""
+
+
+def _factor_numpy(dt):
+    def run(wg, bindings, c) -> None:
+        total, n, raw_at, info_at, flags = c
+        count = total // (n * n) if n else 0
+        out = np.frombuffer(bindings[0], dtype=dt.storage, count=total).reshape(count, n, n)
+        raw = np.frombuffer(bindings[1], dtype=dt.storage, count=total, offset=raw_at).reshape(count, n, n)
+        info = np.frombuffer(bindings[1], dtype=np.int32, count=count, offset=info_at)
+        value = raw.transpose(0, 2, 1) if flags & TRANSPOSED else raw
+        if flags & CONJUGATED:
+            value = np.conj(value)
+        keep = np.tril(np.ones((n, n), bool)) if flags & TRANSPOSED else np.triu(np.ones((n, n), bool))
+        np.copyto(out, np.where(keep, value, 0))
+        out[info != 0] = np.nan
+    return run
+
+
+def _plan_factor(node, spec: tuple) -> list:
+    _, raw_at, info_at, n, flags = spec
+    total = node.size
+    if total == 0:
+        return []
+    return [("dispatch", factor_source(node.dtype), f"linalg_factor_{node.dtype.code}", (grid_1d(total), 1, 1),
+             [total, n, raw_at, info_at, flags], [("out",), ("in", 0)])]
 
 
 def _copy_out(node, offset: int) -> list:
