@@ -71,6 +71,9 @@ def test_promotion_is_numpys(dev):
     x8 = rt.array(np.array([100, -100], np.int8), device=dev)
     same(x8 + x8, np.array([100, -100], np.int8) * 2)  # wraps in int8, as numpy
     same(x8 / 3, np.array([100, -100], np.int8) / 3)
+    flags = np.array([True, False])  # a Python float with bool or integer arrays: float64 (NEP 50)
+    same(rt.array(flags, device=dev) + 2.5, flags + 2.5)
+    assert (rt.array(np.int32([1, 2]), device=dev) + 2.5).dtype == np.float64
 
 
 def test_numpy_scalars_are_strongly_typed(dev):
