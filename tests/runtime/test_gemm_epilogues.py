@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import hal
 import runtime as rt
 from runtime.device import context_for
 
@@ -69,7 +70,10 @@ def reference(activation, w1, b1, w2, b2, x, y):
 
 
 def epilogues_run(dev) -> set:
-    return {key[1].epilogue for key in context_for(dev).executables if key[0] == "library"}
+    """The epilogues of the GEMMs the device's context has loaded (its other library routines, the
+    FFTs and solvers of tests run before on the same device, have none)."""
+    return {key[1].epilogue for key in context_for(dev).executables
+            if key[0] == "library" and isinstance(key[1], hal.Gemm)}
 
 
 #: The epilogues a GPU with a GEMM library runs for a layer's training step.
