@@ -366,8 +366,8 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         try:
             handle = api.graph_add_child_graph_node(graph, deps, child)  # (the node holds a copy)
         except UnimplementedError:
-            # The library allocated memory while captured (cuSOLVER's getrs did, after the handle had
-            # run on other streams): a child graph may not hold allocation nodes.
+            # The library allocated memory while captured (cuSOLVER's getrs did, in a process whose
+            # other devices had used the handle first): a child graph may not hold allocation nodes.
             capturer.refuse(call)
             raise _StreamInstead from None
         finally:

@@ -189,8 +189,8 @@ class SolverBackend:
         return True
 
     def serial_key(self, routine: SolverRoutine, checked: SolverCall) -> Hashable:
-        # The solver handle's routines use scratch of its own (its internal BLAS handle's workspace):
-        # two of them running at once, captured in one graph level, corrupted each other's results.
+        # The handle's routines keep scratch of their own: two of them captured in one graph level
+        # ran at once and corrupted each other's results (a complex QR's gradient, on an H200).
         return self
 
     def enqueue(self, plan: SolverPlan, constants: tuple[int, ...], pointers: Sequence[int], workspace: int,
