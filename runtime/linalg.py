@@ -126,6 +126,9 @@ def _packed(routine: hal.Routine, inputs: list, constants: list, keep: list) -> 
         kept = nbytes if dtype is not None else 0
         outputs.append((offset, kept))
         offset += -(-kept // _ALIGN) * _ALIGN
+    if offset > 0xFFFFFFFF:  # (the kernels reading the buffer take 32-bit byte offsets and counts)
+        raise hal.UnimplementedError(f"linalg: the results of {routine.TITLE} of {inputs[0].shape} take {offset} "
+                                     "bytes, too many for one dispatch (4 GiB at most): split the batch")
     packed = new_node("linalg", tuple(inputs), (routine, tuple(constants), tuple(outputs)), (max(offset, 1),),
                       _dt.uint8, ctx)
     return packed, outputs

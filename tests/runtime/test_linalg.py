@@ -478,3 +478,13 @@ def test_the_byte_copy_kernel_moves_exactly_its_bytes(n, out_offset, in_offset):
     expected = np.full_like(out, 0xEE)
     expected[out_offset:out_offset + n] = source[in_offset:in_offset + n]
     np.testing.assert_array_equal(out, expected)
+
+
+def test_results_of_4_gib_or_more_are_refused_when_the_op_is_built(dev):
+    """The kernels that read a decomposition's buffer take 32-bit offsets: a batch whose results
+    need 4 GiB or more is refused with a typed error before anything is allocated or run."""
+    x = rt.broadcast_to(rt.asarray(np.eye(4, dtype=np.float32), device=dev), (1 << 26, 4, 4))
+    with pytest.raises(hal.HalError, match="4 GiB|needs"):
+        rt.linalg.cholesky(x)
+    np.testing.assert_allclose(rt.linalg.cholesky(rt.asarray(np.eye(3, dtype=np.float32), device=dev)).numpy(),
+                               np.eye(3))
