@@ -188,10 +188,12 @@ def _bindings() -> Any:
     return cublasLt
 
 
-def _classic_bindings() -> Any:
+def classic_bindings() -> Any:
+    """nvmath's classic cuBLAS bindings, or None where they do not import (cuBLASLt alone still
+    serves every product; the solvers then run their LUs one matrix at a time)."""
     try:
         from nvmath.bindings import cublas
-    except Exception:  # cuBLASLt alone still serves every product
+    except Exception:
         return None
     return cublas
 
@@ -200,4 +202,4 @@ def load(ordinal: int, api: Any = None) -> DeferredBackend | None:
     """The cuBLASLt backend of CUDA device ``ordinal`` (``api``: the shim that times candidate
     algorithms), loaded at its first use; None when nvmath-python is missing (the reason logged
     once per process)."""
-    return LIBRARY.load(ordinal, _bindings, lambda lt: CublasLt(lt, api, _classic_bindings()))
+    return LIBRARY.load(ordinal, _bindings, lambda lt: CublasLt(lt, api, classic_bindings()))

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from hal.distribution import install_hint
+from hal.drivers.cuda.blas import classic_bindings
 from hal.drivers.gpu.library import DeferredBackend, VendorLibrary
 from hal.drivers.gpu.solver import ShimTransfers, SolverBackend, SolverPlan, kinds
 from hal.log import driver_logger
@@ -182,15 +183,7 @@ def _bindings() -> Any:
     return cusolverDn
 
 
-def _blas_bindings() -> Any:
-    try:
-        from nvmath.bindings import cublas
-    except Exception:  # (the LUs then run one matrix at a time)
-        return None
-    return cublas
-
-
 def load(ordinal: int, api: Any = None) -> dict[str, DeferredBackend]:
     """The cuSOLVER backend of CUDA device ``ordinal`` for every solver routine kind, loaded at its
     first use; empty when nvmath-python is missing (the reason logged once per process)."""
-    return kinds(LIBRARY.load(ordinal, _bindings, lambda dn: CuSolver(dn, api, _blas_bindings())))
+    return kinds(LIBRARY.load(ordinal, _bindings, lambda dn: CuSolver(dn, api, classic_bindings())))
