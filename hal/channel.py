@@ -334,6 +334,9 @@ class ChannelFactory(Protocol):
     ranks_share_devices: bool
     #: (optional, default False) Whether its channels have ``Channel.checks_matching``.
     checks_matching: bool
+    #: (optional, default False) Whether its channels honour their timeout (creation and work in
+    #: flight: ``DeadlineExceededError``) and ``abort()`` (the CTS's failure tests run where True).
+    times_out: bool
 
     def new_id(self) -> bytes:
         """A new communicator id (rank 0 makes it, every rank passes it to ``create``)."""

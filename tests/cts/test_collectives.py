@@ -700,6 +700,18 @@ def checking(make_ranks, shared_device):
     return make
 
 
+@pytest.fixture
+def timing_out(make_ranks, shared_device):
+    """make(n, timeout): ranks whose channels time out and abort (``collectives.times_out``)."""
+    if not getattr(getattr(shared_device, "collectives", None), "times_out", False):
+        pytest.skip("the driver's channels do not time out nor abort")
+
+    def make(n: int, timeout: float | None = WAIT_TIMEOUT) -> Ranks:
+        return make_ranks(n, timeout=timeout)
+
+    return make
+
+
 def _failure_of(sem: hal.Semaphore) -> BaseException:
     with pytest.raises(hal.AbortedError) as info:
         sem.wait(1, timeout=WAIT_TIMEOUT)
@@ -740,24 +752,25 @@ def test_mismatched_operations_fail_every_rank(checking, first, second):
     _assert_usable(ranks)
 
 
-def test_a_rank_that_never_comes_times_out(checking):
-    ranks = checking(3, timeout=0.3)
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_rank_that_never_comes_times_out(timing_out, n):
+    ranks = timing_out(n, timeout=0.3)
     bufs = ranks.buffers(16)
     cbs = ranks.record(lambda cb, r, ch: cb.all_reduce(ch, bufs[r], bufs[r], 4))
     started = time.monotonic()
-    sems = ranks.submit(cbs, ranks=[0, 1])
+    sems = ranks.submit(cbs, ranks=list(range(n - 1)))
     for sem in sems:
         assert isinstance(_failure_of(sem), hal.DeadlineExceededError)
     assert time.monotonic() - started < WAIT_TIMEOUT / 2
-    late = ranks.submit(cbs, ranks=[2])  # the group broke: the late rank fails at once
+    late = ranks.submit(cbs, ranks=[n - 1])  # the group broke: the late rank fails at once
     assert isinstance(_failure_of(late[0]), hal.DeadlineExceededError)
     _assert_usable(ranks)
-    fresh = checking(3)  # the devices make new channels
+    fresh = timing_out(n)  # the devices make new channels
     assert fresh.channels[0].failure is None
 
 
-def test_abort_from_another_thread_wakes_the_waiting_ranks(checking):
-    ranks = checking(2)
+def test_abort_from_another_thread_wakes_the_waiting_ranks(timing_out):
+    ranks = timing_out(2, timeout=None)  # (no deadline: only the abort ends the wait)
     bufs = ranks.buffers(16)
     cbs = ranks.record(lambda cb, r, ch: cb.all_reduce(ch, bufs[r], bufs[r], 4))
     sems = ranks.submit(cbs, ranks=[0])
@@ -768,8 +781,8 @@ def test_abort_from_another_thread_wakes_the_waiting_ranks(checking):
     _assert_usable(ranks)
 
 
-def test_closing_a_device_under_a_waiting_rank_fails_it_and_returns(checking):
-    ranks = checking(2)
+def test_closing_a_device_under_a_waiting_rank_fails_it_and_returns(timing_out):
+    ranks = timing_out(2, timeout=None)
     bufs = ranks.buffers(16)
     cbs = ranks.record(lambda cb, r, ch: cb.all_reduce(ch, bufs[r], bufs[r], 4))
     sems = ranks.submit(cbs, ranks=[0])
@@ -781,8 +794,7 @@ def test_closing_a_device_under_a_waiting_rank_fails_it_and_returns(checking):
         sems[0].wait(1, timeout=WAIT_TIMEOUT)
 
 
-def test_channel_creation_times_out_when_ranks_are_missing(checking, make_ranks):
-    checking(1)
+def test_channel_creation_times_out_when_ranks_are_missing(timing_out, make_ranks):
     devices = make_ranks.devices(2)
     started = time.monotonic()
     with pytest.raises(hal.DeadlineExceededError):

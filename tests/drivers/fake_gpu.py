@@ -20,7 +20,8 @@ so the conformance suite runs the generic GPU driver end to end:
 ``group_end`` become one piece of stream work per stream (captured like any other while the
 stream captures) that meets the other ranks' work and computes the result in host memory with
 the CPU drivers' reference (``hal.drivers.local.channel``); a piece of work whose peers never come
-faults its stream after ``FakeNccl.TIMEOUT`` seconds, as a hung GPU kernel would need an abort.
+returns once its communicator is aborted (as NCCL's kernels do: the HAL's watchdog aborts it at the
+channel's timeout) and faults its stream after ``FakeNccl.TIMEOUT`` seconds otherwise.
 """
 
 from __future__ import annotations
@@ -662,6 +663,10 @@ class FakeExecutableCache(ExecutableCache):
         return FakeFunction(lambda grid, views, constants: None, 0, 0)
 
 
+class KernelAborted(AbortedError):
+    """What a simulated NCCL kernel meets when its communicator is aborted (it returns, as NCCL's do)."""
+
+
 class FakeComm:
     """A simulated communicator: one rank of a ``Group`` (filled in at group_end when made by a split)."""
 
@@ -674,6 +679,8 @@ class FakeComm:
         self.sends: dict[int, itertools.count] = {}
         self.recvs: dict[int, itertools.count] = {}
         self.splits = itertools.count()
+        #: The ranks of its init_rank's group (None for a split's): ready once none is None.
+        self.members: list | None = None
 
 
 _FAKE_DTYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16"}
@@ -704,23 +711,28 @@ class FakeNccl:
         return os.urandom(128)
 
     def init_rank(self, count: int, id: bytes, rank: int) -> FakeComm:
+        """A non-blocking init: the communicator is ``ready`` once every rank joined."""
         self._count("ncclCommInitRank")
         if len(id) != 128:
             raise InvalidArgumentError(f"an NCCL channel id is 128 bytes, got {len(id)}")
         with self._lock:
             group, members = self._groups.setdefault(id, (Group(id, count), [None] * count))
             comm = members[rank] = FakeComm(group, rank, count)
+            comm.members = members
             self._lock.notify_all()
-            if not self._lock.wait_for(lambda: all(m is not None for m in members), timeout=self.TIMEOUT):
-                raise TimeoutError("ncclCommInitRank: the other ranks never joined")
         return comm
 
-    def init_all(self, ordinals) -> list[FakeComm]:
-        self._count("ncclCommInitAll")
-        group = Group(os.urandom(16), len(ordinals))
-        return [FakeComm(group, rank, len(ordinals)) for rank in range(len(ordinals))]
+    def ready(self, comm: FakeComm) -> bool:
+        self._count("ncclCommGetAsyncError")
+        if comm.destroyed:
+            raise RuntimeError("a destroyed communicator")
+        with self._lock:
+            if comm.members is not None:  # made by init_rank: every rank joined
+                return all(m is not None for m in comm.members)
+            return comm.group is not None  # made by a split: every rank split
 
     def split(self, comm: FakeComm, color: int | None, key: int) -> FakeComm | None:
+        """A non-blocking split: the new communicators are ``ready`` once every rank split."""
         self._count("ncclCommSplit")
         new = FakeComm()
         with self._lock:
@@ -737,10 +749,6 @@ class FakeNccl:
                     for new_rank, (_, _, made) in enumerate(sorted(members)):
                         made.group, made.rank, made.count = group, new_rank, len(members)
                 del self._splits[(id(comm.group), number)]
-                self._lock.notify_all()
-            elif not getattr(self._local, "depth", 0):  # outside a group: ncclCommSplit blocks for the others
-                if not self._lock.wait_for(lambda: (id(comm.group), number) not in self._splits, timeout=self.TIMEOUT):
-                    raise TimeoutError("ncclCommSplit: the other ranks never split")
         return None if color is None else new
 
     def comm_rank(self, comm: FakeComm) -> tuple[int, int]:
@@ -751,9 +759,11 @@ class FakeNccl:
         comm.destroyed = True
 
     def abort(self, comm: FakeComm) -> None:
+        """NCCL's kernels of the communicator still waiting for peers return (the stream goes on)."""
         self._count("ncclCommAbort")
         comm.destroyed = True
-        comm.group.fail(AbortedError("ncclCommAbort"))  # type: ignore[union-attr]
+        if comm.group is not None:
+            comm.group.fail(KernelAborted("ncclCommAbort"))
 
     # -- groups --------------------------------------------------------------------------------------
     def group_start(self) -> None:
@@ -770,6 +780,8 @@ class FakeNccl:
         if local.depth:
             return
         pending, local.pending = local.pending, []
+        if not pending:  # (a group of communicator inits or splits)
+            return
         self.groups.append([op.kind for _, _, op, _, _ in pending])
         by_stream: dict[int, list] = {}
         for item in pending:
@@ -820,6 +832,8 @@ class FakeNccl:
             for event, failures in events:
                 if not event.wait(self.TIMEOUT):
                     raise TimeoutError("a simulated NCCL kernel waited for its peers beyond the timeout")
+                if isinstance(failures[0], KernelAborted):
+                    return  # (NCCL's kernels return once their communicator is aborted)
                 if failures[0] is not None:
                     raise failures[0]
 

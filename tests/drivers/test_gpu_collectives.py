@@ -54,7 +54,8 @@ def test_create_channels_warms_connections_up_in_one_group(ranks):
     driver, _, _ = ranks
     warm_up = driver.nccl.groups[0]
     assert warm_up == ["all_reduce", "send", "recv", "all_reduce", "send", "recv"]
-    assert driver.nccl.calls["ncclCommInitAll"] == 1
+    assert driver.nccl.calls["ncclCommInitRank"] == 2  # (in one group, as ncclCommInitAll makes them)
+    assert driver.nccl.calls["ncclCommGetAsyncError"] >= 2  # (non-blocking: polled until made)
 
 
 def test_collectives_of_one_level_are_one_group_a_barrier_starts_another(ranks):
@@ -165,6 +166,65 @@ def test_closing_a_channel_destroys_its_communicator_once(ranks):
     assert channels[0].comm is None
 
 
+def test_a_reusable_buffer_on_a_broken_channel_fails_its_submissions_without_replaying(ranks):
+    """An aborted communicator is freed: a graph that captured its kernels must never run again."""
+    driver, devices, channels = ranks
+    bufs = [d.allocator.allocate(16) for d in devices]
+    cbs = []
+    for d, ch, buf in zip(devices, channels, bufs):
+        d.write(buf, np.ones(4, np.float32).tobytes())
+        cb = d.create_command_buffer(mode=Mode.REUSABLE)
+        with cb.record():
+            cb.all_reduce(ch, buf, buf, 4)
+        cbs.append(cb)
+    executions = [d.prepare([cb]) for d, cb in zip(devices, cbs)]
+    _run(devices, cbs)
+    channels[0].abort()  # a process's ranks break together
+    assert all(isinstance(c.failure, hal.AbortedError) for c in channels)
+    assert all(c.comm is None for c in channels)
+    calls = dict(driver.nccl.calls)
+    for d, execution in zip(devices, executions):
+        sem = d.create_semaphore(0)
+        execution.submit(signal=[(sem, 1)])
+        with pytest.raises(hal.AbortedError) as info:
+            sem.wait(1, timeout=30)
+        assert isinstance(info.value.__cause__, hal.AbortedError)
+        assert "aborted" in str(info.value.__cause__)
+    assert driver.nccl.calls == calls  # nothing issued on the aborted communicators
+    for d, buf in zip(devices, bufs):
+        assert np.frombuffer(d.read(buf), np.float32).tolist() == [2.0] * 4  # the device is usable
+    assert driver.nccl.calls.get("ncclCommAbort") == 2
+
+
+def test_work_in_flight_past_the_timeout_is_aborted_and_the_watch_list_stays_short():
+    driver = FakeGpuDriver()
+    devices = [driver.create_device(i) for i in range(2)]
+    try:
+        channels = hal.create_channels(devices, timeout=0.3)
+        bufs = [d.allocator.allocate(16) for d in devices]
+        cbs = []
+        for d, ch, buf in zip(devices, channels, bufs):
+            cb = d.create_command_buffer(mode=Mode.REUSABLE)
+            with cb.record():
+                cb.all_reduce(ch, buf, buf, 4)
+            cbs.append(cb)
+        for _ in range(50):  # completed work is dropped from the watch as more is issued
+            _run(devices, cbs)
+        assert all(len(c.inflight) <= 2 for c in channels)
+        sem = devices[0].create_semaphore(0)
+        devices[0].queue_execute([cbs[0]], signal=[(sem, 1)])  # rank 1 never comes
+        with pytest.raises(hal.AbortedError) as info:
+            sem.wait(1, timeout=30)
+        assert isinstance(info.value.__cause__, hal.DeadlineExceededError)
+        assert isinstance(channels[1].failure, hal.DeadlineExceededError)
+        later = devices[0].create_semaphore(0)
+        devices[0].queue_barrier(signal=[(later, 1)])
+        later.wait(1, timeout=30)
+    finally:
+        for d in devices:
+            d.close()
+
+
 # -- the NCCL adapter over a stand-in of nccl.bindings.nccl -----------------------------------------
 class NCCLError(Exception):
     def __init__(self, status):
@@ -172,7 +232,9 @@ class NCCLError(Exception):
         self.status = status
 
 
-def _bindings(log):
+def _bindings(log, statuses=None):
+    statuses = [] if statuses is None else statuses
+
     def record(name, result=None):
         def call(*args):
             log.append((name, args))
@@ -182,9 +244,15 @@ def _bindings(log):
     def failing(*args):
         raise NCCLError(4)
 
+    class Config:
+        blocking = 1
+        ptr = 0xC0F
+
     return SimpleNamespace(
-        get_version=lambda: 22809, get_unique_id=lambda: bytes(range(128)), comm_init_rank=record("init", "comm"),
-        comm_init_all=record("init_all", ["c0", "c1"]), comm_split=record("split", 0), comm_count=lambda c: 2,
+        get_version=lambda: 22809, get_unique_id=lambda: bytes(range(128)),
+        comm_init_rank_config=record("init", "comm"), Config=Config, get_error_string=lambda status: f"error {status}",
+        comm_get_async_error=lambda comm: statuses.pop(0) if statuses else 0, comm_finalize=record("finalize"),
+        comm_split=record("split", 0), comm_count=lambda c: 2,
         comm_user_rank=lambda c: 1, group_start=record("group_start"), group_end=record("group_end"),
         comm_destroy=record("destroy"), comm_abort=record("abort"), all_reduce=record("all_reduce"),
         reduce_scatter=failing, reduce=record("reduce"), all_gather=record("all_gather"),
@@ -203,7 +271,8 @@ def test_the_nccl_adapter_passes_nccl_codes_and_stream_handles():
     assert lib.name == "NCCL 2.28.9"
     assert lib.new_id() == bytes(range(128))
     assert lib.init_rank(2, bytes(128), 1) == "comm"
-    assert log[-1] == ("init", (2, ("uid", bytes(128)), 1))
+    assert log[-1] == ("init", (2, ("uid", bytes(128)), 1, 0xC0F))  # non-blocking config
+    assert lib._config.blocking == 0
     with pytest.raises(hal.InvalidArgumentError, match="128 bytes"):
         lib.init_rank(2, b"short", 1)
     lib.all_reduce(1, 2, 3, "bfloat16", "avg", "comm", Stream())
@@ -211,11 +280,24 @@ def test_the_nccl_adapter_passes_nccl_codes_and_stream_handles():
     lib.send(5, 6, "uint8", 1, "comm", Stream())
     assert log[-1] == ("send", (5, 6, 1, 1, "comm", 0xABC))
     assert lib.split("comm", None, 0) is None
-    assert log[-1] == ("split", ("comm", -1, 0, 0))
+    assert log[-1] == ("split", ("comm", -1, 0, 0xC0F))
     assert lib.comm_rank("comm") == (1, 2)
     with pytest.raises(hal.InvalidArgumentError, match="ncclReduceScatter"):
         lib.reduce_scatter(1, 2, 3, "float32", "sum", "comm", Stream())
     assert isinstance(nccl.nccl_error("x", NCCLError(8)), hal.DeadlineExceededError)
+
+
+def test_the_nccl_adapter_polls_non_blocking_communicators():
+    log: list = []
+    statuses = [7, 0, 7, 0]  # ncclInProgress, ncclSuccess, then the finalize: in progress, done
+    lib = nccl.Nccl(_bindings(log, statuses))
+    assert lib.ready("comm") is False
+    assert lib.ready("comm") is True
+    lib.destroy("comm")  # finalize, polled until done, then destroy
+    assert [name for name, _ in log] == ["finalize", "destroy"]
+    statuses[:] = [3]
+    with pytest.raises(hal.InternalError, match="ncclCommGetAsyncError"):
+        lib.ready("comm")
     assert isinstance(nccl.nccl_error("x", NCCLError(1)), hal.InternalError)
     assert isinstance(nccl.nccl_error("x", RuntimeError("?")), hal.InternalError)
 
@@ -257,6 +339,14 @@ def test_the_rccl_adapter_checks_hip_python_results():
     assert log[-1] == ("all_reduce", (1, 2, 3, ("dtype", 7), ("op", 2), "comm", "stream"))
     with pytest.raises(hal.InvalidArgumentError, match="ncclSend"):
         lib.send(1, 2, "uint8", 0, "comm", "stream")
+    bindings.ncclGroupEnd = lambda: (Enum(7),)  # ncclInProgress: under way, not a failure
+    lib.group_end()
+    states = [7, 0, 3]
+    bindings.ncclCommGetAsyncError = lambda comm: (Enum(0), Enum(states.pop(0)))
+    assert lib.ready("comm") is False
+    assert lib.ready("comm") is True
+    with pytest.raises(hal.InternalError, match="ncclCommGetAsyncError"):
+        lib.ready("comm")
 
 
 def test_a_channels_second_collective_of_a_level_starts_a_new_group():

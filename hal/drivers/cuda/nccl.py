@@ -7,6 +7,8 @@ raises ``UnavailableError`` saying what to install (the ``nccl`` extra).
 
 The bindings take raw device addresses, the communicator object and the stream as an integer
 (``int(CUstream)``); element types and reductions are NCCL's ``ncclDataType_t`` / ``ncclRedOp_t``.
+Communicators are non-blocking (``ncclConfig_t.blocking = 0``): calls return at once, the
+bindings take ``ncclInProgress`` for success, and ``ready`` polls ``ncclCommGetAsyncError``.
 NCCL's failures (``NCCLError``) become ``hal`` errors: invalid arguments and usage are
 ``InvalidArgumentError``, a timeout ``DeadlineExceededError``, everything else ``InternalError``,
 each naming the call and NCCL's message.
@@ -16,7 +18,8 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable
 from typing import Any
 
 from hal.distribution import install_hint
@@ -30,6 +33,8 @@ REDUCTIONS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 #: ncclResult_t values with an error of their own.
 _INVALID = (4, 5)  # ncclInvalidArgument, ncclInvalidUsage
 _TIMEOUT = 8
+#: ncclResult_t of an operation of a non-blocking communicator still under way.
+IN_PROGRESS = 7
 
 
 def _checked(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -45,6 +50,18 @@ def _checked(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
             raise nccl_error(name, exc) from exc
 
     return call
+
+
+#: How long a close waits for a communicator's finalize (its work is complete by then) before aborting it.
+FINALIZE_SECONDS = 30.0
+
+
+class _Status(Exception):
+    """A ``ncclResult_t`` an asynchronous query returned (``status``), for ``nccl_error``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def nccl_error(name: str, exc: BaseException) -> HalError:
@@ -72,9 +89,13 @@ class Nccl:
         self.name = f"NCCL {version // 10000}.{version // 100 % 100}.{version % 100}" if version >= 10000 else \
             f"NCCL {version // 1000}.{version // 100 % 10}.{version % 100}"
         self._get_unique_id = _checked("ncclGetUniqueId", b.get_unique_id)
-        self._init_rank = _checked("ncclCommInitRank", b.comm_init_rank)
-        self._init_all = _checked("ncclCommInitAll", b.comm_init_all)
+        self._init_rank = _checked("ncclCommInitRankConfig", b.comm_init_rank_config)
+        self._async_error = _checked("ncclCommGetAsyncError", b.comm_get_async_error)
         self._split = _checked("ncclCommSplit", b.comm_split)
+        self._finalize = _checked("ncclCommFinalize", b.comm_finalize)
+        #: The config of every communicator made here: non-blocking (kept alive: NCCL reads it at init).
+        self._config = b.Config()
+        self._config.blocking = 0
         self._count = _checked("ncclCommCount", b.comm_count)
         self._user_rank = _checked("ncclCommUserRank", b.comm_user_rank)
         self.group_start = _checked("ncclGroupStart", b.group_start)
@@ -96,19 +117,32 @@ class Nccl:
     def init_rank(self, count: int, id: bytes, rank: int) -> Any:
         if len(id) != 128:
             raise InvalidArgumentError(f"an NCCL channel id is 128 bytes (hal.create_channel_id), got {len(id)}")
-        return self._init_rank(count, self.bindings.UniqueId.from_buffer(bytearray(id)), rank)
+        return self._init_rank(count, self.bindings.UniqueId.from_buffer(bytearray(id)), rank, self._config.ptr)
 
-    def init_all(self, ordinals: Sequence[int]) -> list[Any]:
-        return list(self._init_all(len(ordinals), list(ordinals)))
+    def ready(self, comm: Any) -> bool:
+        status = int(self._async_error(comm))
+        if status == IN_PROGRESS:
+            return False
+        if status:
+            raise nccl_error("ncclCommGetAsyncError", _Status(status, self.bindings.get_error_string(status)))
+        return True
 
     def split(self, comm: Any, color: int | None, key: int) -> Any:
-        new = self._split(comm, -1 if color is None else color, key, 0)
+        new = self._split(comm, -1 if color is None else color, key, self._config.ptr)
         return new if new else None
 
     def comm_rank(self, comm: Any) -> tuple[int, int]:
         return int(self._user_rank(comm)), int(self._count(comm))
 
     def destroy(self, comm: Any) -> None:
+        """Finalize (flush, wait for it: a non-blocking finalize returns at once), then destroy."""
+        self._finalize(comm)
+        deadline = time.monotonic() + FINALIZE_SECONDS
+        while not self.ready(comm):
+            if time.monotonic() > deadline:
+                self._abort(comm)
+                return
+            time.sleep(1e-3)
         self._destroy(comm)
 
     def abort(self, comm: Any) -> None:

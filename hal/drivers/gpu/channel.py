@@ -20,25 +20,43 @@ One process driving several GPUs (``create_channels``): the HAL issues each devi
 that device's submission runs, one device after another from one thread, where NCCL asks for one
 group over every rank. What an ungrouped call can wait for is a connection that a rank issued later
 would complete; so every connection is made while all ranks take part: ``NCCL_RUNTIME_CONNECT=0``
-(unless set; NCCL then connects every algorithm at ``init_all``) and one grouped warm-up (a small
+(unless set; NCCL then connects every algorithm when the communicators are made) and one grouped warm-up (a small
 all-reduce and a send/recv with every peer, whose connections are always made at first use).
+
+Failures: communicators are non-blocking (NCCL's ``blocking=0`` config), so nothing waits for
+a rank without limit. Creating, splitting and each group of calls poll the communicators
+(``CollectiveLibrary.ready``) up to the channel's timeout, and an issued submission with
+collectives is watched (``hal.watchdog``): still in flight ``timeout`` seconds after its issue
+(PyTorch's NCCL watchdog counts from the enqueue too), its channels break with
+``DeadlineExceededError`` and their communicators are aborted, which ends the NCCL kernels
+waiting for the missing rank; the stream goes on and the device stays usable. ``abort()``, a
+timeout and a close of the device break every rank this process drives of that communicator
+(``LocalRanks``): each one's work waits for the others. Work on a broken channel that was not
+retired yet fails with the channel's failure (``broken``: ``Completion.finish``), and so does any
+later issue of a command buffer recording collectives on it (``queue.issue``): a captured graph
+would replay NCCL kernels of a freed communicator.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
+import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hal.channel import Channel, Collective
 from hal.drivers.gpu.library import LibraryCall
-from hal.errors import FailedPreconditionError, InvalidArgumentError
+from hal.errors import DeadlineExceededError, FailedPreconditionError, HalError, InvalidArgumentError
 from hal.log import driver_logger
+from hal.watchdog import WATCHDOG
 
 if TYPE_CHECKING:
     from hal.drivers.gpu.device import GpuDevice
     from hal.drivers.gpu.recording import Target
+    from hal.drivers.gpu.submission import Submission
 
 #: The kinds that only move bytes: issued on bytes (uint8), whatever the element type.
 MOVING = frozenset({"all_gather", "all_to_all", "broadcast", "send", "recv"})
@@ -55,12 +73,15 @@ class CollectiveLibrary(Protocol):
     def new_id(self) -> bytes: ...
 
     def init_rank(self, count: int, id: bytes, rank: int) -> Any:
-        """This rank's communicator on the current device (returns once every rank joined)."""
+        """This rank's non-blocking communicator on the current device, at once: ``ready`` tells when
+        every rank joined (calls for several ranks go between ``group_start`` and ``group_end``)."""
 
-    def init_all(self, ordinals: Sequence[int]) -> list[Any]: ...
+    def ready(self, comm: Any) -> bool:
+        """Whether the communicator's last operation (creation, split, a group of calls) is done:
+        False while in progress; raises its asynchronous error."""
 
     def split(self, comm: Any, color: int | None, key: int) -> Any:
-        """A communicator of the ranks of ``color`` (None: no communicator for this rank)."""
+        """A non-blocking communicator of the ranks of ``color`` (None: no communicator for this rank)."""
 
     def comm_rank(self, comm: Any) -> tuple[int, int]:
         """(rank, count) of a communicator."""
@@ -69,9 +90,11 @@ class CollectiveLibrary(Protocol):
 
     def group_end(self) -> None: ...
 
-    def destroy(self, comm: Any) -> None: ...
+    def destroy(self, comm: Any) -> None:
+        """Free a communicator whose work is complete."""
 
-    def abort(self, comm: Any) -> None: ...
+    def abort(self, comm: Any) -> None:
+        """Free a communicator at once: its kernels still waiting for peers return."""
 
     def all_reduce(self, send: int, recv: int, count: int, dtype: str, op: str, comm: Any, stream: Any) -> None: ...
 
@@ -154,30 +177,35 @@ class CollectiveGroup:
 
     def enqueue(self, pointers: Sequence[int], stream: Any) -> None:
         """Issue the parts in order on ``stream``, each batch of them between group_start and
-        group_end (a batch of one alone: NCCL groups each call by itself)."""
+        group_end (a batch of one alone: NCCL groups each call by itself), each batch settled
+        (``settle``) before the next: a non-blocking communicator may still be enqueueing it."""
         parts = self.parts
-        for channel, _, _, _ in parts:
-            if channel.comm is None or channel.failure is not None or channel.device.closed:
-                channel.check_usable("issuing a collective")
-                raise FailedPreconditionError("issuing a collective: the channel's communicator is gone")
-        library = parts[0][0].library
-        for batch in batches(parts):
-            if len(batch) == 1 and batch[0][1].kind != "all_to_all":  # (all_to_all is a group of sends and recvs)
-                channel, op, send, recv = batch[0]
+        channels = list({id(channel): channel for channel, _, _, _ in parts}.values())
+        with COMM_LOCK:  # (no abort frees a communicator between the check and the calls)
+            check_channels(channels)
+            for batch in batches(parts):
+                self._enqueue_batch(batch, pointers, stream)
+                settle(channels, "issuing collectives")
+
+    @staticmethod
+    def _enqueue_batch(batch: list, pointers: Sequence[int], stream: Any) -> None:
+        library = batch[0][0].library
+        if len(batch) == 1 and batch[0][1].kind != "all_to_all":  # (all_to_all is a group of sends and recvs)
+            channel, op, send, recv = batch[0]
+            send_ptr = 0 if send is None else pointers[send]
+            recv_ptr = 0 if recv is None else pointers[recv]
+            enqueue(library, op, channel.comm, channel.rank, channel.count, send_ptr or recv_ptr,
+                    recv_ptr or send_ptr, stream)
+            return
+        library.group_start()
+        try:
+            for channel, op, send, recv in batch:
                 send_ptr = 0 if send is None else pointers[send]
                 recv_ptr = 0 if recv is None else pointers[recv]
                 enqueue(library, op, channel.comm, channel.rank, channel.count, send_ptr or recv_ptr,
                         recv_ptr or send_ptr, stream)
-                continue
-            library.group_start()
-            try:
-                for channel, op, send, recv in batch:
-                    send_ptr = 0 if send is None else pointers[send]
-                    recv_ptr = 0 if recv is None else pointers[recv]
-                    enqueue(library, op, channel.comm, channel.rank, channel.count, send_ptr or recv_ptr,
-                            recv_ptr or send_ptr, stream)
-            finally:
-                library.group_end()
+        finally:
+            library.group_end()
 
     def __repr__(self) -> str:
         return f"<collectives {', '.join(str(op) for _, op, _, _ in self.parts)}>"
@@ -230,46 +258,207 @@ def record(level: list, channel: GpuChannel, op: Collective, send: Target | None
         call.empty = False
 
 
+#: Held around every call that uses or frees a communicator (enqueues, aborts, destroys): an abort
+#: from another thread (the watchdog's, a user's) never frees one under a call using it.
+COMM_LOCK = threading.RLock()
+#: Polls of a communicator in progress: sleeping from the first, doubling up to the last.
+_POLL_SLEEPS = (50e-6, 5e-3)
+
+
+def _copy_of(failure: BaseException) -> BaseException:
+    """A new exception like the channel's failure (each submission fails with its own instance)."""
+    try:
+        copy = type(failure)(str(failure))
+    except Exception:
+        return failure
+    copy.__cause__ = failure.__cause__
+    return copy
+
+
+def check_channels(channels: Sequence[GpuChannel]) -> None:
+    """Raise the failure of the first broken channel (a copy), or FailedPreconditionError for a closed one."""
+    for channel in channels:
+        if channel.failure is not None:
+            raise _copy_of(channel.failure)
+        if channel.comm is None or channel.device.closed:
+            channel.check_usable("issuing a collective")
+            raise FailedPreconditionError("issuing a collective: the channel's communicator is gone")
+
+
+def broken(channels: Sequence[GpuChannel]) -> BaseException | None:
+    """What work on ``channels`` that retires now fails with: the first broken channel's failure."""
+    for channel in channels:
+        if channel.failure is not None:
+            return _copy_of(channel.failure)
+    return None
+
+
+def poll_ready(library: CollectiveLibrary, comms: Sequence[Any], deadline: float | None,
+               failed: Callable[[], BaseException | None], what: str) -> None:
+    """Return once every communicator is ready; raise its error, ``failed()``'s failure, or
+    DeadlineExceededError at the deadline (the caller aborts what it made)."""
+    sleep = _POLL_SLEEPS[0]
+    while True:
+        if all(library.ready(comm) for comm in comms):
+            return
+        failure = failed()
+        if failure is not None:
+            raise _copy_of(failure)
+        if deadline is not None and time.monotonic() >= deadline:
+            raise DeadlineExceededError(f"{what}: the other ranks did not take part within the channel's timeout")
+        time.sleep(sleep)
+        sleep = min(sleep * 2, _POLL_SLEEPS[1])
+
+
+def settle(channels: Sequence[GpuChannel], what: str) -> None:
+    """Wait (up to the shortest timeout) until the channels' communicators have enqueued the calls
+    just made; a deadline breaks the channels (``LocalRanks.break_with``)."""
+    timeouts = [channel.timeout for channel in channels if channel.timeout is not None]
+    deadline = time.monotonic() + min(timeouts) if timeouts else None
+    library = channels[0].library
+
+    def failed() -> BaseException | None:
+        return next((channel.failure for channel in channels if channel.failure is not None), None)
+
+    try:
+        poll_ready(library, [channel.comm for channel in channels], deadline, failed, what)
+    except HalError as exc:
+        for channel in channels:
+            channel.ranks.break_with(exc)
+        raise
+
+
+class LocalRanks:
+    """The ranks of one communicator that this process drives: one channel, or every channel of one
+    ``create_channels``. Their collectives wait for each other, so one's failure is every one's."""
+
+    def __init__(self) -> None:
+        self.members: list[GpuChannel] = []
+
+    def break_with(self, cause: BaseException) -> None:
+        """Fail every member with ``cause`` (each keeps its first failure), then abort their
+        communicators: the NCCL kernels waiting for a peer return."""
+        members = list(self.members)
+        for member in members:
+            member.fail(cause)  # (first: a poll holding COMM_LOCK sees it and lets go)
+        with COMM_LOCK:
+            for member in members:
+                member.abort_comm()
+
+
 class GpuChannel(Channel):
     """One rank's communicator of the device's collective library."""
 
     def __init__(self, device: GpuDevice, rank: int, count: int, timeout: float | None, library: CollectiveLibrary,
-                 comm: Any) -> None:
+                 comm: Any, ranks: LocalRanks | None = None) -> None:
         super().__init__(device, rank, count, timeout)
         self.library = library
         self.comm = comm
-        self._comm_lock = threading.Lock()
+        #: The ranks of this communicator this process drives (see LocalRanks).
+        self.ranks = LocalRanks() if ranks is None else ranks
+        self.ranks.members.append(self)
+        #: (deadline, submission) of the issued work with collectives on it, oldest first (see watch).
+        self.inflight: collections.deque[tuple[float, Submission]] = collections.deque()
+        self._watch_lock = threading.Lock()
+        self._watched = False
 
+    # -- failures ---------------------------------------------------------------------------
     def _abort(self) -> None:
-        with self._comm_lock:
-            comm, self.comm = self.comm, None
+        self.ranks.break_with(self.failure or FailedPreconditionError("channel aborted"))
+
+    def abort_comm(self) -> None:
+        """Abort the communicator now (with COMM_LOCK held), if it still has one."""
+        comm, self.comm = self.comm, None
         if comm is not None:
-            self.library.abort(comm)
+            try:
+                self.library.abort(comm)
+            except HalError as exc:  # the channel is broken either way; say why the abort failed
+                driver_logger(self.device.info.driver).warning("aborting %r: %s", self, exc)
+
+    def watch(self, sub: Submission) -> None:
+        """Break the channel if ``sub`` (issued now, with collectives on it) is still in flight after
+        ``timeout`` seconds (called only with a timeout)."""
+        deadline = time.monotonic() + self.timeout  # type: ignore[operator]
+        with self._watch_lock:
+            inflight = self.inflight
+            while inflight and inflight[0][1].retired:  # (retirement is in issue order: the list stays short)
+                inflight.popleft()
+            inflight.append((deadline, sub))
+            if self._watched:
+                return
+            self._watched = True
+        WATCHDOG.watch(deadline, self)
+
+    def check_deadlines(self) -> None:
+        """The watchdog's call: break the channel if its oldest work in flight is past its deadline
+        and not complete, else watch the next deadline."""
+        with self._watch_lock:
+            inflight = self.inflight
+            while inflight and _done(inflight[0][1]):
+                inflight.popleft()
+            if not inflight or self.failure is not None:
+                inflight.clear()
+                self._watched = False
+                return
+            deadline = inflight[0][0]
+            if deadline > time.monotonic():
+                WATCHDOG.watch(deadline, self)
+                return
+            inflight.clear()
+            self._watched = False
+        self.ranks.break_with(DeadlineExceededError(
+            f"channel rank {self.rank} of {self.count}: collectives issued {self.timeout} s ago did not complete "
+            "(a rank did not take part within the channel's timeout); the channel is aborted"))
 
     def _close(self) -> None:
         device = self.device
-        if not device.closed:
+        if not device.closed and self.failure is None:
             try:
                 device.wait_idle()  # the communicator must outlive the work that uses it
             except Exception:  # failed work does not keep the communicator alive
                 pass
-        with self._comm_lock:
+        with COMM_LOCK:
             comm, self.comm = self.comm, None
-        if comm is not None:
-            if not device.closed:
-                device.make_current()  # type: ignore[attr-defined]
-            self.library.destroy(comm)
+            if comm is None:
+                return
+            if device.closed:  # (its context is gone with what the communicator had on it)
+                return
+            device.make_current()  # type: ignore[attr-defined]
+            if self.failure is not None:
+                self.library.abort(comm)
+            else:
+                self.library.destroy(comm)
+
+
+def _done(sub: Submission) -> bool:
+    """Whether ``sub``'s work completed (retired, or its event reached)."""
+    if sub.retired:
+        return True
+    event = sub.event
+    if event is None:
+        return False
+    queue = sub.queue
+    try:
+        queue.context.make_current()
+        return bool(queue.api.event_query(event))
+    except HalError:  # a fault: the retirement reports it
+        return True
 
 
 class GpuCollectives:
     """``device.collectives`` of a GPU device: channels over the library ``load()`` gives (loaded
     at the first use; ``load`` raises UnavailableError with what to install)."""
 
+    #: Its channels time out and abort (``hal.channel.ChannelFactory.times_out``).
+    times_out = True
+
     def __init__(self, device: GpuDevice, load: Callable[[], CollectiveLibrary]) -> None:
         self.device = device
         self._load = load
         self._library: CollectiveLibrary | None = None
         self._lock = threading.Lock()
+        #: The device's open channels (a close of the device breaks them: see ``device_closing``).
+        self.channels: weakref.WeakSet[GpuChannel] = weakref.WeakSet()
 
     @property
     def library(self) -> CollectiveLibrary:
@@ -286,11 +475,41 @@ class GpuCollectives:
     def new_id(self) -> bytes:
         return self.library.new_id()
 
+    def _adopt(self, channel: GpuChannel) -> GpuChannel:
+        collectives = channel.device.collectives
+        if isinstance(collectives, GpuCollectives):
+            collectives.channels.add(channel)
+        return channel
+
+    def device_closing(self) -> None:
+        """The device closes: its channels break (their peers in this process too) and their
+        communicators are aborted, so no NCCL kernel keeps its streams waiting."""
+        uri = self.device.info.uri
+        for channel in list(self.channels):
+            if not channel.closed and channel.comm is not None:
+                channel.ranks.break_with(FailedPreconditionError(
+                    f"device {uri} of channel rank {channel.rank} of {channel.count} was closed"))
+
+    def _made(self, library: CollectiveLibrary, comms: list[Any], timeout: float | None, what: str) -> None:
+        """Wait for the communicators just made; abort them all on failure or at the deadline."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            poll_ready(library, comms, deadline, lambda: None, what)
+        except BaseException:
+            with COMM_LOCK:
+                for comm in comms:
+                    try:
+                        library.abort(comm)
+                    except HalError:
+                        pass
+            raise
+
     def create(self, device: GpuDevice, rank: int, count: int, id: bytes, timeout: float | None) -> Channel:
         library = self.library
         device.make_current()
         comm = library.init_rank(count, id, rank)
-        return GpuChannel(device, rank, count, timeout, library, comm)
+        self._made(library, [comm], timeout, f"channel rank {rank} of {count}")
+        return self._adopt(GpuChannel(device, rank, count, timeout, library, comm))
 
     def create_all(self, devices: Sequence[GpuDevice], timeout: float | None) -> list[Channel]:
         library = self.library
@@ -299,10 +518,27 @@ class GpuCollectives:
             raise InvalidArgumentError(f"create_channels: devices {ordinals} share a GPU (one rank per GPU)")
         # Every connection made at init, while all ranks take part (NCCL reads it once, at its first communicator).
         os.environ.setdefault("NCCL_RUNTIME_CONNECT", "0")
-        comms = library.init_all(ordinals)
-        channels = [GpuChannel(device, rank, len(devices), timeout, library, comm)
+        id = library.new_id()
+        comms = []
+        library.group_start()  # (NCCL's init-all: every rank's init in one group)
+        try:
+            for rank, device in enumerate(devices):
+                device.make_current()
+                comms.append(library.init_rank(len(devices), id, rank))
+        finally:
+            library.group_end()
+        self._made(library, comms, timeout, f"create_channels of {len(devices)} ranks")
+        ranks = LocalRanks()
+        channels = [self._adopt(GpuChannel(device, rank, len(devices), timeout, library, comm, ranks))
                     for rank, (device, comm) in enumerate(zip(devices, comms))]
-        warm_up(channels)
+        try:
+            warm_up(channels)
+        except BaseException:
+            with COMM_LOCK:
+                for channel in channels:
+                    channel.fail(FailedPreconditionError("create_channels did not complete"))
+                    channel.abort_comm()
+            raise
         return channels  # type: ignore[return-value]
 
     def split(self, channels: Sequence[Channel], colors: Sequence[int | None], keys: Sequence[int]) -> list:
@@ -311,25 +547,33 @@ class GpuCollectives:
             if not isinstance(channel, GpuChannel) or channel.library is not library:
                 raise InvalidArgumentError("split: the channels belong to different drivers")
         comms = []
-        library.group_start()
-        try:
-            for channel, color, key in zip(channels, colors, keys):
-                channel.device.make_current()  # type: ignore[attr-defined]
-                comms.append(library.split(channel.comm, color, key))
-        finally:
-            library.group_end()
+        with COMM_LOCK:
+            library.group_start()
+            try:
+                for channel, color, key in zip(channels, colors, keys):
+                    channel.device.make_current()  # type: ignore[attr-defined]
+                    comms.append(library.split(channel.comm, color, key))
+            finally:
+                library.group_end()
+        made = [comm for comm in comms if comm is not None]
+        timeouts = [c.timeout for c in channels if c.timeout is not None]
+        self._made(library, made, min(timeouts) if timeouts else None, "split")
         result: list[Channel | None] = []
-        for channel, comm in zip(channels, comms):
+        ranks: dict[int, LocalRanks] = {}  # (by color: the new communicators)
+        for channel, comm, color in zip(channels, comms, colors):
             if comm is None:
                 result.append(None)
                 continue
             rank, count = library.comm_rank(comm)
-            result.append(GpuChannel(channel.device, rank, count, channel.timeout, library, comm))  # type: ignore[arg-type]
+            local = ranks.setdefault(color, LocalRanks())  # type: ignore[arg-type]
+            result.append(self._adopt(GpuChannel(channel.device, rank, count, channel.timeout, library, comm,  # type: ignore[arg-type]
+                                                 local)))
         return result
 
 
 def warm_up(channels: Sequence[GpuChannel]) -> None:
-    """One grouped all-reduce and send/recv with every peer on every rank (see the module), synchronized."""
+    """One grouped all-reduce and send/recv with every peer on every rank (see the module), settled and
+    synchronized."""
     if len(channels) < 2:
         return
     library = channels[0].library
@@ -352,6 +596,7 @@ def warm_up(channels: Sequence[GpuChannel]) -> None:
                         library.recv(ptr + 8 * (count + peer), 8, "uint8", peer, channel.comm, stream)
         finally:
             library.group_end()
+        settle(channels, "create_channels' first collectives")
         for channel, api, stream, _, _ in work:
             channel.device.make_current()  # type: ignore[attr-defined]
             api.stream_synchronize(stream)

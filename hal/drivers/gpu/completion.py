@@ -25,6 +25,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from hal.drivers.gpu.channel import broken
 from hal.errors import DeadlineExceededError, HalError
 from hal.semaphore import remaining, wait_slice
 
@@ -79,6 +80,10 @@ class Completion:
         before it runs, so none runs twice)."""
         if sub.retired:
             return
+        if failure is None:
+            execution = sub.execution
+            if execution is not None and execution.channels is not None:
+                failure = broken(execution.channels)
         if failure is None:
             for sem, value in sub.signals:
                 sem.advance(value)

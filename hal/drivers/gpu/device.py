@@ -273,6 +273,9 @@ class GpuDevice(Device):
 
     def _cancel_parked(self, cause: BaseException) -> None:
         self.pending.close(cause)
+        collectives = self.collectives
+        if collectives is not None and hasattr(collectives, "device_closing"):
+            collectives.device_closing()  # (before the wait for idle: no NCCL kernel keeps a stream waiting)
 
     # -- completion ------------------------------------------------------------------------
     def retire_completed(self, blocking: bool = True) -> None:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 class GpuExecution:
     __slots__ = ("queue", "completion", "pending", "command_buffers", "tables", "action", "releases", "commands",
-                 "_issuers")
+                 "channels", "_issuers")
 
     def __init__(self, queue: GpuQueue, completion: Completion, pending: PendingQueue,
                  command_buffers: list[CommandBuffer], tables: list[list[Binding] | None],
@@ -46,10 +46,15 @@ class GpuExecution:
         self.action = action
         issuers = []
         releases = []
+        channels: list = []
         for cb, table in zip(command_buffers, tables):
             issuers.append(cb.issuer(queue, table))  # type: ignore[attr-defined]
             if cb.one_shot:  # type: ignore[attr-defined]
                 releases.append(cb.retired)  # type: ignore[attr-defined]
+            channels.extend(c for c in cb.channels if not any(c is d for d in channels))  # type: ignore[attr-defined]
+        #: The channels its collectives run on, or None: a broken one fails its issue and its
+        #: retirement, and each issue is watched for their timeouts (hal/drivers/gpu/channel.py).
+        self.channels: tuple | None = tuple(channels) or None
         #: Each command buffer's issuer for this queue and table (``RecordingCommandBuffer.issuer``).
         self._issuers = issuers
         #: What the submission releases when it retires: the one-shot command buffers' resources (a

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from hal import tracing
 from hal.drivers.gpu import device_timing
+from hal.drivers.gpu.channel import check_channels
 from hal.drivers.gpu.completion import WAKE_INFLIGHT
 from hal.drivers.gpu.status import DeviceLostError
 from hal.errors import AbortedError, FailedPreconditionError, HalError
@@ -73,6 +74,7 @@ class GpuQueue:
             return
         context = self.context
         cut_short = False
+        channels = None
         try:
             if context.lost is not None:
                 raise context.lost
@@ -89,7 +91,11 @@ class GpuQueue:
                         timepoint = sem.device_wait(value)  # type: ignore[attr-defined]
                         if timepoint is not None and timepoint.queue is not self:
                             api.stream_wait_event(stream, timepoint.event)
-                    commands = sub.execution.commands  # type: ignore[union-attr]  # (not retired: checked above)
+                    execution = sub.execution
+                    commands = execution.commands  # type: ignore[union-attr]  # (not retired: checked above)
+                    channels = execution.channels  # type: ignore[union-attr]
+                    if channels is not None:  # a broken channel's communicator is gone (a graph would replay it)
+                        check_channels(channels)
                     timed = device_timing.begin(self) if tracing.ENABLED else None
                     if commands is not None:
                         self.issuing = sub
@@ -124,6 +130,10 @@ class GpuQueue:
             raise
         for sem, value in sub.signals:
             sem.add_timepoint(value, sub)  # type: ignore[attr-defined]
+        if channels is not None:
+            for channel in channels:
+                if channel.timeout is not None:
+                    channel.watch(sub)
         completion = self.completion
         # The sleeping completion thread is woken only if this work needs it (completion.py):
         # WAKE_INFLIGHT submissions are in flight, or deferred releases wait (``add_timepoint``

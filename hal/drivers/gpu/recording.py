@@ -158,6 +158,8 @@ class RecordingCommandBuffer(CommandBuffer):
         #: long as the command buffer may run (an executable's modules unload when it is collected).
         self.executables: dict[int, Executable] = {}
         self._last_executable: Executable | None = None
+        #: The channels its collectives run on (their failures fail its submissions: see hal/drivers/gpu/channel.py).
+        self.channels: list[Channel] = []
 
     # -- references ----------------------------------------------------------------
     def _target(self, ref: BufferRef) -> Target:
@@ -224,6 +226,8 @@ class RecordingCommandBuffer(CommandBuffer):
         self.slot_dispatches.append(dispatch)
 
     def _collective(self, channel: Channel, op: Collective, send: BufferRef | None, recv: BufferRef | None) -> None:
+        if not any(channel is c for c in self.channels):
+            self.channels.append(channel)
         collectives.record(self._level, channel, op, None if send is None else self._target(send),  # type: ignore[arg-type]
                            None if recv is None else self._target(recv))
 

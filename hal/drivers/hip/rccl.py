@@ -5,16 +5,22 @@ conventions: each call returns a tuple whose first item is the ``ncclResult_t`` 
 and reductions are passed as the bindings' enums (RCCL keeps NCCL's values). ``load()`` imports
 the bindings when the first channel is made; without them, or without ``librccl``, it raises
 ``UnavailableError`` saying what to install.
+
+Unlike CUDA's, RCCL's communicators are made blocking (``ncclCommInitRank``; several ranks of one
+process in one group, as ``ncclCommInitAll`` does): hip-python's ``ncclConfig_t`` has not been
+tried on an AMD GPU here, and a config NCCL rejects would leave HIP without channels. So creating
+a HIP channel waits for the other ranks without the channel's timeout; ``ready`` reads
+``ncclCommGetAsyncError`` all the same, and the watchdog's abort of work in flight past the
+timeout works on blocking communicators too.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 from typing import Any
 
 from hal.distribution import install_hint
-from hal.drivers.cuda.nccl import DATA_TYPES, REDUCTIONS, nccl_error
+from hal.drivers.cuda.nccl import DATA_TYPES, IN_PROGRESS, REDUCTIONS, nccl_error
 from hal.errors import InvalidArgumentError, UnavailableError
 
 
@@ -40,7 +46,7 @@ class Rccl:
         except Exception as exc:
             raise nccl_error(name, exc) from exc
         status, *values = result if isinstance(result, tuple) else (result,)
-        if int(status) != 0:
+        if int(status) not in (0, IN_PROGRESS):
             raise nccl_error(name, RcclFailure(int(status), f"{getattr(status, 'name', status)}"))
         return values[0] if len(values) == 1 else values or None
 
@@ -62,10 +68,17 @@ class Rccl:
         unique.internal = list(id)
         return self._call("ncclCommInitRank", count, unique, rank)
 
-    def init_all(self, ordinals: Sequence[int]) -> list[Any]:
-        comms = [self.bindings.ncclComm() for _ in ordinals]
-        self._call("ncclCommInitAll", comms, len(ordinals), list(ordinals))
-        return comms
+    def ready(self, comm: Any) -> bool:
+        try:
+            status = self.bindings.ncclCommGetAsyncError(comm)
+        except Exception as exc:
+            raise nccl_error("ncclCommGetAsyncError", exc) from exc
+        status = int(status[-1] if isinstance(status, tuple) else status)
+        if status == IN_PROGRESS:
+            return False
+        if status:
+            raise nccl_error("ncclCommGetAsyncError", RcclFailure(status, f"ncclResult_t {status}"))
+        return True
 
     def split(self, comm: Any, color: int | None, key: int) -> Any:
         new = self._call("ncclCommSplit", comm, -1 if color is None else color, key, None)

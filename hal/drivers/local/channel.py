@@ -18,7 +18,6 @@ every rank to join.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import threading
 import time
@@ -31,6 +30,7 @@ import numpy as np
 
 from hal.channel import Channel, Collective, CollectiveMismatchError
 from hal.errors import AbortedError, DeadlineExceededError, FailedPreconditionError, InvalidArgumentError
+from hal.watchdog import WATCHDOG
 
 if TYPE_CHECKING:
     from hal.device import Device
@@ -115,7 +115,7 @@ class Group:
                     meeting = self._meetings[key] = Meeting(key, expected, deadline)
                     if deadline is not None and not self._watched:
                         self._watched = True
-                        _WATCHDOG.watch(deadline, self)
+                        WATCHDOG.watch(deadline, self)
                 first = meeting.arrivals[0] if meeting.arrivals else None
                 meeting.arrivals.append(arrival)
                 if first is not None and not first.op.matches(arrival.op):
@@ -149,7 +149,7 @@ class Group:
                 return
             deadline, key = min(deadlines)
             if deadline > time.monotonic():
-                _WATCHDOG.watch(deadline, self)
+                WATCHDOG.watch(deadline, self)
                 return
             meeting = self._meetings[key]
             key = meeting.key
@@ -171,38 +171,6 @@ class Group:
         for meeting in meetings:
             for arrival in meeting.arrivals:
                 arrival.done(cause)
-
-
-class _Watchdog:
-    """One daemon thread expiring the meetings of every group at their deadlines."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._heap: list[tuple[float, int, weakref.ref]] = []
-        self._order = itertools.count()
-        self._thread: threading.Thread | None = None
-
-    def watch(self, deadline: float, group: Group) -> None:
-        with self._lock:
-            heapq.heappush(self._heap, (deadline, next(self._order), weakref.ref(group)))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="hal-channel-watchdog", daemon=True)
-                self._thread.start()
-            self._wake.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                while not self._heap or self._heap[0][0] > time.monotonic():
-                    self._wake.wait(None if not self._heap else self._heap[0][0] - time.monotonic())
-                _, _, ref = heapq.heappop(self._heap)
-            group = ref()
-            if group is not None:
-                group.check_deadlines()
-
-
-_WATCHDOG = _Watchdog()
 
 
 class LocalChannel(Channel):
@@ -319,8 +287,9 @@ class LocalCollectives:
     name = "numpy reference (in-process)"
     #: Any number of ranks may use devices of one CPU (a GPU library wants one rank per GPU).
     ranks_share_devices = True
-    #: Its channels compare the ranks' operations and time out (``Channel.checks_matching``).
+    #: Its channels compare the ranks' operations (``Channel.checks_matching``) and time out.
     checks_matching = True
+    times_out = True
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
