@@ -324,7 +324,7 @@ def settle(channels: Sequence[GpuChannel], what: str) -> None:
         poll_ready(library, [channel.comm for channel in channels], deadline, failed, what)
     except HalError as exc:
         for channel in channels:
-            channel.ranks.break_with(exc)
+            channel.ranks.break_with(exc, wait=False)  # (an issuing thread: it holds its queue's lock)
         raise
 
 
@@ -335,15 +335,37 @@ class LocalRanks:
     def __init__(self) -> None:
         self.members: list[GpuChannel] = []
 
-    def break_with(self, cause: BaseException) -> None:
-        """Fail every member with ``cause`` (each keeps its first failure), then abort their
-        communicators: the NCCL kernels waiting for a peer return."""
+    def break_with(self, cause: BaseException, wait: bool = True) -> None:
+        """Fail every member with ``cause`` (each keeps its first failure) at once, then abort their
+        communicators on a thread of its own (``wait``: until done). Before an abort, the graphs that
+        captured the members' collectives are destroyed: NCCL's abort waits for them (persistent
+        plans), and no command buffer may replay them anyway. ``wait=False`` from a thread issuing
+        on a queue (it holds the queue's lock, which the release takes)."""
         members = list(self.members)
         for member in members:
-            member.fail(cause)  # (first: a poll holding COMM_LOCK sees it and lets go)
-        with COMM_LOCK:
-            for member in members:
-                member.abort_comm()
+            member.fail(cause)  # (first: issues see it, and a poll holding COMM_LOCK lets go)
+        aborting = threading.Thread(target=_abort_members, args=(members,), name="hal-channel-abort", daemon=True)
+        aborting.start()
+        if wait:
+            aborting.join()
+
+
+def _abort_members(members: list[GpuChannel]) -> None:
+    for member in members:
+        for cb in list(member.recorders):
+            queues = cb.device.queues  # (their locks: no issue of the command buffer runs meanwhile)
+            for queue in queues:
+                queue.lock.acquire()
+            try:
+                cb.release_captures()
+            except HalError:
+                pass
+            finally:
+                for queue in queues:
+                    queue.lock.release()
+    with COMM_LOCK:
+        for member in members:
+            member.abort_comm()
 
 
 class GpuChannel(Channel):
@@ -356,6 +378,8 @@ class GpuChannel(Channel):
         self.comm = comm
         #: The ranks of this communicator this process drives (see LocalRanks).
         self.ranks = LocalRanks() if ranks is None else ranks
+        #: The command buffers recording its collectives (a break destroys their captured graphs).
+        self.recorders: weakref.WeakSet = weakref.WeakSet()
         self.ranks.members.append(self)
         #: (deadline, submission) of the issued work with collectives on it, oldest first (see watch).
         self.inflight: collections.deque[tuple[float, Submission]] = collections.deque()

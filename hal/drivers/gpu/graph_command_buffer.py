@@ -223,6 +223,9 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         #: Set at ``end()`` when a library call cannot be captured: the commands are issued on the stream.
         self._streamed: StreamIssue | None = None
 
+    def release_captures(self) -> None:
+        self._resources.release()  # (in-flight launches complete first: CUDA defers the free)
+
     # -- recording -----------------------------------------------------------------
     def _pack_staging(self) -> None:
         if not self.staging_size:

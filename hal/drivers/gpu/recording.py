@@ -228,6 +228,7 @@ class RecordingCommandBuffer(CommandBuffer):
     def _collective(self, channel: Channel, op: Collective, send: BufferRef | None, recv: BufferRef | None) -> None:
         if not any(channel is c for c in self.channels):
             self.channels.append(channel)
+            channel.recorders.add(self)  # type: ignore[attr-defined]
         collectives.record(self._level, channel, op, None if send is None else self._target(send),  # type: ignore[arg-type]
                            None if recv is None else self._target(recv))
 
@@ -287,6 +288,10 @@ class RecordingCommandBuffer(CommandBuffer):
         (None: nothing to issue). What the commands hold until the submission retires goes on
         ``queue.issuing`` (``Submission.hold``)."""
         raise NotImplementedError
+
+    def release_captures(self) -> None:
+        """Destroy what captured its collectives (a graph command buffer's graphs): their channel
+        broke, so it never runs again (called with every queue's lock held)."""
 
     def serialized(self, issue: Callable[[], None]) -> Callable[[], None]:
         """``issue``, an issuer that changes the buffer's state (patched arguments, a rebound graph),
