@@ -751,9 +751,6 @@ class FakeNccl:
                 del self._splits[(id(comm.group), number)]
         return None if color is None else new
 
-    def blocking(self, comm: FakeComm, rank: int) -> FakeComm:
-        return comm
-
     def comm_rank(self, comm: FakeComm) -> tuple[int, int]:
         return comm.rank, comm.count
 

@@ -96,9 +96,6 @@ class Nccl:
         #: The config of every communicator made here: non-blocking (kept alive: NCCL reads it at init).
         self._config = b.Config()
         self._config.blocking = 0
-        #: The config of the communicators collectives run on (see ``blocking``).
-        self._blocking_config = b.Config()
-        self._blocking_config.blocking = 1
         self._count = _checked("ncclCommCount", b.comm_count)
         self._user_rank = _checked("ncclCommUserRank", b.comm_user_rank)
         self.group_start = _checked("ncclGroupStart", b.group_start)
@@ -133,12 +130,6 @@ class Nccl:
     def split(self, comm: Any, color: int | None, key: int) -> Any:
         new = self._split(comm, -1 if color is None else color, key, self._config.ptr)
         return new if new else None
-
-    def blocking(self, comm: Any, rank: int) -> Any:
-        """A blocking communicator of the same ranks (a split of a made ``comm``; inside a group for
-        several ranks). Collectives on a non-blocking one pay an asynchronous enqueue: an 8-byte
-        all-reduce took 250 us instead of 20 on two H200s."""
-        return self._split(comm, 0, rank, self._blocking_config.ptr)
 
     def comm_rank(self, comm: Any) -> tuple[int, int]:
         return int(self._user_rank(comm)), int(self._count(comm))

@@ -83,10 +83,6 @@ class CollectiveLibrary(Protocol):
     def split(self, comm: Any, color: int | None, key: int) -> Any:
         """A non-blocking communicator of the ranks of ``color`` (None: no communicator for this rank)."""
 
-    def blocking(self, comm: Any, rank: int) -> Any:
-        """The communicator collectives run on, for a made one: a blocking copy where the library's
-        non-blocking calls cost more (NCCL), else ``comm`` itself."""
-
     def comm_rank(self, comm: Any) -> tuple[int, int]:
         """(rank, count) of a communicator."""
 
@@ -265,10 +261,7 @@ def record(level: list, channel: GpuChannel, op: Collective, send: Target | None
 #: Held around every call that uses or frees a communicator (enqueues, aborts, destroys): an abort
 #: from another thread (the watchdog's, a user's) never frees one under a call using it.
 COMM_LOCK = threading.RLock()
-#: Polls of a communicator in progress: back to back for SPIN_SECONDS (a group of calls is enqueued
-#: within microseconds: sleeping at once put 0.3 ms on an 8-byte all-reduce), then sleeping from the
-#: first of _POLL_SLEEPS, doubling up to the last (creation waits for the other ranks' processes).
-SPIN_SECONDS = 2e-3
+#: Polls of a communicator in progress: sleeping from the first, doubling up to the last.
 _POLL_SLEEPS = (50e-6, 5e-3)
 
 
@@ -305,12 +298,9 @@ def poll_ready(library: CollectiveLibrary, comms: Sequence[Any], deadline: float
     """Return once every communicator is ready; raise its error, ``failed()``'s failure, or
     DeadlineExceededError at the deadline (the caller aborts what it made)."""
     sleep = _POLL_SLEEPS[0]
-    spin_until = time.monotonic() + SPIN_SECONDS
     while True:
         if all(library.ready(comm) for comm in comms):
             return
-        if time.monotonic() < spin_until:
-            continue
         failure = failed()
         if failure is not None:
             raise _copy_of(failure)
@@ -538,33 +528,12 @@ class GpuCollectives:
                         pass
             raise
 
-    def _for_collectives(self, library: CollectiveLibrary, devices: Sequence[GpuDevice], comms: list[Any]) -> list:
-        """The blocking communicators of made ones (``CollectiveLibrary.blocking``), the made ones freed."""
-        made = []
-        with COMM_LOCK:
-            library.group_start()
-            try:
-                for rank, (device, comm) in enumerate(zip(devices, comms)):
-                    device.make_current()
-                    made.append(library.blocking(comm, rank))
-            finally:
-                library.group_end()
-            for device, comm, new in zip(devices, comms, made):
-                if new is not comm:
-                    device.make_current()
-                    library.destroy(comm)
-        return made
-
     def create(self, device: GpuDevice, rank: int, count: int, id: bytes, timeout: float | None) -> Channel:
         library = self.library
         device.make_current()
         comm = library.init_rank(count, id, rank)
         self._made(library, [comm], timeout, f"channel rank {rank} of {count}")
-        with COMM_LOCK:
-            new = library.blocking(comm, rank)
-            if new is not comm:
-                library.destroy(comm)
-        return self._adopt(GpuChannel(device, rank, count, timeout, library, new))
+        return self._adopt(GpuChannel(device, rank, count, timeout, library, comm))
 
     def create_all(self, devices: Sequence[GpuDevice], timeout: float | None) -> list[Channel]:
         library = self.library
@@ -583,7 +552,6 @@ class GpuCollectives:
         finally:
             library.group_end()
         self._made(library, comms, timeout, f"create_channels of {len(devices)} ranks")
-        comms = self._for_collectives(library, devices, comms)
         ranks = LocalRanks()
         channels = [self._adopt(GpuChannel(device, rank, len(devices), timeout, library, comm, ranks))
                     for rank, (device, comm) in enumerate(zip(devices, comms))]
