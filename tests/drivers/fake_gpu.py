@@ -751,13 +751,6 @@ class FakeNccl:
                 del self._splits[(id(comm.group), number)]
         return None if color is None else new
 
-    def blocking(self, comm: FakeComm, rank: int) -> FakeComm:
-        """As NCCL's split with blocking=1 and splitShare=1: another communicator of the same ranks."""
-        self._count("blocking")
-        child = FakeComm(comm.group, comm.rank, comm.count)
-        child.members = comm.members
-        return child
-
     def comm_rank(self, comm: FakeComm) -> tuple[int, int]:
         return comm.rank, comm.count
 

@@ -162,9 +162,8 @@ def test_closing_a_channel_destroys_its_communicator_once(ranks):
     driver, _, channels = ranks
     channels[0].close()
     channels[0].close()
-    # The blocking communicator collectives ran on, and the non-blocking one it shares resources with.
-    assert driver.nccl.calls.get("ncclCommDestroy") == 2
-    assert channels[0].comm is None and channels[0].parent is None
+    assert driver.nccl.calls.get("ncclCommDestroy") == 1
+    assert channels[0].comm is None
 
 
 def test_a_reusable_buffer_on_a_broken_channel_fails_its_submissions_without_replaying(ranks):
@@ -194,8 +193,7 @@ def test_a_reusable_buffer_on_a_broken_channel_fails_its_submissions_without_rep
     assert driver.nccl.calls == calls  # nothing issued on the aborted communicators
     for d, buf in zip(devices, bufs):
         assert np.frombuffer(d.read(buf), np.float32).tolist() == [2.0] * 4  # the device is usable
-    assert driver.nccl.calls.get("ncclCommAbort") == 4  # (each rank's two communicators)
-    assert driver.nccl.calls.get("blocking") == 2
+    assert driver.nccl.calls.get("ncclCommAbort") == 2
 
 
 def test_work_in_flight_past_the_timeout_is_aborted_and_the_watch_list_stays_short():
@@ -283,8 +281,6 @@ def test_the_nccl_adapter_passes_nccl_codes_and_stream_handles():
     assert log[-1] == ("send", (5, 6, 1, 1, "comm", 0xABC))
     assert lib.split("comm", None, 0) is None
     assert log[-1] == ("split", ("comm", -1, 0, 0xC0F))
-    lib.blocking("comm", 1)  # the communicator collectives run on: a split of every rank, in rank order
-    assert log[-1] == ("split", ("comm", 0, 1, 0xC0F))
     assert lib.comm_rank("comm") == (1, 2)
     with pytest.raises(hal.InvalidArgumentError, match="ncclReduceScatter"):
         lib.reduce_scatter(1, 2, 3, "float32", "sum", "comm", Stream())

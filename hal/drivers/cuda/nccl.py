@@ -96,11 +96,6 @@ class Nccl:
         #: The config of every communicator made here: non-blocking (kept alive: NCCL reads it at init).
         self._config = b.Config()
         self._config.blocking = 0
-        #: The config of the communicators collectives run on: blocking, sharing the resources of the
-        #: non-blocking one they are split from (see ``blocking``).
-        self._run_config = b.Config()
-        self._run_config.blocking = 1
-        self._run_config.split_share = 1
         self._count = _checked("ncclCommCount", b.comm_count)
         self._user_rank = _checked("ncclCommUserRank", b.comm_user_rank)
         self.group_start = _checked("ncclGroupStart", b.group_start)
@@ -135,12 +130,6 @@ class Nccl:
     def split(self, comm: Any, color: int | None, key: int) -> Any:
         new = self._split(comm, -1 if color is None else color, key, self._config.ptr)
         return new if new else None
-
-    def blocking(self, comm: Any, rank: int) -> Any:
-        """A blocking communicator of the same ranks, sharing ``comm``'s resources: NCCL enqueues a
-        non-blocking communicator's group of calls asynchronously, and an 8-byte all-reduce through
-        a stream command buffer took 250 us instead of 20 on two H200s."""
-        return self._split(comm, 0, rank, self._run_config.ptr)
 
     def comm_rank(self, comm: Any) -> tuple[int, int]:
         return int(self._user_rank(comm)), int(self._count(comm))

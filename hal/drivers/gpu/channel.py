@@ -83,11 +83,6 @@ class CollectiveLibrary(Protocol):
     def split(self, comm: Any, color: int | None, key: int) -> Any:
         """A non-blocking communicator of the ranks of ``color`` (None: no communicator for this rank)."""
 
-    def blocking(self, comm: Any, rank: int) -> Any:
-        """The communicator collectives run on, for a made one (inside a group for several ranks): a
-        blocking one sharing its resources where the library's non-blocking calls cost more (NCCL),
-        else ``comm`` itself. ``comm`` must outlive it."""
-
     def comm_rank(self, comm: Any) -> tuple[int, int]:
         """(rank, count) of a communicator."""
 
@@ -266,10 +261,7 @@ def record(level: list, channel: GpuChannel, op: Collective, send: Target | None
 #: Held around every call that uses or frees a communicator (enqueues, aborts, destroys): an abort
 #: from another thread (the watchdog's, a user's) never frees one under a call using it.
 COMM_LOCK = threading.RLock()
-#: Polls of a communicator in progress: back to back for SPIN_SECONDS (what the other ranks' calls
-#: complete usually comes within microseconds), then sleeping from the first of _POLL_SLEEPS,
-#: doubling up to the last (a creation waits for the other ranks' processes).
-SPIN_SECONDS = 1e-3
+#: Polls of a communicator in progress: sleeping from the first, doubling up to the last.
 _POLL_SLEEPS = (50e-6, 5e-3)
 
 
@@ -306,12 +298,9 @@ def poll_ready(library: CollectiveLibrary, comms: Sequence[Any], deadline: float
     """Return once every communicator is ready; raise its error, ``failed()``'s failure, or
     DeadlineExceededError at the deadline (the caller aborts what it made)."""
     sleep = _POLL_SLEEPS[0]
-    spin_until = time.monotonic() + SPIN_SECONDS
     while True:
         if all(library.ready(comm) for comm in comms):
             return
-        if time.monotonic() < spin_until:
-            continue
         failure = failed()
         if failure is not None:
             raise _copy_of(failure)
@@ -383,14 +372,10 @@ class GpuChannel(Channel):
     """One rank's communicator of the device's collective library."""
 
     def __init__(self, device: GpuDevice, rank: int, count: int, timeout: float | None, library: CollectiveLibrary,
-                 comm: Any, ranks: LocalRanks | None = None, parent: Any = None) -> None:
+                 comm: Any, ranks: LocalRanks | None = None) -> None:
         super().__init__(device, rank, count, timeout)
         self.library = library
-        #: The communicator its collectives run on.
         self.comm = comm
-        #: The non-blocking communicator ``comm`` was split from and shares resources with (freed after
-        #: it), or None (``CollectiveLibrary.blocking``).
-        self.parent = parent
         #: The ranks of this communicator this process drives (see LocalRanks).
         self.ranks = LocalRanks() if ranks is None else ranks
         #: The command buffers recording its collectives (a break destroys their captured graphs).
@@ -408,13 +393,11 @@ class GpuChannel(Channel):
     def abort_comm(self) -> None:
         """Abort the communicator now (with COMM_LOCK held), if it still has one."""
         comm, self.comm = self.comm, None
-        parent, self.parent = self.parent, None
-        for each in (comm, parent):
-            if each is not None:
-                try:
-                    self.library.abort(each)
-                except HalError as exc:  # the channel is broken either way; say why the abort failed
-                    driver_logger(self.device.info.driver).warning("aborting %r: %s", self, exc)
+        if comm is not None:
+            try:
+                self.library.abort(comm)
+            except HalError as exc:  # the channel is broken either way; say why the abort failed
+                driver_logger(self.device.info.driver).warning("aborting %r: %s", self, exc)
 
     def watch(self, sub: Submission) -> None:
         """Break the channel if ``sub`` (issued now, with collectives on it) is still in flight after
@@ -460,19 +443,15 @@ class GpuChannel(Channel):
                 pass
         with COMM_LOCK:
             comm, self.comm = self.comm, None
-            parent, self.parent = self.parent, None
             if comm is None:
                 return
             if device.closed:  # (its context is gone with what the communicator had on it)
                 return
             device.make_current()  # type: ignore[attr-defined]
-            for each in (comm, parent):  # (the one split from the other first: it shares its resources)
-                if each is None:
-                    continue
-                if self.failure is not None:
-                    self.library.abort(each)
-                else:
-                    self.library.destroy(each)
+            if self.failure is not None:
+                self.library.abort(comm)
+            else:
+                self.library.destroy(comm)
 
 
 def _done(sub: Submission) -> bool:
@@ -549,27 +528,12 @@ class GpuCollectives:
                         pass
             raise
 
-    @staticmethod
-    def _blocking(library: CollectiveLibrary, devices: Sequence[Any], comms: list[Any], ranks: Sequence[int]) -> list:
-        """(communicator for collectives, parent or None) of each made communicator (one group)."""
-        made = []
-        with COMM_LOCK:
-            library.group_start()
-            try:
-                for device, comm, rank in zip(devices, comms, ranks):
-                    device.make_current()
-                    made.append(library.blocking(comm, rank))
-            finally:
-                library.group_end()
-        return [(new, None if new is comm else comm) for new, comm in zip(made, comms)]
-
     def create(self, device: GpuDevice, rank: int, count: int, id: bytes, timeout: float | None) -> Channel:
         library = self.library
         device.make_current()
         comm = library.init_rank(count, id, rank)
         self._made(library, [comm], timeout, f"channel rank {rank} of {count}")
-        ((comm, parent),) = self._blocking(library, [device], [comm], [rank])
-        return self._adopt(GpuChannel(device, rank, count, timeout, library, comm, parent=parent))
+        return self._adopt(GpuChannel(device, rank, count, timeout, library, comm))
 
     def create_all(self, devices: Sequence[GpuDevice], timeout: float | None) -> list[Channel]:
         library = self.library
@@ -588,10 +552,9 @@ class GpuCollectives:
         finally:
             library.group_end()
         self._made(library, comms, timeout, f"create_channels of {len(devices)} ranks")
-        pairs = self._blocking(library, devices, comms, range(len(devices)))
         ranks = LocalRanks()
-        channels = [self._adopt(GpuChannel(device, rank, len(devices), timeout, library, comm, ranks, parent))
-                    for rank, (device, (comm, parent)) in enumerate(zip(devices, pairs))]
+        channels = [self._adopt(GpuChannel(device, rank, len(devices), timeout, library, comm, ranks))
+                    for rank, (device, comm) in enumerate(zip(devices, comms))]
         try:
             warm_up(channels)
         except BaseException:
@@ -619,22 +582,16 @@ class GpuCollectives:
         made = [comm for comm in comms if comm is not None]
         timeouts = [c.timeout for c in channels if c.timeout is not None]
         self._made(library, made, min(timeouts) if timeouts else None, "split")
-        kept = [(channel, comm, color) for channel, comm, color in zip(channels, comms, colors) if comm is not None]
-        new_ranks = [library.comm_rank(comm) for _, comm, _ in kept]
-        pairs = iter(self._blocking(library, [c.device for c, _, _ in kept], [comm for _, comm, _ in kept],
-                                    [rank for rank, _ in new_ranks]))
-        counts = iter(new_ranks)
         result: list[Channel | None] = []
         ranks: dict[int, LocalRanks] = {}  # (by color: the new communicators)
         for channel, comm, color in zip(channels, comms, colors):
             if comm is None:
                 result.append(None)
                 continue
-            rank, count = next(counts)
-            comm, parent = next(pairs)
+            rank, count = library.comm_rank(comm)
             local = ranks.setdefault(color, LocalRanks())  # type: ignore[arg-type]
             result.append(self._adopt(GpuChannel(channel.device, rank, count, channel.timeout, library, comm,  # type: ignore[arg-type]
-                                                 local, parent)))
+                                                 local)))
         return result
 
 

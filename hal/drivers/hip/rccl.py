@@ -68,9 +68,6 @@ class Rccl:
         unique.internal = list(id)
         return self._call("ncclCommInitRank", count, unique, rank)
 
-    def blocking(self, comm: Any, rank: int) -> Any:
-        return comm  # (made blocking: see the module)
-
     def ready(self, comm: Any) -> bool:
         try:
             status = self.bindings.ncclCommGetAsyncError(comm)
