@@ -129,7 +129,9 @@ class Nccl:
 
     def split(self, comm: Any, color: int | None, key: int) -> Any:
         new = self._split(comm, -1 if color is None else color, key, self._config.ptr)
-        return new if new else None
+        # (not ``new`` itself: a non-blocking split's handle is still null here, filled in once
+        # ``comm`` is ready again)
+        return None if color is None else new
 
     def comm_rank(self, comm: Any) -> tuple[int, int]:
         return int(self._user_rank(comm)), int(self._count(comm))

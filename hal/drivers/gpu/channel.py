@@ -81,7 +81,8 @@ class CollectiveLibrary(Protocol):
         False while in progress; raises its asynchronous error."""
 
     def split(self, comm: Any, color: int | None, key: int) -> Any:
-        """A non-blocking communicator of the ranks of ``color`` (None: no communicator for this rank)."""
+        """A non-blocking communicator of the ranks of ``color`` (None: no communicator for this rank),
+        usable once ``comm`` is ready again (the split completes with it)."""
 
     def comm_rank(self, comm: Any) -> tuple[int, int]:
         """(rank, count) of a communicator."""
@@ -579,9 +580,19 @@ class GpuCollectives:
                     comms.append(library.split(channel.comm, color, key))
             finally:
                 library.group_end()
-        made = [comm for comm in comms if comm is not None]
+        # A non-blocking split completes with its parent: the new communicators' handles are set
+        # once the parents are ready again (nccl4py fills them in then), so the parents are polled
+        # first. A split that does not complete leaves the parents mid-operation: they break.
         timeouts = [c.timeout for c in channels if c.timeout is not None]
-        self._made(library, made, min(timeouts) if timeouts else None, "split")
+        deadline = time.monotonic() + min(timeouts) if timeouts else None
+        try:
+            poll_ready(library, [channel.comm for channel in channels], deadline, lambda: None, "split")  # type: ignore[attr-defined]
+        except HalError as exc:
+            for channel in channels:
+                channel.ranks.break_with(exc)  # type: ignore[attr-defined]
+            raise
+        made = [comm for comm in comms if comm is not None]
+        self._made(library, made, None if deadline is None else max(0.0, deadline - time.monotonic()), "split")
         result: list[Channel | None] = []
         ranks: dict[int, LocalRanks] = {}  # (by color: the new communicators)
         for channel, comm, color in zip(channels, comms, colors):
