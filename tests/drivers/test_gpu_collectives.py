@@ -225,6 +225,55 @@ def test_work_in_flight_past_the_timeout_is_aborted_and_the_watch_list_stays_sho
             d.close()
 
 
+def test_aborts_racing_from_threads_abort_each_communicator_once(ranks):
+    import threading
+
+    driver, devices, channels = ranks
+    bufs = [d.allocator.allocate(16) for d in devices]
+    cbs = []
+    for d, ch, buf in zip(devices, channels, bufs):
+        cb = d.create_command_buffer(mode=Mode.REUSABLE)
+        with cb.record():
+            cb.all_reduce(ch, buf, buf, 4)
+        cbs.append(cb)
+    sem = devices[0].create_semaphore(0)
+    devices[0].queue_execute([cbs[0]], signal=[(sem, 1)])  # waits for rank 1, which never comes
+    threads = [threading.Thread(target=channels[i % 2].abort) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    with pytest.raises(hal.AbortedError):
+        sem.wait(1, timeout=30)
+    assert driver.nccl.calls.get("ncclCommAbort") == 2
+    for channel in channels:
+        channel.close()  # (after a break: nothing left to destroy)
+    assert driver.nccl.calls.get("ncclCommDestroy") is None
+
+
+def test_work_that_completes_within_a_short_timeout_never_breaks_the_channel():
+    driver = FakeGpuDriver()
+    devices = [driver.create_device(i) for i in range(2)]
+    try:
+        channels = hal.create_channels(devices, timeout=0.05)
+        bufs = [d.allocator.allocate(16) for d in devices]
+        cbs = []
+        for d, ch, buf in zip(devices, channels, bufs):
+            cb = d.create_command_buffer(mode=Mode.REUSABLE)
+            with cb.record():
+                cb.all_reduce(ch, buf, buf, 4)
+            cbs.append(cb)
+        for _ in range(20):
+            _run(devices, cbs)
+        import time
+
+        time.sleep(0.2)  # past every deadline: the watchdog finds the work complete
+        assert all(c.failure is None for c in channels)
+    finally:
+        for d in devices:
+            d.close()
+
+
 # -- the NCCL adapter over a stand-in of nccl.bindings.nccl -----------------------------------------
 class NCCLError(Exception):
     def __init__(self, status):
