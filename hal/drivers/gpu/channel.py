@@ -351,9 +351,18 @@ class LocalRanks:
             aborting.join()
 
 
+def _snapshot(items: weakref.WeakSet) -> list:
+    """The members of a weak set another thread may add to meanwhile (iteration then raises)."""
+    while True:
+        try:
+            return list(items)
+        except RuntimeError:  # changed size during the copy: copy again
+            continue
+
+
 def _abort_members(members: list[GpuChannel]) -> None:
     for member in members:
-        for cb in list(member.recorders):
+        for cb in _snapshot(member.recorders):
             queues = cb.device.queues  # (their locks: no issue of the command buffer runs meanwhile)
             for queue in queues:
                 queue.lock.acquire()
@@ -510,7 +519,7 @@ class GpuCollectives:
         """The device closes: its channels break (their peers in this process too) and their
         communicators are aborted, so no NCCL kernel keeps its streams waiting."""
         uri = self.device.info.uri
-        for channel in list(self.channels):
+        for channel in _snapshot(self.channels):
             if not channel.closed and channel.comm is not None:
                 channel.ranks.break_with(FailedPreconditionError(
                     f"device {uri} of channel rank {channel.rank} of {channel.count} was closed"))
