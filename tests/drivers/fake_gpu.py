@@ -29,11 +29,14 @@ from __future__ import annotations
 import bisect
 import ctypes
 import enum
+import functools
+import gc
 import itertools
 import os
 import queue
 import threading
 import time
+import weakref
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
@@ -49,7 +52,7 @@ from hal.drivers.gpu.status import StatusTable
 from hal.drivers.hip.status import HIP
 from hal.drivers.local.channel import Arrival, Group
 from hal.drivers.local.executable import NumpyExecutable
-from hal.errors import AbortedError, FailedPreconditionError, InvalidArgumentError, UnimplementedError
+from hal.errors import AbortedError, FailedPreconditionError, InternalError, InvalidArgumentError, UnimplementedError
 from hal.registry import DriverFactory, hookimpl
 
 
@@ -455,7 +458,9 @@ class FakeGpuApi:
         return []
 
     def graph_destroy(self, graph: list) -> None:
-        pass
+        for node in graph:  # (its work is freed: what captured work holds goes with it)
+            node["work"] = None
+        graph.clear()
 
     def kernel_node_params(self, func, grid, block, params: int) -> SimpleNamespace:
         return SimpleNamespace(func=func, grid=tuple(grid), params=params)
@@ -516,7 +521,8 @@ class FakeGpuApi:
         return {"works": {node["id"]: node["work"] for node in graph}, "graph": graph}
 
     def graph_exec_destroy(self, graph_exec: dict) -> None:
-        pass
+        graph_exec["works"].clear()  # (launches in flight keep what they run until they finish)
+        graph_exec["graph"] = None
 
     def graph_launch(self, graph_exec: dict, stream: _Stream) -> None:
         if stream.destroyed:
@@ -667,6 +673,16 @@ class KernelAborted(AbortedError):
     """What a simulated NCCL kernel meets when its communicator is aborted (it returns, as NCCL's do)."""
 
 
+class _Plan:
+    """NCCL's persistent plan of captured collectives: alive while a graph holds the work."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _run_planned(work, plan: _Plan) -> None:
+    work()  # (``plan`` is held by whatever holds this work)
+
+
 class FakeComm:
     """A simulated communicator: one rank of a ``Group`` (filled in at group_end when made by a split)."""
 
@@ -681,6 +697,8 @@ class FakeComm:
         self.splits = itertools.count()
         #: The ranks of its init_rank's group (None for a split's): ready once none is None.
         self.members: list | None = None
+        #: The persistent plans of its captured collectives that graphs still hold.
+        self.plans: weakref.WeakSet = weakref.WeakSet()
 
 
 _FAKE_DTYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16"}
@@ -692,6 +710,8 @@ class FakeNccl:
     name = "fake NCCL"
     #: Seconds a piece of stream work waits for its peers before it faults the stream.
     TIMEOUT = 30.0
+    #: Seconds an abort waits for the graphs holding its captured work to go (see ``abort``).
+    PLAN_WAIT = 2.0
 
     def __init__(self, api: FakeGpuApi) -> None:
         self.api = api
@@ -759,11 +779,24 @@ class FakeNccl:
         comm.destroyed = True
 
     def abort(self, comm: FakeComm) -> None:
-        """NCCL's kernels of the communicator still waiting for peers return (the stream goes on)."""
+        """NCCL's kernels of the communicator still waiting for peers return (the stream goes on).
+        Then, as NCCL's abort, wait for every graph holding its captured work to be destroyed (a
+        launch in flight lets go once its kernels returned); on an H200 it hung with one alive, even
+        one never launched: here that is refused after ``PLAN_WAIT`` seconds, and counted."""
         self._count("ncclCommAbort")
         comm.destroyed = True
         if comm.group is not None:
             comm.group.fail(KernelAborted("ncclCommAbort"))
+        deadline = time.monotonic() + self.PLAN_WAIT
+        while True:
+            gc.collect()  # (graphs the HAL destroyed and dropped are gone)
+            if not len(comm.plans):
+                return
+            if time.monotonic() > deadline:
+                self._count("ncclCommAbort with captured graphs alive")
+                raise InternalError("ncclCommAbort: graphs holding this communicator's captured work are alive "
+                                    "(NCCL's abort waits for them)")
+            time.sleep(0.01)
 
     # -- groups --------------------------------------------------------------------------------------
     def group_start(self) -> None:
@@ -787,7 +820,14 @@ class FakeNccl:
         for item in pending:
             by_stream.setdefault(id(item[0]), []).append(item)
         for items in by_stream.values():
-            self.api.enqueue_work(items[0][0], self._work(items))
+            stream = items[0][0]
+            work = self._work(items)
+            if stream.capture is not None:  # captured: a persistent plan the graphs hold (see _Plan)
+                plan = _Plan()
+                for item in items:
+                    item[1].plans.add(plan)
+                work = functools.partial(_run_planned, work, plan)
+            self.api.enqueue_work(stream, work)
 
     def _add(self, stream: Any, comm: FakeComm, op: Collective, send: int, recv: int) -> None:
         if comm.destroyed:

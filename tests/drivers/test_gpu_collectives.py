@@ -191,6 +191,9 @@ def test_a_reusable_buffer_on_a_broken_channel_fails_its_submissions_without_rep
         assert isinstance(info.value.__cause__, hal.AbortedError)
         assert "aborted" in str(info.value.__cause__)
     assert driver.nccl.calls == calls  # nothing issued on the aborted communicators
+    # A graph command buffer's graphs held the captured collectives: they were destroyed before the
+    # aborts (NCCL's abort waits for them), so none met a live one.
+    assert "ncclCommAbort with captured graphs alive" not in calls
     for d, buf in zip(devices, bufs):
         assert np.frombuffer(d.read(buf), np.float32).tolist() == [2.0] * 4  # the device is usable
     assert driver.nccl.calls.get("ncclCommAbort") == 2
@@ -217,6 +220,7 @@ def test_work_in_flight_past_the_timeout_is_aborted_and_the_watch_list_stays_sho
             sem.wait(1, timeout=30)
         assert isinstance(info.value.__cause__, hal.DeadlineExceededError)
         assert isinstance(channels[1].failure, hal.DeadlineExceededError)
+        assert "ncclCommAbort with captured graphs alive" not in driver.nccl.calls
         later = devices[0].create_semaphore(0)
         devices[0].queue_barrier(signal=[(later, 1)])
         later.wait(1, timeout=30)
@@ -246,6 +250,7 @@ def test_aborts_racing_from_threads_abort_each_communicator_once(ranks):
     with pytest.raises(hal.AbortedError):
         sem.wait(1, timeout=30)
     assert driver.nccl.calls.get("ncclCommAbort") == 2
+    assert "ncclCommAbort with captured graphs alive" not in driver.nccl.calls  # (destroyed first)
     for channel in channels:
         channel.close()  # (after a break: nothing left to destroy)
     assert driver.nccl.calls.get("ncclCommDestroy") is None
