@@ -262,7 +262,11 @@ def record(level: list, channel: GpuChannel, op: Collective, send: Target | None
 #: Held around every call that uses or frees a communicator (enqueues, aborts, destroys): an abort
 #: from another thread (the watchdog's, a user's) never frees one under a call using it.
 COMM_LOCK = threading.RLock()
-#: Polls of a communicator in progress: sleeping from the first, doubling up to the last.
+#: Polls of a communicator in progress: back to back for SPIN_SECONDS, then sleeping from the first of
+#: _POLL_SLEEPS, doubling up to the last (a creation waits for the other ranks' processes). NCCL's
+#: asynchronous enqueue of a group of calls takes about 230 us: sleeping from the first poll made an
+#: 8-byte all-reduce through a stream command buffer 331 us, spinning first 249 us (2 H200s).
+SPIN_SECONDS = 2e-3
 _POLL_SLEEPS = (50e-6, 5e-3)
 
 
@@ -299,9 +303,12 @@ def poll_ready(library: CollectiveLibrary, comms: Sequence[Any], deadline: float
     """Return once every communicator is ready; raise its error, ``failed()``'s failure, or
     DeadlineExceededError at the deadline (the caller aborts what it made)."""
     sleep = _POLL_SLEEPS[0]
+    spin_until = time.monotonic() + SPIN_SECONDS
     while True:
         if all(library.ready(comm) for comm in comms):
             return
+        if time.monotonic() < spin_until:
+            continue
         failure = failed()
         if failure is not None:
             raise _copy_of(failure)
