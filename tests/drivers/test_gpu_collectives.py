@@ -3,8 +3,11 @@ the NCCL (nccl4py) and RCCL (hip-python) adapters over stand-ins of their bindin
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -29,6 +32,29 @@ def ranks(request):
         channel.close()
     for device in devices:
         device.close()
+
+
+def _reusable_all_reduces(devices, channels, bufs) -> list:
+    """Per rank, a reusable command buffer of one in-place all-reduce of 4 float32 of its buffer."""
+    cbs = []
+    for d, ch, buf in zip(devices, channels, bufs):
+        cb = d.create_command_buffer(mode=Mode.REUSABLE)
+        with cb.record():
+            cb.all_reduce(ch, buf, buf, 4)
+        cbs.append(cb)
+    return cbs
+
+
+@contextlib.contextmanager
+def _timed_ranks(timeout: float):
+    """(driver, devices, channels): two ranks of the simulated GPU whose channels time out."""
+    driver = FakeGpuDriver()
+    devices = [driver.create_device(i) for i in range(2)]
+    try:
+        yield driver, devices, hal.create_channels(devices, timeout=timeout)
+    finally:
+        for d in devices:
+            d.close()
 
 
 def _run(devices, cbs, tables=None):
@@ -170,13 +196,9 @@ def test_a_reusable_buffer_on_a_broken_channel_fails_its_submissions_without_rep
     """An aborted communicator is freed: a graph that captured its kernels must never run again."""
     driver, devices, channels = ranks
     bufs = [d.allocator.allocate(16) for d in devices]
-    cbs = []
-    for d, ch, buf in zip(devices, channels, bufs):
+    for d, buf in zip(devices, bufs):
         d.write(buf, np.ones(4, np.float32).tobytes())
-        cb = d.create_command_buffer(mode=Mode.REUSABLE)
-        with cb.record():
-            cb.all_reduce(ch, buf, buf, 4)
-        cbs.append(cb)
+    cbs = _reusable_all_reduces(devices, channels, bufs)
     executions = [d.prepare([cb]) for d, cb in zip(devices, cbs)]
     _run(devices, cbs)
     channels[0].abort()  # a process's ranks break together
@@ -200,17 +222,9 @@ def test_a_reusable_buffer_on_a_broken_channel_fails_its_submissions_without_rep
 
 
 def test_work_in_flight_past_the_timeout_is_aborted_and_the_watch_list_stays_short():
-    driver = FakeGpuDriver()
-    devices = [driver.create_device(i) for i in range(2)]
-    try:
-        channels = hal.create_channels(devices, timeout=0.3)
+    with _timed_ranks(0.3) as (driver, devices, channels):
         bufs = [d.allocator.allocate(16) for d in devices]
-        cbs = []
-        for d, ch, buf in zip(devices, channels, bufs):
-            cb = d.create_command_buffer(mode=Mode.REUSABLE)
-            with cb.record():
-                cb.all_reduce(ch, buf, buf, 4)
-            cbs.append(cb)
+        cbs = _reusable_all_reduces(devices, channels, bufs)
         for _ in range(50):  # completed work is dropped from the watch as more is issued
             _run(devices, cbs)
         assert all(len(c.inflight) <= 2 for c in channels)
@@ -224,22 +238,12 @@ def test_work_in_flight_past_the_timeout_is_aborted_and_the_watch_list_stays_sho
         later = devices[0].create_semaphore(0)
         devices[0].queue_barrier(signal=[(later, 1)])
         later.wait(1, timeout=30)
-    finally:
-        for d in devices:
-            d.close()
 
 
 def test_aborts_racing_from_threads_abort_each_communicator_once(ranks):
-    import threading
-
     driver, devices, channels = ranks
     bufs = [d.allocator.allocate(16) for d in devices]
-    cbs = []
-    for d, ch, buf in zip(devices, channels, bufs):
-        cb = d.create_command_buffer(mode=Mode.REUSABLE)
-        with cb.record():
-            cb.all_reduce(ch, buf, buf, 4)
-        cbs.append(cb)
+    cbs = _reusable_all_reduces(devices, channels, bufs)
     sem = devices[0].create_semaphore(0)
     devices[0].queue_execute([cbs[0]], signal=[(sem, 1)])  # waits for rank 1, which never comes
     threads = [threading.Thread(target=channels[i % 2].abort) for i in range(8)]
@@ -257,26 +261,13 @@ def test_aborts_racing_from_threads_abort_each_communicator_once(ranks):
 
 
 def test_work_that_completes_within_a_short_timeout_never_breaks_the_channel():
-    driver = FakeGpuDriver()
-    devices = [driver.create_device(i) for i in range(2)]
-    try:
-        channels = hal.create_channels(devices, timeout=0.05)
+    with _timed_ranks(0.05) as (_, devices, channels):
         bufs = [d.allocator.allocate(16) for d in devices]
-        cbs = []
-        for d, ch, buf in zip(devices, channels, bufs):
-            cb = d.create_command_buffer(mode=Mode.REUSABLE)
-            with cb.record():
-                cb.all_reduce(ch, buf, buf, 4)
-            cbs.append(cb)
+        cbs = _reusable_all_reduces(devices, channels, bufs)
         for _ in range(20):
             _run(devices, cbs)
-        import time
-
         time.sleep(0.2)  # past every deadline: the watchdog finds the work complete
         assert all(c.failure is None for c in channels)
-    finally:
-        for d in devices:
-            d.close()
 
 
 # -- the NCCL adapter over a stand-in of nccl.bindings.nccl -----------------------------------------
