@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hal.distribution import install_hint
+from hal.drivers.gpu.channel import poll_ready
 from hal.errors import DeadlineExceededError, HalError, InternalError, InvalidArgumentError, UnavailableError
 
 #: ncclDataType_t of each element type NCCL reduces (bytes move as uint8).
@@ -56,12 +57,22 @@ def _checked(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
 FINALIZE_SECONDS = 30.0
 
 
-class _Status(Exception):
-    """A ``ncclResult_t`` an asynchronous query returned (``status``), for ``nccl_error``."""
+class NcclStatus(Exception):
+    """A non-zero ``ncclResult_t`` a binding returned rather than raised (``status``), for ``nccl_error``."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+def async_ready(status: int, describe: Callable[[int], str]) -> bool:
+    """``CollectiveLibrary.ready`` from ``ncclCommGetAsyncError``'s ``status``: False while in
+    progress, True when done, the hal error of any other result (``describe`` names it)."""
+    if status == IN_PROGRESS:
+        return False
+    if status:
+        raise nccl_error("ncclCommGetAsyncError", NcclStatus(status, describe(status)))
+    return True
 
 
 def nccl_error(name: str, exc: BaseException) -> HalError:
@@ -120,12 +131,7 @@ class Nccl:
         return self._init_rank(count, self.bindings.UniqueId.from_buffer(bytearray(id)), rank, self._config.ptr)
 
     def ready(self, comm: Any) -> bool:
-        status = int(self._async_error(comm))
-        if status == IN_PROGRESS:
-            return False
-        if status:
-            raise nccl_error("ncclCommGetAsyncError", _Status(status, self.bindings.get_error_string(status)))
-        return True
+        return async_ready(int(self._async_error(comm)), self.bindings.get_error_string)
 
     def split(self, comm: Any, color: int | None, key: int) -> Any:
         new = self._split(comm, -1 if color is None else color, key, self._config.ptr)
@@ -139,12 +145,11 @@ class Nccl:
     def destroy(self, comm: Any) -> None:
         """Finalize (flush, wait for it: a non-blocking finalize returns at once), then destroy."""
         self._finalize(comm)
-        deadline = time.monotonic() + FINALIZE_SECONDS
-        while not self.ready(comm):
-            if time.monotonic() > deadline:
-                self._abort(comm)
-                return
-            time.sleep(1e-3)
+        try:
+            poll_ready(self, [comm], time.monotonic() + FINALIZE_SECONDS, lambda: None, "ncclCommFinalize")
+        except DeadlineExceededError:
+            self._abort(comm)
+            return
         self._destroy(comm)
 
     def abort(self, comm: Any) -> None:

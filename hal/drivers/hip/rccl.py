@@ -20,16 +20,8 @@ import threading
 from typing import Any
 
 from hal.distribution import install_hint
-from hal.drivers.cuda.nccl import DATA_TYPES, IN_PROGRESS, REDUCTIONS, nccl_error
+from hal.drivers.cuda.nccl import DATA_TYPES, IN_PROGRESS, REDUCTIONS, NcclStatus, async_ready, nccl_error
 from hal.errors import InvalidArgumentError, UnavailableError
-
-
-class RcclFailure(Exception):
-    """An RCCL call's non-zero ``ncclResult_t`` (``status``), turned into a hal error by ``nccl_error``."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class Rccl:
@@ -47,7 +39,7 @@ class Rccl:
             raise nccl_error(name, exc) from exc
         status, *values = result if isinstance(result, tuple) else (result,)
         if int(status) not in (0, IN_PROGRESS):
-            raise nccl_error(name, RcclFailure(int(status), f"{getattr(status, 'name', status)}"))
+            raise nccl_error(name, NcclStatus(int(status), f"{getattr(status, 'name', status)}"))
         return values[0] if len(values) == 1 else values or None
 
     def _dtype(self, name: str) -> Any:
@@ -73,12 +65,7 @@ class Rccl:
             status = self.bindings.ncclCommGetAsyncError(comm)
         except Exception as exc:
             raise nccl_error("ncclCommGetAsyncError", exc) from exc
-        status = int(status[-1] if isinstance(status, tuple) else status)
-        if status == IN_PROGRESS:
-            return False
-        if status:
-            raise nccl_error("ncclCommGetAsyncError", RcclFailure(status, f"ncclResult_t {status}"))
-        return True
+        return async_ready(int(status[-1] if isinstance(status, tuple) else status), "ncclResult_t {}".format)
 
     def split(self, comm: Any, color: int | None, key: int) -> Any:
         new = self._call("ncclCommSplit", comm, -1 if color is None else color, key, None)
