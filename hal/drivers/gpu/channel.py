@@ -345,17 +345,17 @@ class LocalRanks:
 
     def break_with(self, cause: BaseException, wait: bool = True) -> None:
         """Fail every member with ``cause`` (each keeps its first failure) at once, then abort their
-        communicators on a thread of its own (``wait``: until done). Before an abort, the graphs that
-        captured the members' collectives are destroyed: NCCL's abort waits for them (persistent
-        plans), and no command buffer may replay them anyway. ``wait=False`` from a thread issuing
-        on a queue (it holds the queue's lock, which the release takes)."""
+        communicators (``wait``: before returning, else on a thread of its own). Before an abort, the
+        graphs that captured the members' collectives are destroyed: NCCL's abort waits for them
+        (persistent plans), and no command buffer may replay them anyway. ``wait=False`` from a
+        thread issuing on a queue (it holds the queue's lock, which the release takes)."""
         members = list(self.members)
         for member in members:
             member.fail(cause)  # (first: issues see it, and a poll holding COMM_LOCK lets go)
-        aborting = threading.Thread(target=_abort_members, args=(members,), name="hal-channel-abort", daemon=True)
-        aborting.start()
         if wait:
-            aborting.join()
+            _abort_members(members)
+        else:
+            threading.Thread(target=_abort_members, args=(members,), name="hal-channel-abort", daemon=True).start()
 
 
 def _snapshot(items: weakref.WeakSet) -> list:
