@@ -687,10 +687,14 @@ def test_channels_cannot_be_pickled(make_ranks):
 
 
 # -- failures in flight (channels that compare operations and time out) -------------------------------------
+def _skip_unless(shared_device: hal.Device, capability: str, what: str) -> None:
+    if not getattr(getattr(shared_device, "collectives", None), capability, False):
+        pytest.skip(f"the driver's channels do not {what}")
+
+
 @pytest.fixture
 def checking(make_ranks, shared_device):
-    if not getattr(getattr(shared_device, "collectives", None), "checks_matching", False):
-        pytest.skip("the driver's channels do not compare the ranks' operations nor time out")
+    _skip_unless(shared_device, "checks_matching", "compare the ranks' operations")
 
     def make(n: int, timeout: float | None = WAIT_TIMEOUT) -> Ranks:
         ranks = make_ranks(n, timeout=timeout)
@@ -702,14 +706,9 @@ def checking(make_ranks, shared_device):
 
 @pytest.fixture
 def timing_out(make_ranks, shared_device):
-    """make(n, timeout): ranks whose channels time out and abort (``collectives.times_out``)."""
-    if not getattr(getattr(shared_device, "collectives", None), "times_out", False):
-        pytest.skip("the driver's channels do not time out nor abort")
-
-    def make(n: int, timeout: float | None = WAIT_TIMEOUT) -> Ranks:
-        return make_ranks(n, timeout=timeout)
-
-    return make
+    """``make_ranks``, for a driver whose channels time out and abort (``collectives.times_out``)."""
+    _skip_unless(shared_device, "times_out", "time out nor abort")
+    return make_ranks
 
 
 def _failure_of(sem: hal.Semaphore) -> BaseException:
