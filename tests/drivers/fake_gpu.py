@@ -715,7 +715,7 @@ class FakeNccl:
 
     def __init__(self, api: FakeGpuApi) -> None:
         self.api = api
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()
         self._groups: dict[bytes, tuple[Group, list[FakeComm | None]]] = {}
         self._local = threading.local()
         self._splits: dict[tuple[int, int], dict[int, tuple[int | None, int, FakeComm, FakeComm]]] = {}
@@ -739,7 +739,6 @@ class FakeNccl:
             group, members = self._groups.setdefault(id, (Group(id, count), [None] * count))
             comm = members[rank] = FakeComm(group, rank, count)
             comm.members = members
-            self._lock.notify_all()
         return comm
 
     def ready(self, comm: FakeComm) -> bool:
