@@ -3,7 +3,7 @@
     python benchmarks/collective_bench.py [--out FILE] [--gpus N] [--rounds R] [--sizes 8,1M,1G]
                                           [--skip torch,mlp] [--fake]
 
-One process drives every GPU (``hal.create_channels``). Per size, in rounds taken in turn:
+Two layouts. First one process drives every GPU (``hal.create_channels``). Per size, in rounds taken in turn:
 
 - ``hal_stream``: a reusable command buffer of one in-place ``all_reduce`` per GPU on stream command
   buffers, submitted through a prepared execution (``device.prepare``) on every GPU, back to back;
@@ -15,6 +15,10 @@ Each sample times ``iterations`` operations on the host clock up to the end of t
 of an operation is the sample over ``iterations``, its bus bandwidth nccl-tests' ``bytes / time *
 2 (n - 1) / n``. Every size reports the median and spread of each contender over the rounds and the
 ratios to NCCL (bandwidth; latency at the smallest size).
+
+``processes``: the same three with a process per GPU, as torchrun starts them (``hal.create_channel``
+of one rank; NCCL's ``comm_init_rank``, one ungrouped ``all_reduce`` a step), each rank timing its own
+submissions after a barrier, every rank looping as often.
 
 ``torch``: ``torch.distributed`` all-reduce with the NCCL backend, one spawned process per GPU
 (after the rounds above, alone on the GPUs), timed the same way. ``mlp``: the data-parallel training
@@ -120,10 +124,10 @@ class HalAllReduce:
         """An all-reduce of the ranks' numbers sums them (run once, outside the timing)."""
         count = max(size // 4, 1)
         probe = min(count, 1024)
-        for rank, (device, buf) in enumerate(zip(self.devices, self.buffers)):
-            device.write(buf, np.full(probe, rank + 1, np.float32).tobytes())
+        for device, channel, buf in zip(self.devices, self.channels, self.buffers):
+            device.write(buf, np.full(probe, channel.rank + 1, np.float32).tobytes())
         self.run(1)
-        expected = sum(range(1, len(self.devices) + 1))
+        expected = sum(range(1, self.channels[0].count + 1))
         return all(np.all(np.frombuffer(d.read(b, 0, probe * 4), np.float32) == expected)
                    for d, b in zip(self.devices, self.buffers))
 
@@ -236,6 +240,118 @@ def make_devices(args, gpus: int, **options) -> list[hal.Device]:
     return [hal.create_device(f"cuda://{i}", **options) for i in range(gpus)]
 
 
+# ---- a process per GPU ---------------------------------------------------------------------------------
+class NcclRank:
+    """This process's rank of NCCL through nccl4py (``comm_init_rank``, blocking), one all-reduce a
+    step on its own stream, as a process of torchrun would call it."""
+
+    def __init__(self, device: hal.Device, rank: int, world: int, id: bytes, capacity: int) -> None:
+        from nccl.bindings import nccl
+
+        self.nccl = nccl
+        self.device = device
+        device.make_current()
+        self.comm = nccl.comm_init_rank(world, nccl.UniqueId.from_buffer(bytearray(id)), rank)
+        self.buffer = device.allocator.allocate(max(capacity, 8))
+        self.pointer = self.buffer.device_address
+        self.stream = device.api.stream_create()
+        self.handle = int(self.stream)
+        self.count = 1
+
+    def prepare(self, size: int) -> None:
+        self.count = max(size // 4, 1)
+
+    def run(self, iterations: int) -> float:
+        nccl, comm, ptr, stream, count = self.nccl, self.comm, self.pointer, self.handle, self.count
+        started = time.perf_counter()
+        for _ in range(iterations):
+            nccl.all_reduce(ptr, ptr, count, 7, 0, comm, stream)  # float32, sum
+        self.device.api.stream_synchronize(self.stream)
+        return (time.perf_counter() - started) / iterations
+
+    def most(self, value: int) -> int:
+        """The largest ``value`` of every rank (an int32 max all-reduce, synchronized): a barrier too."""
+        self.device.write(self.buffer, np.array([value], np.int32).tobytes())
+        self.nccl.all_reduce(self.pointer, self.pointer, 1, 2, 2, self.comm, self.handle)  # int32, max
+        self.device.api.stream_synchronize(self.stream)
+        return int(np.frombuffer(self.device.read(self.buffer, 0, 4), np.int32)[0])
+
+    def close(self) -> None:
+        self.device.api.stream_destroy(self.stream)
+        self.nccl.comm_destroy(self.comm)
+        self.buffer.release()
+
+
+def process_worker(rank: int, world: int, ids: list[bytes], sizes: list[int], rounds: int, out: str) -> None:
+    """One rank of ``process_rounds``: hal_stream, hal_graph and nccl on this process's GPU."""
+    capacity = max(sizes)
+    opened: list = []
+    pairs: dict = {}
+    try:
+        for mode, id in zip(("stream", "graph"), ids):
+            device = hal.create_device(f"cuda://{rank}", command_buffer=mode)
+            opened.append(device)
+            channel = hal.create_channel(device, rank=rank, count=world, id=id)
+            opened.append(channel)
+            pairs[f"hal_{mode}"] = HalAllReduce([device], [channel], capacity)
+        nccl_rank = pairs["nccl"] = NcclRank(opened[0], rank, world, ids[2], capacity)
+        results: dict = {}
+        for size in sizes:
+            entry = results[str(size)] = {"bytes": size}
+            for contender in pairs.values():
+                contender.prepare(size)
+            for name, contender in pairs.items():
+                if isinstance(contender, HalAllReduce):
+                    entry[f"{name}_correct"] = bool(nccl_rank.most(0 if contender.check(size) else 1) == 0)
+            iterations = {}
+            for name, contender in pairs.items():  # every rank loops as often: the most any asks for
+                nccl_rank.most(0)
+                iterations[name] = nccl_rank.most(iterations_for(size, contender.run(2)))
+            times: dict[str, list[float]] = {name: [] for name in pairs}
+            for _ in range(rounds):
+                for name, contender in pairs.items():
+                    nccl_rank.most(0)  # (a barrier: the ranks start together)
+                    times[name].append(contender.run(iterations[name]))
+            for name in pairs:
+                entry[name] = summary(times[name], size, world)
+                entry[name]["iterations"] = iterations[name]
+            for name in ("hal_stream", "hal_graph"):
+                entry[f"{name}_busbw_vs_nccl"] = entry[name]["busbw_GBps"] / entry["nccl"]["busbw_GBps"]
+                entry[f"{name}_time_vs_nccl"] = entry[name]["time_us"] / entry["nccl"]["time_us"]
+            if rank == 0:
+                print(f"process per GPU {size:>11} B: " + "  ".join(
+                    f"{n} {entry[n]['time_us']:9.1f} us {entry[n]['busbw_GBps']:7.1f} GB/s" for n in pairs), flush=True)
+        if rank == 0:
+            Path(out).write_text(json.dumps({"sizes": results}))
+    finally:
+        if "nccl" in pairs:
+            pairs["nccl"].close()
+        for thing in opened:
+            if isinstance(thing, hal.Channel):
+                thing.close()
+        for thing in opened:
+            if isinstance(thing, hal.Device):
+                thing.close()
+
+
+def process_rounds(args, gpus: int, sizes: list[int]) -> dict:
+    """The contenders of ``all_reduce_rounds`` with a process per GPU (as torchrun starts them): HAL
+    channels from ``hal.create_channel`` and NCCL from ``comm_init_rank``, each rank timing its own
+    submissions; ids made here and passed down."""
+    from nccl.bindings import nccl
+
+    ids = [bytes(nccl.get_unique_id()) for _ in range(3)]  # (a HAL channel id on CUDA is NCCL's unique id)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "processes.json")
+        procs = [subprocess.Popen([sys.executable, __file__, "--process-worker", str(rank), str(gpus),
+                                   ",".join(i.hex() for i in ids), ",".join(map(str, sizes)), str(args.rounds), out])
+                 for rank in range(gpus)]
+        codes = [p.wait(timeout=600) for p in procs]
+        if any(codes) or not Path(out).exists():
+            return {"error": f"workers exited with {codes}"}
+        return json.loads(Path(out).read_text())
+
+
 # ---- torch.distributed ----------------------------------------------------------------------------------
 def torch_worker(rank: int, world: int, port: int, sizes: list[int], rounds: int, out: str) -> None:
     import torch
@@ -341,17 +457,25 @@ def mlp_data_parallel(args, gpus: int) -> dict:
             for _ in range(count):
                 one_state[:] = step_c(*one_state, xs[0], ys[0])[:4]
 
+        apart_state = [[rt.array(p, device=d) for p in params_np] for d in devices]
+
+        def apart_step(count: int) -> None:
+            # Every GPU its own step, no collective: what the data-parallel step costs beside the all-reduce.
+            for _ in range(count):
+                for r in range(gpus):
+                    apart_state[r][:] = step_c(*apart_state[r], xs[r], ys[r])[:4]
+
         def sync() -> None:
             for d in devices:
                 rt.synchronize(d)
 
-        for run in (one_step, dp_step):  # warm-up: compiles and caches
+        for run in (one_step, dp_step, apart_step):  # warm-up: compiles and caches
             run(2)
         sync()
-        times: dict[str, list[float]] = {"one_gpu": [], "data_parallel": []}
+        times: dict[str, list[float]] = {"one_gpu": [], "data_parallel": [], "apart": []}
         steps = 5 if args.fake else 20
         for _ in range(args.rounds):
-            for name, run in (("one_gpu", one_step), ("data_parallel", dp_step)):
+            for name, run in (("one_gpu", one_step), ("data_parallel", dp_step), ("apart", apart_step)):
                 started = time.perf_counter()
                 run(steps)
                 sync()
@@ -361,6 +485,7 @@ def mlp_data_parallel(args, gpus: int) -> dict:
         return {
             "batch_per_gpu": batch, "gpus": gpus, "shape": list(mlp.QUICK if args.fake else mlp.FULL),
             "one_gpu_step_ms": one * 1e3, "data_parallel_step_ms": dp * 1e3,
+            "every_gpu_apart_step_ms": statistics.median(times["apart"]) * 1e3,
             "one_gpu_samples_per_s": batch / one, "data_parallel_samples_per_s": batch * gpus / dp,
             "speedup": (batch * gpus / dp) / (batch / one),
             "first_step_max_relative_difference_vs_one_gpu_whole_batch": agreement,
@@ -374,22 +499,28 @@ def mlp_data_parallel(args, gpus: int) -> dict:
 
 # ---- main -------------------------------------------------------------------------------------------------
 def verdicts(report: dict) -> dict:
+    """Per layout (one process for every GPU, a process per GPU) and mode, the worst ratios to NCCL
+    and to torch.distributed (which runs a process per GPU) against the targets."""
     out: dict = {}
-    rounds = report.get("all_reduce", {}).get("sizes", {})
     torch_sizes = report.get("torch", {}).get("sizes", {})
-    for mode in ("hal_stream", "hal_graph"):
-        bandwidth = [e[f"{mode}_busbw_vs_nccl"] for s, e in rounds.items() if int(s) >= 1 << 20
-                     and f"{mode}_busbw_vs_nccl" in e]
-        small = [e[f"{mode}_time_vs_nccl"] for s, e in rounds.items() if int(s) <= 8 and f"{mode}_time_vs_nccl" in e]
-        vs_torch = [torch_sizes[s]["time_us"] / e[mode]["time_us"] for s, e in rounds.items() if s in torch_sizes]
-        out[mode] = {
-            "worst_busbw_vs_nccl_from_1MiB": min(bandwidth) if bandwidth else None,
-            "latency_vs_nccl_8B": small[0] if small else None,
-            "worst_speed_vs_torch": min(vs_torch) if vs_torch else None,
-        }
-        out[mode]["meets_targets"] = bool(bandwidth and small and vs_torch) and \
-            min(bandwidth) >= TARGETS["bandwidth_vs_nccl_from_1MiB"] and \
-            small[0] <= TARGETS["latency_vs_nccl_8B"] and min(vs_torch) >= TARGETS["vs_torch"]
+    for layout, prefix in (("all_reduce", ""), ("processes", "processes_")):
+        rounds = report.get(layout, {}).get("sizes", {})
+        for mode in ("hal_stream", "hal_graph"):
+            bandwidth = [e[f"{mode}_busbw_vs_nccl"] for s, e in rounds.items() if int(s) >= 1 << 20
+                         and f"{mode}_busbw_vs_nccl" in e]
+            small = [e[f"{mode}_time_vs_nccl"] for s, e in rounds.items()
+                     if int(s) <= 8 and f"{mode}_time_vs_nccl" in e]
+            vs_torch = [torch_sizes[s]["time_us"] / e[mode]["time_us"] for s, e in rounds.items() if s in torch_sizes]
+            if not rounds:
+                continue
+            verdict = out[prefix + mode] = {
+                "worst_busbw_vs_nccl_from_1MiB": min(bandwidth) if bandwidth else None,
+                "latency_vs_nccl_8B": small[0] if small else None,
+                "worst_speed_vs_torch": min(vs_torch) if vs_torch else None,
+            }
+            verdict["meets_targets"] = bool(bandwidth and small and vs_torch) and \
+                min(bandwidth) >= TARGETS["bandwidth_vs_nccl_from_1MiB"] and \
+                small[0] <= TARGETS["latency_vs_nccl_8B"] and min(vs_torch) >= TARGETS["vs_torch"]
     mlp = report.get("mlp", {})
     if "speedup" in mlp:
         out["mlp_dp_speedup_meets_target"] = mlp["speedup"] >= TARGETS["dp_speedup"]
@@ -397,6 +528,11 @@ def verdicts(report: dict) -> dict:
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--process-worker":
+        rank, world, ids, sizes, rounds, out = sys.argv[2:8]
+        process_worker(int(rank), int(world), [bytes.fromhex(i) for i in ids.split(",")],
+                       [int(s) for s in sizes.split(",")], int(rounds), out)
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "--torch-worker":
         rank, world, port, sizes, rounds, out = sys.argv[2:8]
         torch_worker(int(rank), int(world), int(port), [int(s) for s in sizes.split(",")], int(rounds), out)
@@ -406,14 +542,15 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: every one, at least 2)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sizes", default=None, help="comma-separated bytes (K, M, G suffixes)")
-    parser.add_argument("--skip", default="", help="comma-separated sections to skip: torch, mlp, all_reduce")
+    parser.add_argument("--skip", default="",
+                        help="comma-separated sections to skip: all_reduce, processes, torch, mlp")
     parser.add_argument("--fake", action="store_true", help="the simulated GPU of the tests (a check that it runs)")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     if args.fake:
         gpus = args.gpus or 2
         sizes = FAKE_SIZES
-        skip.add("torch")
+        skip.update(("torch", "processes"))
     else:
         gpus = args.gpus or len(hal.get_driver("cuda").query_devices())
         sizes = SIZES
@@ -434,6 +571,7 @@ def main() -> None:
         report["error"] = f"{gpus} GPU(s): collectives need 2 or more"
     else:
         for name, section in (("all_reduce", lambda: all_reduce_rounds(args, gpus, sizes)),
+                              ("processes", lambda: process_rounds(args, gpus, sizes)),
                               ("torch", lambda: torch_rounds(args, gpus, sizes)),
                               ("mlp", lambda: mlp_data_parallel(args, gpus))):
             if name in skip:

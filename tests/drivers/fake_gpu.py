@@ -686,11 +686,19 @@ def _run_planned(work, plan: _Plan) -> None:
 class FakeComm:
     """A simulated communicator: one rank of a ``Group`` (filled in at group_end when made by a split)."""
 
-    def __init__(self, group: Group | None = None, rank: int = 0, count: int = 1) -> None:
+    def __init__(self, group: Group | None = None, rank: int = 0, count: int = 1, blocking: bool = False,
+                 family: list | None = None) -> None:
         self.group = group
         self.rank = rank
         self.count = count
+        self.blocking = blocking
+        #: The communicators sharing its resources and abort flag (NCCL's splitShare): its splits'.
+        self.family = [] if family is None else family
+        self.family.append(self)
         self.destroyed = False
+        self.aborted = False
+        #: Whether a split of it waits for other ranks (it is not ready meanwhile, as NCCL's parent).
+        self.splitting = False
         self.sequence = itertools.count()
         self.sends: dict[int, itertools.count] = {}
         self.recvs: dict[int, itertools.count] = {}
@@ -708,6 +716,8 @@ class FakeNccl:
     """NCCL on the simulated GPU (see the module): the ``CollectiveLibrary`` of ``hal/drivers/gpu/channel.py``."""
 
     name = "fake NCCL"
+    #: Communicators are non-blocking and share resources with their splits, as the HAL makes NCCL's.
+    nonblocking = True
     #: Seconds a piece of stream work waits for its peers before it faults the stream.
     TIMEOUT = 30.0
     #: Seconds an abort waits for the graphs holding its captured work to go (see ``abort``).
@@ -743,22 +753,30 @@ class FakeNccl:
 
     def ready(self, comm: FakeComm) -> bool:
         self._count("ncclCommGetAsyncError")
-        if comm.destroyed:
-            raise RuntimeError("a destroyed communicator")
+        if comm.destroyed or comm.aborted:
+            raise RuntimeError("a destroyed or aborted communicator")
         with self._lock:
+            if comm.splitting:
+                return False
             if comm.members is not None:  # made by init_rank: every rank joined
                 return all(m is not None for m in comm.members)
             return comm.group is not None  # made by a split: every rank split
 
-    def split(self, comm: FakeComm, color: int | None, key: int) -> FakeComm | None:
-        """A non-blocking split: the new communicators are ``ready`` once every rank split."""
+    def split(self, comm: FakeComm, color: int | None, key: int, blocking: bool = False) -> FakeComm | None:
+        """A non-blocking split (of a blocking communicator if ``blocking``) sharing the parent's
+        resources: the new communicators are ``ready`` once every rank split."""
         self._count("ncclCommSplit")
-        new = FakeComm()
+        if comm.destroyed or comm.aborted:
+            raise RuntimeError("a destroyed or aborted communicator")
+        new = FakeComm(blocking=blocking, family=comm.family)
         with self._lock:
             number = next(comm.splits)
             entries = self._splits.setdefault((id(comm.group), number), {})
             entries[comm.rank] = (color, key, comm, new)
+            comm.splitting = True
             if len(entries) == comm.count:
+                for _, _, parent, _ in entries.values():
+                    parent.splitting = False
                 by_color: dict[int, list] = {}
                 for rank, (c, k, _, made) in entries.items():
                     if c is not None:
@@ -775,6 +793,8 @@ class FakeNccl:
 
     def destroy(self, comm: FakeComm) -> None:
         self._count("ncclCommDestroy")
+        if comm.destroyed:
+            raise RuntimeError("ncclCommDestroy of a freed communicator")
         comm.destroyed = True
 
     def abort(self, comm: FakeComm) -> None:
@@ -783,9 +803,13 @@ class FakeNccl:
         launch in flight lets go once its kernels returned); on an H200 it hung with one alive, even
         one never launched: here that is refused after ``PLAN_WAIT`` seconds, and counted."""
         self._count("ncclCommAbort")
+        if comm.destroyed:
+            raise RuntimeError("ncclCommAbort of a freed communicator")
         comm.destroyed = True
-        if comm.group is not None:
-            comm.group.fail(KernelAborted("ncclCommAbort"))
+        for member in comm.family:  # (one abort flag: NCCL's splitShare)
+            member.aborted = True
+            if member.group is not None:
+                member.group.fail(KernelAborted("ncclCommAbort"))
         deadline = time.monotonic() + self.PLAN_WAIT
         while True:
             gc.collect()  # (graphs the HAL destroyed and dropped are gone)
@@ -815,6 +839,8 @@ class FakeNccl:
         if not pending:  # (a group of communicator inits or splits)
             return
         self.groups.append([op.kind for _, _, op, _, _ in pending])
+        if not all(comm.blocking for _, comm, _, _, _ in pending):  # (NCCL starts a thread for it: slow)
+            self._count("non-blocking group")
         by_stream: dict[int, list] = {}
         for item in pending:
             by_stream.setdefault(id(item[0]), []).append(item)
@@ -829,8 +855,8 @@ class FakeNccl:
             self.api.enqueue_work(stream, work)
 
     def _add(self, stream: Any, comm: FakeComm, op: Collective, send: int, recv: int) -> None:
-        if comm.destroyed:
-            raise RuntimeError("a destroyed communicator")
+        if comm.destroyed or comm.aborted:
+            raise RuntimeError("a destroyed or aborted communicator")
         if op.dtype not in _FAKE_DTYPES:
             raise InvalidArgumentError(f"NCCL has no {op.dtype}")
         self._count(op.kind)

@@ -84,6 +84,91 @@ def test_create_channels_warms_connections_up_in_one_group(ranks):
     assert driver.nccl.calls["ncclCommGetAsyncError"] >= 2  # (non-blocking: polled until made)
 
 
+def test_collectives_are_issued_on_blocking_communicators_split_from_the_channels(ranks):
+    """NCCL enqueues a non-blocking communicator's group on a thread it starts for it: only the
+    creation's warm-up goes that way, every issue after it through the blocking split."""
+    driver, devices, channels = ranks
+    for channel in channels:
+        assert channel.comm.blocking and not channel.base.blocking
+        assert channel.comm.family is channel.base.family  # (sharing its resources: NCCL's splitShare)
+    assert driver.nccl.calls["non-blocking group"] == 1  # the warm-up
+    bufs = [d.allocator.allocate(16) for d in devices]
+    for d, b in zip(devices, bufs):
+        d.write(b, np.ones(4, np.float32).tobytes())
+    for _ in range(3):
+        cbs = []
+        for d, ch, b in zip(devices, channels, bufs):
+            cb = d.create_command_buffer()
+            with cb.record():
+                cb.all_reduce(ch, b, b, 4)
+                cb.send(ch, b, 1, 1 - ch.rank)
+                cb.recv(ch, b, 1, 1 - ch.rank)
+            cbs.append(cb)
+        _run(devices, cbs)
+    assert driver.nccl.calls["non-blocking group"] == 1
+    assert [np.frombuffer(d.read(b), np.float32).tolist() for d, b in zip(devices, bufs)] == [[8.0] * 4] * 2
+
+
+def test_a_rank_per_thread_warms_up_and_splits_off_its_blocking_communicator():
+    """``create_channel`` of one rank (a process of a launcher; threads here) makes its connections
+    with its peers before it returns, bounded by the timeout."""
+    driver = FakeGpuDriver()
+    devices = [driver.create_device(i) for i in range(3)]
+    id = hal.create_channel_id(devices[0])
+    made: dict = {}
+
+    def rank(r):
+        made[r] = hal.create_channel(devices[r], rank=r, count=3, id=id, timeout=10)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    try:
+        assert sorted(made) == [0, 1, 2]
+        assert all(made[r].comm.blocking and made[r].comm.count == 3 for r in range(3))
+        warm_ups = [g for g in driver.nccl.groups if g[0] == "all_reduce"]
+        assert len(warm_ups) == 3 and all(g.count("send") == 2 for g in warm_ups)
+        assert driver.nccl.calls["non-blocking group"] == 3
+    finally:
+        for d in devices:
+            d.close()
+
+
+def test_splits_share_their_parents_resources_and_abort():
+    """A split communicator shares its parent's abort flag (NCCL's splitShare): aborting the split
+    breaks the channel it was split from as well, and no communicator is freed twice."""
+    driver = FakeGpuDriver()
+    devices = [driver.create_device(i) for i in range(4)]
+    try:
+        channels = hal.create_channels(devices, timeout=10)
+        halves = hal.split_channels(channels, [r // 2 for r in range(4)], [0] * 4)
+        assert [(h.rank, h.count) for h in halves] == [(0, 2), (1, 2)] * 2
+        assert all(h.comm.blocking and h.comm.family is c.base.family for h, c in zip(halves, channels))
+        halves[0].abort()
+        for channel in channels + halves:
+            assert channel.failure is not None
+            with pytest.raises(hal.HalError):
+                channel.device.queue_execute([_all_reduce_cb(channel)], wait=[], signal=[])
+        assert driver.nccl.calls["ncclCommAbort"] == 16  # (4 ranks x 2 channels x 2 communicators, once each)
+        for d in devices:  # the devices stay usable
+            buf = d.allocator.allocate(8)
+            d.write(buf, b"12345678")
+            assert d.read(buf) == b"12345678"
+    finally:
+        for d in devices:
+            d.close()
+
+
+def _all_reduce_cb(channel):
+    buf = channel.device.allocator.allocate(16)
+    cb = channel.device.create_command_buffer()
+    with cb.record():
+        cb.all_reduce(channel, buf, buf, 4)
+    return cb
+
+
 def test_collectives_of_one_level_are_one_group_a_barrier_starts_another(ranks):
     driver, devices, channels = ranks
     bufs = [d.allocator.allocate(64) for d in devices]
@@ -184,12 +269,16 @@ def test_channels_on_the_hip_conventions_too():
             d.close()
 
 
-def test_closing_a_channel_destroys_its_communicator_once(ranks):
+def test_closing_a_channel_destroys_its_communicators_once(ranks):
+    """The blocking communicator it issues on first, then the non-blocking one it was split from."""
     driver, _, channels = ranks
+    comm, base = channels[0].comm, channels[0].base
+    assert comm is not base and comm.blocking and not base.blocking
     channels[0].close()
     channels[0].close()
-    assert driver.nccl.calls.get("ncclCommDestroy") == 1
-    assert channels[0].comm is None
+    assert driver.nccl.calls.get("ncclCommDestroy") == 2
+    assert comm.destroyed and base.destroyed
+    assert channels[0].comm is None and channels[0].base is None
 
 
 def test_a_reusable_buffer_on_a_broken_channel_fails_its_submissions_without_replaying(ranks):
@@ -218,7 +307,7 @@ def test_a_reusable_buffer_on_a_broken_channel_fails_its_submissions_without_rep
     assert "ncclCommAbort with captured graphs alive" not in calls
     for d, buf in zip(devices, bufs):
         assert np.frombuffer(d.read(buf), np.float32).tolist() == [2.0] * 4  # the device is usable
-    assert driver.nccl.calls.get("ncclCommAbort") == 2
+    assert driver.nccl.calls.get("ncclCommAbort") == 4  # (each rank's two communicators)
 
 
 def test_work_in_flight_past_the_timeout_is_aborted_and_the_watch_list_stays_short():
@@ -253,7 +342,7 @@ def test_aborts_racing_from_threads_abort_each_communicator_once(ranks):
         t.join(30)
     with pytest.raises(hal.AbortedError):
         sem.wait(1, timeout=30)
-    assert driver.nccl.calls.get("ncclCommAbort") == 2
+    assert driver.nccl.calls.get("ncclCommAbort") == 4  # (each rank's two communicators, once)
     assert "ncclCommAbort with captured graphs alive" not in driver.nccl.calls  # (destroyed first)
     for channel in channels:
         channel.close()  # (after a break: nothing left to destroy)
@@ -290,8 +379,13 @@ def _bindings(log, statuses=None):
         raise NCCLError(4)
 
     class Config:
-        blocking = 1
-        ptr = 0xC0F
+        configs = 0
+
+        def __init__(self):
+            self.blocking = 1
+            self.split_share = 0
+            self.ptr = 0xC0F + Config.configs
+            Config.configs += 1
 
     return SimpleNamespace(
         get_version=lambda: 22809, get_unique_id=lambda: bytes(range(128)),
@@ -316,8 +410,8 @@ def test_the_nccl_adapter_passes_nccl_codes_and_stream_handles():
     assert lib.name == "NCCL 2.28.9"
     assert lib.new_id() == bytes(range(128))
     assert lib.init_rank(2, bytes(128), 1) == "comm"
-    assert log[-1] == ("init", (2, ("uid", bytes(128)), 1, 0xC0F))  # non-blocking config
-    assert lib._config.blocking == 0
+    assert log[-1] == ("init", (2, ("uid", bytes(128)), 1, 0xC0F))  # non-blocking config, sharing with splits
+    assert (lib._config.blocking, lib._config.split_share) == (0, 1)
     with pytest.raises(hal.InvalidArgumentError, match="128 bytes"):
         lib.init_rank(2, b"short", 1)
     lib.all_reduce(1, 2, 3, "bfloat16", "avg", "comm", Stream())
@@ -326,6 +420,8 @@ def test_the_nccl_adapter_passes_nccl_codes_and_stream_handles():
     assert log[-1] == ("send", (5, 6, 1, 1, "comm", 0xABC))
     assert lib.split("comm", None, 0) is None
     assert log[-1] == ("split", ("comm", -1, 0, 0xC0F))
+    lib.split("comm", 0, 1, blocking=True)
+    assert log[-1] == ("split", ("comm", 0, 1, 0xC10)) and lib._blocking_config.blocking == 1
     assert lib.comm_rank("comm") == (1, 2)
     with pytest.raises(hal.InvalidArgumentError, match="ncclReduceScatter"):
         lib.reduce_scatter(1, 2, 3, "float32", "sum", "comm", Stream())

@@ -7,8 +7,11 @@ raises ``UnavailableError`` saying what to install (the ``nccl`` extra).
 
 The bindings take raw device addresses, the communicator object and the stream as an integer
 (``int(CUstream)``); element types and reductions are NCCL's ``ncclDataType_t`` / ``ncclRedOp_t``.
-Communicators are non-blocking (``ncclConfig_t.blocking = 0``): calls return at once, the
-bindings take ``ncclInProgress`` for success, and ``ready`` polls ``ncclCommGetAsyncError``.
+Communicators are non-blocking (``ncclConfig_t.blocking = 0``) and share their resources with
+their splits (``splitShare = 1``): calls return at once, the bindings take ``ncclInProgress`` for
+success, and ``ready`` polls ``ncclCommGetAsyncError``. ``split(..., blocking=True)`` makes the
+blocking communicator a channel issues its collectives on (``nonblocking``: see
+``hal/drivers/gpu/channel.py``).
 NCCL's failures (``NCCLError``) become ``hal`` errors: invalid arguments and usage are
 ``InvalidArgumentError``, a timeout ``DeadlineExceededError``, everything else ``InternalError``,
 each naming the call and NCCL's message.
@@ -94,6 +97,9 @@ def nccl_error(name: str, exc: BaseException) -> HalError:
 class Nccl:
     """The ``CollectiveLibrary`` over ``nccl.bindings.nccl`` (``bindings``)."""
 
+    #: Communicators are non-blocking: channels issue on a blocking split (see CollectiveLibrary).
+    nonblocking = True
+
     def __init__(self, bindings: Any) -> None:
         self.bindings = b = bindings
         version = b.get_version()
@@ -104,9 +110,13 @@ class Nccl:
         self._async_error = _checked("ncclCommGetAsyncError", b.comm_get_async_error)
         self._split = _checked("ncclCommSplit", b.comm_split)
         self._finalize = _checked("ncclCommFinalize", b.comm_finalize)
-        #: The config of every communicator made here: non-blocking (kept alive: NCCL reads it at init).
+        #: The configs of the communicators made here (kept alive: NCCL reads them at init): non-blocking
+        #: sharing resources with their splits, and blocking (for ``split(..., blocking=True)``).
         self._config = b.Config()
         self._config.blocking = 0
+        self._config.split_share = 1
+        self._blocking_config = b.Config()
+        self._blocking_config.blocking = 1
         self._count = _checked("ncclCommCount", b.comm_count)
         self._user_rank = _checked("ncclCommUserRank", b.comm_user_rank)
         self.group_start = _checked("ncclGroupStart", b.group_start)
@@ -133,8 +143,9 @@ class Nccl:
     def ready(self, comm: Any) -> bool:
         return async_ready(int(self._async_error(comm)), self.bindings.get_error_string)
 
-    def split(self, comm: Any, color: int | None, key: int) -> Any:
-        new = self._split(comm, -1 if color is None else color, key, self._config.ptr)
+    def split(self, comm: Any, color: int | None, key: int, blocking: bool = False) -> Any:
+        config = self._blocking_config if blocking else self._config
+        new = self._split(comm, -1 if color is None else color, key, config.ptr)
         # (not ``new`` itself: a non-blocking split's handle is still null here, filled in once
         # ``comm`` is ready again)
         return None if color is None else new

@@ -19,13 +19,19 @@ collectives: NCCL cannot check that.
 One process driving several GPUs (``create_channels``): the HAL issues each device's collectives as
 that device's submission runs, one device after another from one thread, where NCCL asks for one
 group over every rank. What an ungrouped call can wait for is a connection that a rank issued later
-would complete; so every connection is made while all ranks take part: ``NCCL_RUNTIME_CONNECT=0``
-(unless set; NCCL then connects every algorithm when the communicators are made) and one grouped warm-up (a small
-all-reduce and a send/recv with every peer, whose connections are always made at first use).
+would complete; the connections made at creation (below) leave nothing to wait for.
 
-Failures: communicators are non-blocking (NCCL's ``blocking=0`` config), so nothing waits for
-a rank without limit. Creating, splitting and each group of calls poll the communicators
-(``CollectiveLibrary.ready``) up to the channel's timeout, and an issued submission with
+Failures: communicators are made non-blocking (NCCL's ``blocking=0`` config), so nothing waits
+for a rank without limit: creating and splitting poll the communicators (``CollectiveLibrary.ready``)
+up to the channel's timeout, and abort them at the deadline. But NCCL enqueues each group of a
+non-blocking communicator on a thread it starts for it (about 230 us to an 8-byte all-reduce on
+an H200, against 20 us blocking), so a channel issues its collectives on a blocking communicator
+split from its own, sharing its resources (NCCL's ``splitShare``): nothing of a blocking call
+waits for a peer once every connection is made, and every connection is made while the channel
+is created (``NCCL_RUNTIME_CONNECT=0`` unless set, so NCCL connects every algorithm at init, and a
+warm-up of a small all-reduce and a send/recv with every peer on the non-blocking communicator,
+since point-to-point connections are always made at first use). Splits of a channel share its
+resources and its abort too: they join its ``LocalRanks``. An issued submission with
 collectives is watched (``hal.watchdog``): still in flight ``timeout`` seconds after its issue
 (PyTorch's NCCL watchdog counts from the enqueue too), its channels break with
 ``DeadlineExceededError`` and their communicators are aborted, which ends the NCCL kernels
@@ -69,20 +75,24 @@ class CollectiveLibrary(Protocol):
 
     #: Name and version, for messages ("NCCL 2.28.9").
     name: str
+    #: Whether ``init_rank`` and ``split`` make non-blocking communicators sharing their resources
+    #: with their splits; channels then issue on a blocking split (see the module). False: every
+    #: communicator is blocking, and channels issue on theirs.
+    nonblocking: bool
 
     def new_id(self) -> bytes: ...
 
     def init_rank(self, count: int, id: bytes, rank: int) -> Any:
-        """This rank's non-blocking communicator on the current device, at once: ``ready`` tells when
-        every rank joined (calls for several ranks go between ``group_start`` and ``group_end``)."""
+        """This rank's communicator on the current device, at once: ``ready`` tells when every rank
+        joined (calls for several ranks go between ``group_start`` and ``group_end``)."""
 
     def ready(self, comm: Any) -> bool:
         """Whether the communicator's last operation (creation, split, a group of calls) is done:
         False while in progress; raises its asynchronous error."""
 
-    def split(self, comm: Any, color: int | None, key: int) -> Any:
-        """A non-blocking communicator of the ranks of ``color`` (None: no communicator for this rank),
-        usable once ``comm`` is ready again (the split completes with it)."""
+    def split(self, comm: Any, color: int | None, key: int, blocking: bool = False) -> Any:
+        """A communicator of the ranks of ``color`` (None: no communicator for this rank), usable
+        once ``comm`` is ready again (the split completes with it); ``blocking``: a blocking one."""
 
     def comm_rank(self, comm: Any) -> tuple[int, int]:
         """(rank, count) of a communicator."""
@@ -264,8 +274,7 @@ def record(level: list, channel: GpuChannel, op: Collective, send: Target | None
 COMM_LOCK = threading.RLock()
 #: Polls of a communicator in progress: back to back for SPIN_SECONDS, then sleeping from the first of
 #: _POLL_SLEEPS, doubling up to the last (a creation waits for the other ranks' processes). NCCL's
-#: asynchronous enqueue of a group of calls takes about 230 us: sleeping from the first poll made an
-#: 8-byte all-reduce through a stream command buffer 331 us, spinning first 249 us (2 H200s).
+#: asynchronous work (a split, a warm-up) often completes within a few hundred microseconds.
 SPIN_SECONDS = 2e-3
 _POLL_SLEEPS = (50e-6, 5e-3)
 
@@ -389,10 +398,13 @@ class GpuChannel(Channel):
     """One rank's communicator of the device's collective library."""
 
     def __init__(self, device: GpuDevice, rank: int, count: int, timeout: float | None, library: CollectiveLibrary,
-                 comm: Any, ranks: LocalRanks | None = None) -> None:
+                 comm: Any, ranks: LocalRanks | None = None, base: Any = None) -> None:
         super().__init__(device, rank, count, timeout)
         self.library = library
+        #: The communicator its collectives are issued on, and the one it was made as (which splits
+        #: split; ``comm`` is a blocking split of it where the library's are non-blocking).
         self.comm = comm
+        self.base = comm if base is None else base
         #: The ranks of this communicator this process drives (see LocalRanks).
         self.ranks = LocalRanks() if ranks is None else ranks
         #: The command buffers recording its collectives (a break destroys their captured graphs).
@@ -407,10 +419,15 @@ class GpuChannel(Channel):
     def _abort(self) -> None:
         self.ranks.break_with(self.failure or FailedPreconditionError("channel aborted"))
 
+    def _take_comms(self) -> list[Any]:
+        """Its communicators (none once taken), the issuing one first."""
+        comms = [comm for comm in (self.comm, self.base) if comm is not None]
+        self.comm = self.base = None
+        return comms[:1] if len(comms) == 2 and comms[0] is comms[1] else comms
+
     def abort_comm(self) -> None:
-        """Abort the communicator now (with COMM_LOCK held), if it still has one."""
-        comm, self.comm = self.comm, None
-        if comm is not None:
+        """Abort the communicators now (with COMM_LOCK held), if it still has them."""
+        for comm in self._take_comms():
             try:
                 self.library.abort(comm)
             except HalError as exc:  # the channel is broken either way; say why the abort failed
@@ -459,16 +476,15 @@ class GpuChannel(Channel):
             except Exception:  # failed work does not keep the communicator alive
                 pass
         with COMM_LOCK:
-            comm, self.comm = self.comm, None
-            if comm is None:
-                return
-            if device.closed:  # (its context is gone with what the communicator had on it)
+            comms = self._take_comms()
+            if not comms or device.closed:  # (its context is gone with what the communicators had on it)
                 return
             device.make_current()  # type: ignore[attr-defined]
-            if self.failure is not None:
-                self.library.abort(comm)
-            else:
-                self.library.destroy(comm)
+            for comm in comms:
+                if self.failure is not None:
+                    self.library.abort(comm)
+                else:
+                    self.library.destroy(comm)
 
 
 def _done(sub: Submission) -> bool:
@@ -531,34 +547,68 @@ class GpuCollectives:
                 channel.ranks.break_with(FailedPreconditionError(
                     f"device {uri} of channel rank {channel.rank} of {channel.count} was closed"))
 
-    def _made(self, library: CollectiveLibrary, comms: list[Any], timeout: float | None, what: str) -> None:
+    def _made(self, library: CollectiveLibrary, comms: list[Any], deadline: float | None, what: str) -> None:
         """Wait for the communicators just made; abort them all on failure or at the deadline."""
-        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             poll_ready(library, comms, deadline, lambda: None, what)
         except BaseException:
-            with COMM_LOCK:
-                for comm in comms:
-                    try:
-                        library.abort(comm)
-                    except HalError:
-                        pass
+            _abort_all(library, comms)
             raise
+
+    def _open(self, library: CollectiveLibrary, devices: Sequence[GpuDevice], bases: list[Any],
+              deadline: float | None, timeouts: Sequence[float | None], ranks: Sequence[LocalRanks],
+              what: str) -> list[GpuChannel]:
+        """Channels of this process's ranks over communicators just made and ready (``bases``, one per
+        device, each channel with its timeout and ``LocalRanks``): their connections made (``warm_up``:
+        all in one group, since every rank of every communicator must take part) and, for a
+        non-blocking library, the blocking communicators they issue on split off (see the module).
+        On failure everything is aborted."""
+        if not bases:
+            return []
+        positions = [library.comm_rank(base) for base in bases]
+        siblings: list[Any] = []
+        try:
+            warm_up(library, devices, bases, positions, deadline, what)
+            if library.nonblocking:
+                with COMM_LOCK:
+                    library.group_start()
+                    try:
+                        split = []
+                        for device, base, (rank, _) in zip(devices, bases, positions):
+                            device.make_current()
+                            split.append(library.split(base, 0, rank, blocking=True))
+                    finally:
+                        library.group_end()
+                # (a non-blocking split's handles are set once the parents are ready again)
+                poll_ready(library, bases, deadline, lambda: None, f"{what}: its blocking communicators")
+                siblings = split
+        except BaseException:
+            _abort_all(library, siblings + bases)
+            raise
+        channels = []
+        for device, base, comm, (rank, count), timeout, local in zip(devices, bases, siblings or bases, positions,
+                                                                      timeouts, ranks):
+            channels.append(self._adopt(GpuChannel(device, rank, count, timeout, library, comm, local, base)))
+        return channels
 
     def create(self, device: GpuDevice, rank: int, count: int, id: bytes, timeout: float | None) -> Channel:
         library = self.library
+        connect_at_init()
+        deadline = None if timeout is None else time.monotonic() + timeout
         device.make_current()
         comm = library.init_rank(count, id, rank)
-        self._made(library, [comm], timeout, f"channel rank {rank} of {count}")
-        return self._adopt(GpuChannel(device, rank, count, timeout, library, comm))
+        what = f"channel rank {rank} of {count}"
+        self._made(library, [comm], deadline, what)
+        (channel,) = self._open(library, [device], [comm], deadline, [timeout], [LocalRanks()], what)
+        return channel
 
     def create_all(self, devices: Sequence[GpuDevice], timeout: float | None) -> list[Channel]:
         library = self.library
         ordinals = [device.info.ordinal for device in devices]
         if len(set(ordinals)) != len(ordinals):
             raise InvalidArgumentError(f"create_channels: devices {ordinals} share a GPU (one rank per GPU)")
-        # Every connection made at init, while all ranks take part (NCCL reads it once, at its first communicator).
-        os.environ.setdefault("NCCL_RUNTIME_CONNECT", "0")
+        connect_at_init()
+        deadline = None if timeout is None else time.monotonic() + timeout
         id = library.new_id()
         comms = []
         library.group_start()  # (NCCL's init-all: every rank's init in one group)
@@ -568,92 +618,96 @@ class GpuCollectives:
                 comms.append(library.init_rank(len(devices), id, rank))
         finally:
             library.group_end()
-        self._made(library, comms, timeout, f"create_channels of {len(devices)} ranks")
-        ranks = LocalRanks()
-        channels = [self._adopt(GpuChannel(device, rank, len(devices), timeout, library, comm, ranks))
-                    for rank, (device, comm) in enumerate(zip(devices, comms))]
-        try:
-            warm_up(channels)
-        except BaseException:
-            with COMM_LOCK:
-                for channel in channels:
-                    channel.fail(FailedPreconditionError("create_channels did not complete"))
-                    channel.abort_comm()
-            raise
-        return channels  # type: ignore[return-value]
+        what = f"create_channels of {len(devices)} ranks"
+        self._made(library, comms, deadline, what)
+        local = LocalRanks()
+        return self._open(library, devices, comms, deadline, [timeout] * len(comms),  # type: ignore[return-value]
+                          [local] * len(comms), what)
 
     def split(self, channels: Sequence[Channel], colors: Sequence[int | None], keys: Sequence[int]) -> list:
         library = self.library
         for channel in channels:
             if not isinstance(channel, GpuChannel) or channel.library is not library:
                 raise InvalidArgumentError("split: the channels belong to different drivers")
+        gpu_channels: list[GpuChannel] = list(channels)  # type: ignore[arg-type]
         comms = []
         with COMM_LOCK:
             library.group_start()
             try:
-                for channel, color, key in zip(channels, colors, keys):
+                for channel, color, key in zip(gpu_channels, colors, keys):
                     channel.device.make_current()  # type: ignore[attr-defined]
-                    comms.append(library.split(channel.comm, color, key))
+                    comms.append(library.split(channel.base, color, key))
             finally:
                 library.group_end()
         # A non-blocking split completes with its parent: the new communicators' handles are set
         # once the parents are ready again (nccl4py fills them in then), so the parents are polled
         # first. A split that does not complete leaves the parents mid-operation: they break.
-        timeouts = [c.timeout for c in channels if c.timeout is not None]
+        timeouts = [c.timeout for c in gpu_channels if c.timeout is not None]
         deadline = time.monotonic() + min(timeouts) if timeouts else None
         try:
-            poll_ready(library, [channel.comm for channel in channels], deadline, lambda: None, "split")  # type: ignore[attr-defined]
+            poll_ready(library, [channel.base for channel in gpu_channels], deadline, lambda: None, "split")
         except HalError as exc:
-            for channel in channels:
-                channel.ranks.break_with(exc)  # type: ignore[attr-defined]
+            for channel in gpu_channels:
+                channel.ranks.break_with(exc)
             raise
         made = [comm for comm in comms if comm is not None]
-        self._made(library, made, None if deadline is None else max(0.0, deadline - time.monotonic()), "split")
-        result: list[Channel | None] = []
-        ranks: dict[int, LocalRanks] = {}  # (by color: the new communicators)
-        for channel, comm, color in zip(channels, comms, colors):
-            if comm is None:
-                result.append(None)
-                continue
-            rank, count = library.comm_rank(comm)
-            local = ranks.setdefault(color, LocalRanks())  # type: ignore[arg-type]
-            result.append(self._adopt(GpuChannel(channel.device, rank, count, channel.timeout, library, comm,  # type: ignore[arg-type]
-                                                 local)))
-        return result
+        self._made(library, made, deadline, "split")
+        parents = [channel for channel, comm in zip(gpu_channels, comms) if comm is not None]
+        # Splits of a non-blocking library share their parent's resources and abort: its LocalRanks.
+        by_color: dict[Any, LocalRanks] = {}
+        ranks = [channel.ranks if library.nonblocking else by_color.setdefault(color, LocalRanks())
+                 for channel, color, comm in zip(gpu_channels, colors, comms) if comm is not None]
+        opened = iter(self._open(library, [channel.device for channel in parents], made, deadline,  # type: ignore[misc]
+                                 [channel.timeout for channel in parents], ranks, "split"))
+        return [None if comm is None else next(opened) for comm in comms]
 
 
-def warm_up(channels: Sequence[GpuChannel]) -> None:
-    """One grouped all-reduce and send/recv with every peer on every rank (see the module), settled and
-    synchronized."""
-    if len(channels) < 2:
+def connect_at_init() -> None:
+    """Have NCCL connect every algorithm when a communicator is made, unless the user said otherwise
+    (``NCCL_RUNTIME_CONNECT``; NCCL reads it once, at its first communicator): see the module."""
+    os.environ.setdefault("NCCL_RUNTIME_CONNECT", "0")
+
+
+def _abort_all(library: CollectiveLibrary, comms: Sequence[Any]) -> None:
+    with COMM_LOCK:
+        for comm in comms:
+            try:
+                library.abort(comm)
+            except HalError:
+                pass
+
+
+def warm_up(library: CollectiveLibrary, devices: Sequence[GpuDevice], comms: Sequence[Any],
+            ranks: Sequence[tuple[int, int]], deadline: float | None, what: str) -> None:
+    """Make every connection of ``comms`` (this process's ranks, each on its device, each's (rank,
+    count) in ``ranks``) while all ranks take part: one grouped all-reduce and send/recv with every
+    peer, polled up to the deadline and synchronized (see the module)."""
+    if all(count < 2 for _, count in ranks):
         return
-    library = channels[0].library
-    count = len(channels)
     work = []
-    for channel in channels:
-        device = channel.device
-        device.make_current()  # type: ignore[attr-defined]
-        api = device.api  # type: ignore[attr-defined]
-        buffer = device.allocator.allocate(8 * 2 * count)
-        work.append((channel, api, api.stream_create(), buffer, buffer.device_address))
     try:
-        library.group_start()
-        try:
-            for channel, _, stream, _, ptr in work:
-                library.all_reduce(ptr, ptr, 1, "float32", "sum", channel.comm, stream)
-                for peer in range(count):
-                    if peer != channel.rank:
-                        library.send(ptr + 8 * peer, 8, "uint8", peer, channel.comm, stream)
-                        library.recv(ptr + 8 * (count + peer), 8, "uint8", peer, channel.comm, stream)
-        finally:
-            library.group_end()
-        settle(channels, "create_channels' first collectives")
-        for channel, api, stream, _, _ in work:
-            channel.device.make_current()  # type: ignore[attr-defined]
+        for device, (_, count) in zip(devices, ranks):
+            device.make_current()
+            api = device.api  # type: ignore[attr-defined]
+            buffer = device.allocator.allocate(8 * 2 * count)
+            work.append((device, api, api.stream_create(), buffer, buffer.device_address))
+        with COMM_LOCK:
+            library.group_start()
+            try:
+                for (_, _, stream, _, ptr), comm, (rank, count) in zip(work, comms, ranks):
+                    library.all_reduce(ptr, ptr, 1, "float32", "sum", comm, stream)
+                    for peer in range(count):
+                        if peer != rank:
+                            library.send(ptr + 8 * peer, 8, "uint8", peer, comm, stream)
+                            library.recv(ptr + 8 * (count + peer), 8, "uint8", peer, comm, stream)
+            finally:
+                library.group_end()
+        poll_ready(library, comms, deadline, lambda: None, f"{what}: its first collectives")
+        for device, api, stream, _, _ in work:
+            device.make_current()
             api.stream_synchronize(stream)
     finally:
-        for channel, api, stream, buffer, _ in work:
-            channel.device.make_current()  # type: ignore[attr-defined]
+        for device, api, stream, buffer, _ in work:
+            device.make_current()
             api.stream_destroy(stream)
             buffer.release()
-

@@ -27,6 +27,9 @@ from hal.errors import InvalidArgumentError, UnavailableError
 class Rccl:
     """The ``CollectiveLibrary`` over hip-python's ``rccl`` module (``bindings``)."""
 
+    #: Communicators are blocking (see the module): channels issue on them directly.
+    nonblocking = False
+
     def __init__(self, bindings: Any) -> None:
         self.bindings = bindings
         version = self._call("ncclGetVersion")
@@ -67,7 +70,7 @@ class Rccl:
             raise nccl_error("ncclCommGetAsyncError", exc) from exc
         return async_ready(int(status[-1] if isinstance(status, tuple) else status), "ncclResult_t {}".format)
 
-    def split(self, comm: Any, color: int | None, key: int) -> Any:
+    def split(self, comm: Any, color: int | None, key: int, blocking: bool = False) -> Any:
         new = self._call("ncclCommSplit", comm, -1 if color is None else color, key, None)
         return new if new else None
 
