@@ -792,10 +792,12 @@ class FakeNccl:
         return comm.rank, comm.count
 
     def destroy(self, comm: FakeComm) -> None:
+        """Free the communicator once the graphs holding its captured work are gone (see ``abort``)."""
         self._count("ncclCommDestroy")
         if comm.destroyed:
             raise RuntimeError("ncclCommDestroy of a freed communicator")
         comm.destroyed = True
+        self._wait_for_plans(comm, "ncclCommDestroy")
 
     def abort(self, comm: FakeComm) -> None:
         """NCCL's kernels of the communicator still waiting for peers return (the stream goes on).
@@ -810,15 +812,20 @@ class FakeNccl:
             member.aborted = True
             if member.group is not None:
                 member.group.fail(KernelAborted("ncclCommAbort"))
+        self._wait_for_plans(comm, "ncclCommAbort")
+
+    def _wait_for_plans(self, comm: FakeComm, name: str) -> None:
+        """As NCCL's abort and destroy: wait until no graph holds the communicator's persistent plans;
+        here refused after ``PLAN_WAIT`` seconds, and counted (NCCL would hang)."""
         deadline = time.monotonic() + self.PLAN_WAIT
         while True:
             gc.collect()  # (graphs the HAL destroyed and dropped are gone)
             if not len(comm.plans):
                 return
             if time.monotonic() > deadline:
-                self._count("ncclCommAbort with captured graphs alive")
-                raise InternalError("ncclCommAbort: graphs holding this communicator's captured work are alive "
-                                    "(NCCL's abort waits for them)")
+                self._count(f"{name} with captured graphs alive")
+                raise InternalError(f"{name}: graphs holding this communicator's captured work are alive "
+                                    "(NCCL waits for them)")
             time.sleep(0.01)
 
     # -- groups --------------------------------------------------------------------------------------

@@ -281,6 +281,24 @@ def test_closing_a_channel_destroys_its_communicators_once(ranks):
     assert channels[0].comm is None and channels[0].base is None
 
 
+def test_closing_channels_whose_reusable_buffers_live_destroys_their_graphs_first(ranks):
+    """NCCL's destroy, like its abort, waits for every graph holding the communicator's captured
+    work: a close destroys them first, and the command buffers fail after it instead of replaying."""
+    driver, devices, channels = ranks
+    bufs = [d.allocator.allocate(16) for d in devices]
+    cbs = _reusable_all_reduces(devices, channels, bufs)
+    _run(devices, cbs)
+    for channel in channels:
+        channel.close()
+    assert "ncclCommDestroy with captured graphs alive" not in driver.nccl.calls
+    assert driver.nccl.calls["ncclCommDestroy"] == 4
+    sem = devices[0].create_semaphore(0)
+    with contextlib.suppress(hal.FailedPreconditionError):
+        devices[0].queue_execute([cbs[0]], signal=[(sem, 1)])
+        with pytest.raises(hal.HalError, match="closed|gone"):
+            sem.wait(1, timeout=30)
+
+
 def test_a_reusable_buffer_on_a_broken_channel_fails_its_submissions_without_replaying(ranks):
     """An aborted communicator is freed: a graph that captured its kernels must never run again."""
     driver, devices, channels = ranks

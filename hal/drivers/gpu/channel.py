@@ -376,19 +376,26 @@ def _snapshot(items: weakref.WeakSet) -> list:
             continue
 
 
+def _release_captures(channel: GpuChannel) -> None:
+    """Destroy the graphs that captured ``channel``'s collectives: NCCL's abort and destroy of a
+    communicator wait until every graph holding its persistent plans is gone (alive, they hang, even
+    never launched), and none may replay a freed communicator anyway."""
+    for cb in _snapshot(channel.recorders):
+        queues = cb.device.queues  # (their locks: no issue of the command buffer runs meanwhile)
+        for queue in queues:
+            queue.lock.acquire()
+        try:
+            cb.release_captures()
+        except HalError:
+            pass
+        finally:
+            for queue in queues:
+                queue.lock.release()
+
+
 def _abort_members(members: list[GpuChannel]) -> None:
     for member in members:
-        for cb in _snapshot(member.recorders):
-            queues = cb.device.queues  # (their locks: no issue of the command buffer runs meanwhile)
-            for queue in queues:
-                queue.lock.acquire()
-            try:
-                cb.release_captures()
-            except HalError:
-                pass
-            finally:
-                for queue in queues:
-                    queue.lock.release()
+        _release_captures(member)
     with COMM_LOCK:
         for member in members:
             member.abort_comm()
@@ -475,6 +482,7 @@ class GpuChannel(Channel):
                 device.wait_idle()  # the communicator must outlive the work that uses it
             except Exception:  # failed work does not keep the communicator alive
                 pass
+        _release_captures(self)
         with COMM_LOCK:
             comms = self._take_comms()
             if not comms or device.closed:  # (its context is gone with what the communicators had on it)
