@@ -124,33 +124,49 @@ class CollectiveLibrary(Protocol):
     def recv(self, buffer: int, count: int, dtype: str, peer: int, comm: Any, stream: Any) -> None: ...
 
 
-def enqueue(library: CollectiveLibrary, op: Collective, comm: Any, rank: int, ranks: int, send: int, recv: int,
-            stream: Any) -> None:
-    """Enqueue one collective (inside the caller's group); data movement goes as bytes."""
-    kind = op.kind
-    size = op.element_size
+#: One library call of a collective, made once per recorded part (``steps``): (library method, index of
+#: its first operand's target or None (address 0), byte offset into it, the same for a second operand
+#: (None: the method takes one address), the arguments after the addresses, the channel whose
+#: communicator comes after them). Called as ``method(a, [b,] *args, channel.comm, stream)``.
+Step = tuple
+
+
+def steps(channel: GpuChannel, op: Collective, send: int | None, recv: int | None) -> list[Step]:
+    """The library calls of one collective (inside the caller's group); data movement goes as bytes.
+    ``send``/``recv``: its operands' target indices (an absent one stands for the other: in place)."""
+    library, rank, kind = channel.library, channel.rank, op.kind
+    send, recv = (recv if send is None else send), (send if recv is None else recv)
     if kind in MOVING:
-        count = op.count * size
+        size = op.count * op.element_size
         if kind == "all_gather":
-            library.all_gather(send, recv, count, "uint8", comm, stream)
-        elif kind == "broadcast":
-            library.broadcast(send if rank == op.root else recv, recv, count, "uint8", op.root, comm, stream)
-        elif kind == "send":
-            library.send(send, count, "uint8", op.peer, comm, stream)
-        elif kind == "recv":
-            library.recv(recv, count, "uint8", op.peer, comm, stream)
-        else:  # all_to_all: chunk i to and from rank i
-            for peer in range(ranks):
-                library.send(send + peer * count, count, "uint8", peer, comm, stream)
-                library.recv(recv + peer * count, count, "uint8", peer, comm, stream)
-        return
+            return [(library.all_gather, send, 0, recv, 0, (size, "uint8"), channel)]
+        if kind == "broadcast":
+            return [(library.broadcast, send if rank == op.root else recv, 0, recv, 0, (size, "uint8", op.root),
+                     channel)]
+        if kind == "send":
+            return [(library.send, send, 0, None, 0, (size, "uint8", op.peer), channel)]
+        if kind == "recv":
+            return [(library.recv, recv, 0, None, 0, (size, "uint8", op.peer), channel)]
+        # all_to_all: chunk i to and from rank i
+        return [step for peer in range(channel.count)
+                for step in ((library.send, send, peer * size, None, 0, (size, "uint8", peer), channel),
+                             (library.recv, recv, peer * size, None, 0, (size, "uint8", peer), channel))]
+    args = (op.count, op.dtype, op.reduction)
     if kind == "all_reduce":
-        library.all_reduce(send, recv, op.count, op.dtype, op.reduction, comm, stream)
-    elif kind == "reduce_scatter":
-        library.reduce_scatter(send, recv, op.count, op.dtype, op.reduction, comm, stream)
-    else:  # reduce: the other ranks' recv is never written
-        library.reduce(send, recv if rank == op.root else send, op.count, op.dtype, op.reduction, op.root, comm,
-                       stream)
+        return [(library.all_reduce, send, 0, recv, 0, args, channel)]
+    if kind == "reduce_scatter":
+        return [(library.reduce_scatter, send, 0, recv, 0, args, channel)]
+    # reduce: the other ranks' recv is never written
+    return [(library.reduce, send, 0, recv if rank == op.root else send, 0, args + (op.root,), channel)]
+
+
+def issue_steps(batch: Sequence[Step], pointers: Sequence[int], stream: Any) -> None:
+    for method, a, a_offset, b, b_offset, args, channel in batch:
+        address = 0 if a is None else pointers[a] + a_offset
+        if b is None:
+            method(address, *args, channel.comm, stream)
+        else:
+            method(address, pointers[b] + b_offset, *args, channel.comm, stream)
 
 
 #: Point-to-point kinds: a send and the recv it pairs with must share one NCCL group.
@@ -185,38 +201,41 @@ class CollectiveGroup:
 
     def __init__(self) -> None:
         self.parts: list[tuple[GpuChannel, Collective, int | None, int | None]] = []
+        #: (channels, batches) of the parts, made at the first issue (the parts are recorded by then).
+        self._plan: tuple[list[GpuChannel], list[list]] | None = None
+
+    def add(self, part: tuple[GpuChannel, Collective, int | None, int | None]) -> None:
+        self.parts.append(part)
+        self._plan = None
 
     def enqueue(self, pointers: Sequence[int], stream: Any) -> None:
         """Issue the parts in order on ``stream``, each batch of them between group_start and
-        group_end (a batch of one alone: NCCL groups each call by itself), each batch settled
-        (``settle``) before the next: a non-blocking communicator may still be enqueueing it."""
-        parts = self.parts
-        channels = list({id(channel): channel for channel, _, _, _ in parts}.values())
+        group_end (a batch of one call alone: NCCL groups each call by itself). The communicators
+        issued on are blocking: each call returns once enqueued."""
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = self._make_plan()
+        channels, library, plan_batches = plan
         with COMM_LOCK:  # (no abort frees a communicator between the check and the calls)
             check_channels(channels)
-            for batch in batches(parts):
-                self._enqueue_batch(batch, pointers, stream)
-                settle(channels, "issuing collectives")
+            for grouped, batch in plan_batches:
+                if not grouped:
+                    issue_steps(batch, pointers, stream)
+                    continue
+                library.group_start()
+                try:
+                    issue_steps(batch, pointers, stream)
+                finally:
+                    library.group_end()
 
-    @staticmethod
-    def _enqueue_batch(batch: list, pointers: Sequence[int], stream: Any) -> None:
-        library = batch[0][0].library
-        if len(batch) == 1 and batch[0][1].kind != "all_to_all":  # (all_to_all is a group of sends and recvs)
-            channel, op, send, recv = batch[0]
-            send_ptr = 0 if send is None else pointers[send]
-            recv_ptr = 0 if recv is None else pointers[recv]
-            enqueue(library, op, channel.comm, channel.rank, channel.count, send_ptr or recv_ptr,
-                    recv_ptr or send_ptr, stream)
-            return
-        library.group_start()
-        try:
-            for channel, op, send, recv in batch:
-                send_ptr = 0 if send is None else pointers[send]
-                recv_ptr = 0 if recv is None else pointers[recv]
-                enqueue(library, op, channel.comm, channel.rank, channel.count, send_ptr or recv_ptr,
-                        recv_ptr or send_ptr, stream)
-        finally:
-            library.group_end()
+    def _make_plan(self) -> tuple[list[GpuChannel], CollectiveLibrary, list[tuple[bool, list[Step]]]]:
+        """(channels, their library, [(whether grouped, the batch's steps)]) of the parts."""
+        channels = list({id(channel): channel for channel, _, _, _ in self.parts}.values())
+        made = []
+        for batch in batches(self.parts):
+            batch_steps = [step for part in batch for step in steps(*part)]
+            made.append((len(batch_steps) > 1, batch_steps))
+        return channels, channels[0].library, made
 
     def __repr__(self) -> str:
         return f"<collectives {', '.join(str(op) for _, op, _, _ in self.parts)}>"
@@ -264,7 +283,7 @@ def record(level: list, channel: GpuChannel, op: Collective, send: Target | None
         else:
             indices.append(len(targets))
             targets.append(target)
-    call.routine.parts.append((channel, op, indices[0], indices[1]))  # type: ignore[attr-defined]
+    call.routine.add((channel, op, indices[0], indices[1]))  # type: ignore[attr-defined]
     if op.count:
         call.empty = False
 
@@ -327,44 +346,23 @@ def poll_ready(library: CollectiveLibrary, comms: Sequence[Any], deadline: float
         sleep = min(sleep * 2, _POLL_SLEEPS[1])
 
 
-def settle(channels: Sequence[GpuChannel], what: str) -> None:
-    """Wait (up to the shortest timeout) until the channels' communicators have enqueued the calls
-    just made; a deadline breaks the channels (``LocalRanks.break_with``)."""
-    timeouts = [channel.timeout for channel in channels if channel.timeout is not None]
-    deadline = time.monotonic() + min(timeouts) if timeouts else None
-    library = channels[0].library
-
-    def failed() -> BaseException | None:
-        return next((channel.failure for channel in channels if channel.failure is not None), None)
-
-    try:
-        poll_ready(library, [channel.comm for channel in channels], deadline, failed, what)
-    except HalError as exc:
-        for channel in channels:
-            channel.ranks.break_with(exc, wait=False)  # (an issuing thread: it holds its queue's lock)
-        raise
-
-
 class LocalRanks:
     """The ranks of one communicator that this process drives: one channel, or every channel of one
-    ``create_channels``. Their collectives wait for each other, so one's failure is every one's."""
+    ``create_channels``, with the channels split from them where splits share their parent's
+    resources (a non-blocking library's). Their collectives wait for each other, so one's failure
+    is every one's."""
 
     def __init__(self) -> None:
         self.members: list[GpuChannel] = []
 
-    def break_with(self, cause: BaseException, wait: bool = True) -> None:
+    def break_with(self, cause: BaseException) -> None:
         """Fail every member with ``cause`` (each keeps its first failure) at once, then abort their
-        communicators (``wait``: before returning, else on a thread of its own). Before an abort, the
-        graphs that captured the members' collectives are destroyed: NCCL's abort waits for them
-        (persistent plans), and no command buffer may replay them anyway. ``wait=False`` from a
-        thread issuing on a queue (it holds the queue's lock, which the release takes)."""
+        communicators. Before an abort, the graphs that captured the members' collectives are
+        destroyed (``_release_captures``)."""
         members = list(self.members)
         for member in members:
-            member.fail(cause)  # (first: issues see it, and a poll holding COMM_LOCK lets go)
-        if wait:
-            _abort_members(members)
-        else:
-            threading.Thread(target=_abort_members, args=(members,), name="hal-channel-abort", daemon=True).start()
+            member.fail(cause)  # (first: issues see it)
+        _abort_members(members)
 
 
 def _snapshot(items: weakref.WeakSet) -> list:

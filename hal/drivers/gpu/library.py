@@ -286,7 +286,11 @@ class LibraryCall:
         return {target.slot for target in self.targets if target.slot is not None}
 
     def pointers(self, table: Sequence[Binding] | None) -> list[int]:
-        return [address for address, _ in (target.resolve(table) for target in self.targets)]
+        addresses = []
+        for target in self.targets:
+            address, _ = target.resolve(table)
+            addresses.append(address)
+        return addresses
 
     def prepare(self, device: GpuDevice, table: Sequence[Binding] | None) -> tuple[Any, list[int], int, int]:
         """(plan, operand addresses, workspace address, workspace size) against ``table``: the plan
