@@ -134,15 +134,17 @@ class HalAllReduce:
 
 # ---- NCCL directly --------------------------------------------------------------------------------------
 class NcclDirect:
-    """NCCL through nccl4py: comm_init_all, one stream and buffer per GPU, grouped all-reduces."""
+    """NCCL through nccl4py: a communicator, stream and buffer per GPU of this process; the
+    all-reduces of a step grouped where there are several, a plain call for one rank (as a process
+    of torchrun makes it)."""
 
-    def __init__(self, devices: list[hal.Device], capacity: int) -> None:
+    def __init__(self, devices: list[hal.Device], comms: list, capacity: int) -> None:
         from nccl.bindings import nccl
 
         self.nccl = nccl
         self.devices = devices
-        self.comms = nccl.comm_init_all(len(devices), [d.info.ordinal for d in devices])
-        self.buffers = [d.allocator.allocate(capacity) for d in devices]
+        self.comms = comms
+        self.buffers = [d.allocator.allocate(max(capacity, 8)) for d in devices]
         self.pointers = [b.device_address for b in self.buffers]
         self.streams = []
         for device in devices:
@@ -151,21 +153,50 @@ class NcclDirect:
         self.handles = [int(s) for s in self.streams]
         self.count = 1
 
+    @classmethod
+    def every_gpu(cls, devices: list[hal.Device], capacity: int) -> NcclDirect:
+        """One process for every GPU: ``comm_init_all``."""
+        from nccl.bindings import nccl
+
+        return cls(devices, list(nccl.comm_init_all(len(devices), [d.info.ordinal for d in devices])), capacity)
+
+    @classmethod
+    def one_rank(cls, device: hal.Device, rank: int, world: int, id: bytes, capacity: int) -> NcclDirect:
+        """This process's rank: ``comm_init_rank`` (blocking)."""
+        from nccl.bindings import nccl
+
+        device.make_current()
+        return cls([device], [nccl.comm_init_rank(world, nccl.UniqueId.from_buffer(bytearray(id)), rank)], capacity)
+
     def prepare(self, size: int) -> None:
         self.count = max(size // 4, 1)
 
     def run(self, iterations: int) -> float:
         nccl, comms, pointers, handles, count = self.nccl, self.comms, self.pointers, self.handles, self.count
         started = time.perf_counter()
-        for _ in range(iterations):
-            nccl.group_start()
-            for comm, ptr, stream in zip(comms, pointers, handles):
+        if len(comms) == 1:
+            comm, ptr, stream = comms[0], pointers[0], handles[0]
+            for _ in range(iterations):
                 nccl.all_reduce(ptr, ptr, count, 7, 0, comm, stream)  # float32, sum
-            nccl.group_end()
+        else:
+            for _ in range(iterations):
+                nccl.group_start()
+                for comm, ptr, stream in zip(comms, pointers, handles):
+                    nccl.all_reduce(ptr, ptr, count, 7, 0, comm, stream)
+                nccl.group_end()
         for device, stream in zip(self.devices, self.streams):
             device.make_current()
             device.api.stream_synchronize(stream)
         return (time.perf_counter() - started) / iterations
+
+    def most(self, value: int) -> int:
+        """One rank's: the largest ``value`` of every rank (an int32 max all-reduce, synchronized),
+        a barrier too."""
+        (device,), (buffer,) = self.devices, self.buffers
+        device.write(buffer, np.array([value], np.int32).tobytes())
+        self.nccl.all_reduce(self.pointers[0], self.pointers[0], 1, 2, 2, self.comms[0], self.handles[0])  # int32, max
+        device.api.stream_synchronize(self.streams[0])
+        return int(np.frombuffer(device.read(buffer, 0, 4), np.int32)[0])
 
     def close(self) -> None:
         for device, stream in zip(self.devices, self.streams):
@@ -192,7 +223,7 @@ def all_reduce_rounds(args, gpus: int, sizes: list[int]) -> dict:
             pairs[f"hal_{mode}"] = HalAllReduce(devices, channels, capacity)
         if not args.fake:
             try:
-                pairs["nccl"] = NcclDirect(opened[:gpus], capacity)
+                pairs["nccl"] = NcclDirect.every_gpu(opened[:gpus], capacity)
             except Exception as exc:  # reported, the HAL's numbers still come
                 result["errors"]["nccl"] = f"{type(exc).__name__}: {exc}"
         for size in sizes:
@@ -241,47 +272,6 @@ def make_devices(args, gpus: int, **options) -> list[hal.Device]:
 
 
 # ---- a process per GPU ---------------------------------------------------------------------------------
-class NcclRank:
-    """This process's rank of NCCL through nccl4py (``comm_init_rank``, blocking), one all-reduce a
-    step on its own stream, as a process of torchrun would call it."""
-
-    def __init__(self, device: hal.Device, rank: int, world: int, id: bytes, capacity: int) -> None:
-        from nccl.bindings import nccl
-
-        self.nccl = nccl
-        self.device = device
-        device.make_current()
-        self.comm = nccl.comm_init_rank(world, nccl.UniqueId.from_buffer(bytearray(id)), rank)
-        self.buffer = device.allocator.allocate(max(capacity, 8))
-        self.pointer = self.buffer.device_address
-        self.stream = device.api.stream_create()
-        self.handle = int(self.stream)
-        self.count = 1
-
-    def prepare(self, size: int) -> None:
-        self.count = max(size // 4, 1)
-
-    def run(self, iterations: int) -> float:
-        nccl, comm, ptr, stream, count = self.nccl, self.comm, self.pointer, self.handle, self.count
-        started = time.perf_counter()
-        for _ in range(iterations):
-            nccl.all_reduce(ptr, ptr, count, 7, 0, comm, stream)  # float32, sum
-        self.device.api.stream_synchronize(self.stream)
-        return (time.perf_counter() - started) / iterations
-
-    def most(self, value: int) -> int:
-        """The largest ``value`` of every rank (an int32 max all-reduce, synchronized): a barrier too."""
-        self.device.write(self.buffer, np.array([value], np.int32).tobytes())
-        self.nccl.all_reduce(self.pointer, self.pointer, 1, 2, 2, self.comm, self.handle)  # int32, max
-        self.device.api.stream_synchronize(self.stream)
-        return int(np.frombuffer(self.device.read(self.buffer, 0, 4), np.int32)[0])
-
-    def close(self) -> None:
-        self.device.api.stream_destroy(self.stream)
-        self.nccl.comm_destroy(self.comm)
-        self.buffer.release()
-
-
 def process_worker(rank: int, world: int, ids: list[bytes], sizes: list[int], rounds: int, out: str) -> None:
     """One rank of ``process_rounds``: hal_stream, hal_graph and nccl on this process's GPU."""
     capacity = max(sizes)
@@ -294,7 +284,7 @@ def process_worker(rank: int, world: int, ids: list[bytes], sizes: list[int], ro
             channel = hal.create_channel(device, rank=rank, count=world, id=id)
             opened.append(channel)
             pairs[f"hal_{mode}"] = HalAllReduce([device], [channel], capacity)
-        nccl_rank = pairs["nccl"] = NcclRank(opened[0], rank, world, ids[2], capacity)
+        nccl_rank = pairs["nccl"] = NcclDirect.one_rank(opened[0], rank, world, ids[2], capacity)
         results: dict = {}
         for size in sizes:
             entry = results[str(size)] = {"bytes": size}
