@@ -249,16 +249,20 @@ def all_reduce_rounds(args, gpus: int, sizes: list[int]) -> dict:
             print(f"all_reduce {size:>11} B: " + "  ".join(
                 f"{n} {entry[n]['time_us']:9.1f} us {entry[n]['busbw_GBps']:7.1f} GB/s" for n in pairs), flush=True)
     finally:
-        nccl_direct = pairs.get("nccl")
-        if nccl_direct is not None:
-            nccl_direct.close()
-        for thing in opened:
-            if isinstance(thing, hal.Channel):
-                thing.close()
-        for thing in opened:
-            if isinstance(thing, hal.Device):
-                thing.close()
+        close_all(pairs.get("nccl"), opened)
     return result
+
+
+def close_all(nccl_direct: NcclDirect | None, opened: list) -> None:
+    """NCCL's communicators, then the channels, then the devices."""
+    if nccl_direct is not None:
+        nccl_direct.close()
+    for thing in opened:
+        if isinstance(thing, hal.Channel):
+            thing.close()
+    for thing in opened:
+        if isinstance(thing, hal.Device):
+            thing.close()
 
 
 def make_devices(args, gpus: int, **options) -> list[hal.Device]:
@@ -314,14 +318,7 @@ def process_worker(rank: int, world: int, ids: list[bytes], sizes: list[int], ro
         if rank == 0:
             Path(out).write_text(json.dumps({"sizes": results}))
     finally:
-        if "nccl" in pairs:
-            pairs["nccl"].close()
-        for thing in opened:
-            if isinstance(thing, hal.Channel):
-                thing.close()
-        for thing in opened:
-            if isinstance(thing, hal.Device):
-                thing.close()
+        close_all(pairs.get("nccl"), opened)
 
 
 def process_rounds(args, gpus: int, sizes: list[int]) -> dict:
