@@ -818,7 +818,7 @@ class FakeNccl:
         """As NCCL's abort and destroy: wait until no graph holds the communicator's persistent plans;
         here refused after ``PLAN_WAIT`` seconds, and counted (NCCL would hang)."""
         deadline = time.monotonic() + self.PLAN_WAIT
-        while True:
+        while len(comm.plans):
             gc.collect()  # (graphs the HAL destroyed and dropped are gone)
             if not len(comm.plans):
                 return

@@ -136,6 +136,28 @@ def test_a_rank_per_thread_warms_up_and_splits_off_its_blocking_communicator():
             d.close()
 
 
+def test_a_peer_that_joins_but_never_warms_up_times_the_creation_out_and_everything_is_aborted():
+    """A rank that made its communicator and went away: the warm-up's kernels wait on the GPU for
+    it, so the creation waits no longer than its timeout, aborts the communicator (the kernels
+    return) before it frees their buffers, and leaves the device usable."""
+    driver = FakeGpuDriver()
+    devices = [driver.create_device(i) for i in range(2)]
+    try:
+        id = hal.create_channel_id(devices[0])
+        driver.nccl.init_rank(2, id, 1)  # rank 1 joins, and nothing more
+        started = time.monotonic()
+        with pytest.raises(hal.DeadlineExceededError, match="first collectives"):
+            hal.create_channel(devices[0], rank=0, count=2, id=id, timeout=0.5)
+        assert time.monotonic() - started < 10
+        assert driver.nccl.calls["ncclCommAbort"] == 1  # (the communicator; no blocking one was split yet)
+        buf = devices[0].allocator.allocate(8)
+        devices[0].write(buf, b"abcdefgh")
+        assert devices[0].read(buf) == b"abcdefgh"
+    finally:
+        for d in devices:
+            d.close()
+
+
 def test_splits_share_their_parents_resources_and_abort():
     """A split communicator shares its parent's abort flag (NCCL's splitShare): aborting the split
     breaks the channel it was split from as well, and no communicator is freed twice."""

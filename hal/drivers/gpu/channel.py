@@ -330,10 +330,16 @@ def poll_ready(library: CollectiveLibrary, comms: Sequence[Any], deadline: float
                failed: Callable[[], BaseException | None], what: str) -> None:
     """Return once every communicator is ready; raise its error, ``failed()``'s failure, or
     DeadlineExceededError at the deadline (the caller aborts what it made)."""
+    poll_until(lambda: all(library.ready(comm) for comm in comms), deadline, failed, what)
+
+
+def poll_until(done: Callable[[], bool], deadline: float | None, failed: Callable[[], BaseException | None],
+               what: str) -> None:
+    """Return once ``done()``; raise ``failed()``'s failure, or DeadlineExceededError at the deadline."""
     sleep = _POLL_SLEEPS[0]
     spin_until = time.monotonic() + SPIN_SECONDS
     while True:
-        if all(library.ready(comm) for comm in comms):
+        if done():
             return
         if time.monotonic() < spin_until:
             continue
@@ -573,8 +579,15 @@ class GpuCollectives:
             return []
         positions = [library.comm_rank(base) for base in bases]
         siblings: list[Any] = []
+        alive = list(bases)  # (aborted once: by the warm-up, or below)
+
+        def abort() -> None:
+            _abort_all(library, siblings + alive)
+            alive.clear()
+            siblings.clear()
+
         try:
-            warm_up(library, devices, bases, positions, deadline, what)
+            warm_up(library, devices, bases, positions, deadline, what, abort)
             if library.nonblocking:
                 with COMM_LOCK:
                     library.group_start()
@@ -589,7 +602,7 @@ class GpuCollectives:
                 poll_ready(library, bases, deadline, lambda: None, f"{what}: its blocking communicators")
                 siblings = split
         except BaseException:
-            _abort_all(library, siblings + bases)
+            abort()
             raise
         channels = []
         for device, base, comm, (rank, count), timeout, local in zip(devices, bases, siblings or bases, positions,
@@ -684,23 +697,27 @@ def _abort_all(library: CollectiveLibrary, comms: Sequence[Any]) -> None:
 
 
 def warm_up(library: CollectiveLibrary, devices: Sequence[GpuDevice], comms: Sequence[Any],
-            ranks: Sequence[tuple[int, int]], deadline: float | None, what: str) -> None:
+            ranks: Sequence[tuple[int, int]], deadline: float | None, what: str, abort: Callable[[], None]) -> None:
     """Make every connection of ``comms`` (this process's ranks, each on its device, each's (rank,
     count) in ``ranks``) while all ranks take part: one grouped all-reduce and send/recv with every
-    peer, polled up to the deadline and synchronized (see the module)."""
+    peer, enqueued and run within the deadline (see the module). If they are not, or anything
+    fails once they may be enqueued, ``abort()`` aborts the communicators first: their kernels
+    return before the work's buffers are freed."""
     if all(count < 2 for _, count in ranks):
         return
     work = []
+    enqueued = False
     try:
         for device, (_, count) in zip(devices, ranks):
             device.make_current()
             api = device.api  # type: ignore[attr-defined]
             buffer = device.allocator.allocate(8 * 2 * count)
-            work.append((device, api, api.stream_create(), buffer, buffer.device_address))
+            work.append((device, api, api.stream_create(), api.event_create(), buffer, buffer.device_address))
         with COMM_LOCK:
+            enqueued = True
             library.group_start()
             try:
-                for (_, _, stream, _, ptr), comm, (rank, count) in zip(work, comms, ranks):
+                for (_, _, stream, _, _, ptr), comm, (rank, count) in zip(work, comms, ranks):
                     library.all_reduce(ptr, ptr, 1, "float32", "sum", comm, stream)
                     for peer in range(count):
                         if peer != rank:
@@ -709,11 +726,27 @@ def warm_up(library: CollectiveLibrary, devices: Sequence[GpuDevice], comms: Seq
             finally:
                 library.group_end()
         poll_ready(library, comms, deadline, lambda: None, f"{what}: its first collectives")
-        for device, api, stream, _, _ in work:
+        for device, api, stream, event, _, _ in work:
             device.make_current()
-            api.stream_synchronize(stream)
+            api.event_record(event, stream)
+
+        def complete() -> bool:
+            for device, api, _, event, _, _ in work:
+                device.make_current()
+                if not api.event_query(event):
+                    return False
+            return True
+
+        # (the kernels wait on the GPU for the other ranks' warm-up: bounded like the rest)
+        poll_until(complete, deadline, lambda: None, f"{what}: its first collectives")
+    except BaseException:
+        if enqueued:
+            abort()
+        raise
     finally:
-        for device, api, stream, buffer, _ in work:
+        for device, api, stream, event, buffer, _ in work:
             device.make_current()
+            api.stream_synchronize(stream)  # (complete, or ended by the abort)
             api.stream_destroy(stream)
+            api.event_destroy(event)
             buffer.release()
