@@ -183,6 +183,34 @@ def test_splits_share_their_parents_resources_and_abort():
             d.close()
 
 
+def test_a_split_that_fails_breaks_the_channels_it_shares_an_abort_with(monkeypatch):
+    """The new communicators of a failed split are aborted, and with them (one abort flag) their
+    parents: the parents' channels fail too, and the devices stay usable."""
+    driver = FakeGpuDriver()
+    devices = [driver.create_device(i) for i in range(2)]
+    try:
+        channels = hal.create_channels(devices, timeout=10)
+        ready = driver.nccl.ready
+
+        def failing(comm):
+            if comm.members is None and not comm.blocking:  # (a split's new communicator)
+                raise hal.InternalError("ncclCommGetAsyncError: ncclRemoteError")
+            return ready(comm)
+
+        monkeypatch.setattr(driver.nccl, "ready", failing)
+        with pytest.raises(hal.InternalError, match="ncclRemoteError"):
+            hal.split_channels(channels, [0, 0], [0, 1])
+        assert all(isinstance(c.failure, hal.InternalError) for c in channels)
+        assert all(c.comm is None and c.base is None for c in channels)
+        for d in devices:
+            buf = d.allocator.allocate(8)
+            d.write(buf, b"12345678")
+            assert d.read(buf) == b"12345678"
+    finally:
+        for d in devices:
+            d.close()
+
+
 def _all_reduce_cb(channel):
     buf = channel.device.allocator.allocate(16)
     cb = channel.device.create_command_buffer()

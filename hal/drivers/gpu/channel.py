@@ -670,14 +670,21 @@ class GpuCollectives:
                 channel.ranks.break_with(exc)
             raise
         made = [comm for comm in comms if comm is not None]
-        self._made(library, made, deadline, "split")
         parents = [channel for channel, comm in zip(gpu_channels, comms) if comm is not None]
-        # Splits of a non-blocking library share their parent's resources and abort: its LocalRanks.
+        # Splits of a non-blocking library share their parent's resources and abort: its LocalRanks
+        # (and an abort of a split that failed aborts its parents too: they break with it).
         by_color: dict[Any, LocalRanks] = {}
         ranks = [channel.ranks if library.nonblocking else by_color.setdefault(color, LocalRanks())
                  for channel, color, comm in zip(gpu_channels, colors, comms) if comm is not None]
-        opened = iter(self._open(library, [channel.device for channel in parents], made, deadline,  # type: ignore[misc]
-                                 [channel.timeout for channel in parents], ranks, "split"))
+        try:
+            self._made(library, made, deadline, "split")
+            opened = iter(self._open(library, [channel.device for channel in parents], made,  # type: ignore[misc]
+                                     deadline, [channel.timeout for channel in parents], ranks, "split"))
+        except HalError as exc:
+            if library.nonblocking:
+                for channel in gpu_channels:
+                    channel.ranks.break_with(exc)
+            raise
         return [None if comm is None else next(opened) for comm in comms]
 
 
