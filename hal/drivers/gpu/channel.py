@@ -201,8 +201,8 @@ class CollectiveGroup:
 
     def __init__(self) -> None:
         self.parts: list[tuple[GpuChannel, Collective, int | None, int | None]] = []
-        #: (channels, batches) of the parts, made at the first issue (the parts are recorded by then).
-        self._plan: tuple[list[GpuChannel], list[list]] | None = None
+        #: ``_make_plan``'s, made at the first issue (the parts are recorded by then).
+        self._plan: tuple[list[GpuChannel], CollectiveLibrary, list[tuple[bool, list[Step]]]] | None = None
 
     def add(self, part: tuple[GpuChannel, Collective, int | None, int | None]) -> None:
         self.parts.append(part)
@@ -276,7 +276,7 @@ def record(level: list, channel: GpuChannel, op: Collective, send: Target | None
         call = LibraryCall(BACKEND, CollectiveGroup(), None, (), [], empty=True)  # type: ignore[arg-type]
         level.append(call)
     targets = call.targets
-    indices = []
+    indices: list[int | None] = []
     for target in (send, recv):
         if target is None:
             indices.append(None)
