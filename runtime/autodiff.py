@@ -21,10 +21,9 @@ complex op takes the real part of its contribution.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Sequence
-from itertools import repeat
-from operator import is_
 from typing import TYPE_CHECKING, Any, ParamSpec
 
 import numpy as np
@@ -45,8 +44,10 @@ GRAD = "grad"
 P = ParamSpec("P")
 # Grad nodes handed out and maybe still pending: an eval that would clear part of their forward
 # graph (evaluating the loss alone, say) builds their backward graphs first (`protect`).
-# (id -> weak reference: arrays compare elementwise, so they cannot sit in a WeakSet)
+# (id -> weak reference: arrays compare elementwise, so they cannot sit in a WeakSet.) Shared by
+# every thread (a grad may be evaluated on another), changed under _handed_lock.
 _handed_out: dict = {}
+_handed_lock = threading.Lock()
 _NO_GRAD = (frozenset(COMPARE) | frozenset(ops.UNARY_PREDICATE) | frozenset(ops.BITWISE) | frozenset(ops.LOGICAL)
             | {"argmax", "argmin", "random", "full", "placeholder", "floor", "ceil", "trunc", "round", "sign",
                "floor_divide", "bitwise_invert"})
@@ -63,10 +64,16 @@ _FOLDED = (_dt.float32, _dt.float64)
 # (maximum's and abs's `x >= 0`). Every backward node is internal to the gradient, so returning an
 # existing array for a new one changes no array a caller holds.
 
-#: While a recording expands grad nodes (`expand_noting`): the constants whose values shaped the
-#: backward graph. The graph key describes constants by dtype and shape only, so the recording keeps
-#: these as guards: a later eval of the same key with other constants there must not replay it.
-_noted: list | None = None
+class _Noting(threading.local):
+    """While a recording expands grad nodes (`expand_noting`), on its thread: the constants whose
+    values shaped the backward graph. The graph key describes constants by dtype and shape only, so
+    the recording keeps these as guards: a later eval of the same key with other constants there
+    must not replay it. (Per thread: recordings of other devices run at the same time.)"""
+
+    noted: list | None = None
+
+
+_noting = _Noting()
 
 
 def _host_value(a: Array) -> np.ndarray | None:
@@ -76,8 +83,9 @@ def _host_value(a: Array) -> np.ndarray | None:
         r = a
     value = r.params  # constant() keeps its value there; other evaluated arrays hold None
     if r.op is None and type(value) is np.ndarray and a.dtype in _FOLDED:
-        if _noted is not None:
-            _noted.append(r)
+        noted = _noting.noted
+        if noted is not None:
+            noted.append(r)
         return value
     return None
 
@@ -463,13 +471,12 @@ def expand(grad_nodes: list) -> dict:
 
 
 def expand_noting(grad_nodes: list) -> tuple[dict, list]:
-    """expand(), and the constants whose values the backward graphs were built for (see _noted)."""
-    global _noted
-    _noted = noted = []
+    """expand(), and the constants whose values the backward graphs were built for (see _Noting)."""
+    _noting.noted = noted = []
     try:
         return expand(grad_nodes), noted
     finally:
-        _noted = None
+        _noting.noted = None
 
 
 def materialize(nodes: list) -> None:
@@ -487,27 +494,61 @@ def materialize(nodes: list) -> None:
 
 
 def protect(order: list) -> None:
-    """Before an eval of `order` clears its nodes' inputs: grad nodes it does not evaluate get
-    their backward graphs now, while the forward graphs they differentiate are intact."""
+    """Before an eval of `order` clears its nodes' inputs: pending grad nodes it does not evaluate
+    whose forward graph it evaluates part of get their backward graphs now, while that graph is
+    intact. Grad nodes of graphs the eval does not touch (another device's, another thread's) are
+    left as they are: an eval never changes the graph of an unrelated one."""
     if not _handed_out:
         return
-    alive = [ref() for ref in _handed_out.values()]
-    _handed_out.clear()
-    pending = [g for g in alive if g is not None and g.op == GRAD and g.storage is None]
-    if pending:
-        if len(pending) == 1:  # the usual one gradient: looked for by identity in C, no set of the eval
-            outside = [] if any(map(is_, order, repeat(pending[0]))) else pending
+    with _handed_lock:
+        entries = list(_handed_out.items())
+    done = []  # entries to drop: dead, evaluated now, or materialized
+    pending = []
+    for key, ref in entries:
+        g = ref()
+        if g is None or g.op != GRAD or g.storage is not None:
+            done.append(key)
         else:
-            in_eval = set(map(id, order))  # in C: a set comprehension cost ~9 bytecodes a node
-            outside = [g for g in pending if id(g) not in in_eval]
+            pending.append((key, g))
+    if pending:
+        in_eval = set(map(id, order))
+        outside = []
+        for key, g in pending:
+            if id(g) in in_eval:
+                done.append(key)
+            elif _forward_meets(g, in_eval):
+                done.append(key)
+                outside.append(g)
         if outside:
             materialize(outside)
+    if done:
+        with _handed_lock:
+            for key in done:
+                _handed_out.pop(key, None)
+
+
+def _forward_meets(g: Node, in_eval: set) -> bool:
+    """Whether the pending forward graph grad node `g` differentiates has a node in `in_eval` (ids)."""
+    seen: set = set()
+    stack = [g.inputs[0]]
+    while stack:
+        node = stack.pop()
+        root = node if node.base is None else node.base
+        if id(root) in seen:
+            continue
+        seen.add(id(root))
+        if id(root) in in_eval:
+            return True
+        if root.storage is None:  # (an evaluated node's inputs are gone already)
+            stack.extend(root.inputs)
+    return False
 
 
 def resolved(grads: list) -> None:
     """These grad nodes are expanded by a recording (rt.compile's traces keep them as they are)."""
-    for g in grads:
-        _handed_out.pop(id(g), None)
+    with _handed_lock:
+        for g in grads:
+            _handed_out.pop(id(g), None)
 
 
 def value_and_grad(fn: Callable[P, Array], argnums: int | Sequence[int] = 0) -> Callable[P, tuple[Array, Any]]:
@@ -537,8 +578,9 @@ def value_and_grad(fn: Callable[P, Array], argnums: int | Sequence[int] = 0) -> 
                 f"grad needs a function with a scalar output, got shape {out.shape}")
         inputs = (out, *wrt)
         grads = [new_node(GRAD, inputs, (k, len(wrt)), w.shape, w.dtype, out.ctx) for k, w in enumerate(wrt)]
-        for g in grads:
-            _handed_out[id(g)] = weakref.ref(g)
+        with _handed_lock:
+            for g in grads:
+                _handed_out[id(g)] = weakref.ref(g)
         return out, (grads[0] if single else tuple(grads))
 
     wrapped.__name__ = f"value_and_grad({getattr(fn, '__name__', 'fn')})"

@@ -147,3 +147,56 @@ def test_structure_changes_get_their_own_graphs(dev):
         t = np.tanh(X_np @ w_np)
         np.testing.assert_allclose(float(value), t.sum(), rtol=1e-5)
         np.testing.assert_allclose(g.numpy(), X_np.T @ (1 - t * t), rtol=1e-4, atol=1e-5)
+
+
+def test_evaluating_the_loss_first_keeps_the_gradient_right(dev):
+    """The loss's eval clears part of the forward graph its pending gradient differentiates: the
+    gradient's backward graph is built first, and it still reads the right values."""
+    X_np = np.random.default_rng(2).standard_normal((6, 4)).astype(np.float32)
+    w_np = np.linspace(-1, 1, 4).astype(np.float32)
+    loss, g = rt.value_and_grad(lambda w: (rt.array(X_np, device=dev) @ w).sum() ** 2)(rt.array(w_np, device=dev))
+    s = float((X_np @ w_np).sum())
+    np.testing.assert_allclose(loss.numpy(), s * s, rtol=1e-5)
+    assert g.op != autodiff.GRAD  # (materialized by the loss's eval)
+    np.testing.assert_allclose(g.numpy(), 2 * s * X_np.sum(axis=0), rtol=1e-5, atol=1e-5)
+
+
+def test_an_eval_leaves_the_pending_gradients_of_unrelated_graphs_alone(dev):
+    """Only a gradient whose forward graph the eval touches is materialized: an eval of one graph
+    (another device's, another thread's) never changes the graph of an unrelated one, so equal
+    programs record equal graphs whatever runs beside them."""
+    vg = rt.value_and_grad(lambda w: (w * w).sum())
+    _, g_a = vg(rt.array(np.ones(3, np.float32), device=dev))
+    loss_b, g_b = vg(rt.array(np.full(3, 2.0, np.float32), device=dev))
+    np.testing.assert_allclose(g_a.numpy(), [2.0, 2.0, 2.0])
+    assert g_b.op == autodiff.GRAD  # untouched by g_a's eval
+    np.testing.assert_allclose(loss_b.numpy(), 12.0)
+    assert g_b.op != autodiff.GRAD  # its own loss's eval built its backward graph
+    np.testing.assert_allclose(g_b.numpy(), [4.0, 4.0, 4.0])
+
+
+def test_threads_building_and_evaluating_gradients_at_once(dev):
+    """Gradients handed out and evaluated from several threads at once: every result is right."""
+    import threading
+
+    errors: list = []
+
+    def worker(seed: int) -> None:
+        try:
+            rng = np.random.default_rng(seed)
+            for _ in range(30):
+                w_np = rng.standard_normal(5).astype(np.float32)
+                loss, g = rt.value_and_grad(lambda w: (rt.tanh(w) * w).sum())(rt.array(w_np, device=dev))
+                if rng.random() < 0.5:
+                    loss.numpy()  # sometimes the loss first
+                t = np.tanh(w_np)
+                np.testing.assert_allclose(g.numpy(), t + w_np * (1 - t * t), rtol=1e-5, atol=1e-6)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
