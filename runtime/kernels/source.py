@@ -72,8 +72,8 @@ def source(key: tuple, build) -> KernelSource:
     src = _sources.pop(key, None)
     if src is None:
         src = build()
-        while len(_sources) >= SOURCES_KEPT:
-            del _sources[next(iter(_sources))]
+        while len(_sources) >= SOURCES_KEPT:  # (shared by every device's thread: one may evict it first)
+            _sources.pop(next(iter(_sources)), None)
     _sources[key] = src  # (the most recently used last)
     return src
 
