@@ -71,6 +71,7 @@ class Rccl:
         return async_ready(int(status[-1] if isinstance(status, tuple) else status), "ncclResult_t {}".format)
 
     def split(self, comm: Any, color: int | None, key: int, blocking: bool = False) -> Any:
+        """A blocking communicator, ``blocking`` or not (every RCCL communicator here is)."""
         new = self._call("ncclCommSplit", comm, -1 if color is None else color, key, None)
         return new if new else None
 
