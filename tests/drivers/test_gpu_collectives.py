@@ -150,9 +150,7 @@ def test_a_peer_that_joins_but_never_warms_up_times_the_creation_out_and_everyth
             hal.create_channel(devices[0], rank=0, count=2, id=id, timeout=0.5)
         assert time.monotonic() - started < 10
         assert driver.nccl.calls["ncclCommAbort"] == 1  # (the communicator; no blocking one was split yet)
-        buf = devices[0].allocator.allocate(8)
-        devices[0].write(buf, b"abcdefgh")
-        assert devices[0].read(buf) == b"abcdefgh"
+        _assert_usable(devices[:1])
     finally:
         for d in devices:
             d.close()
@@ -174,10 +172,7 @@ def test_splits_share_their_parents_resources_and_abort():
             with pytest.raises(hal.HalError):
                 channel.device.queue_execute([_all_reduce_cb(channel)], wait=[], signal=[])
         assert driver.nccl.calls["ncclCommAbort"] == 16  # (4 ranks x 2 channels x 2 communicators, once each)
-        for d in devices:  # the devices stay usable
-            buf = d.allocator.allocate(8)
-            d.write(buf, b"12345678")
-            assert d.read(buf) == b"12345678"
+        _assert_usable(devices)
     finally:
         for d in devices:
             d.close()
@@ -202,13 +197,18 @@ def test_a_split_that_fails_breaks_the_channels_it_shares_an_abort_with(monkeypa
             hal.split_channels(channels, [0, 0], [0, 1])
         assert all(isinstance(c.failure, hal.InternalError) for c in channels)
         assert all(c.comm is None and c.base is None for c in channels)
-        for d in devices:
-            buf = d.allocator.allocate(8)
-            d.write(buf, b"12345678")
-            assert d.read(buf) == b"12345678"
+        _assert_usable(devices)
     finally:
         for d in devices:
             d.close()
+
+
+def _assert_usable(devices) -> None:
+    """Each device still writes and reads its memory."""
+    for d in devices:
+        buf = d.allocator.allocate(8)
+        d.write(buf, b"12345678")
+        assert d.read(buf) == b"12345678"
 
 
 def _all_reduce_cb(channel):
