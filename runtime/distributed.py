@@ -13,7 +13,8 @@ backward pass in a graph command buffer). Every rank must build the same collect
 order, as NCCL and MPI ask.
 
 ``average_gradients`` is data parallelism's step: the gradients averaged over the group in buckets
-(last layer first, as they come out of the backward pass), one collective per bucket.
+filled in the order the backward pass makes them (read off the pending graph), one collective per
+bucket, so that the buckets of the last layers start while the first layers' gradients are computed.
 """
 
 from __future__ import annotations
@@ -30,18 +31,23 @@ import hal
 from . import dtypes as _dt
 from . import ops
 from .array_api import concat
+from .autodiff import GRAD
 from .device import context_for
 from .errors import InvalidTypeError, InvalidValueError
-from .graph import Node, new_node
+from .graph import PLACEHOLDER, Node, new_node
 
 if TYPE_CHECKING:
     from .array import Array
 
 __all__ = ["Group", "all_gather", "all_max", "all_mean", "all_min", "all_sum", "average_gradients", "broadcast",
-           "groups", "init", "reduce_scatter"]
+           "buckets", "groups", "init", "reduce_scatter"]
 
 #: Bucket size of ``average_gradients`` (PyTorch DDP's default).
 BUCKET_BYTES = 25 << 20
+#: A bucket holding at least this much is closed when the next gradient comes later in the backward
+#: pass than all of its own: its all-reduce then starts beside the computation of the later ones
+#: (smaller buckets wait for more: a collective of a few kilobytes costs its latency whatever it holds).
+EARLY_BUCKET_BYTES = 1 << 20
 #: Element types a collective moves (the HAL's channel types).
 DTYPES = frozenset(("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
                     "float16", "bfloat16", "float32", "float64"))
@@ -174,40 +180,121 @@ def broadcast(x: Array, group: Group, root: int = 0) -> Array:
 
 
 def average_gradients(grads: Sequence[Array], group: Group, bucket_bytes: int = BUCKET_BYTES) -> list[Array]:
-    """``grads`` averaged over ``group``: filled into buckets of up to ``bucket_bytes`` from the last
-    gradient back (the order a backward pass makes them), one ``all_mean`` a bucket (a bucket of one
-    gradient is reduced in place of a copy). Returns the averaged gradients in ``grads``' order."""
+    """``grads`` averaged over ``group``, one ``all_mean`` a bucket (a bucket of one gradient is
+    reduced in place of a copy); returns the averaged gradients in ``grads``' order.
+
+    Buckets hold up to ``bucket_bytes`` of one element type, filled in the order the gradients
+    become ready (``readiness``: their depth in the pending graph; the last gradient first among
+    equals, as a backward pass makes them). A bucket of at least ``EARLY_BUCKET_BYTES`` closes where
+    the next gradient is deeper, so that its all-reduce runs beside the rest of the backward pass (as
+    PyTorch DDP's buckets, rebuilt in the order its hooks saw the gradients). Every rank builds the
+    same graph, so every rank makes the same buckets."""
     grads = list(grads)
     if type(bucket_bytes) is not int or bucket_bytes < 1:
         raise InvalidValueError(f"average_gradients: bucket_bytes must be a positive int, got {bucket_bytes!r}")
-    out: list = [None] * len(grads)
-    bucket: list[int] = []
-    size = 0
-
-    def flush() -> None:
-        if not bucket:
-            return
-        if len(bucket) == 1:
-            out[bucket[0]] = all_mean(grads[bucket[0]], group)
-        else:
-            flat = concat([grads[i] for i in bucket], axis=None)
-            averaged = all_mean(flat, group)
-            start = 0
-            for i in bucket:
-                g = grads[i]
-                out[i] = ops.reshape(averaged[start:start + g.size], g.shape)
-                start += g.size
-        bucket.clear()
-
-    for i in reversed(range(len(grads))):
-        g = grads[i]
+    for i, g in enumerate(grads):
         if not isinstance(g, Node) or not g.dtype.is_float:
             raise InvalidTypeError(f"average_gradients: gradient {i} is not a float rt.Array")
+    out: list = [None] * len(grads)
+    for bucket in buckets(grads, bucket_bytes):
+        if len(bucket) == 1:
+            out[bucket[0]] = all_mean(grads[bucket[0]], group)
+            continue
+        averaged = all_mean(concat([grads[i] for i in bucket], axis=None), group)
+        start = 0
+        for i in bucket:
+            g = grads[i]
+            out[i] = ops.reshape(averaged[start:start + g.size], g.shape)
+            start += g.size
+    return out
+
+
+def buckets(grads: Sequence[Array], bucket_bytes: int = BUCKET_BYTES) -> list[list[int]]:
+    """The buckets ``average_gradients`` makes of ``grads``: lists of indices into ``grads``."""
+    depth = readiness(grads)
+    order = sorted(range(len(grads)), key=lambda i: (depth[i], -i))
+    out: list[list[int]] = []
+    bucket: list[int] = []
+    size = 0
+    for i in order:
+        g = grads[i]
         nbytes = g.size * g.dtype.itemsize
-        if bucket and (size + nbytes > bucket_bytes or g.dtype != grads[bucket[0]].dtype):
-            flush()
-            size = 0
+        if bucket and (size + nbytes > bucket_bytes or g.dtype != grads[bucket[0]].dtype
+                       or (size >= EARLY_BUCKET_BYTES and depth[i] > depth[bucket[-1]])):
+            out.append(bucket)
+            bucket, size = [], 0
         bucket.append(i)
         size += nbytes
-    flush()
+    if bucket:
+        out.append(bucket)
     return out
+
+
+def readiness(arrays: Sequence[Array]) -> list[int]:
+    """Per array, the dependency level a schedule by levels computes it at: 0 when computed (or a
+    traced input), else one more than the deepest pending array it reads. A pending gradient
+    (``rt.grad``'s lazy node, whose backward graph is built only when an evaluation records it)
+    comes as far after its value as its input lies from the value: the backward pass reaches an
+    input one step per forward op on the longest path between them."""
+    depth: dict[int, int] = {}
+    distances: dict[int, dict[int, int]] = {}  # id(value) -> the longest paths from it (_distances)
+    out = []
+    for a in arrays:
+        root = a.base if a.base is not None else a
+        if root.op == GRAD and root.storage is None:
+            value, wrt = root.inputs[0], root.inputs[1 + root.params[0]]
+            far = distances.get(id(value))
+            if far is None:
+                far = distances[id(value)] = _distances(value)
+            out.append(_depth(value, depth) + far.get(id(wrt), 0) + 1)
+        else:
+            out.append(_depth(root, depth))
+    return out
+
+
+def _depth(node: Node, depth: dict[int, int]) -> int:
+    """``readiness`` of one pending graph's root (levels of the nodes met kept in ``depth``)."""
+    node = node.base if node.base is not None else node
+    stack = [(node, False)]
+    while stack:
+        n, expanded = stack.pop()
+        if id(n) in depth:
+            continue
+        if n.storage is not None or n.op == PLACEHOLDER:
+            depth[id(n)] = 0
+            continue
+        roots = [inp.base if inp.base is not None else inp for inp in n.inputs]
+        if expanded:
+            depth[id(n)] = 1 + max((depth[id(r)] for r in roots), default=0)
+            continue
+        stack.append((n, True))
+        stack.extend((r, False) for r in roots if id(r) not in depth)
+    return depth[id(node)]
+
+
+def _distances(value: Node) -> dict[int, int]:
+    """id(node) -> the ops on the longest path from it up to ``value`` in the pending forward graph
+    (the arrays as ops read them, views included, as the gradient rules walk them)."""
+    order: list = []  # post-order: every node after the nodes it reads
+    seen: set[int] = set()
+    stack = [(value, False)]
+    while stack:
+        n, expanded = stack.pop()
+        if expanded:
+            order.append(n)
+            continue
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        stack.append((n, True))
+        if n.storage is None and n.op is not None and n.op != PLACEHOLDER:
+            stack.extend((inp, False) for inp in n.inputs if id(inp) not in seen)
+    far = {id(value): 0}
+    for n in reversed(order):  # consumers before what they read
+        d = far.get(id(n))
+        if d is None or n.storage is not None or n.op is None or n.op == PLACEHOLDER:
+            continue
+        for inp in n.inputs:
+            if far.get(id(inp), -1) < d + 1:
+                far[id(inp)] = d + 1
+    return far

@@ -155,6 +155,46 @@ def test_data_parallel_training_equals_the_whole_batch_on_one_device(ranks, comp
             np.testing.assert_array_equal(a, b)
 
 
+def _layer_grads(device, widths):
+    """The lazy gradients of a ReLU network's squared loss: (w1, b1, w2, b2, ...) for ``widths``."""
+    rng = np.random.default_rng(3)
+    params = []
+    for fan_in, fan_out in zip(widths, widths[1:]):
+        params += [rt.array(rng.standard_normal((fan_in, fan_out), dtype=np.float32) * 0.1, device=device),
+                   rt.array(np.zeros(fan_out, np.float32), device=device)]
+    x = rt.array(rng.standard_normal((4, widths[0]), dtype=np.float32), device=device)
+
+    def loss(*ps):
+        h = x
+        for i in range(0, len(ps), 2):
+            h = h @ ps[i] + ps[i + 1]
+            if i + 2 < len(ps):
+                h = rt.nn.relu(h)
+        return (h * h).mean()
+
+    return rt.grad(loss, argnums=tuple(range(len(params))))(*params)
+
+
+def test_buckets_follow_the_backward_pass():
+    device = hal.create_device("local-sync")
+    grads = _layer_grads(device, [256, 1024, 512])  # w1 1 MiB, b1, w2 2 MiB, b2
+    depth = rt.distributed.readiness(grads)
+    assert depth[2] < depth[0] and depth[3] < depth[1]  # the output layer's come first
+    # The output layer's bucket (over EARLY_BUCKET_BYTES) closes before the first layer's gradients
+    # come: its all-reduce can run while they are computed.
+    assert rt.distributed.buckets(grads) == [[3, 2], [1, 0]]
+    # A bucket a gradient each, in the order they come out; one bucket when it cannot start early.
+    assert rt.distributed.buckets(grads, bucket_bytes=1) == [[3], [2], [1], [0]]
+    small = _layer_grads(device, [8, 16, 4])
+    assert rt.distributed.buckets(small) == [[3, 2, 1, 0]]
+    assert rt.distributed.buckets(small, bucket_bytes=600) == [[3, 2, 1], [0]]  # 336 bytes, then 512
+    # Computed gradients (nothing pending) are all ready at once: the last first.
+    rt.eval(*small)
+    assert rt.distributed.readiness(small) == [0, 0, 0, 0]
+    assert rt.distributed.buckets(small, bucket_bytes=600) == [[3, 2, 1], [0]]
+    device.close()
+
+
 def test_gradients_flow_through_an_all_sum(ranks):
     devices, groups = ranks
     n = len(devices)
