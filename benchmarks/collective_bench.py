@@ -27,6 +27,8 @@ each GPU runs one compiled step on its part of the batch, whose gradients ``rt.d
 averages in buckets recorded in the same graph as the backward pass (a bucket's all-reduce beside the
 rest of the backward pass), one thread queueing every GPU's step; throughput against the compiled step
 on one GPU, and the first step's parameters against one GPU's step on the whole batch.
+``mlp_processes``: the same step with a process per GPU (torchrun's layout: no thread drives two
+GPUs), the one-GPU step timed in the same processes.
 
 NCCL_NVLS_ENABLE=0 is set unless given (NVLink multicast off). ``--fake`` runs every HAL path on the
 simulated GPU of the tests (tiny sizes, no baselines): a check that the benchmark itself runs.
@@ -390,30 +392,122 @@ def torch_rounds(args, gpus: int, sizes: list[int]) -> dict:
 
 
 # ---- the data-parallel MLP step ---------------------------------------------------------------------------
+def mlp_data(fake: bool, gpus: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, int]:
+    """The MLP's parameters, the global batch (inputs, targets) and the batch a GPU."""
+    import workload_mlp as mlp
+
+    rng = np.random.default_rng(0)
+    params_np, _, _ = mlp.data(rng, fake)
+    batch = (mlp.QUICK if fake else mlp.FULL)[0]
+    x_all = rng.standard_normal((batch * gpus, params_np[0].shape[0]), dtype=np.float32)
+    mlp.away_from_the_kink(rng, x_all, params_np[0], params_np[1])
+    y_all = rng.standard_normal((batch * gpus, params_np[2].shape[1]), dtype=np.float32)
+    return params_np, x_all, y_all, batch
+
+
+def dp_step_of(group):
+    """The compiled data-parallel step of ``group``'s rank: gradients averaged by ``average_gradients``."""
+    import workload_mlp as mlp
+
+    import runtime as rt
+
+    def step(w1, b1, w2, b2, x, y):
+        _, grads = mlp.value_and_grad(w1, b1, w2, b2, x, y)
+        grads = rt.distributed.average_gradients(grads, group)
+        return tuple(p - mlp.LR * g for p, g in zip((w1, b1, w2, b2), grads))
+
+    return rt.compile(step)
+
+
+def mlp_worker(rank: int, world: int, id: bytes, rounds: int, out: str) -> None:
+    """One rank of ``mlp_processes``: this process's GPU, a channel of one rank, the compiled
+    data-parallel step and the one-GPU step, each timed by every rank at once after a barrier."""
+    import workload_mlp as mlp
+
+    import runtime as rt
+
+    params_np, x_all, y_all, batch = mlp_data(False, world)
+    device = hal.create_device(f"cuda://{rank}")
+    group = rt.distributed.init(device, rank=rank, size=world, id=id)
+    try:
+        token = rt.array(np.zeros(1, np.float32), device=device)
+
+        def barrier() -> None:  # (an all-reduce read back: every rank got here)
+            rt.distributed.all_sum(token, group).numpy()
+
+        dp_c, one_c = dp_step_of(group), rt.compile(mlp.step)
+        x = rt.array(x_all[rank * batch:(rank + 1) * batch], device=device)
+        y = rt.array(y_all[rank * batch:(rank + 1) * batch], device=device)
+        dp_state = [rt.array(p, device=device) for p in params_np]
+        one_state = [rt.array(p, device=device) for p in params_np]
+
+        def dp_steps(count: int) -> None:
+            for _ in range(count):
+                dp_state[:] = dp_c(*dp_state, x, y)[:4]
+
+        def one_steps(count: int) -> None:
+            for _ in range(count):
+                one_state[:] = one_c(*one_state, x, y)[:4]
+
+        dp_steps(1)
+        first = [np.asarray(a) for a in dp_state]
+        whole = one_c(*[rt.array(p, device=device) for p in params_np], rt.array(x_all, device=device),
+                      rt.array(y_all, device=device))[:4]
+        agreement = max(float(np.max(np.abs(o - np.asarray(r))) / max(float(np.max(np.abs(np.asarray(r)))), 1e-30))
+                        for o, r in zip(first, whole))
+        for run in (dp_steps, one_steps):  # warm-up: compiles and caches
+            run(3)
+        rt.synchronize(device)
+        times: dict[str, list[float]] = {"one_gpu": [], "data_parallel": []}
+        steps = 20
+        for _ in range(rounds):
+            for name, run in (("one_gpu", one_steps), ("data_parallel", dp_steps)):
+                barrier()
+                started = time.perf_counter()
+                run(steps)
+                rt.synchronize(device)
+                times[name].append((time.perf_counter() - started) / steps)
+        barrier()
+        if rank == 0:
+            one, dp = statistics.median(times["one_gpu"]), statistics.median(times["data_parallel"])
+            Path(out).write_text(json.dumps({
+                "batch_per_gpu": batch, "gpus": world, "shape": list(mlp.FULL),
+                "one_gpu_step_ms": one * 1e3, "data_parallel_step_ms": dp * 1e3,
+                "speedup": world * one / dp,
+                "first_step_max_relative_difference_vs_one_gpu_whole_batch": agreement,
+                "spread_ms": {k: [min(v) * 1e3, max(v) * 1e3] for k, v in times.items()}}))
+    finally:
+        group.close()
+        device.close()
+
+
+def mlp_processes(args, gpus: int) -> dict:
+    """The data-parallel MLP step with a process per GPU (torchrun's layout): each process drives
+    its own GPU, so no thread's host work is shared; the one-GPU step is timed in the same
+    processes (every GPU running it on its own part at once)."""
+    from nccl.bindings import nccl
+
+    id = bytes(nccl.get_unique_id())
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "mlp.json")
+        procs = [subprocess.Popen([sys.executable, __file__, "--mlp-worker", str(rank), str(gpus), id.hex(),
+                                   str(args.rounds), out]) for rank in range(gpus)]
+        codes = [p.wait(timeout=600) for p in procs]
+        if any(codes) or not Path(out).exists():
+            return {"error": f"workers exited with {codes}"}
+        return json.loads(Path(out).read_text())
+
+
 def mlp_data_parallel(args, gpus: int) -> dict:
     """Weak scaling of the workload MLP's compiled step (see the module), and the first step's agreement."""
     import workload_mlp as mlp
 
     import runtime as rt
 
-    rng = np.random.default_rng(0)
-    params_np, _, _ = mlp.data(rng, args.fake)
-    batch = (mlp.QUICK if args.fake else mlp.FULL)[0]
-    x_all = rng.standard_normal((batch * gpus, params_np[0].shape[0]), dtype=np.float32)
-    mlp.away_from_the_kink(rng, x_all, params_np[0], params_np[1])
-    y_all = rng.standard_normal((batch * gpus, params_np[2].shape[1]), dtype=np.float32)
-
+    params_np, x_all, y_all, batch = mlp_data(args.fake, gpus)
     devices = make_devices(args, gpus)
     groups = rt.distributed.groups(devices)
     try:
-        def dp_step_of(group):
-            def step(w1, b1, w2, b2, x, y):
-                _, grads = mlp.value_and_grad(w1, b1, w2, b2, x, y)
-                grads = rt.distributed.average_gradients(grads, group)
-                return tuple(p - mlp.LR * g for p, g in zip((w1, b1, w2, b2), grads))
-
-            return rt.compile(step)
-
         steps_c = [dp_step_of(g) for g in groups]
         step_c = rt.compile(mlp.step)
         xs = [rt.array(x_all[i * batch:(i + 1) * batch], device=d) for i, d in enumerate(devices)]
@@ -508,9 +602,10 @@ def verdicts(report: dict) -> dict:
             verdict["meets_targets"] = bool(bandwidth and small and vs_torch) and \
                 min(bandwidth) >= TARGETS["bandwidth_vs_nccl_from_1MiB"] and \
                 small[0] <= TARGETS["latency_vs_nccl_8B"] and min(vs_torch) >= TARGETS["vs_torch"]
-    mlp = report.get("mlp", {})
-    if "speedup" in mlp:
-        out["mlp_dp_speedup_meets_target"] = mlp["speedup"] >= TARGETS["dp_speedup"]
+    for section in ("mlp", "mlp_processes"):
+        mlp = report.get(section, {})
+        if "speedup" in mlp:
+            out[f"{section}_dp_speedup_meets_target"] = mlp["speedup"] >= TARGETS["dp_speedup"]
     return out
 
 
@@ -519,6 +614,10 @@ def main() -> None:
         rank, world, ids, sizes, rounds, out = sys.argv[2:8]
         process_worker(int(rank), int(world), [bytes.fromhex(i) for i in ids.split(",")],
                        [int(s) for s in sizes.split(",")], int(rounds), out)
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--mlp-worker":
+        rank, world, id, rounds, out = sys.argv[2:7]
+        mlp_worker(int(rank), int(world), bytes.fromhex(id), int(rounds), out)
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--torch-worker":
         rank, world, port, sizes, rounds, out = sys.argv[2:8]
@@ -530,14 +629,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sizes", default=None, help="comma-separated bytes (K, M, G suffixes)")
     parser.add_argument("--skip", default="",
-                        help="comma-separated sections to skip: all_reduce, processes, torch, mlp")
+                        help="comma-separated sections to skip: all_reduce, processes, torch, mlp, mlp_processes")
     parser.add_argument("--fake", action="store_true", help="the simulated GPU of the tests (a check that it runs)")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     if args.fake:
         gpus = args.gpus or 2
         sizes = FAKE_SIZES
-        skip.update(("torch", "processes"))
+        skip.update(("torch", "processes", "mlp_processes"))
     else:
         gpus = args.gpus or len(hal.get_driver("cuda").query_devices())
         sizes = SIZES
@@ -560,7 +659,8 @@ def main() -> None:
         for name, section in (("all_reduce", lambda: all_reduce_rounds(args, gpus, sizes)),
                               ("processes", lambda: process_rounds(args, gpus, sizes)),
                               ("torch", lambda: torch_rounds(args, gpus, sizes)),
-                              ("mlp", lambda: mlp_data_parallel(args, gpus))):
+                              ("mlp", lambda: mlp_data_parallel(args, gpus)),
+                              ("mlp_processes", lambda: mlp_processes(args, gpus))):
             if name in skip:
                 continue
             started = time.perf_counter()
