@@ -352,6 +352,8 @@ def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
         kshape = _keepdims_shape(x.shape, axes)
         return ops.broadcast_to(ops.reshape(g, kshape) * ops.reshape(node, kshape), x.shape) / x
     if op == "collective" and node.params[:2] in (("all_reduce", "sum"), ("all_reduce", "avg")):
+        if k:  # an array it only waits for (runtime/distributed.py's buckets): not read
+            return None
         # every rank's output reads every rank's input: the cotangents summed (averaged) the same way
         return new_node("collective", (ops.contiguous(g),), node.params, g.shape, g.dtype, g.ctx)
     if op == "fft":  # the transposed transform (runtime/fft.py)

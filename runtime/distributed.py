@@ -30,7 +30,6 @@ import hal
 
 from . import dtypes as _dt
 from . import ops
-from .array_api import concat
 from .autodiff import GRAD
 from .device import context_for
 from .errors import InvalidTypeError, InvalidValueError
@@ -126,11 +125,14 @@ def _operand(x: Any, group: Group, name: str) -> Array:
     return ops.contiguous(x)
 
 
-def _reduce(x: Any, group: Group, reduction: str, name: str) -> Array:
+def _reduce(x: Any, group: Group, reduction: str, name: str, after: tuple = ()) -> Array:
+    """The all-reduce node of ``x``. ``after``: arrays it waits for without reading them (inputs
+    past the first), so that collectives waiting for the same arrays share a dependency level and
+    go out as one NCCL group (``average_gradients``' buckets)."""
     x = _operand(x, group, name)
     if reduction in ("sum", "avg") and x.dtype is _dt.bool_:
         raise InvalidTypeError(f"{name} of a bool array: take any/all (all_max/all_min) or cast first")
-    return new_node("collective", (x,), ("all_reduce", reduction, group.id, 0), x.shape, x.dtype, x.ctx)
+    return new_node("collective", (x, *after), ("all_reduce", reduction, group.id, 0), x.shape, x.dtype, x.ctx)
 
 
 def all_sum(x: Array, group: Group) -> Array:
@@ -180,15 +182,19 @@ def broadcast(x: Array, group: Group, root: int = 0) -> Array:
 
 
 def average_gradients(grads: Sequence[Array], group: Group, bucket_bytes: int = BUCKET_BYTES) -> list[Array]:
-    """``grads`` averaged over ``group``, one ``all_mean`` a bucket (a bucket of one gradient is
-    reduced in place of a copy); returns the averaged gradients in ``grads``' order.
+    """``grads`` averaged over ``group``, in ``grads``' order: one NCCL group of all-reduces a bucket.
 
     Buckets hold up to ``bucket_bytes`` of one element type, filled in the order the gradients
     become ready (``readiness``: their depth in the pending graph; the last gradient first among
     equals, as a backward pass makes them). A bucket of at least ``EARLY_BUCKET_BYTES`` closes where
     the next gradient is deeper, so that its all-reduce runs beside the rest of the backward pass (as
     PyTorch DDP's buckets, rebuilt in the order its hooks saw the gradients). Every rank builds the
-    same graph, so every rank makes the same buckets."""
+    same graph, so every rank makes the same buckets.
+
+    A bucket is not copied into one buffer (a concatenation moves every byte twice more, which on
+    an H200 cost more than the all-reduce itself): each gradient is reduced where it is, by its own
+    all-reduce waiting for the whole bucket, so that the bucket's all-reduces share a dependency
+    level and go out as one group, which NCCL runs as one launch (PyTorch's coalesced collectives)."""
     grads = list(grads)
     if type(bucket_bytes) is not int or bucket_bytes < 1:
         raise InvalidValueError(f"average_gradients: bucket_bytes must be a positive int, got {bucket_bytes!r}")
@@ -197,15 +203,9 @@ def average_gradients(grads: Sequence[Array], group: Group, bucket_bytes: int = 
             raise InvalidTypeError(f"average_gradients: gradient {i} is not a float rt.Array")
     out: list = [None] * len(grads)
     for bucket in buckets(grads, bucket_bytes):
-        if len(bucket) == 1:
-            out[bucket[0]] = all_mean(grads[bucket[0]], group)
-            continue
-        averaged = all_mean(concat([grads[i] for i in bucket], axis=None), group)
-        start = 0
         for i in bucket:
-            g = grads[i]
-            out[i] = ops.reshape(averaged[start:start + g.size], g.shape)
-            start += g.size
+            others = tuple(grads[j] for j in bucket if j != i)
+            out[i] = _reduce(grads[i], group, "avg", "average_gradients", after=others)
     return out
 
 
@@ -237,23 +237,12 @@ def readiness(arrays: Sequence[Array]) -> list[int]:
     comes as far after its value as its input lies from the value: the backward pass reaches an
     input one step per forward op on the longest path between them."""
     depth: dict[int, int] = {}
-    distances: dict[int, dict[int, int]] = {}  # id(value) -> the longest paths from it (_distances)
-    out = []
-    for a in arrays:
-        root = a.base if a.base is not None else a
-        if root.op == GRAD and root.storage is None:
-            value, wrt = root.inputs[0], root.inputs[1 + root.params[0]]
-            far = distances.get(id(value))
-            if far is None:
-                far = distances[id(value)] = _distances(value)
-            out.append(_depth(value, depth) + far.get(id(wrt), 0) + 1)
-        else:
-            out.append(_depth(root, depth))
-    return out
+    distances: dict[int, dict[int, int]] = {}  # id(value) -> the longest paths up to it (_distances)
+    return [_depth(a, depth, distances) for a in arrays]
 
 
-def _depth(node: Node, depth: dict[int, int]) -> int:
-    """``readiness`` of one pending graph's root (levels of the nodes met kept in ``depth``)."""
+def _depth(node: Node, depth: dict[int, int], distances: dict[int, dict[int, int]]) -> int:
+    """``readiness`` of one array (the levels of the nodes met kept in ``depth``)."""
     node = node.base if node.base is not None else node
     stack = [(node, False)]
     while stack:
@@ -262,6 +251,18 @@ def _depth(node: Node, depth: dict[int, int]) -> int:
             continue
         if n.storage is not None or n.op == PLACEHOLDER:
             depth[id(n)] = 0
+            continue
+        if n.op == GRAD:  # reached from its value, not from the inputs it lists
+            value, wrt = n.inputs[0], n.inputs[1 + n.params[0]]
+            value = value.base if value.base is not None else value
+            if not expanded:
+                stack.append((n, True))
+                stack.append((value, False))
+                continue
+            far = distances.get(id(value))
+            if far is None:
+                far = distances[id(value)] = _distances(value)
+            depth[id(n)] = depth[id(value)] + far.get(id(wrt), 0) + 1
             continue
         roots = [inp.base if inp.base is not None else inp for inp in n.inputs]
         if expanded:

@@ -195,6 +195,24 @@ def test_buckets_follow_the_backward_pass():
     device.close()
 
 
+def test_a_bucket_is_reduced_where_it_lies_as_one_group():
+    devices = [hal.create_device("local-sync") for _ in range(2)]
+    groups = rt.distributed.groups(devices)
+    grads = _layer_grads(devices[0], [256, 1024, 512])
+    averaged = rt.distributed.average_gradients(grads, groups[0])
+    for g, a in zip(grads, averaged):  # each gradient all-reduced itself: no concatenated copy
+        assert a.op == "collective" and a.inputs[0] is g and a.shape == g.shape
+    # The output layer's all-reduces wait for its whole bucket and nothing more: one level, one group,
+    # ahead of the first layer's.
+    assert {id(x) for x in averaged[3].inputs} == {id(x) for x in averaged[2].inputs} == {id(grads[2]), id(grads[3])}
+    depth = rt.distributed.readiness(averaged)
+    assert depth[3] == depth[2] < depth[1] == depth[0]
+    for group in groups:
+        group.close()
+    for device in devices:
+        device.close()
+
+
 def test_gradients_flow_through_an_all_sum(ranks):
     devices, groups = ranks
     n = len(devices)
