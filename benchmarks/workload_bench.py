@@ -41,7 +41,7 @@ import runtime as rt
 GPU_CASES = [
     "matmul_4096_float32", "matmul_4096_float16", "matmul_4096_bfloat16", "batched_matmul_float32",
     "matmul_256_float32", "softmax_8192x4096", "layer_norm_8192x4096", "column_sum_8192x8192",
-    "transposed_copy_8192x8192", "elementwise_chain_64M", "mlp_step",
+    "transposed_copy_8192x8192", "concat_8192x4096", "elementwise_chain_64M", "mlp_step",
 ]
 CPU_CASES = ["matmul_1024_float32", "mlp_step"]
 ALL_CASES = [*BY_NAME, "mlp_step"]

@@ -120,6 +120,19 @@ def square_make(rng, quick):
     return [normal(rng, *((512, 384) if quick else (8192, 8192)))]
 
 
+# ---- joining arrays -------------------------------------------------------------------------------
+
+def halves_make(rng, quick):
+    shape = (256, 192) if quick else (8192, 2048)
+    return [normal(rng, *shape), normal(rng, *shape)]
+
+
+def concat_torch(a, b):
+    import torch  # (only where PyTorch's baseline runs: this module imports without it)
+
+    return torch.cat((a, b), dim=1)
+
+
 # ---- an elementwise chain (8 ops: one fused pass for the runtime, 8 kernels for PyTorch eager) --
 
 def chain_make(rng, quick):
@@ -155,6 +168,9 @@ CASES = [
          lambda x: x.sum(dim=0), lambda x: x.sum(axis=0), bandwidth_bound=True),
     Case("transposed_copy_8192x8192", "transposed copy 8192×8192", square_make, lambda x: x.T.copy(),
          lambda x: x.t().contiguous(), lambda x: np.ascontiguousarray(x.T), bandwidth_bound=True, tolerance=0.0),
+    Case("concat_8192x4096", "concat of two 8192×2048 along their rows", halves_make,
+         lambda a, b: rt.concat([a, b], axis=1), concat_torch, lambda a, b: np.concatenate([a, b], axis=1),
+         bandwidth_bound=True, tolerance=0.0),
     Case("elementwise_chain_64M", "8-op elementwise chain over 64M float32", chain_make,
          lambda x: chain(x, rt.sqrt, rt.tanh), chain_torch, lambda x: chain(x, np.sqrt, np.tanh),
          bandwidth_bound=True),

@@ -21,7 +21,7 @@ from . import dtypes as _dt
 from . import ops
 from .device import context_for
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
-from .graph import Node, keep_constant, merge_checks, upload
+from .graph import Node, keep_constant, merge_checks, new_node, upload
 from .shapes import broadcast_shapes, normalize_axes, normalize_axis
 
 if TYPE_CHECKING:
@@ -256,8 +256,8 @@ def flip(x, /, *, axis=None) -> Array:
 
 
 def concat(arrays, /, *, axis=0) -> Array:
-    """Join arrays along an axis (None: flattened): each input padded into its window of the result,
-    the windows selected by position along the axis (all lazy, no host work)."""
+    """Join arrays along an axis (None: flattened): one lazy node, each input copied into its window
+    of the result (``kernels/concat.py``)."""
     arrays = [_arr(a) for a in arrays]
     if not arrays:
         raise InvalidValueError("concat needs at least one array")
@@ -280,21 +280,9 @@ def concat(arrays, /, *, axis=0) -> Array:
         return ops.copy_array(arrays[0])
     total = builtins.sum(a.shape[axis] for a in arrays)
     shape = arrays[0].shape[:axis] + (total,) + arrays[0].shape[axis + 1:]
-    pos_shape = [1] * nd
-    pos_shape[axis] = total
-    position = ops.reshape(ops.arange(total, dtype=_dt.int64, device=arrays[0].ctx), tuple(pos_shape))
-    out = None
-    start = 0
-    for a in arrays:
-        n = a.shape[axis]
-        info = tuple((start, 1, n, True) if i == axis else (0, 1, d, True) for i, d in enumerate(shape))
-        if n:
-            placed = ops.pad_slice(ops.contiguous(a), shape, info)
-            out = placed if out is None else ops.where(position >= start, placed, out)
-        start += n
-    if out is None:
-        out = ops.zeros(shape, dtype=dt, device=arrays[0].ctx)
-    return out
+    ctx = arrays[0].ctx
+    ctx.check_fits(shape, dt)
+    return new_node("concat", tuple(ops.contiguous(a) for a in arrays), (axis,), shape, dt, ctx)
 
 
 def stack(arrays, /, *, axis=0) -> Array:

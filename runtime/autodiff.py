@@ -351,6 +351,12 @@ def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
         axes, keepdims = node.params
         kshape = _keepdims_shape(x.shape, axes)
         return ops.broadcast_to(ops.reshape(g, kshape) * ops.reshape(node, kshape), x.shape) / x
+    if op == "concat":  # the input's window of the cotangent
+        (axis,) = node.params
+        start = sum(inp.shape[axis] for inp in node.inputs[:k])
+        window = [slice(None)] * len(node.shape)
+        window[axis] = slice(start, start + node.inputs[k].shape[axis])
+        return g[tuple(window)]
     if op == "collective" and node.params[:2] in (("all_reduce", "sum"), ("all_reduce", "avg")):
         if k:  # an array it only waits for (runtime/distributed.py's buckets): not read
             return None

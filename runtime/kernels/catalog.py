@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import dtypes as _dt
 from .. import ops
-from . import elementwise, gather, linalg, matmul, pad, random, reduce, reduce_columns, rows
+from . import concat, elementwise, gather, linalg, matmul, pad, random, reduce, reduce_columns, rows
 
 
 def _signature(fn, *args):
@@ -55,6 +55,7 @@ def all_sources() -> list:
         out.append(random.random_source("normal", d))
     out.append(random.random_source("bits", _dt.int32))
     out.append(linalg.copy_source())
+    out.append(concat.concat_source())
     for d in (_dt.float32, _dt.float64, _dt.complex64, _dt.complex128):  # (the solver routines' dtypes)
         out.append(linalg.factor_source(d))
     out += rows.examples()

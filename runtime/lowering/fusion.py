@@ -29,7 +29,7 @@ import hal
 from hal import env
 
 from .. import distributed
-from ..kernels import elementwise, fft, gather, linalg, matmul, pad, random, reduce
+from ..kernels import concat, elementwise, fft, gather, linalg, matmul, pad, random, reduce
 from ..kernels import rows as row_kernels
 from ..kernels.fused import FUSABLE_DTYPES, FusedSpec
 from ..kernels.fused import plan as plan_fused
@@ -55,7 +55,7 @@ def _plan_full(node, layouts, ctx) -> list:
 
 
 PLANNERS = {"matmul": matmul.plan, "random": random.plan, "pad": pad.plan, "full": _plan_full,
-            "gather": gather.plan, "fft": fft.plan}
+            "gather": gather.plan, "fft": fft.plan, "concat": concat.plan}
 PLANNERS.update({op: elementwise.plan for op in ELEMENTWISE})
 PLANNERS.update({op: reduce.plan for op in REDUCTIONS})
 PLANNERS.update(linalg.PLANNERS)
