@@ -43,8 +43,9 @@ ranges overlapping in any other way are refused. Reductions are ``sum``, ``prod`
 Collectives of one level (no barrier between them) run as one group, as ``ncclGroupStart`` /
 ``ncclGroupEnd`` make them: a ``send`` and the ``recv`` it pairs with on the same rank must be
 recorded without a barrier between them. Every rank must run the same collectives in the same
-order; the CPU drivers' reference channel checks that they do (``Channel.checks_matching``) and
-fails the submission with ``CollectiveMismatchError`` otherwise.
+order; the CPU drivers' reference channel checks that they do (``Channel.checks_matching``), as do
+GPU channels whose every rank one process drives, and fails the submissions with
+``CollectiveMismatchError`` otherwise (``MeetingOrder`` and ``mismatch`` are the rules).
 
 Failures reach the semaphores the work would signal: a rank that does not arrive within the
 channel's ``timeout`` (``DeadlineExceededError``), an ``abort()`` from any thread
@@ -55,10 +56,11 @@ communicator after an error); the device stays usable.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hal.checks import check_int, check_sequence
 from hal.errors import (
@@ -246,6 +248,39 @@ def check_operands(op: Collective, rank: int, ranks: int, send: tuple[Any, int, 
                 f"in one allocation ({op.kind} runs {expected})")
 
 
+class MeetingOrder:
+    """Which meeting each collective of one rank is, in the order the rank runs them: the k-th
+    collective meets the other ranks' k-th; the k-th ``send`` from rank a to rank b meets b's k-th
+    ``recv`` from a. ``next(op)`` is the key of ``op``'s meeting (thread-safe)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self._sequence = itertools.count()
+        self._sends: dict[int, Iterator[int]] = {}
+        self._recvs: dict[int, Iterator[int]] = {}
+        self._lock = threading.Lock()
+
+    def next(self, op: Collective) -> tuple:
+        with self._lock:
+            if op.kind == "send":
+                return ("p2p", self.rank, op.peer, next(self._sends.setdefault(op.peer, itertools.count())))  # type: ignore[arg-type]
+            if op.kind == "recv":
+                return ("p2p", op.peer, self.rank, next(self._recvs.setdefault(op.peer, itertools.count())))  # type: ignore[arg-type]
+            return ("collective", next(self._sequence))
+
+
+def meeting_size(key: tuple, count: int) -> int:
+    """The ranks that meet at ``key`` (``MeetingOrder.next``) in a communicator of ``count``."""
+    return 2 if key[0] == "p2p" else count
+
+
+def mismatch(first_rank: int, first: Collective, rank: int, op: Collective) -> CollectiveMismatchError | None:
+    """The error of two ranks meeting with operations that do not match, or None."""
+    if first.matches(op):
+        return None
+    return CollectiveMismatchError(f"rank {first_rank} runs {first} where rank {rank} runs {op}")
+
+
 class Channel:
     """One rank of a communicator on one device (see the module).
 
@@ -256,8 +291,9 @@ class Channel:
 
     __reduce_ex__ = not_picklable("a hal.Channel", "create a channel in the other process (hal.create_channel)")
 
-    #: Whether the driver compares every rank's operation and fails mismatches (CPU reference channel).
-    checks_matching: ClassVar[bool] = False
+    #: Whether the driver compares every rank's operation and fails mismatches (the CPU reference
+    #: channel; GPU channels whose every rank this process drives).
+    checks_matching: bool = False
 
     def __init__(self, device: Device, rank: int, count: int, timeout: float | None) -> None:
         self.device = device
@@ -332,7 +368,8 @@ class ChannelFactory(Protocol):
     name: str
     #: (optional, default False) Whether several ranks may use devices of one physical device.
     ranks_share_devices: bool
-    #: (optional, default False) Whether its channels have ``Channel.checks_matching``.
+    #: (optional, default False) Whether its channels have ``Channel.checks_matching`` (all of them, or
+    #: those the driver can compare: a GPU channel whose every rank this process drives).
     checks_matching: bool
     #: (optional, default False) Whether its channels honour their timeout (creation and work in
     #: flight: ``DeadlineExceededError``) and ``abort()`` (the CTS's failure tests run where True).

@@ -575,3 +575,104 @@ def test_a_channels_second_collective_of_a_level_starts_a_new_group():
     kinds = [[(p[0] is a, p[1].kind) for p in batch] for batch in batches(parts)]
     assert kinds == [[(True, "all_reduce"), (False, "all_reduce"), (True, "send"), (True, "recv")],
                      [(True, "all_reduce")], [(True, "broadcast"), (False, "send")]]
+
+
+# -- operations compared where this process drives every rank ------------------------------------------
+def _failure(sem: hal.Semaphore) -> BaseException:
+    with pytest.raises(hal.AbortedError) as info:
+        sem.wait(1, timeout=30)
+    return info.value.__cause__ or info.value
+
+
+def _record_each(devices, record_rank) -> list:
+    """Each rank's one-shot command buffer (``record_rank(cb, rank)``)."""
+    cbs = []
+    for r, d in enumerate(devices):
+        cb = d.create_command_buffer()
+        with cb.record():
+            record_rank(cb, r)
+        cbs.append(cb)
+    return cbs
+
+
+def _submit_each(devices, cbs) -> list:
+    """The command buffers submitted in rank order; the semaphores."""
+    sems = []
+    for d, cb in zip(devices, cbs):
+        sem = d.create_semaphore(0)
+        d.queue_execute([cb], signal=[(sem, 1)])
+        sems.append(sem)
+    return sems
+
+
+def test_mismatched_sends_and_recvs_fail_both_ranks_unissued(ranks):
+    """The k-th send from a to b meets b's k-th recv from a: a recv of another length is a mismatch,
+    found before the later rank's call is made (NCCL would wait or move the wrong bytes)."""
+    driver, devices, channels = ranks
+    assert all(c.checks_matching for c in channels)
+    bufs = [d.allocator.allocate(64) for d in devices]
+    cbs = _record_each(devices, lambda cb, r: cb.send(channels[0], bufs[0], 4, peer=1) if r == 0
+                       else cb.recv(channels[1], bufs[1], 2, peer=0))
+    calls = driver.nccl.calls.get("recv", 0)  # (a graph command buffer captured it while recording)
+    sems = _submit_each(devices, cbs)
+    for sem in sems:
+        assert isinstance(_failure(sem), hal.CollectiveMismatchError)
+    assert driver.nccl.calls.get("recv", 0) == calls  # the mismatched recv was never called
+    assert all(isinstance(c.failure, hal.CollectiveMismatchError) for c in channels)
+    _assert_usable(devices)
+
+
+def test_matching_operations_run_in_any_issue_order_across_submissions(ranks):
+    """Meetings count per kind: rank 1 issuing its two all-reduces before rank 0 issues any, and the
+    sends of a ring, all meet their peers' (no false mismatch)."""
+    driver, devices, channels = ranks
+    bufs = [d.allocator.allocate(64) for d in devices]
+    for d, b in zip(devices, bufs):
+        d.write(b, np.ones(16, np.float32).tobytes())
+    sems = []
+    for r in (1, 0):
+        for _ in range(2):
+            cb = devices[r].create_command_buffer()
+            with cb.record():
+                cb.all_reduce(channels[r], bufs[r], bufs[r], 4)
+                cb.send(channels[r], bufs[r], 2, peer=1 - r)
+                cb.recv(channels[r], (bufs[r], 32, 8), 2, peer=1 - r)
+            sem = devices[r].create_semaphore(0)
+            devices[r].queue_execute([cb], signal=[(sem, 1)])
+            sems.append(sem)
+    for sem in sems:
+        sem.wait(1, timeout=30)
+    assert all(c.failure is None for c in channels)
+
+
+def test_only_communicators_wholly_in_this_process_compare_operations():
+    """A rank whose peers are elsewhere cannot compare (NCCL cannot tell): ``checks_matching`` is
+    False there; splits of channels this process drives entirely compare within each color."""
+    driver = FakeGpuDriver()
+    devices = [driver.create_device(i) for i in range(4)]
+    try:
+        id = hal.create_channel_id(devices[0])
+        made: dict = {}
+        threads = [threading.Thread(target=lambda r=r: made.__setitem__(r, hal.create_channel(
+            devices[r], rank=r, count=2, id=id, timeout=10))) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not made[0].checks_matching and not made[1].checks_matching
+        for channel in made.values():
+            channel.close()
+        channels = hal.create_channels(devices, timeout=10)
+        halves = hal.split_channels(channels, [r % 2 for r in range(4)], [0] * 4)
+        assert all(h.checks_matching for h in halves)
+        bufs = [d.allocator.allocate(64) for d in devices]
+        # color 0 (devices 0 and 2) agrees; color 1 (devices 1 and 3) does not
+        sems = _submit_each(devices, _record_each(
+            devices, lambda cb, r: cb.all_reduce(halves[r], bufs[r], bufs[r], 4 if r != 3 else 2)))
+        for r in (1, 3):
+            assert isinstance(_failure(sems[r]), hal.CollectiveMismatchError)
+        # (the splits share their parents' abort, as NCCL's splitShare makes them: the whole family breaks)
+        assert all(isinstance(c.failure, hal.CollectiveMismatchError) for c in channels + halves)
+    finally:
+        for d in devices:
+            d.close()

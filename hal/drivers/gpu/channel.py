@@ -53,7 +53,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from hal.channel import Channel, Collective
+from hal.channel import Channel, Collective, CollectiveMismatchError, MeetingOrder, meeting_size, mismatch
 from hal.drivers.gpu.library import LibraryCall
 from hal.errors import DeadlineExceededError, FailedPreconditionError, HalError, InvalidArgumentError
 from hal.log import driver_logger
@@ -298,7 +298,7 @@ SPIN_SECONDS = 2e-3
 _POLL_SLEEPS = (50e-6, 5e-3)
 
 
-def _copy_of(failure: BaseException) -> BaseException:
+def copy_of(failure: BaseException) -> BaseException:
     """A new exception like the channel's failure (each submission fails with its own instance)."""
     try:
         copy = type(failure)(str(failure))
@@ -312,7 +312,7 @@ def check_channels(channels: Sequence[GpuChannel]) -> None:
     """Raise the failure of the first broken channel (a copy), or FailedPreconditionError for a closed one."""
     for channel in channels:
         if channel.failure is not None:
-            raise _copy_of(channel.failure)
+            raise copy_of(channel.failure)
         if channel.comm is None or channel.device.closed:
             channel.check_usable("issuing a collective")
             raise FailedPreconditionError("issuing a collective: the channel's communicator is gone")
@@ -322,7 +322,7 @@ def broken(channels: Sequence[GpuChannel]) -> BaseException | None:
     """What work on ``channels`` that retires now fails with: the first broken channel's failure."""
     for channel in channels:
         if channel.failure is not None:
-            return _copy_of(channel.failure)
+            return copy_of(channel.failure)
     return None
 
 
@@ -345,7 +345,7 @@ def poll_until(done: Callable[[], bool], deadline: float | None, failed: Callabl
             continue
         failure = failed()
         if failure is not None:
-            raise _copy_of(failure)
+            raise copy_of(failure)
         if deadline is not None and time.monotonic() >= deadline:
             raise DeadlineExceededError(f"{what}: the other ranks did not take part within the channel's timeout")
         time.sleep(sleep)
@@ -369,6 +369,53 @@ class LocalRanks:
         for member in members:
             member.fail(cause)  # (first: issues see it)
         _abort_members(members)
+
+
+class Meetings:
+    """The operations of one communicator whose every rank this process drives, compared as each
+    rank issues them (``meet``): mismatched operations fail every rank with
+    ``CollectiveMismatchError`` before the later rank's call is made, where NCCL would wait for
+    ever or reduce the wrong bytes. Ranks in other processes cannot be compared (NCCL cannot
+    tell), so a channel with peers elsewhere has none (``checks_matching`` is False)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._lock = threading.Lock()
+        #: Meeting key (``MeetingOrder.next``) -> [first rank, its operation, ranks arrived so far].
+        self._open: dict[tuple, list] = {}
+
+    def meet(self, rank: int, key: tuple, op: Collective) -> CollectiveMismatchError | None:
+        """Record ``rank``'s ``op`` at ``key``; the error if it does not match the first rank's there."""
+        expected = meeting_size(key, self.count)
+        if expected < 2:
+            return None
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is None:
+                self._open[key] = [rank, op, 1]
+                return None
+            error = mismatch(entry[0], entry[1], rank, op)
+            if error is None:
+                entry[2] += 1
+                if entry[2] == expected:
+                    del self._open[key]
+            return error
+
+
+def meet(parts: Sequence[tuple[GpuChannel, Collective]]) -> tuple[GpuChannel, CollectiveMismatchError] | None:
+    """Before issuing (in issue order: under the queue's lock), each collective of a submission meets
+    its peers' (see ``Meetings``): None, or the first mismatch and its channel. Then the submission
+    fails with it, unissued, and the caller breaks the channel's ranks with it once the queue's lock
+    is released (``LocalRanks.break_with`` takes the queues' locks): the ranks issued before are
+    aborted and their submissions fail with it too."""
+    for channel, op in parts:
+        meetings = channel.meetings
+        if meetings is None:
+            continue
+        error = meetings.meet(channel.rank, channel.order.next(op), op)
+        if error is not None:
+            return channel, error
+    return None
 
 
 def _snapshot(items: weakref.WeakSet) -> list:
@@ -418,6 +465,10 @@ class GpuChannel(Channel):
         self.base = comm if base is None else base
         #: The ranks of this communicator this process drives (see LocalRanks).
         self.ranks = LocalRanks() if ranks is None else ranks
+        #: Which meeting each of its collectives is, and where they are compared when every rank is
+        #: in this process (``Meetings``; None otherwise).
+        self.order = MeetingOrder(rank)
+        self.meetings: Meetings | None = None
         #: The command buffers recording its collectives (a break destroys their captured graphs).
         self.recorders: weakref.WeakSet = weakref.WeakSet()
         self.ranks.members.append(self)
@@ -425,6 +476,10 @@ class GpuChannel(Channel):
         self.inflight: collections.deque[tuple[float, Submission]] = collections.deque()
         self._watch_lock = threading.Lock()
         self._watched = False
+
+    @property
+    def checks_matching(self) -> bool:  # type: ignore[override]
+        return self.meetings is not None
 
     # -- failures ---------------------------------------------------------------------------
     def _abort(self) -> None:
@@ -520,6 +575,8 @@ class GpuCollectives:
 
     #: Its channels time out and abort (``hal.channel.ChannelFactory.times_out``).
     times_out = True
+    #: Its channels compare the ranks' operations where this process drives every rank (``Meetings``).
+    checks_matching = True
 
     def __init__(self, device: GpuDevice, load: Callable[[], CollectiveLibrary]) -> None:
         self.device = device
@@ -619,6 +676,8 @@ class GpuCollectives:
         what = f"channel rank {rank} of {count}"
         self._made(library, [comm], deadline, what)
         (channel,) = self._open(library, [device], [comm], deadline, [timeout], [LocalRanks()], what)
+        if count == 1:  # (every rank of it is here)
+            channel.meetings = Meetings(1)
         return channel
 
     def create_all(self, devices: Sequence[GpuDevice], timeout: float | None) -> list[Channel]:
@@ -640,8 +699,11 @@ class GpuCollectives:
         what = f"create_channels of {len(devices)} ranks"
         self._made(library, comms, deadline, what)
         local = LocalRanks()
-        return self._open(library, devices, comms, deadline, [timeout] * len(comms),  # type: ignore[return-value]
-                          [local] * len(comms), what)
+        channels = self._open(library, devices, comms, deadline, [timeout] * len(comms), [local] * len(comms), what)
+        meetings = Meetings(len(channels))
+        for channel in channels:
+            channel.meetings = meetings
+        return channels  # type: ignore[return-value]
 
     def split(self, channels: Sequence[Channel], colors: Sequence[int | None], keys: Sequence[int]) -> list:
         library = self.library
@@ -685,7 +747,16 @@ class GpuCollectives:
                 for channel in gpu_channels:
                     channel.ranks.break_with(exc)
             raise
-        return [None if comm is None else next(opened) for comm in comms]
+        result = [None if comm is None else next(opened) for comm in comms]
+        # Where this process drives every rank of the parents, it drives every rank of each split.
+        parents_meet = gpu_channels[0].meetings
+        if parents_meet is not None and parents_meet.count == len(gpu_channels) and \
+                all(channel.meetings is parents_meet for channel in gpu_channels):
+            new_meetings: dict[Any, Meetings] = {}
+            for channel, color in zip(result, colors):
+                if channel is not None:
+                    channel.meetings = new_meetings.setdefault(color, Meetings(channel.count))
+        return result
 
 
 def connect_at_init() -> None:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 class GpuExecution:
     __slots__ = ("queue", "completion", "pending", "command_buffers", "tables", "action", "releases", "commands",
-                 "channels", "_issuers")
+                 "channels", "meetings", "_issuers")
 
     def __init__(self, queue: GpuQueue, completion: Completion, pending: PendingQueue,
                  command_buffers: list[CommandBuffer], tables: list[list[Binding] | None],
@@ -55,6 +55,11 @@ class GpuExecution:
         #: The channels its collectives run on, or None: a broken one fails its issue and its
         #: retirement, and each issue is watched for their timeouts (hal/drivers/gpu/channel.py).
         self.channels: tuple | None = tuple(channels) or None
+        #: Its collectives in issue order, each with its channel, where channels compare them with
+        #: their peers' before issuing (``hal.drivers.gpu.channel.meet``; a rank alone has none to
+        #: compare with), or None.
+        self.meetings: list | None = [part for cb in command_buffers for part in cb.collectives  # type: ignore[attr-defined]
+                                      if part[0].meetings is not None and part[0].meetings.count > 1] or None
         #: Each command buffer's issuer for this queue and table (``RecordingCommandBuffer.issuer``).
         self._issuers = issuers
         #: What the submission releases when it retires: the one-shot command buffers' resources (a

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from hal import tracing
 from hal.drivers.gpu import device_timing
-from hal.drivers.gpu.channel import check_channels
+from hal.drivers.gpu.channel import check_channels, copy_of, meet
 from hal.drivers.gpu.completion import WAKE_INFLIGHT
 from hal.drivers.gpu.status import DeviceLostError
 from hal.errors import AbortedError, FailedPreconditionError, HalError
@@ -75,6 +75,7 @@ class GpuQueue:
         context = self.context
         cut_short = False
         channels = None
+        mismatched = None
         try:
             if context.lost is not None:
                 raise context.lost
@@ -96,6 +97,10 @@ class GpuQueue:
                     channels = execution.channels  # type: ignore[union-attr]
                     if channels is not None:  # a broken channel's communicator is gone (a graph would replay it)
                         check_channels(channels)
+                        if execution.meetings is not None:  # type: ignore[union-attr]
+                            mismatched = meet(execution.meetings)  # type: ignore[union-attr]
+                            if mismatched is not None:
+                                raise copy_of(mismatched[1])
                     timed = device_timing.begin(self) if tracing.ENABLED else None
                     if commands is not None:
                         self.issuing = sub
@@ -125,6 +130,8 @@ class GpuQueue:
                     sem.fail_from_device(exc)  # type: ignore[attr-defined]
             elif sub.event is None:
                 self.issue_failed(sub, exc)
+            if mismatched is not None:  # (no queue lock held: a break takes them)
+                mismatched[0].ranks.break_with(mismatched[1])
             if isinstance(exc, Exception):
                 return  # reported through the semaphores
             raise

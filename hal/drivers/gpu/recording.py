@@ -160,6 +160,9 @@ class RecordingCommandBuffer(CommandBuffer):
         self._last_executable: Executable | None = None
         #: The channels its collectives run on (their failures fail its submissions: see hal/drivers/gpu/channel.py).
         self.channels: list[Channel] = []
+        #: Its collectives in record order, each with its channel (compared with the peers' at each
+        #: issue where the channel ``checks_matching``).
+        self.collectives: list[tuple[Channel, Collective]] = []
 
     # -- references ----------------------------------------------------------------
     def _target(self, ref: BufferRef) -> Target:
@@ -229,6 +232,7 @@ class RecordingCommandBuffer(CommandBuffer):
         if not any(channel is c for c in self.channels):
             self.channels.append(channel)
             channel.recorders.add(self)  # type: ignore[attr-defined]
+        self.collectives.append((channel, op))
         collectives.record(self._level, channel, op, None if send is None else self._target(send),  # type: ignore[arg-type]
                            None if recv is None else self._target(recv))
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hal.channel import Channel, Collective, CollectiveMismatchError
+from hal.channel import Channel, Collective, MeetingOrder, meeting_size, mismatch
 from hal.errors import AbortedError, DeadlineExceededError, FailedPreconditionError, InvalidArgumentError
 from hal.watchdog import WATCHDOG
 
@@ -118,12 +118,10 @@ class Group:
                         WATCHDOG.watch(deadline, self)
                 first = meeting.arrivals[0] if meeting.arrivals else None
                 meeting.arrivals.append(arrival)
-                if first is not None and not first.op.matches(arrival.op):
-                    failure = CollectiveMismatchError(
-                        f"rank {first.rank} runs {first.op} where rank {arrival.rank} runs {arrival.op}")
-                elif len(meeting.arrivals) < meeting.expected:
-                    return
-                else:
+                failure = None if first is None else mismatch(first.rank, first.op, arrival.rank, arrival.op)
+                if failure is None:
+                    if len(meeting.arrivals) < meeting.expected:
+                        return
                     del self._meetings[key]
         if failure is not None:
             if self.failure is failure:  # the group broke earlier: only this arrival fails
@@ -181,11 +179,8 @@ class LocalChannel(Channel):
     def __init__(self, device: Device, rank: int, count: int, timeout: float | None, group: Group) -> None:
         super().__init__(device, rank, count, timeout)
         self.group = group
-        self._sequence = itertools.count()
-        self._sends: dict[int, itertools.count] = {}
-        self._recvs: dict[int, itertools.count] = {}
+        self.order = MeetingOrder(rank)
         self._splits = itertools.count()
-        self._order_lock = threading.Lock()
 
     def next_split(self) -> int:
         """The number of this rank's next split (every rank of the group splits in the same order)."""
@@ -199,15 +194,8 @@ class LocalChannel(Channel):
         if failure is not None:
             done(failure)
             return
-        with self._order_lock:
-            if op.kind == "send":
-                key: tuple = ("p2p", self.rank, op.peer, next(self._sends.setdefault(op.peer, itertools.count())))
-            elif op.kind == "recv":
-                key = ("p2p", op.peer, self.rank, next(self._recvs.setdefault(op.peer, itertools.count())))
-            else:
-                key = ("collective", next(self._sequence))
-        self.group.post(key, 2 if op.kind in ("send", "recv") else self.count,
-                        Arrival(self.rank, op, send, recv, done), self.timeout)
+        key = self.order.next(op)
+        self.group.post(key, meeting_size(key, self.count), Arrival(self.rank, op, send, recv, done), self.timeout)
 
     def _abort(self) -> None:
         self.group.fail(self.failure or AbortedError("channel aborted"))
