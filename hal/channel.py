@@ -251,22 +251,22 @@ def check_operands(op: Collective, rank: int, ranks: int, send: tuple[Any, int, 
 class MeetingOrder:
     """Which meeting each collective of one rank is, in the order the rank runs them: the k-th
     collective meets the other ranks' k-th; the k-th ``send`` from rank a to rank b meets b's k-th
-    ``recv`` from a. ``next(op)`` is the key of ``op``'s meeting (thread-safe)."""
+    ``recv`` from a. ``next(op)`` is the key of ``op``'s meeting (callers serialize the calls of
+    one rank: their order is the rank's order)."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self._sequence = itertools.count()
         self._sends: dict[int, Iterator[int]] = {}
         self._recvs: dict[int, Iterator[int]] = {}
-        self._lock = threading.Lock()
 
     def next(self, op: Collective) -> tuple:
-        with self._lock:
-            if op.kind == "send":
-                return ("p2p", self.rank, op.peer, next(self._sends.setdefault(op.peer, itertools.count())))  # type: ignore[arg-type]
-            if op.kind == "recv":
-                return ("p2p", op.peer, self.rank, next(self._recvs.setdefault(op.peer, itertools.count())))  # type: ignore[arg-type]
-            return ("collective", next(self._sequence))
+        kind = op.kind
+        if kind == "send":
+            return ("p2p", self.rank, op.peer, next(self._sends.setdefault(op.peer, itertools.count())))  # type: ignore[arg-type]
+        if kind == "recv":
+            return ("p2p", op.peer, self.rank, next(self._recvs.setdefault(op.peer, itertools.count())))  # type: ignore[arg-type]
+        return ("collective", next(self._sequence))
 
 
 def meeting_size(key: tuple, count: int) -> int:

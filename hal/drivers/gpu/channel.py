@@ -384,35 +384,55 @@ class Meetings:
         #: Meeting key (``MeetingOrder.next``) -> [first rank, its operation, ranks arrived so far].
         self._open: dict[tuple, list] = {}
 
-    def meet(self, rank: int, key: tuple, op: Collective) -> CollectiveMismatchError | None:
-        """Record ``rank``'s ``op`` at ``key``; the error if it does not match the first rank's there."""
-        expected = meeting_size(key, self.count)
-        if expected < 2:
-            return None
+    def meet(self, rank: int, order: MeetingOrder, ops: Sequence[Collective]) -> CollectiveMismatchError | None:
+        """Record ``rank``'s ``ops``, the next of its order (``order``: its keys, taken under this
+        lock); the first that does not match the first rank's at its meeting, as an error."""
+        count = self.count
+        opened = self._open
         with self._lock:
-            entry = self._open.get(key)
-            if entry is None:
-                self._open[key] = [rank, op, 1]
-                return None
-            error = mismatch(entry[0], entry[1], rank, op)
-            if error is None:
+            for op in ops:
+                key = order.next(op)
+                entry = opened.get(key)
+                if entry is None:
+                    opened[key] = [rank, op, 1]
+                    continue
+                error = mismatch(entry[0], entry[1], rank, op)
+                if error is not None:
+                    return error
                 entry[2] += 1
-                if entry[2] == expected:
-                    del self._open[key]
-            return error
+                if entry[2] == meeting_size(key, count):
+                    del opened[key]
+        return None
 
 
-def meet(parts: Sequence[tuple[GpuChannel, Collective]]) -> tuple[GpuChannel, CollectiveMismatchError] | None:
+#: What a submission compares per channel: (the channel, its Meetings, its MeetingOrder, its rank, its
+#: collectives of the submission in order).
+MeetingParts = list[tuple["GpuChannel", Meetings, MeetingOrder, int, list[Collective]]]
+
+
+def meeting_parts(parts: Sequence[tuple[Channel, Collective]]) -> MeetingParts | None:
+    """The collectives (each with its channel, in issue order) that ``meet`` compares, by channel:
+    those of channels with peers to compare with (``Meetings`` of two ranks or more); None if none."""
+    by_channel: dict[int, tuple] = {}
+    for channel, op in parts:
+        meetings = getattr(channel, "meetings", None)
+        if meetings is None or meetings.count < 2:
+            continue
+        entry = by_channel.get(id(channel))
+        if entry is None:
+            entry = by_channel[id(channel)] = (channel, meetings, channel.order, channel.rank, [])  # type: ignore[attr-defined]
+        entry[4].append(op)
+    return list(by_channel.values()) or None
+
+
+def meet(parts: MeetingParts) -> tuple[GpuChannel, CollectiveMismatchError] | None:
     """Before issuing (in issue order: under the queue's lock), each collective of a submission meets
     its peers' (see ``Meetings``): None, or the first mismatch and its channel. Then the submission
     fails with it, unissued, and the caller breaks the channel's ranks with it once the queue's lock
     is released (``LocalRanks.break_with`` takes the queues' locks): the ranks issued before are
     aborted and their submissions fail with it too."""
-    for channel, op in parts:
-        meetings = channel.meetings
-        if meetings is None:
-            continue
-        error = meetings.meet(channel.rank, channel.order.next(op), op)
+    for channel, meetings, order, rank, ops in parts:
+        error = meetings.meet(rank, order, ops)
         if error is not None:
             return channel, error
     return None

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from hal.drivers.gpu.channel import meeting_parts
 from hal.drivers.gpu.submission import Submission
 
 if TYPE_CHECKING:
@@ -58,8 +59,7 @@ class GpuExecution:
         #: Its collectives in issue order, each with its channel, where channels compare them with
         #: their peers' before issuing (``hal.drivers.gpu.channel.meet``; a rank alone has none to
         #: compare with), or None.
-        self.meetings: list | None = [part for cb in command_buffers for part in cb.collectives  # type: ignore[attr-defined]
-                                      if part[0].meetings is not None and part[0].meetings.count > 1] or None
+        self.meetings = meeting_parts([part for cb in command_buffers for part in cb.collectives])  # type: ignore[attr-defined]
         #: Each command buffer's issuer for this queue and table (``RecordingCommandBuffer.issuer``).
         self._issuers = issuers
         #: What the submission releases when it retires: the one-shot command buffers' resources (a

@@ -180,6 +180,7 @@ class LocalChannel(Channel):
         super().__init__(device, rank, count, timeout)
         self.group = group
         self.order = MeetingOrder(rank)
+        self._order_lock = threading.Lock()  # (queue workers may start collectives of one rank at once)
         self._splits = itertools.count()
 
     def next_split(self) -> int:
@@ -194,7 +195,8 @@ class LocalChannel(Channel):
         if failure is not None:
             done(failure)
             return
-        key = self.order.next(op)
+        with self._order_lock:
+            key = self.order.next(op)
         self.group.post(key, meeting_size(key, self.count), Arrival(self.rank, op, send, recv, done), self.timeout)
 
     def _abort(self) -> None:
