@@ -77,10 +77,14 @@ def measure(contenders: dict[str, Contender], rounds: int, batch_s: float, limit
 
     Each contender is warmed up (compiles, traces, the graph cache, the allocators: ``warmups``
     synchronized iterations, then one batch at the size it will be timed at) before any is timed; a
-    contender that raises there is dropped, with its error, and the others go on. Every round then
-    times one batch of each contender in turn, so that a drift of the host's or the device's speed
-    hits all alike; each timed batch follows one untimed iteration of its own, so no timed sample
-    pays for (or gains from) the cache state the previous contender left.
+    contender that raises there is dropped, with its error, and the others go on. Every contender's
+    batch is as long as the longest any asks for (``batch_size``, up to ``limit``): a batch's fixed
+    costs (the device idle while the first iteration is queued, the closing wait) then weigh alike
+    on every contender, where a contender whose one timed iteration came out slow (a kernel loaded
+    on its first fused run, say) would have got a shorter batch that they weigh on more. Every round
+    then times one batch of each contender in turn, so that a drift of the host's or the device's
+    speed hits all alike; each timed batch follows one untimed iteration of its own, so no timed
+    sample pays for (or gains from) the cache state the previous contender left.
     """
     errors = {}
     sizes = {}
@@ -90,10 +94,17 @@ def measure(contenders: dict[str, Contender], rounds: int, batch_s: float, limit
                 contender.run(1)
                 contender.sync()
             sizes[name] = batch_size(contender, batch_s, limit)
-            contender.run(sizes[name])
-            contender.sync()
         except Exception as exc:  # noqa: BLE001 - reported in the JSON; the other contenders go on
             errors[name] = error_text(exc)
+    longest = max(sizes.values(), default=1)
+    for name in list(sizes):
+        sizes[name] = longest
+        try:
+            contenders[name].run(longest)
+            contenders[name].sync()
+        except Exception as exc:  # noqa: BLE001
+            errors[name] = error_text(exc)
+            del sizes[name]
     samples = {name: {"wall": [], "cpu": [], "batch": n} for name, n in sizes.items()}
     start = counter()
     for _ in range(rounds):
