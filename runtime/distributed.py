@@ -191,8 +191,8 @@ def average_gradients(grads: Sequence[Array], group: Group, bucket_bytes: int = 
     PyTorch DDP's buckets, rebuilt in the order its hooks saw the gradients). Every rank builds the
     same graph, so every rank makes the same buckets.
 
-    A bucket is not copied into one buffer (a concatenation moves every byte twice more, which on
-    an H200 cost more than the all-reduce itself): each gradient is reduced where it is, by its own
+    A bucket is not copied into one buffer (a concatenation moves every byte twice more: into the
+    bucket, and out of it into each gradient's own array): each gradient is reduced where it is, by its own
     all-reduce waiting for the whole bucket, so that the bucket's all-reduces share a dependency
     level and go out as one group, which NCCL runs as one launch (PyTorch's coalesced collectives)."""
     grads = list(grads)
