@@ -17,8 +17,10 @@ import hal
 from ..shapes import size_of
 from .source import WORKGROUP, KernelSource, grid_1d, source
 
-#: rows, row_bytes, pitch, out_offset, in_offset (bytes)
-_NCONST = 5
+#: rows, row_bytes, pitch, out_offset, in_offset (bytes), each as its low and high 32-bit words:
+#: a result may pass 4 GiB.
+_FIELDS = ("rows", "row_bytes", "pitch", "out_offset", "in_offset")
+_NCONST = 2 * len(_FIELDS)
 
 
 def concat_source() -> KernelSource:
@@ -29,25 +31,32 @@ def concat_source() -> KernelSource:
 
 def _cuda() -> str:
     # The widest unit dividing every address, length and pitch; a thread per unit, the unit's row
-    # and column from one 32-bit division (a copy is bound by memory, not by the division).
+    # and column from one division (32-bit where the counts allow: a copy is bound by memory, not
+    # by the division).
     copies = "\n".join(f"""    case {unit}: {{
-      const u32 per_row = row_bytes / {unit};
-      for (u64 i = first; i < (u64)rows * per_row; i += step) {{
-        const u32 r = (u32)(i / per_row), c = (u32)(i - (u64)r * per_row);
-        *reinterpret_cast<{ctype}*>(o + (u64)r * pitch + (u64)c * {unit}) =
-            *reinterpret_cast<const {ctype}*>(s + (u64)r * row_bytes + (u64)c * {unit});
+      const u64 per_row = row_bytes / {unit}, units = rows * per_row;
+      for (u64 i = first; i < units; i += step) {{
+        u64 r, c;
+        if (narrow) {{ r = (u32)i / (u32)per_row; c = (u32)i - (u32)r * (u32)per_row; }}
+        else {{ r = i / per_row; c = i - r * per_row; }}
+        *reinterpret_cast<{ctype}*>(o + r * pitch + c * {unit}) =
+            *reinterpret_cast<const {ctype}*>(s + r * row_bytes + c * {unit});
       }}
       break;
     }}""" for unit, ctype in ((16, "rt_vec4<u32>"), (8, "u64"), (4, "u32"), (2, "unsigned short"),
                               (1, "unsigned char")))
+    params = ", ".join(f"u32 {name}_lo, u32 {name}_hi" for name in _FIELDS)
+    fields = "\n".join(f"  const u64 {name} = ((u64){name}_hi << 32) | {name}_lo;" for name in _FIELDS)
     return f"""
 extern "C" __global__ void concat_rows(unsigned char* __restrict__ out, const unsigned char* __restrict__ in,
-                                       u32 rows, u32 row_bytes, u32 pitch, u32 out_offset, u32 in_offset) {{
+                                       {params}) {{
+{fields}
   unsigned char* o = out + out_offset;
   const unsigned char* s = in + in_offset;
   const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x, step = (u64)gridDim.x * blockDim.x;
   const u64 bits = (u64)o | (u64)s | row_bytes | pitch;
   const u32 unit = (bits & 15) == 0 ? 16 : (bits & 7) == 0 ? 8 : (bits & 3) == 0 ? 4 : (bits & 1) == 0 ? 2 : 1;
+  const bool narrow = rows * row_bytes < (1ull << 32);  // (every unit index and count fits 32 bits)
   switch (unit) {{
 {copies}
   }}
@@ -57,7 +66,7 @@ extern "C" __global__ void concat_rows(unsigned char* __restrict__ out, const un
 
 def _numpy() -> dict:
     def concat_rows(wg, bindings, c) -> None:
-        rows, row_bytes, pitch, out_offset, in_offset = c
+        rows, row_bytes, pitch, out_offset, in_offset = (lo | hi << 32 for lo, hi in zip(c[::2], c[1::2]))
         out = np.frombuffer(bindings[0], dtype=np.uint8)
         src = np.frombuffer(bindings[1], dtype=np.uint8)
         window = np.lib.stride_tricks.as_strided(out[out_offset:], (rows, row_bytes), (pitch, 1))
@@ -82,7 +91,8 @@ def plan(node, layouts: list, ctx) -> list:
     for k, (inp, (in_shape, _, offset)) in enumerate(zip(node.inputs, layouts)):
         row_bytes = in_shape[axis] * inner
         if row_bytes:
-            consts = [outer, row_bytes, pitch, start * inner, offset * itemsize]
+            consts = [word for value in (outer, row_bytes, pitch, start * inner, offset * itemsize)
+                      for word in (value & 0xFFFFFFFF, value >> 32)]
             units = -(-outer * row_bytes // 16)
             cmds.append(("dispatch", src, "concat_rows", (grid_1d(units), 1, 1), consts, [("out",), ("in", k)]))
         start += inp.shape[axis]

@@ -104,3 +104,22 @@ def test_bad_concats_are_typed_errors(dev):
     with pytest.raises(rt.errors.InvalidValueError):
         rt.concat([rt.array(np.float32(1), device=dev)] * 2, axis=0)
     assert (rt.concat([x, x], axis=1) + 0).numpy().shape == (2, 6)  # the device is usable after
+
+
+def test_windows_past_4_gib_keep_every_bit_of_their_offsets():
+    """The planned copies of a result over 4 GiB: byte counts and offsets as low and high words."""
+    from types import SimpleNamespace
+
+    from runtime import dtypes
+    from runtime.kernels import concat
+
+    part = SimpleNamespace(shape=(3, 1 << 30))
+    node = SimpleNamespace(params=(1,), shape=(3, 3 << 30), dtype=dtypes.float32, inputs=[part] * 3)
+    cmds = concat.plan(node, [((3, 1 << 30), (1 << 30, 1), 0)] * 3, None)
+    assert len(cmds) == 3
+    for k, cmd in enumerate(cmds):
+        words = cmd[4]
+        rows, row_bytes, pitch, out_offset, in_offset = (lo | hi << 32 for lo, hi in zip(words[::2], words[1::2]))
+        assert all(w < 1 << 32 for w in words)
+        assert (rows, row_bytes, pitch, in_offset) == (3, 4 << 30, 12 << 30, 0)
+        assert out_offset == k * (4 << 30)
