@@ -236,8 +236,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         device.api.memcpy_htod(staging.ptr, _address_of(payload), len(payload))
         self._resources.staging = staging
 
-    def _end(self) -> None:
-        super()._end()
+    def _recorded(self) -> None:
         capturer = self.device.capturer
         if not all(call.capturable and capturer.holds(call) for call in self.library_calls):
             self._issue_on_the_stream()

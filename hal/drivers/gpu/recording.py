@@ -253,6 +253,10 @@ class RecordingCommandBuffer(CommandBuffer):
             self.levels.pop()
         self.args.pack()
         self._pack_staging()
+        self._recorded()
+
+    def _recorded(self) -> None:
+        """Subclasses make what their submissions issue, once the commands are all recorded."""
 
     def _pack_staging(self) -> None:
         """Subclasses place ``staging_payload()`` where their commands read it."""

@@ -38,8 +38,7 @@ class StreamCommandBuffer(RecordingCommandBuffer):
         self._release_staging = interrupts.finalize(self, device.release_later, device.staging.release, host,
                                                      capacity)
 
-    def _end(self) -> None:
-        super()._end()
+    def _recorded(self) -> None:
         self._issue = StreamIssue(self.device, self._staging[0] if self._staging else 0, staging_on_device=False)
 
     def issuer(self, queue, table: Sequence[Binding] | None) -> Callable[[], None] | None:

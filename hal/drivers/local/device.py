@@ -117,7 +117,11 @@ class LocalDevice(Device):
             channel.group.fail(closed)
 
     def _wait_idle(self, deadline: float | None) -> None:
+        self._before_idle_wait(deadline)
         self._submissions.wait_idle(deadline)
+
+    def _before_idle_wait(self, deadline: float | None) -> None:
+        """Called before ``wait_idle`` blocks (local-task runs ready work on the waiting thread)."""
 
 
 def local_device_properties(worker_threads: int) -> dict:

@@ -45,10 +45,9 @@ class LocalTaskDevice(LocalDevice):
         for runner in self._runners:
             runner.donate(done)
 
-    def _wait_idle(self, deadline: float | None) -> None:
+    def _before_idle_wait(self, deadline: float | None) -> None:
         if deadline is None:
             self.donate_work(lambda: all(runner.idle() for runner in self._runners))
-        super()._wait_idle(deadline)
 
     def _close(self) -> None:
         for runner in self._runners:
