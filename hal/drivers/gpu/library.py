@@ -264,7 +264,7 @@ class LibraryCall:
     """A recorded library routine: its operands, its constants' checked form and its workspace."""
 
     __slots__ = ("backend", "routine", "checked", "constants", "targets", "workspace", "empty", "capturable",
-                 "serial_key")
+                 "serial_key", "_fixed")
 
     def __init__(self, backend: LibraryBackend, routine: Routine, checked: Any, constants: tuple[int, ...],
                  targets: list[Target], empty: bool) -> None:
@@ -280,6 +280,9 @@ class LibraryCall:
         self.capturable = empty or backend.capturable(routine, checked)
         #: Calls of one graph level with the same key run one after another (``LibraryBackend.serial_key``).
         self.serial_key = None if empty else backend.serial_key(routine, checked)
+        #: ``prepare``'s result where no operand goes through a binding-table slot: the same at every
+        #: issue (addresses, plan and workspace), made at the first (the targets are all recorded by then).
+        self._fixed: tuple[Any, list[int], int, int] | None = None
 
     @property
     def slots(self) -> set[int]:
@@ -306,8 +309,14 @@ class LibraryCall:
 
     def issue(self, device: GpuDevice, stream: Any, table: Sequence[Binding] | None) -> None:
         """Enqueue the call on ``stream`` with its operands resolved against ``table``."""
-        if not self.empty:
-            self.enqueue(self.prepare(device, table), stream)
+        if self.empty:
+            return
+        prepared = self._fixed
+        if prepared is None:
+            prepared = self.prepare(device, table)
+            if all(target.slot is None for target in self.targets):
+                self._fixed = prepared
+        self.enqueue(prepared, stream)
 
 
 class Capturer:
