@@ -13,8 +13,9 @@ backward pass in a graph command buffer). Every rank must build the same collect
 order, as NCCL and MPI ask.
 
 ``average_gradients`` is data parallelism's step: the gradients averaged over the group in buckets
-filled in the order the backward pass makes them (read off the pending graph), one collective per
-bucket, so that the buckets of the last layers start while the first layers' gradients are computed.
+filled in the order the backward pass makes them (read off the pending graph), one NCCL group of
+all-reduces a bucket, so that the buckets of the last layers start while the first layers'
+gradients are computed.
 """
 
 from __future__ import annotations
