@@ -197,13 +197,8 @@ def average_gradients(grads: Sequence[Array], group: Group, bucket_bytes: int = 
     all-reduce waiting for the whole bucket, so that the bucket's all-reduces share a dependency
     level and go out as one group, which NCCL runs as one launch (PyTorch's coalesced collectives)."""
     grads = list(grads)
-    if type(bucket_bytes) is not int or bucket_bytes < 1:
-        raise InvalidValueError(f"average_gradients: bucket_bytes must be a positive int, got {bucket_bytes!r}")
-    for i, g in enumerate(grads):
-        if not isinstance(g, Node) or not g.dtype.is_float:
-            raise InvalidTypeError(f"average_gradients: gradient {i} is not a float rt.Array")
     out: list = [None] * len(grads)
-    for bucket in buckets(grads, bucket_bytes):
+    for bucket in _buckets(grads, bucket_bytes, "average_gradients"):
         for i in bucket:
             others = tuple(grads[j] for j in bucket if j != i)
             out[i] = _reduce(grads[i], group, "avg", "average_gradients", after=others)
@@ -212,6 +207,15 @@ def average_gradients(grads: Sequence[Array], group: Group, bucket_bytes: int = 
 
 def buckets(grads: Sequence[Array], bucket_bytes: int = BUCKET_BYTES) -> list[list[int]]:
     """The buckets ``average_gradients`` makes of ``grads``: lists of indices into ``grads``."""
+    return _buckets(list(grads), bucket_bytes, "buckets")
+
+
+def _buckets(grads: list, bucket_bytes: int, name: str) -> list[list[int]]:
+    if type(bucket_bytes) is not int or bucket_bytes < 1:
+        raise InvalidValueError(f"{name}: bucket_bytes must be a positive int, got {bucket_bytes!r}")
+    for i, g in enumerate(grads):
+        if not isinstance(g, Node) or not g.dtype.is_float:
+            raise InvalidTypeError(f"{name}: gradient {i} is not a float rt.Array")
     depth = readiness(grads)
     order = sorted(range(len(grads)), key=lambda i: (depth[i], -i))
     out: list[list[int]] = []
@@ -237,6 +241,10 @@ def readiness(arrays: Sequence[Array]) -> list[int]:
     (``rt.grad``'s lazy node, whose backward graph is built only when an evaluation records it)
     comes as far after its value as its input lies from the value: the backward pass reaches an
     input one step per forward op on the longest path between them."""
+    arrays = list(arrays)
+    for i, a in enumerate(arrays):
+        if not isinstance(a, Node):
+            raise InvalidTypeError(f"readiness: item {i} is not an rt.Array, got {type(a).__name__}")
     depth: dict[int, int] = {}
     distances: dict[int, dict[int, int]] = {}  # id(value) -> the longest paths up to it (_distances)
     return [_depth(a, depth, distances) for a in arrays]

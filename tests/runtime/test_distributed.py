@@ -192,6 +192,16 @@ def test_buckets_follow_the_backward_pass():
     rt.eval(*small)
     assert rt.distributed.readiness(small) == [0, 0, 0, 0]
     assert rt.distributed.buckets(small, bucket_bytes=600) == [[3, 2, 1], [0]]
+    # hostile inputs: typed errors
+    for bad in (True, 0, 2.5, np.int64(8), "8"):
+        with pytest.raises(rt.errors.InvalidValueError, match="bucket_bytes"):
+            rt.distributed.buckets(small, bucket_bytes=bad)
+    with pytest.raises(rt.errors.InvalidTypeError, match="gradient 1"):
+        rt.distributed.buckets([small[0], np.ones(3, np.float32)])
+    with pytest.raises(rt.errors.InvalidTypeError, match="gradient 0"):
+        rt.distributed.buckets([rt.arange(3, device=device)])
+    with pytest.raises(rt.errors.InvalidTypeError, match="item 0"):
+        rt.distributed.readiness([None])
     device.close()
 
 
