@@ -767,15 +767,15 @@ class GpuCollectives:
                 for channel in gpu_channels:
                     channel.ranks.break_with(exc)
             raise
-        result = [None if comm is None else next(opened) for comm in comms]
+        result: list[GpuChannel | None] = [None if comm is None else next(opened) for comm in comms]
         # Where this process drives every rank of the parents, it drives every rank of each split.
         parents_meet = gpu_channels[0].meetings
         if parents_meet is not None and parents_meet.count == len(gpu_channels) and \
-                all(channel.meetings is parents_meet for channel in gpu_channels):
+                all(parent.meetings is parents_meet for parent in gpu_channels):
             new_meetings: dict[Any, Meetings] = {}
-            for channel, color in zip(result, colors):
-                if channel is not None:
-                    channel.meetings = new_meetings.setdefault(color, Meetings(channel.count))
+            for made_channel, color in zip(result, colors):
+                if made_channel is not None:
+                    made_channel.meetings = new_meetings.setdefault(color, Meetings(made_channel.count))
         return result
 
 
