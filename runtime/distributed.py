@@ -35,6 +35,7 @@ from .autodiff import GRAD
 from .device import context_for
 from .errors import InvalidTypeError, InvalidValueError
 from .graph import PLACEHOLDER, Node, new_node
+from .lowering.key import collect
 
 if TYPE_CHECKING:
     from .array import Array
@@ -245,41 +246,23 @@ def readiness(arrays: Sequence[Array]) -> list[int]:
     for i, a in enumerate(arrays):
         if not isinstance(a, Node):
             raise InvalidTypeError(f"readiness: item {i} is not an rt.Array, got {type(a).__name__}")
-    depth: dict[int, int] = {}
+    roots = [a.base if a.base is not None else a for a in arrays]
+    depth: dict[int, int] = {}  # id(pending root) -> its level; computed arrays and inputs are 0
     distances: dict[int, dict[int, int]] = {}  # id(value) -> the longest paths up to it (_distances)
-    return [_depth(a, depth, distances) for a in arrays]
-
-
-def _depth(node: Node, depth: dict[int, int], distances: dict[int, dict[int, int]]) -> int:
-    """``readiness`` of one array (the levels of the nodes met kept in ``depth``)."""
-    node = node.base if node.base is not None else node
-    stack = [(node, False)]
-    while stack:
-        n, expanded = stack.pop()
-        if id(n) in depth:
+    for node in collect(roots):  # every pending root after those it reads
+        if node.storage is not None or node.op == PLACEHOLDER:
             continue
-        if n.storage is not None or n.op == PLACEHOLDER:
-            depth[id(n)] = 0
-            continue
-        if n.op == GRAD:  # reached from its value, not from the inputs it lists
-            value, wrt = n.inputs[0], n.inputs[1 + n.params[0]]
+        if node.op == GRAD:  # reached from its value, not from the inputs it lists
+            value, wrt = node.inputs[0], node.inputs[1 + node.params[0]]
             value = value.base if value.base is not None else value
-            if not expanded:
-                stack.append((n, True))
-                stack.append((value, False))
-                continue
             far = distances.get(id(value))
             if far is None:
                 far = distances[id(value)] = _distances(value)
-            depth[id(n)] = depth[id(value)] + far.get(id(wrt), 0) + 1
-            continue
-        roots = [inp.base if inp.base is not None else inp for inp in n.inputs]
-        if expanded:
-            depth[id(n)] = 1 + max((depth[id(r)] for r in roots), default=0)
-            continue
-        stack.append((n, True))
-        stack.extend((r, False) for r in roots if id(r) not in depth)
-    return depth[id(node)]
+            depth[id(node)] = depth.get(id(value), 0) + far.get(id(wrt), 0) + 1
+        else:
+            depth[id(node)] = 1 + max((depth.get(id(inp.base if inp.base is not None else inp), 0)
+                                       for inp in node.inputs), default=0)
+    return [depth.get(id(root), 0) for root in roots]
 
 
 def _distances(value: Node) -> dict[int, int]:
