@@ -9,6 +9,24 @@ __device__ __forceinline__ float f16_to_f32(unsigned short h) {
 __device__ __forceinline__ unsigned short f32_to_f16(float f) {
   unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
 }
+// A load of data this kernel reads once (ld.global.cs, evict first), so that a stream larger than
+// the L2 does not push out lines other work will read again: sums of 256 MiB on the H100 ran 1-8%
+// faster with it (by grid shape). Whole 4, 8 or 16-byte words (a vector of four elements of any dtype).
+template <typename T> __device__ __forceinline__ T rt_load_once(const T* p) {
+  T v;
+  if constexpr (sizeof(T) % 16 == 0) {
+    #pragma unroll
+    for (int i = 0; i < (int)(sizeof(T) / 16); ++i)
+      reinterpret_cast<uint4*>(&v)[i] = __ldcs(reinterpret_cast<const uint4*>(p) + i);
+  } else if constexpr (sizeof(T) == 8) {
+    *reinterpret_cast<uint2*>(&v) = __ldcs(reinterpret_cast<const uint2*>(p));
+  } else if constexpr (sizeof(T) == 4) {
+    *reinterpret_cast<unsigned int*>(&v) = __ldcs(reinterpret_cast<const unsigned int*>(p));
+  } else {
+    v = *p;
+  }
+  return v;
+}
 """
 
 HIP_PRELUDE = r"""
@@ -23,6 +41,7 @@ __device__ __forceinline__ float f16_to_f32(unsigned short h) {
 __device__ __forceinline__ unsigned short f32_to_f16(float f) {
   _Float16 v = (_Float16)f; unsigned short h; __builtin_memcpy(&h, &v, 2); return h;
 }
+template <typename T> __device__ __forceinline__ T rt_load_once(const T* p) { return *p; }
 """
 
 COMMON = r"""

@@ -140,34 +140,38 @@ RT_DEV {A} rt_block_reduce({A} v) {{
         if arg:
             body.append("  u32 iv = 0xffffffffu;")
         if not arg and not strided:
-            # Contiguous rows: 4-element vector loads from the first aligned element, four
-            # independent vectors in flight per thread; the unaligned head and tail one by one.
+            # Contiguous rows: the row's 4-element vectors, from its first aligned element, dealt
+            # out to its C chunks in turn (chunk ck reads vectors ck*B.. ck*B+B-1 of every C*B), four
+            # in flight per thread, each read once (rt_load_once); chunk 0 also takes the
+            # unaligned head and tail one by one. On the H100 this read 64M float32 in 88 us,
+            # contiguous chunks with plain loads in 90.
             T = dt.c_storage
             lv = lambda w: load_expr(dt, f"{w}.v[e]")  # noqa: E731
             body += [f"  {A} v1 = {ident}, v2 = {ident}, v3 = {ident};",
-                     "  const u64 e0 = (u64)off + (u64)o * R + r0, e1 = (u64)off + (u64)o * R + r1;",
+                     "  const u64 e0 = (u64)off + (u64)o * R, e1 = e0 + R;",
                      "  u64 a0 = (e0 + 3u) & ~(u64)3;",
                      "  if (a0 > e1) a0 = e1;",
-                     "  const u64 a1 = a0 + ((e1 - a0) & ~(u64)3), qe = a1 >> 2;",
+                     "  const u64 a1 = a0 + ((e1 - a0) & ~(u64)3), qe = a1 >> 2, S = (u64)C * blockDim.x;",
                      f"  const rt_vec4<{T}>* x4 = reinterpret_cast<const rt_vec4<{T}>*>(x);",
-                     "  u64 q = (a0 >> 2) + threadIdx.x;",
-                     "  for (; q + 3u * blockDim.x < qe; q += 4u * blockDim.x) {",
-                     f"    const rt_vec4<{T}> w0 = x4[q], w1 = x4[q + blockDim.x];",
-                     f"    const rt_vec4<{T}> w2 = x4[q + 2u * blockDim.x], w3 = x4[q + 3u * blockDim.x];",
+                     "  u64 q = (a0 >> 2) + (u64)ck * blockDim.x + threadIdx.x;",
+                     "  for (; q + 3u * S < qe; q += 4u * S) {",
+                     f"    const rt_vec4<{T}> w0 = rt_load_once(x4 + q), w1 = rt_load_once(x4 + q + S);",
+                     f"    const rt_vec4<{T}> w2 = rt_load_once(x4 + q + 2u * S), w3 = rt_load_once(x4 + q + 3u * S);",
                      "    #pragma unroll",
                      "    for (int e = 0; e < 4; ++e) {",
                      f"      v = rt_comb(v, ({A})({lv('w0')})); v1 = rt_comb(v1, ({A})({lv('w1')}));",
                      f"      v2 = rt_comb(v2, ({A})({lv('w2')})); v3 = rt_comb(v3, ({A})({lv('w3')}));",
                      "    }",
                      "  }",
-                     "  for (; q < qe; q += blockDim.x) {",
-                     f"    const rt_vec4<{T}> w0 = x4[q];",
+                     "  for (; q < qe; q += S) {",
+                     f"    const rt_vec4<{T}> w0 = rt_load_once(x4 + q);",
                      "    #pragma unroll",
                      f"    for (int e = 0; e < 4; ++e) v = rt_comb(v, ({A})({lv('w0')}));",
                      "  }",
                      "  v = rt_comb(rt_comb(v, v1), rt_comb(v2, v3));",
-                     f"  for (u64 pos = e0 + threadIdx.x; pos < a0; pos += blockDim.x) v = rt_comb(v, ({A})({load}));",
-                     "  for (u64 pos = a1 + threadIdx.x; pos < e1; pos += blockDim.x) {"]
+                     "  const u64 h1 = ck == 0 ? a0 : e0, t0 = ck == 0 ? a1 : e1;",
+                     f"  for (u64 pos = e0 + threadIdx.x; pos < h1; pos += blockDim.x) v = rt_comb(v, ({A})({load}));",
+                     "  for (u64 pos = t0 + threadIdx.x; pos < e1; pos += blockDim.x) {"]
         else:
             body.append("  for (u64 r = r0 + threadIdx.x; r < r1; r += blockDim.x) {")
         if strided:
@@ -325,7 +329,9 @@ def plan(node, layouts: list, ctx) -> list:
     else:
         cshape, (cstr,) = collapse(pshape, [pstrides])
         contiguous = all(s == cs for s, cs in zip(cstr, contiguous_strides(cshape)))
-    # Chunking: split long rows when there are too few rows to fill the GPU.
+    # Chunking: split long rows when there are too few rows to fill the GPU, into chunks of at least
+    # 2048 elements, about 1024 workgroups in all: on the H100 the sum of 64M float32 took 88 us with
+    # 1024, 89-90.5 with 2048, 2112 or 4224 (the combine 3 us more).
     C = 1
     if ctx.is_gpu and R > 4096 and O < 512:
         C = min((R + 2047) // 2048, max(1, 1024 // O), 1024)

@@ -70,6 +70,7 @@ static inline float f16_to_f32(unsigned short h) { _Float16 v; std::memcpy(&v, &
 static inline unsigned short f32_to_f16(float f) {
   _Float16 v = (_Float16)f; unsigned short h; std::memcpy(&h, &v, 2); return h;
 }
+template <typename T> static inline T rt_load_once(const T* p) { return *p; }
 """
 
 LAUNCHER = r"""

@@ -114,6 +114,11 @@ def test_reductions_vector_loads_at_any_alignment(gpu_like):
           .astype(np.float16), rtol=1e-2, atol=1e-1)
     i = rng.integers(-9, 9, (3, 5001)).astype(np.int32)
     close(rt.array(i, device=gpu_like)[:, 3:].sum(axis=1).numpy(), i[:, 3:].sum(axis=1).astype(np.int32))
+    # One long row dealt out to about 200 chunks, its head and tail unaligned.
+    long = rng.standard_normal(401_419).astype(np.float32)
+    L = rt.array(long, device=gpu_like)
+    close(L[1:].sum().numpy(), long[1:].astype(np.float64).sum(), rtol=1e-4, atol=1e-2)
+    close(L[2:-3].max().numpy(), long[2:-3].max())
 
 
 def test_matmul_tiles_and_batches(gpu_like):
