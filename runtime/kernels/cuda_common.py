@@ -27,6 +27,19 @@ template <typename T> __device__ __forceinline__ T rt_load_once(const T* p) {
   }
   return v;
 }
+// A load from the L2, past this processor's L1 (which other workgroups' writes do not update): the
+// values other workgroups of the running kernel wrote before a __threadfence.
+template <typename T> __device__ __forceinline__ T rt_load_l2(const T* p) {
+  T v;
+  if constexpr (sizeof(T) % 4 == 0) {
+    #pragma unroll
+    for (int i = 0; i < (int)(sizeof(T) / 4); ++i)
+      reinterpret_cast<unsigned int*>(&v)[i] = __ldcg(reinterpret_cast<const unsigned int*>(p) + i);
+  } else {
+    v = *reinterpret_cast<const volatile T*>(p);
+  }
+  return v;
+}
 """
 
 HIP_PRELUDE = r"""
@@ -42,6 +55,16 @@ __device__ __forceinline__ unsigned short f32_to_f16(float f) {
   _Float16 v = (_Float16)f; unsigned short h; __builtin_memcpy(&h, &v, 2); return h;
 }
 template <typename T> __device__ __forceinline__ T rt_load_once(const T* p) { return *p; }
+template <typename T> __device__ __forceinline__ T rt_load_l2(const T* p) {
+  T v;
+  if constexpr (sizeof(T) % 4 == 0) {
+    for (int i = 0; i < (int)(sizeof(T) / 4); ++i)
+      reinterpret_cast<unsigned int*>(&v)[i] = reinterpret_cast<const volatile unsigned int*>(p)[i];
+  } else {
+    v = *reinterpret_cast<const volatile T*>(p);
+  }
+  return v;
+}
 """
 
 COMMON = r"""

@@ -3,7 +3,10 @@
 The input view is permuted so the reduced axes come last and read as an
 (O, R) matrix. Each workgroup reduces one chunk of one row with warp shuffles
 and a shared-memory block step; long rows with few outputs are split into C
-chunks whose partials a second `combine` dispatch reduces.
+chunks, and the last of a row's workgroups to finish reduces the row's C
+partials (one kernel: a second `combine` kernel cost the H100 about 3 us more).
+It counts the finished workgroups of its row in a ticket (``ZeroedScratch``: zero
+before the first launch, set back to zero by the last workgroup).
 """
 
 from __future__ import annotations
@@ -23,20 +26,35 @@ from .complex import shfl_down
 from .cuda_common import load_expr, store_expr
 from .numpy_util import compute_np, signed, store, strided_view, to_compute
 from .reduce_ops import acc_dtype, c_combine, c_identity, np_reduce
-from .source import WORKGROUP, KernelSource, source, u32
+from .source import WORKGROUP, KernelSource, ZeroedScratch, source, u32
 
 _ARG = ("argmax", "argmin")
 
 
 def _names(op, dt, out):
     base = f"{op}_{dt.code}_{out.code}"
-    return {"c": base + "_c", "g": base + "_g", "pc": base + "_pc", "pg": base + "_pg",
-            "combine": base + "_combine"}
+    return {"c": base + "_c", "g": base + "_g", "pc": base + "_pc", "pg": base + "_pg"}
 
 
 _NCONST_C = 5  # O, R, chunk, offset, C
 _NCONST_G = 5 + 1 + 2 * MAX_DIMS  # + ndim, shape, strides
-_NCONST_COMBINE = 3  # O, C, R (for mean)
+
+#: The last workgroup of a row to finish: each adds one to the row's ticket after writing its
+#: partial (made visible first); the one that brings it to C sets it back to zero for the next
+#: launch and, after a fence, reads every partial of the row from the L2.
+_LAST_OF_ROW = """
+RT_DEV bool rt_last_of_row(u32* ticket, u32 C) {
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(ticket, 1u) == C - 1u;
+    if (last) *ticket = 0u;
+  }
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+"""
 
 
 def reduce_source(op: str, dt, out) -> KernelSource:
@@ -48,13 +66,12 @@ def _build(op, dt, out, key):
     names = _names(op, dt, out)
     arg = op in _ARG
     nb_final = 2
-    nb_part = 3 if arg else 2
+    nb_part = 5 if arg else 4  # out, partial values (and indices), input, the rows' tickets
     exports = [
         hal.Export(names["c"], (WORKGROUP, 1, 1), nb_final, _NCONST_C),
         hal.Export(names["g"], (WORKGROUP, 1, 1), nb_final, _NCONST_G),
         hal.Export(names["pc"], (WORKGROUP, 1, 1), nb_part, _NCONST_C),
         hal.Export(names["pg"], (WORKGROUP, 1, 1), nb_part, _NCONST_G),
-        hal.Export(names["combine"], (WORKGROUP, 1, 1), 3 if arg else 2, _NCONST_COMBINE),
     ]
     return KernelSource(key, exports, lambda: _cuda(op, dt, out, names), lambda: _numpy(op, dt, out, names))
 
@@ -113,18 +130,19 @@ RT_DEV {A} rt_block_reduce({A} v) {{
   return v;
 }}
 """)
+    lines.append(_LAST_OF_ROW)
     load = load_expr(dt, "x[pos]")
     for variant in ("c", "g", "pc", "pg"):
         partial = variant.startswith("p")
         strided = variant.endswith("g")
-        params = []
-        if partial:
-            params.append(f"{A}* __restrict__ pv")
+        params = [f"{out.c_storage}* __restrict__ out"]
+        if partial:  # (written and read back by other workgroups: not restrict)
+            params.append(f"{A}* pv")
             if arg:
-                params.append("u32* __restrict__ pi")
-        else:
-            params.append(f"{out.c_storage}* __restrict__ out")
+                params.append("u32* pi")
         params.append(f"const {dt.c_storage}* __restrict__ x")
+        if partial:
+            params.append("u32* __restrict__ tickets")
         params += ["u32 O", "u32 R", "u32 chunk", "u32 off", "u32 C"]
         if strided:
             params.append("u32 ndim")
@@ -194,41 +212,30 @@ RT_DEV {A} rt_block_reduce({A} v) {{
             body.append("  rt_block_reduce(v, iv);")
         else:
             body.append("  v = rt_block_reduce(v);")
-        body.append("  if (threadIdx.x == 0) {")
+        final = "(iv == 0xffffffffu ? 0u : iv)" if arg else _mean(out) if op == "mean" else "v"
         if partial:
-            body.append("    pv[(u64)o * C + ck] = v;")
+            body += ["  if (threadIdx.x == 0) {",
+                     "    pv[(u64)o * C + ck] = v;"]
             if arg:
                 body.append("    pi[(u64)o * C + ck] = iv;")
-        elif arg:
-            body.append(f"    out[o] = {store_expr(out, '(iv == 0xffffffffu ? 0u : iv)')};")
-        elif op == "mean":
-            body.append(f"    out[o] = {store_expr(out, _mean(out))};")
-        else:
-            body.append(f"    out[o] = {store_expr(out, 'v')};")
-        body.append("  }")
+            body += ["  }",
+                     "  if (!rt_last_of_row(tickets + o, C)) return;",
+                     f"  v = {ident};"]
+            if arg:
+                body += ["  iv = 0xffffffffu;",
+                         "  for (u32 c = threadIdx.x; c < C; c += blockDim.x) {",
+                         f"    const {A} w = rt_load_l2(pv + (u64)o * C + c);",
+                         "    const u32 iw = rt_load_l2(pi + (u64)o * C + c);",
+                         "    if (rt_better(w, iw, v, iv)) { v = w; iv = iw; }",
+                         "  }",
+                         "  rt_block_reduce(v, iv);"]
+            else:
+                body += ["  for (u32 c = threadIdx.x; c < C; c += blockDim.x)",
+                         "    v = rt_comb(v, rt_load_l2(pv + (u64)o * C + c));",
+                         "  v = rt_block_reduce(v);"]
+        body.append(f"  if (threadIdx.x == 0) out[o] = {store_expr(out, final)};")
         name = names[variant]
         lines.append(f'extern "C" __global__ void {name}({", ".join(params)}) {{\n' + "\n".join(body) + "\n}\n")
-    # combine: one workgroup per output reduces its C partials.
-    params = [f"{out.c_storage}* __restrict__ out", f"const {A}* __restrict__ pv"]
-    if arg:
-        params.append("const u32* __restrict__ pi")
-    params += ["u32 O", "u32 C", "u32 R"]
-    body = ["  const u32 o = blockIdx.x;", f"  {A} v = {ident};"]
-    if arg:
-        body += ["  u32 iv = 0xffffffffu;",
-                 "  for (u32 c = threadIdx.x; c < C; c += blockDim.x) {",
-                 "    const u64 q = (u64)o * C + c;",
-                 "    if (rt_better(pv[q], pi[q], v, iv)) { v = pv[q]; iv = pi[q]; }",
-                 "  }",
-                 "  rt_block_reduce(v, iv);",
-                 f"  if (threadIdx.x == 0) out[o] = {store_expr(out, '(iv == 0xffffffffu ? 0u : iv)')};"]
-    else:
-        final = _mean(out) if op == "mean" else "v"
-        body += ["  for (u32 c = threadIdx.x; c < C; c += blockDim.x) v = rt_comb(v, pv[(u64)o * C + c]);",
-                 "  v = rt_block_reduce(v);",
-                 f"  if (threadIdx.x == 0) out[o] = {store_expr(out, final)};"]
-    lines.append(f'extern "C" __global__ void {names["combine"]}({", ".join(params)}) {{\n'
-                 + "\n".join(body) + "\n}\n")
     return "\n".join(lines)
 
 
@@ -290,7 +297,7 @@ def _numpy(op, dt, out, names) -> dict:
         raise hal.UnimplementedError("split reductions are planned for GPU devices only")
 
     return {names["c"]: final_c, names["g"]: final_g, names["pc"]: unsupported,
-            names["pg"]: unsupported, names["combine"]: unsupported}
+            names["pg"]: unsupported}
 
 
 # ---- planning ---------------------------------------------------------------------------------
@@ -331,7 +338,7 @@ def plan(node, layouts: list, ctx) -> list:
         contiguous = all(s == cs for s, cs in zip(cstr, contiguous_strides(cshape)))
     # Chunking: split long rows when there are too few rows to fill the GPU, into chunks of at least
     # 2048 elements, about 1024 workgroups in all: on the H100 the sum of 64M float32 took 88 us with
-    # 1024, 89-90.5 with 2048, 2112 or 4224 (the combine 3 us more).
+    # 1024, 89-90.5 with 2048, 2112 or 4224.
     C = 1
     if ctx.is_gpu and R > 4096 and O < 512:
         C = min((R + 2047) // 2048, max(1, 1024 // O), 1024)
@@ -347,15 +354,9 @@ def plan(node, layouts: list, ctx) -> list:
     if C == 1:
         return [("dispatch", src, names[v], (O, 1, 1), consts, [("out",), ("in", 0)])]
     acc = acc_dtype(op, dt)
-    temps = [O * C * acc.itemsize] + ([O * C * 4] if op in _ARG else [])
-    part_bind = [("tmp", 0)] + ([("tmp", 1)] if op in _ARG else []) + [("in", 0)]
-    comb_bind = [("out",), ("tmp", 0)] + ([("tmp", 1)] if op in _ARG else [])
-    return [
-        ("temps", temps),
-        ("dispatch", src, names["p" + v], (O, C, 1), consts, part_bind),
-        ("barrier",),
-        ("dispatch", src, names["combine"], (O, 1, 1), [O, C, R], comb_bind),
-    ]
+    temps = [O * C * acc.itemsize] + ([O * C * 4] if op in _ARG else []) + [ZeroedScratch(O * 4)]
+    part_bind = [("out",), ("tmp", 0)] + ([("tmp", 1)] if op in _ARG else []) + [("in", 0), ("tmp", len(temps) - 1)]
+    return [("temps", temps), ("dispatch", src, names["p" + v], (O, C, 1), consts, part_bind)]
 
 
 _ = compute_np

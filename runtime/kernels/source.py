@@ -93,6 +93,15 @@ def executable(ctx, src: KernelSource) -> hal.Executable:
     return exe
 
 
+class ZeroedScratch(int):
+    """A planner's scratch size (an entry of its "temps") whose buffer must hold zeros before the
+    recording's first submission, and which its commands leave zero again (counters, as a split
+    reduction's tickets). The recording owns it, so the zeros carry over from one submission to
+    the next; see ``lowering/plan.py``."""
+
+    __slots__ = ()
+
+
 def grid_1d(n: int) -> int:
     """Workgroups for a grid-stride loop over n items."""
     return min((n + WORKGROUP - 1) // WORKGROUP, 65535 * 16)

@@ -6,7 +6,8 @@ unified index: the graph's external inputs first, then one buffer per node the e
 (``fresh``: taken at each submission and attached to the node), then scratch (values nothing reads
 after the eval, and kernels' temporaries), then constants bound directly. Scratch is taken at each
 submission (``temps``), or owned by the recording: bound directly for rt.compile's (``fixed``), and
-through the table after the fresh buffers for an eval's up to OWNED_SCRATCH (``tail``). The
+through the table after the fresh buffers for an eval's up to OWNED_SCRATCH (``tail``). Scratch a
+kernel needs zeroed before its first launch and leaves zeroed (``ZeroedScratch``) is always owned. The
 submissions of a context run one after another, so a recording's next submission may write the
 scratch its last one used, as the buffer cache hands a freed buffer to the next submission at once.
 Everything but the scratch bound directly and the constants is bound through the binding table.
@@ -21,6 +22,7 @@ from hal import env
 from ..autodiff import GRAD, expand_noting, resolved
 from ..buffer_cache import bucket_size
 from ..graph import PLACEHOLDER, new_node, root_of
+from ..kernels.source import ZeroedScratch
 from ..shapes import contiguous_strides
 from . import fusion
 
@@ -85,14 +87,20 @@ def plan(ctx: DeviceContext, order: list, externals: list, keep: int | None, own
         index_of_node[i] = k
         p.fresh.append((att, bucket_size(nb), nb))
         k += 1
-    scratch += [(("tmp", id(unit), t), nb) for unit in p.units for t, nb in enumerate(unit.temps)]
+    temps = [(("tmp", id(unit), t), nb) for unit in p.units for t, nb in enumerate(unit.temps)]
+    scratch += [entry for entry in temps if type(entry[1]) is not ZeroedScratch]
     own_tail = not owned and sum(nb for _, nb in scratch) <= OWNED_SCRATCH
-    for what, nb in scratch:
+    # Zeroed scratch last: owned whatever the rest, so its unified indices follow the scratch
+    # taken at each submission, as the table places the owned after it.
+    zeroed = [entry for entry in temps if type(entry[1]) is ZeroedScratch]
+    for what, nb in scratch + zeroed:
         if what[0] == "node":
             index_of_node[what[1]] = k
         else:
             p.temp_index[what[1:]] = k
-        if owned:
+        if type(nb) is ZeroedScratch:
+            (p.fixed if owned else p.tail)[k] = zeroed_buffer(ctx, nb)
+        elif owned:
             p.fixed[k] = ctx.buffers.acquire(nb, host=False)
         elif own_tail:
             p.tail[k] = ctx.buffers.acquire(nb, host=False)
@@ -119,6 +127,13 @@ def plan(ctx: DeviceContext, order: list, externals: list, keep: int | None, own
     p.total = k
     p.table_slots = [s for s in range(k) if s not in p.fixed and s not in p.bound]
     return p
+
+
+def zeroed_buffer(ctx: DeviceContext, nbytes: int) -> tuple:
+    """(buffer, bucket) of at least `nbytes` holding zeros, idle (no submission still uses it)."""
+    buf, bucket = ctx.buffers.acquire(nbytes)
+    ctx.device.write(buf, bytes(nbytes))
+    return buf, bucket
 
 
 def expand_grads(order: list, keep: int | None) -> tuple:

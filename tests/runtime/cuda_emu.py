@@ -28,6 +28,7 @@ from runtime.kernels.cuda_common import COMMON
 GXX = shutil.which("g++")
 
 PRELUDE = r"""
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstring>
@@ -71,6 +72,11 @@ static inline unsigned short f32_to_f16(float f) {
   _Float16 v = (_Float16)f; unsigned short h; std::memcpy(&h, &v, 2); return h;
 }
 template <typename T> static inline T rt_load_once(const T* p) { return *p; }
+template <typename T> static inline T rt_load_l2(const T* p) { return *p; }
+static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  return std::atomic_ref<unsigned>(*p).fetch_add(v);
+}
 """
 
 LAUNCHER = r"""
