@@ -583,6 +583,71 @@ def test_a_recurring_table_runs_an_executable_graph_of_its_own(fake_driver):
         assert cb.updated_nodes == 0
 
 
+def count_binds(monkeypatch, cb) -> list:
+    """The calls of ``cb``'s ``_bind`` (bringing the graph up to date with a table), counted."""
+    calls = []
+    bind = cb._bind
+
+    def counted(table, queue):
+        calls.append(table)
+        return bind(table, queue)
+
+    monkeypatch.setattr(cb, "_bind", counted)
+    return calls
+
+
+def test_prepared_executions_switch_tables_without_binding_again(fake_driver, monkeypatch):
+    """Two executions of one command buffer alternating (a double-buffered step): after each
+    table's first launches, a switch is a look-up of the table by identity, nothing recomputed."""
+    with fake_driver.create_device(indirect_bindings=True) as dev:
+        exe = kernels(dev)
+        bufs = zeroed(dev, 4)
+        cb = alternating_command_buffer(dev, exe)
+        binds = count_binds(monkeypatch, cb)
+        executions = [dev.prepare([cb], [[bufs[0], bufs[1]]]), dev.prepare([cb], [[bufs[2], bufs[3]]])]
+        sem = dev.create_semaphore(0)
+        for i in range(12):
+            executions[i % 2].submit(signal=[(sem, i + 1)])
+        sem.wait(12, timeout=30)
+        assert [words(dev, b)[0] for b in bufs] == [18, 18, 18, 18], "each execution's buffers, 3 adds a run"
+        assert len(binds) == 3, "each table bound at its first launch, the first again when it came back"
+        assert cb.image_uploads == 2 and cb.table_execs_made == 1
+
+
+def test_a_known_table_is_bound_again_once_its_executable_graph_is_gone(fake_driver, monkeypatch):
+    from hal.drivers.gpu import graph_command_buffer
+
+    monkeypatch.setattr(graph_command_buffer, "TABLE_EXECS", 1)
+    with fake_driver.create_device(indirect_bindings=True) as dev:
+        exe = kernels(dev)
+        bufs = zeroed(dev, 6)
+        cb = alternating_command_buffer(dev, exe)
+        binds = count_binds(monkeypatch, cb)
+        launched_stale = []
+        launch = dev.api.graph_launch
+
+        def checked_launch(graph_exec, stream):
+            resources = cb._resources
+            live = [resources.graph_exec] + [t.graph_exec for t in resources.table_execs.values()]
+            if not any(graph_exec is g for g in live):
+                launched_stale.append(graph_exec)
+            return launch(graph_exec, stream)
+
+        monkeypatch.setattr(dev.api, "graph_launch", checked_launch)
+        executions = [dev.prepare([cb], [[bufs[2 * j], bufs[2 * j + 1]]]) for j in range(3)]
+        sem = dev.create_semaphore(0)
+        # 0 and 1 alternate (1 gets the one executable graph of a table's own), then 2 comes twice
+        # and takes it over while 1 is still remembered, then 1 and 0 come back.
+        order = [0, 1, 0, 1, 2, 2, 1, 0, 1, 0]
+        for i, j in enumerate(order):
+            executions[j].submit(signal=[(sem, i + 1)])
+        sem.wait(len(order), timeout=30)
+        runs = [order.count(j) * 3 for j in range(3)]
+        assert [words(dev, b)[0] for b in bufs] == [r for r in runs for _ in (0, 1)], "each run read its own buffers"
+        assert not launched_stale, "no executable graph launched after it was replaced"
+        assert len(binds) > 4, "a table whose executable graph was replaced is bound again"
+
+
 def test_executable_graphs_of_tables_are_bounded_oldest_dropped_first(fake_driver, monkeypatch):
     from hal.drivers.gpu import graph_command_buffer
 

@@ -33,7 +33,9 @@ then reused for every table, two ways:
   its own, instantiated once from the same graph with its indirect dispatches
   pointed at a device table holding that table's image: switching to it is
   launching that executable graph, no copy at all (``TABLE_EXECS`` at most,
-  the oldest dropped first);
+  the oldest dropped first). A prepared execution hands the same table object in
+  at every submission: one switched back to is known by identity
+  (``_launch_known``), its addresses not computed again;
 - node updates (everything else: fills, copies, updates, precompiled kernels):
   each used slot's (address, size) is compared with what the executable graph
   holds and only the nodes reading a changed slot are updated in place
@@ -193,6 +195,11 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         self.table_execs_made = 0
         #: The resolved binding table the graph and the device table were last brought up to date with.
         self._bound_table: Sequence[Binding] | None = None
+        #: id(table) -> (table, its table_execs key or None, the executable graph launched for it, the
+        #: main device table's image addresses then or None), for tables that change nothing but the
+        #: device table: a prepared execution hands its table object in at every submission, so
+        #: switching back to it is a look-up by identity, with no addresses computed again.
+        self._table_launches: dict[int, tuple] = {}
         #: Set when bringing the graph up to date with a table was cut short: it is built again.
         self._damaged = False
         # Indirect bindings: per dispatch using them, (function, first table entry); the table layout.
@@ -616,7 +623,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         if self._streamed is not None:  # (a capture refused at an earlier submission)
             self._streamed.issue(self, queue, table)
             return
-        if table is not self._bound_table:  # the same table as last time: nothing to rebind
+        if table is not self._bound_table and not self._launch_known(table):
             try:
                 self._bind(table, queue)
             except _StreamInstead:
@@ -630,9 +637,45 @@ class GraphCommandBuffer(RecordingCommandBuffer):
                 self._bound_table = None
                 self._damaged = True
                 raise
-            self._bound_table = table
+            self._remember_launch(table)
+        self._bound_table = table
         if self._launch_exec is not None:
             self.device.api.graph_launch(self._launch_exec, queue.stream)
+
+    def _launch_known(self, table: Sequence[Binding] | None) -> bool:
+        """Whether ``table`` is launched as it was last time and nothing it needs changed since: its
+        own executable graph (a recurring table's) is still there, or the main one's device table
+        still holds its image. The next launch then runs that executable graph (``_remember_launch``)."""
+        known = self._table_launches.get(id(table))
+        if known is None or known[0] is not table or self._damaged:
+            return False
+        _, key, graph_exec, image_addresses = known
+        if image_addresses is None:  # its own executable graph: unless replaced, or the graph rebuilt
+            table_exec = self._resources.table_execs.get(key)
+            if table_exec is None or table_exec.graph_exec is not graph_exec:
+                return False
+        elif self._resources.graph_exec is not graph_exec or self._image_addresses is not image_addresses:
+            return False
+        self._launch_exec = graph_exec
+        return True
+
+    def _remember_launch(self, table: Sequence[Binding] | None) -> None:
+        """After ``_bind``: remember how ``table`` is launched where a table changes nothing but the
+        device table (then the executable graph launched and the image it reads say it all)."""
+        if not self._table_execs_allowed:
+            return
+        launch = self._launch_exec
+        if launch is self._resources.graph_exec:
+            known = (table, None, launch, self._image_addresses)
+        else:
+            key = next((k for k, t in self._resources.table_execs.items() if t.graph_exec is launch), None)
+            if key is None:
+                return
+            known = (table, key, launch, None)
+        launches = self._table_launches
+        if id(table) not in launches and len(launches) > TABLE_EXECS:
+            del launches[next(iter(launches))]
+        launches[id(table)] = known
 
     def _bind(self, table: Sequence[Binding] | None, queue) -> None:
         """Bring the graph (or the executable graph launched next) up to date with ``table``."""
