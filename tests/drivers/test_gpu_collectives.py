@@ -676,3 +676,120 @@ def test_only_communicators_wholly_in_this_process_compare_operations():
     finally:
         for d in devices:
             d.close()
+
+
+# -- ranks in other processes, compared with HAL_COLLECTIVE_CHECKS=1 ------------------------------------
+
+@pytest.fixture(params=["stream", "graph"])
+def apart(request, monkeypatch):
+    """Two ranks made as processes of a launcher make theirs (``create_channel``, a thread each),
+    with HAL_COLLECTIVE_CHECKS=1: (driver, devices, channels)."""
+    monkeypatch.setenv("HAL_COLLECTIVE_CHECKS", "1")
+    driver = FakeGpuDriver()
+    devices = [driver.create_device(i, command_buffer=request.param) for i in range(2)]
+    id = hal.create_channel_id(devices[0])
+    made: dict = {}
+    _in_threads(lambda r: made.__setitem__(r, hal.create_channel(devices[r], rank=r, count=2, id=id, timeout=2)))
+    channels = [made[0], made[1]]
+    yield driver, devices, channels
+    for channel in channels:
+        channel.close()
+    for device in devices:
+        device.close()
+
+
+def _in_threads(work) -> None:
+    """``work(rank)`` for ranks 0 and 1 at once, a thread each (as processes would)."""
+    errors: list = []
+
+    def run(r):
+        try:
+            work(r)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    if errors:
+        raise errors[0]
+
+
+def test_checks_compare_the_collectives_of_ranks_in_other_processes(apart):
+    """Each submission's collectives are compared with the other ranks' before they are issued: equal
+    ones run; an all-reduce of another length fails both ranks' submissions, the all-reduces never
+    called, where NCCL would reduce the wrong bytes or wait for ever."""
+    driver, devices, channels = apart
+    assert all(c.checks_matching for c in channels)
+    bufs = [d.allocator.allocate(64) for d in devices]
+    for r, (d, b) in enumerate(zip(devices, bufs)):
+        d.write(b, np.full(16, r + 1, np.float32).tobytes())
+    sems = [d.create_semaphore(0) for d in devices]
+
+    def submit(counts):
+        cbs = _record_each(devices, lambda cb, r: cb.all_reduce(channels[r], bufs[r], bufs[r], counts[r]))
+        calls = driver.nccl.calls.get("all_reduce", 0)  # (a graph command buffer captured them while recording)
+        _in_threads(lambda r: devices[r].queue_execute([cbs[r]], signal=[(sems[r], 1)]))
+        return calls
+
+    submit([4, 4])
+    for r in (0, 1):
+        sems[r].wait(1, timeout=30)
+        assert np.frombuffer(devices[r].read(bufs[r]), np.float32)[:4].tolist() == [3.0] * 4
+    sems = [d.create_semaphore(0) for d in devices]
+    reduces = submit([4, 2])
+    for r in (0, 1):
+        error = _failure(sems[r])
+        assert isinstance(error, hal.CollectiveMismatchError), error
+        assert "HAL_COLLECTIVE_CHECKS" in str(error)
+        assert str(error).startswith(f"INVALID_ARGUMENT: rank {1 - r} submitted other collectives than rank {r}")
+    assert driver.nccl.calls.get("all_reduce", 0) == reduces, "the mismatched all-reduces were never called"
+    assert all(isinstance(c.failure, hal.CollectiveMismatchError) for c in channels)
+    _assert_usable(devices)
+
+
+def test_checks_time_out_where_a_peer_never_compares(apart):
+    """A rank whose peer never submits: its comparison ends at the channel's timeout, its submission
+    fails with DeadlineExceededError, and the device stays usable."""
+    driver, devices, channels = apart
+    buf = devices[0].allocator.allocate(64)
+    cb = devices[0].create_command_buffer()
+    with cb.record():
+        cb.all_reduce(channels[0], buf, buf, 4)
+    sem = devices[0].create_semaphore(0)
+    devices[0].queue_execute([cb], signal=[(sem, 1)])
+    assert isinstance(_failure(sem), hal.DeadlineExceededError)
+    assert isinstance(channels[0].failure, hal.DeadlineExceededError)
+    _assert_usable(devices)
+
+
+def test_checks_leave_sends_and_receives_alone(apart):
+    """A send pairs with the other rank's receive: a submission of nothing else exchanges nothing."""
+    driver, devices, channels = apart
+    bufs = [d.allocator.allocate(64) for d in devices]
+    devices[0].write(bufs[0], np.arange(16, dtype=np.float32).tobytes())
+    gathers = driver.nccl.calls.get("all_gather", 0)
+    sems = [d.create_semaphore(0) for d in devices]
+    cbs = _record_each(devices, lambda cb, r: cb.send(channels[0], bufs[0], 4, peer=1) if r == 0
+                       else cb.recv(channels[1], bufs[1], 4, peer=0))
+    _in_threads(lambda r: devices[r].queue_execute([cbs[r]], signal=[(sems[r], 1)]))
+    for r in (0, 1):
+        sems[r].wait(1, timeout=30)
+    assert np.frombuffer(devices[1].read(bufs[1]), np.float32)[:4].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert driver.nccl.calls.get("all_gather", 0) == gathers
+
+
+def test_a_bad_checks_switch_is_refused_before_a_communicator_is_made(monkeypatch):
+    monkeypatch.setenv("HAL_COLLECTIVE_CHECKS", "fasle")
+    driver = FakeGpuDriver()
+    device = driver.create_device(0)
+    try:
+        inits = driver.nccl.calls.get("ncclCommInitRank", 0)
+        with pytest.raises(hal.InvalidArgumentError, match="HAL_COLLECTIVE_CHECKS='fasle' is not a switch"):
+            hal.create_channel(device, rank=0, count=2, id=hal.create_channel_id(device), timeout=1)
+        assert driver.nccl.calls.get("ncclCommInitRank", 0) == inits
+    finally:
+        device.close()

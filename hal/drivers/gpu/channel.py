@@ -54,6 +54,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hal.channel import Channel, Collective, CollectiveMismatchError, MeetingOrder, meeting_size, mismatch
+from hal.drivers.gpu import exchange
+from hal.drivers.gpu.exchange import Exchanges
 from hal.drivers.gpu.library import LibraryCall
 from hal.errors import DeadlineExceededError, FailedPreconditionError, HalError, InvalidArgumentError
 from hal.log import driver_logger
@@ -301,7 +303,7 @@ _POLL_SLEEPS = (50e-6, 5e-3)
 def copy_of(failure: BaseException) -> BaseException:
     """A new exception like the channel's failure (each submission fails with its own instance)."""
     try:
-        copy = type(failure)(str(failure))
+        copy = type(failure)(failure.message if isinstance(failure, HalError) else str(failure))
     except Exception:
         return failure
     copy.__cause__ = failure.__cause__
@@ -384,9 +386,11 @@ class Meetings:
         #: Meeting key (``MeetingOrder.next``) -> [first rank, its operation, ranks arrived so far].
         self._open: dict[tuple, list] = {}
 
-    def meet(self, rank: int, order: MeetingOrder, ops: Sequence[Collective]) -> CollectiveMismatchError | None:
+    def meet(self, rank: int, order: MeetingOrder, ops: Sequence[Collective], api: Any = None,
+             stream: Any = None) -> CollectiveMismatchError | None:
         """Record ``rank``'s ``ops``, the next of its order (``order``: its keys, taken under this
-        lock); the first that does not match the first rank's at its meeting, as an error."""
+        lock); the first that does not match the first rank's at its meeting, as an error. (``api``
+        and ``stream``, where the submission is issued, serve ``Exchanges``.)"""
         count = self.count
         opened = self._open
         with self._lock:
@@ -404,10 +408,13 @@ class Meetings:
                     del opened[key]
         return None
 
+    def release(self, device: Any) -> None:
+        """(Nothing on the device: see ``Exchanges.release``.)"""
 
-#: What a submission compares per channel: (the channel, its Meetings, its MeetingOrder, its rank, its
-#: collectives of the submission in order).
-MeetingParts = list[tuple["GpuChannel", Meetings, MeetingOrder, int, list[Collective]]]
+
+#: What a submission compares per channel: (the channel, its Meetings or Exchanges, its MeetingOrder, its
+#: rank, its collectives of the submission in order).
+MeetingParts = list[tuple["GpuChannel", "Meetings | Exchanges", MeetingOrder, int, list[Collective]]]
 
 
 def meeting_parts(parts: Sequence[tuple[Channel, Collective]]) -> MeetingParts | None:
@@ -425,14 +432,15 @@ def meeting_parts(parts: Sequence[tuple[Channel, Collective]]) -> MeetingParts |
     return list(by_channel.values()) or None
 
 
-def meet(parts: MeetingParts) -> tuple[GpuChannel, CollectiveMismatchError] | None:
-    """Before issuing (in issue order: under the queue's lock), each collective of a submission meets
-    its peers' (see ``Meetings``): None, or the first mismatch and its channel. Then the submission
-    fails with it, unissued, and the caller breaks the channel's ranks with it once the queue's lock
-    is released (``LocalRanks.break_with`` takes the queues' locks): the ranks issued before are
-    aborted and their submissions fail with it too."""
+def meet(parts: MeetingParts, api: Any, stream: Any) -> tuple[GpuChannel, HalError] | None:
+    """Before issuing on ``stream`` (in issue order: under the queue's lock), each collective of a
+    submission meets its peers' (see ``Meetings``; ``Exchanges`` for peers in other processes): None,
+    or the first mismatch (or an exchange's timeout) and its channel. Then the submission fails with
+    it, unissued, and the caller breaks the channel's ranks with it once the queue's lock is released
+    (``LocalRanks.break_with`` takes the queues' locks): the ranks issued before are aborted and
+    their submissions fail with it too."""
     for channel, meetings, order, rank, ops in parts:
-        error = meetings.meet(rank, order, ops)
+        error = meetings.meet(rank, order, ops, api, stream)
         if error is not None:
             return channel, error
     return None
@@ -485,10 +493,10 @@ class GpuChannel(Channel):
         self.base = comm if base is None else base
         #: The ranks of this communicator this process drives (see LocalRanks).
         self.ranks = LocalRanks() if ranks is None else ranks
-        #: Which meeting each of its collectives is, and where they are compared when every rank is
-        #: in this process (``Meetings``; None otherwise).
+        #: Which meeting each of its collectives is, and where they are compared: ``Meetings`` when
+        #: every rank is in this process, ``Exchanges`` with HAL_COLLECTIVE_CHECKS=1, else None.
         self.order = MeetingOrder(rank)
-        self.meetings: Meetings | None = None
+        self.meetings: Meetings | Exchanges | None = None
         #: The command buffers recording its collectives (a break destroys their captured graphs).
         self.recorders: weakref.WeakSet = weakref.WeakSet()
         self.ranks.members.append(self)
@@ -564,14 +572,17 @@ class GpuChannel(Channel):
         _release_captures(self)
         with COMM_LOCK:
             comms = self._take_comms()
-            if not comms or device.closed:  # (its context is gone with what the communicators had on it)
+            if device.closed:  # (its context is gone with what the communicators had on it)
                 return
-            device.make_current()  # type: ignore[attr-defined]
+            if comms:
+                device.make_current()  # type: ignore[attr-defined]
             for comm in comms:
                 if self.failure is not None:
                     self.library.abort(comm)
                 else:
                     self.library.destroy(comm)
+            if self.meetings is not None:  # (after the communicators: nothing writes its memory now)
+                self.meetings.release(device)
 
 
 def _done(sub: Submission) -> bool:
@@ -688,6 +699,7 @@ class GpuCollectives:
         return channels
 
     def create(self, device: GpuDevice, rank: int, count: int, id: bytes, timeout: float | None) -> Channel:
+        compared = exchange.enabled()  # (a bad value raises before anything is made)
         library = self.library
         connect_at_init()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -698,6 +710,8 @@ class GpuCollectives:
         (channel,) = self._open(library, [device], [comm], deadline, [timeout], [LocalRanks()], what)
         if count == 1:  # (every rank of it is here)
             channel.meetings = Meetings(1)
+        elif compared:
+            channel.meetings = Exchanges(channel)
         return channel
 
     def create_all(self, devices: Sequence[GpuDevice], timeout: float | None) -> list[Channel]:
@@ -776,6 +790,10 @@ class GpuCollectives:
             for made_channel, color in zip(result, colors):
                 if made_channel is not None:
                     made_channel.meetings = new_meetings.setdefault(color, Meetings(made_channel.count))
+        elif all(isinstance(parent.meetings, Exchanges) for parent in gpu_channels):
+            for made_channel in result:
+                if made_channel is not None and made_channel.count > 1:
+                    made_channel.meetings = Exchanges(made_channel)
         return result
 
 

@@ -98,7 +98,7 @@ class GpuQueue:
                     if channels is not None:  # a broken channel's communicator is gone (a graph would replay it)
                         check_channels(channels)
                         if execution.meetings is not None:  # type: ignore[union-attr]
-                            mismatched = meet(execution.meetings)  # type: ignore[union-attr]
+                            mismatched = meet(execution.meetings, api, stream)  # type: ignore[union-attr]
                             if mismatched is not None:
                                 raise copy_of(mismatched[1])
                     timed = device_timing.begin(self) if tracing.ENABLED else None
