@@ -6,11 +6,11 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import numpy as np
 import pytest
+from threads import in_threads
 
 import hal
 from hal import channel_provider
@@ -71,27 +71,10 @@ def _providers(count: int, port: int) -> list[EnvironmentProvider]:
             for rank in range(count)]
 
 
-def _in_threads(functions) -> list:
-    results: list = [None] * len(functions)
-
-    def run(i):
-        try:
-            results[i] = functions[i]()
-        except BaseException as exc:
-            results[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(functions))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    return results
-
-
 def test_rank_0_serves_the_id_to_every_rank_one_exchange_after_another():
     providers = _providers(4, free_port())
     for exchange in range(3):
-        ids = _in_threads([lambda p=p, e=exchange: p.share_id(lambda: f"id-{e}".encode(), 10.0) for p in providers])
+        ids = in_threads([lambda p=p, e=exchange: p.share_id(lambda: f"id-{e}".encode(), 10.0) for p in providers])
         assert ids == [f"id-{exchange}".encode()] * 4
 
 
@@ -102,7 +85,7 @@ def test_ranks_starting_before_rank_0_wait_for_it():
         time.sleep(0.3)
         return providers[0].share_id(lambda: b"late", 10.0)
 
-    ids = _in_threads([late_rank_0, lambda: providers[1].share_id(lambda: b"x", 10.0),
+    ids = in_threads([late_rank_0, lambda: providers[1].share_id(lambda: b"x", 10.0),
                        lambda: providers[2].share_id(lambda: b"x", 10.0)])
     assert ids == [b"late"] * 3
 
@@ -114,7 +97,7 @@ def test_the_exchange_is_bounded_by_the_timeout():
         channel_provider.fetch_id("127.0.0.1", port, 0, time.monotonic() + 0.3)
     with pytest.raises(hal.DeadlineExceededError, match="1 of 2"):
         providers = _providers(3, port)
-        results = _in_threads([lambda: providers[0].share_id(lambda: b"id", 0.5),
+        results = in_threads([lambda: providers[0].share_id(lambda: b"id", 0.5),
                                lambda: providers[1].share_id(lambda: b"x", 0.5)])
         assert results[1] == b"id"
         raise results[0]
@@ -148,12 +131,12 @@ def test_mpi_without_mpi4py_is_unavailable(monkeypatch):
     assert isinstance(resolve("auto", env), EnvironmentProvider)  # falls back to the environment
 
 
-def test_cpu_channels_from_providers_in_threads():
+def test_cpu_channels_from_providersin_threads():
     port = free_port()
     providers = _providers(2, port)
     devices = [hal.create_device("local-task") for _ in range(2)]
     try:
-        channels = _in_threads([lambda r=r: hal.create_channel(devices[r], provider=providers[r], timeout=10)
+        channels = in_threads([lambda r=r: hal.create_channel(devices[r], provider=providers[r], timeout=10)
                                 for r in range(2)])
         assert [(c.rank, c.count) for c in channels] == [(0, 2), (1, 2)]
         bufs = []

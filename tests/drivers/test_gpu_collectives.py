@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from threads import in_threads
 
 import hal
 from hal.drivers.cuda import nccl
@@ -700,22 +701,7 @@ def apart(request, monkeypatch):
 
 def _in_threads(work) -> None:
     """``work(rank)`` for ranks 0 and 1 at once, a thread each (as processes would)."""
-    errors: list = []
-
-    def run(r):
-        try:
-            work(r)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not any(t.is_alive() for t in threads), "a rank hung"
-    if errors:
-        raise errors[0]
+    in_threads([lambda: work(0), lambda: work(1)], reraise=True)
 
 
 def test_checks_compare_the_collectives_of_ranks_in_other_processes(apart):
