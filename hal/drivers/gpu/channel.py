@@ -377,8 +377,9 @@ class Meetings:
     """The operations of one communicator whose every rank this process drives, compared as each
     rank issues them (``meet``): mismatched operations fail every rank with
     ``CollectiveMismatchError`` before the later rank's call is made, where NCCL would wait for
-    ever or reduce the wrong bytes. Ranks in other processes cannot be compared (NCCL cannot
-    tell), so a channel with peers elsewhere has none (``checks_matching`` is False)."""
+    ever or reduce the wrong bytes. A channel with peers in other processes has none: it compares
+    nothing (``checks_matching`` is False), or exchanges digests with them (``Exchanges``, with
+    HAL_COLLECTIVE_CHECKS=1)."""
 
     def __init__(self, count: int) -> None:
         self.count = count
@@ -419,7 +420,8 @@ MeetingParts = list[tuple["GpuChannel", "Meetings | Exchanges", MeetingOrder, in
 
 def meeting_parts(parts: Sequence[tuple[Channel, Collective]]) -> MeetingParts | None:
     """The collectives (each with its channel, in issue order) that ``meet`` compares, by channel:
-    those of channels with peers to compare with (``Meetings`` of two ranks or more); None if none."""
+    those of channels with peers to compare with (``Meetings`` or ``Exchanges`` of two ranks or more);
+    None if none."""
     by_channel: dict[int, tuple] = {}
     for channel, op in parts:
         meetings = getattr(channel, "meetings", None)

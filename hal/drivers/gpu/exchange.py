@@ -29,14 +29,13 @@ import numpy as np
 
 from hal import env
 from hal.channel import Collective, CollectiveMismatchError, MeetingOrder
+from hal.drivers.gpu.event_pool import poll_event
 from hal.errors import DeadlineExceededError, HalError
 
 #: The environment switch that turns the comparison on for the channels made afterwards.
 SWITCH = "HAL_COLLECTIVE_CHECKS"
 #: Bytes each rank contributes: its digest of the submission's collectives, and their number.
 ENTRY = 16
-#: A wait for the exchange polls its event: this long between polls after the first millisecond.
-POLL_SLEEP = 50e-6
 
 
 def enabled() -> bool:
@@ -84,7 +83,7 @@ class Exchanges:
                 channel.library.all_gather(memory, memory + ENTRY, ENTRY, "uint8", channel.comm, stream)
                 api.event_record(event, stream)
                 deadline = None if channel.timeout is None else time.monotonic() + channel.timeout
-                if not _wait(api, event, deadline):
+                if not poll_event(api, event, deadline):
                     return DeadlineExceededError(
                         f"comparing collectives ({SWITCH}): the other ranks of channel rank {rank} of {count} did "
                         "not compare theirs within the channel's timeout")
@@ -107,15 +106,3 @@ class Exchanges:
                 device.api.mem_free(memory)
             except HalError:  # a lost context took it with it
                 pass
-
-
-def _wait(api: Any, event: Any, deadline: float | None) -> bool:
-    """Poll ``event`` until it completes (True) or the deadline passes (False)."""
-    spin_until = time.monotonic() + 1e-3
-    while not api.event_query(event):
-        now = time.monotonic()
-        if deadline is not None and now >= deadline:
-            return False
-        if now >= spin_until:
-            time.sleep(POLL_SLEEP)
-    return True

@@ -29,6 +29,7 @@ from hal import tracing
 from hal.drivers.gpu import device_timing
 from hal.drivers.gpu.channel import check_channels, copy_of, meet
 from hal.drivers.gpu.completion import WAKE_INFLIGHT
+from hal.drivers.gpu.event_pool import poll_event
 from hal.drivers.gpu.status import DeviceLostError
 from hal.errors import AbortedError, FailedPreconditionError, HalError
 
@@ -268,34 +269,3 @@ class GpuQueue:
                 self.api.stream_destroy(stream)
             except Exception:  # close releases what it can; a lost context frees the rest itself
                 pass
-
-
-#: A host wait with a timeout polls its event (event_query, ~1 µs): spinning this long first,
-#: then sleeping between polls, from MIN_POLL_SLEEP doubling up to MAX_POLL_SLEEP.
-SPIN_SECONDS = 100e-6
-MIN_POLL_SLEEP = 20e-6
-MAX_POLL_SLEEP = 1e-3
-
-
-def poll_event(api, event: Any, deadline: float | None) -> bool:
-    """Wait for an event by polling until ``deadline``: True once it completed, False at the deadline.
-
-    Spins for ``SPIN_SECONDS`` (short work completes within a few microseconds), then
-    sleeps between polls with a doubling back-off up to ``MAX_POLL_SLEEP``, so a long
-    wait costs little CPU and a host wait with a timeout needs no other thread.
-    """
-    import time
-
-    now = time.monotonic()
-    spin_until = now + SPIN_SECONDS
-    pause = MIN_POLL_SLEEP
-    while True:
-        if api.event_query(event):
-            return True
-        now = time.monotonic()
-        if deadline is not None and now >= deadline:
-            return False
-        if now >= spin_until:
-            sleep = pause if deadline is None else min(pause, max(deadline - now, 0.0))
-            time.sleep(sleep)
-            pause = min(pause * 2, MAX_POLL_SLEEP)
