@@ -47,7 +47,8 @@ def test_alignment_is_the_largest_power_of_two_dividing_address_and_strides(poin
 
 
 class TimedApi:
-    """The calls ``fastest`` makes, with each candidate's time set by the test."""
+    """The calls ``fastest`` makes, with each candidate's time per run set by the test: the time
+    between two events is that of the graph launched between them (its captured runs)."""
 
     def __init__(self, times: dict) -> None:
         self.times = times
@@ -55,6 +56,32 @@ class TimedApi:
         self.allocated: list[int] = []
         self.freed: list[int] = []
         self.next = 0x10000
+        self.capturing = False
+        self.captured: list[str] = []
+        self.graphs: list[tuple] = []
+        self.destroyed: list[tuple] = []
+        self.since_event: list[tuple] = []
+
+    def stream_begin_capture(self, stream):
+        self.capturing, self.captured = True, []
+
+    def stream_end_capture(self, stream):
+        self.capturing = False
+        graph = ("graph", tuple(self.captured))
+        self.graphs.append(graph)
+        return graph
+
+    def graph_instantiate(self, graph):
+        return ("exec", graph[1])
+
+    def graph_launch(self, graph_exec, stream):
+        self.since_event.append(graph_exec)
+
+    def graph_exec_destroy(self, graph_exec):
+        self.destroyed.append(graph_exec)
+
+    def graph_destroy(self, graph):
+        self.destroyed.append(graph)
 
     def mem_alloc(self, size):
         self.next += 1 << 20
@@ -80,13 +107,13 @@ class TimedApi:
         pass
 
     def event_record(self, event, stream):
-        pass
+        self.launched, self.since_event = self.since_event, []
 
     def event_synchronize(self, event):
         pass
 
     def event_elapsed_ms(self, start, end):
-        return self.times[self.running]
+        return sum(self.times[kind] for _, runs in self.launched for kind in runs)
 
 
 class Backend(gemm.GemmBackend):
@@ -101,9 +128,11 @@ class Backend(gemm.GemmBackend):
         plans = []
         for kind in self.kinds:
             def run(pointers, workspace, size, stream, kind=kind):
-                if kind == "broken":
+                if kind == "broken" or (kind == "uncapturable" and self.api.capturing):
                     raise RuntimeError("this algorithm does not run")
                 self.api.running = kind
+                if self.api.capturing:
+                    self.api.captured.append(kind)
                 self.calls.append((kind, *pointers[:3], workspace))
             plans.append(gemm.Plan(run, 0, [], kind))
         return plans
@@ -122,6 +151,20 @@ def test_the_fastest_candidate_is_kept_and_planned_once_per_shape_and_alignment(
     assert all(call[1] not in (0x100000, 0x400000) for call in tuned), "timed on the caller's operands"
     backend.plan(routine, shape, [0x100004, 0x200000, 0x300000])  # another alignment of C: planned again
     assert backend.made == 2
+
+
+@pytest.mark.parametrize("size,runs", [(256, gemm.TUNE_MAX_RUNS), (1024, 3), (4096, gemm.TUNE_RUNS)])
+def test_candidates_are_timed_by_their_graph_of_runs_and_one_that_cannot_be_captured_is_no_choice(size, runs):
+    """Each candidate is timed as the launch of a graph of its runs (the host's cost per call left
+    out), as many runs as the product's size asks; the graphs are destroyed."""
+    api = TimedApi({"slow": 5.0, "uncapturable": 0.1, "fast": 1.0})
+    backend = Backend(api, ["slow", "uncapturable", "fast"])
+    shape = GemmShape.of(hal.Gemm.constants_for(size, size, size))
+    assert gemm.tune_runs(shape) == runs
+    assert backend.plan(hal.Gemm("float32"), shape, [0x100000, 0x200000, 0x300000]).kind == "fast"
+    assert [graph[1] for graph in api.graphs] == [("slow",) * runs, (), ("fast",) * runs]
+    assert sorted(api.destroyed) == sorted(api.graphs + [("exec", g[1]) for g in api.graphs if g[1]])
+    assert not api.capturing
 
 
 def test_small_products_take_the_first_candidate_untimed():

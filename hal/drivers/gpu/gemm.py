@@ -7,8 +7,8 @@ elements is then per row of D, which is what the libraries' bias epilogues add.
 
 ``GemmBackend`` is the ``LibraryBackend`` of both drivers: it caches one plan per (routine, shape,
 operand alignment) and, where a product offers several candidates (the heuristic's algorithms,
-another library call), times each a few times on scratch operands of the same shape and alignment
-on a private stream and keeps the fastest (``fastest``). A vendor subclass lists the candidates
+another library call), times each on scratch operands of the same shape and alignment, in a graph
+captured on a private stream, and keeps the fastest (``fastest``). A vendor subclass lists the candidates
 (``candidates``) and runs nothing else. A re-issue or a graph re-capture is then one library call.
 """
 
@@ -27,9 +27,12 @@ from hal.library import Gemm, GemmShape, Routine
 OP_N, OP_T = 0, 1
 #: Largest alignment the heuristics distinguish (their default assumption).
 MAX_ALIGNMENT = 256
-#: Products of at least TUNE_FLOPS with several candidates are timed (TUNE_RUNS runs each).
+#: Products of at least TUNE_FLOPS with several candidates are timed: each candidate's graph holds
+#: enough runs for about TUNE_WORK floating-point operations, from TUNE_RUNS to TUNE_MAX_RUNS.
 TUNE_FLOPS = 1 << 24
+TUNE_WORK = 1 << 30
 TUNE_RUNS = 3
+TUNE_MAX_RUNS = 20
 
 #: ``run(pointers, workspace, workspace_size, stream)``: one library call on ``stream``, with the
 #: operand addresses in binding order (C, A, B, then the bias and the aux of the Gemm's epilogue).
@@ -140,9 +143,22 @@ class GemmBackend:
         return candidates[0]
 
 
+def tune_runs(shape: GemmShape) -> int:
+    """How many runs of a candidate one timing holds (more for smaller products)."""
+    flops = 2 * shape.m * shape.n * shape.k * shape.batch
+    return min(TUNE_MAX_RUNS, max(TUNE_RUNS, TUNE_WORK // max(flops, 1)))
+
+
 def fastest(api: Any, gemm: Gemm, shape: GemmShape, aligned: tuple[int, int, int], candidates: list[Plan]) -> int:
-    """The index of the fastest candidate, each timed on scratch operands (never the caller's: work
-    queued before may still read them) of the same shape and alignment, on a private stream."""
+    """The index of the fastest candidate by device time, each timed on scratch operands (never the
+    caller's: work queued before may still read them) of the same shape and alignment.
+
+    A candidate's runs are captured into a graph on a private stream and the graph's launch is
+    timed, not calls issued one after the other: a library call's host cost (about 20 us a call
+    through nvmath on an H100 host) exceeds a small product's kernels (6-7 us for 256^2 float32),
+    and calls back to back timed that cost, picking the candidate with the fewest kernels to launch
+    (cuBLASLt's single kernel, 6.8 us on the device, over its split-K pair, 6.3 us). A candidate that
+    fails to run or to be captured is not a choice (a graph command buffer captures it too)."""
     size = gemm.element_size
     extent_a, extent_b, extent_c = shape.extents()
     workspace = max(plan.workspace_size for plan in candidates)
@@ -162,17 +178,12 @@ def fastest(api: Any, gemm: Gemm, shape: GemmShape, aligned: tuple[int, int, int
         work = scratch[-1]
         stream = api.stream_create()
         events = [api.timing_event_create(), api.timing_event_create()]
+        runs = tune_runs(shape)
         times = []
         for plan in candidates:
             try:
-                plan.run(operands, work, workspace, int(stream))  # warm-up, and a check that it runs
-                api.event_record(events[0], stream)
-                for _ in range(TUNE_RUNS):
-                    plan.run(operands, work, workspace, int(stream))
-                api.event_record(events[1], stream)
-                api.event_synchronize(events[1])
-                times.append(api.event_elapsed_ms(events[0], events[1]))
-            except Exception:  # a candidate that fails to run is not a choice
+                times.append(_graph_time(api, plan, runs, operands, work, workspace, stream, events))
+            except Exception:  # not a choice
                 times.append(float("inf"))
         api.stream_synchronize(stream)
         return int(np.argmin(times))
@@ -183,3 +194,31 @@ def fastest(api: Any, gemm: Gemm, shape: GemmShape, aligned: tuple[int, int, int
             api.stream_destroy(stream)
         for base in scratch:
             api.mem_free(base)
+
+
+def _graph_time(api: Any, plan: Plan, runs: int, operands: list[int], work: int, workspace: int, stream: Any,
+                events: list[Any]) -> float:
+    """Milliseconds of one launch of a graph holding ``runs`` runs of ``plan`` (launched once before:
+    a graph's first launch uploads it)."""
+    plan.run(operands, work, workspace, int(stream))  # a check that it runs, outside a capture
+    api.stream_synchronize(stream)
+    graph = graph_exec = None
+    try:
+        api.stream_begin_capture(stream)
+        try:
+            for _ in range(runs):
+                plan.run(operands, work, workspace, int(stream))
+        finally:
+            graph = api.stream_end_capture(stream)  # (the capture must end on this stream)
+        graph_exec = api.graph_instantiate(graph)
+        api.graph_launch(graph_exec, stream)
+        api.event_record(events[0], stream)
+        api.graph_launch(graph_exec, stream)
+        api.event_record(events[1], stream)
+        api.event_synchronize(events[1])
+        return api.event_elapsed_ms(events[0], events[1])
+    finally:
+        if graph_exec is not None:
+            api.graph_exec_destroy(graph_exec)
+        if graph is not None:
+            api.graph_destroy(graph)
