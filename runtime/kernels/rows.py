@@ -14,9 +14,9 @@ accumulates the reductions over them, then a block-wide step finishes those
 reductions and computes the row members that follow. One workgroup holds RPB
 rows of T threads each. When a row fits (at most E elements a thread), each
 thread keeps its elements of every full value in registers across phases
-("register" mode, one read of the input, every input loaded in the first
-phase); longer rows are streamed again in
-every phase, recomputing what that phase needs ("loop" mode, one kernel still).
+("register" mode: one read of the input, every input loaded in the first
+phase); longer rows are streamed again in every phase, recomputing what that
+phase needs ("loop" mode, one kernel still).
 A group with one stage over few long rows splits each row into C chunks whose
 partial reductions a second `combine` dispatch finishes (the grid would
 otherwise hold too few workgroups to fill the GPU).
@@ -334,7 +334,8 @@ class _Gen:
             first = self._first_phase()
             # Every input the row needs is loaded in the first phase, where its latency overlaps
             # the other loads and the first reduction rather than following the last one (a layer
-            # norm's weights: 1.4% faster on the H100). A chunk of a split row runs one phase only.
+            # norm with its weights loaded so: 0.8-1.4% faster on H100s). A chunk of a split row
+            # runs its first phase only: it loads what that phase reads.
             if self.kind == "main":
                 inputs = set(first) if p == 0 else set()
             else:
