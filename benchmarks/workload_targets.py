@@ -27,6 +27,9 @@ GPU_TARGETS = [
 CPU_TARGETS = [
     ("mlp_step", "runtime_compile", "numpy", 0.8),
 ]
+#: A loop whose host time to issue a call reaches this fraction of its time per iteration measures the
+#: host (the device waits for it, at least at times).
+HOST_BOUND = 0.9
 NAMES = {"runtime": "runtime", "runtime_eager": "eager step", "runtime_compile": "rt.compile step",
          "torch_eager": "PyTorch eager", "torch_compile": "torch.compile", "numpy": "numpy"}
 
@@ -52,6 +55,9 @@ def targets(report: dict) -> list[dict]:
             entry["spread"] = [round(measured["min"], 3), round(measured["max"], 3)]
         agrees = correct(section)
         entry["met"] = measured is not None and measured["median"] >= least and agrees
+        bound = None if on_cpu else host_bound(section, ours)  # (a CPU driver's host is its device)
+        if bound:
+            entry["host_bound"] = bound
         if measured is None:
             entry["note"] = why_missing(section, ours, base)
         elif not agrees:
@@ -64,6 +70,16 @@ def targets(report: dict) -> list[dict]:
                     "case": "mlp_step", "value": 1.0 if check["ok"] else 0.0, "target": "≥ 1",
                     "met": bool(check["ok"])})
     return out
+
+
+def host_bound(section: dict, ours: str) -> str | None:
+    """Why the runtime's loop measured its host rather than the device, or None: its host time to
+    issue one call (``host_s``) is at least HOST_BOUND of its time per iteration."""
+    entry = section.get("contenders", {}).get(ours, {})
+    host, per_call = entry.get("host_s"), entry.get("s", {}).get("median")
+    if not host or not per_call or host < HOST_BOUND * per_call:
+        return None
+    return f"host-bound: {host * 1e6:.1f} us of host time a call against {per_call * 1e6:.1f} us an iteration"
 
 
 def correct(section: dict) -> bool:
@@ -93,7 +109,7 @@ def summary(report: dict) -> list[str]:
         value = "not measured" if t["value"] is None else f"{t['value']}x"
         if t.get("spread"):
             value += f" [{t['spread'][0]}-{t['spread'][1]}]"
-        note = f" ({t['note']})" if t.get("note") else ""
+        note = "".join(f" ({t[key]})" for key in ("note", "host_bound") if t.get(key))
         lines.append(f"    {'met   ' if t['met'] else 'MISSED'} {t['benchmark']}: {value} (target {t['target']}){note}")
     for name, section in report.get("cases", {}).items():
         if "error" in section:

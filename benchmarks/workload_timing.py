@@ -126,6 +126,20 @@ def measure(contenders: dict[str, Contender], rounds: int, batch_s: float, limit
     return samples, errors, grown
 
 
+def host_time(contender: Contender, samples: int = 21) -> float:
+    """Seconds the host spends issuing one iteration with nothing in flight (median of ``samples``).
+    Where it comes near the time an iteration takes in a batch, the batch measures the host's cost
+    per call rather than the device's."""
+    times = []
+    for _ in range(samples):
+        contender.sync()
+        t = time.perf_counter()
+        contender.run(1)
+        times.append(time.perf_counter() - t)
+    contender.sync()
+    return statistics.median(times)
+
+
 def spread(values: list[float]) -> dict:
     ordered = sorted(values)
     return {"median": statistics.median(ordered), "min": ordered[0], "max": ordered[-1]}
@@ -151,7 +165,8 @@ def timed(settings: Settings, contenders: dict[str, Contender], ours: tuple[str,
     TFLOP/s or GB/s, the ratios of every baseline's time over each of ``ours`` (wall clock, and on a
     CPU driver this process's CPU time too), errors, and how many graphs the runtime built while timed (0: its graph
     cache was warm). A ``copy`` contender, moving ``copy_bytes`` (read + write), gives the copy
-    bandwidth that each contender's GB/s is set against."""
+    bandwidth that each contender's GB/s is set against. Each queued contender's ``host_s`` is the
+    host's time to issue one iteration with nothing in flight (``host_time``)."""
     samples, errors, misses = measure(contenders, settings.rounds, settings.batch_s,
                                       counter=lambda: rt.graph_cache_stats(settings.device)["misses"])
     out: dict = {"graph_cache_misses_while_timed": misses}
@@ -162,6 +177,8 @@ def timed(settings: Settings, contenders: dict[str, Contender], ours: tuple[str,
     table = {}
     for name, sample in samples.items():
         entry = {"s": spread(sample["wall"]), "cpu_s": spread(sample["cpu"]), "batch": sample["batch"]}
+        if name != "copy" and not name.endswith("_synced"):
+            entry["host_s"] = host_time(contenders[name])
         if name != "copy":
             entry.update(throughput(entry["s"]["median"], flop, nbytes))
             if copy and "GBps" in entry:

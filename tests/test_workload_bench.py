@@ -110,6 +110,34 @@ def test_gpu_targets_read_from_a_report():
     assert "column_sum_8192x8192/torch_eager: ERROR RuntimeError: boom" in summary
 
 
+def test_a_host_bound_gpu_target_says_so():
+    """A runtime loop whose host time to issue a call reaches 0.9 of its time per iteration is
+    reported host-bound, met or missed; a CPU driver's loops never are (the host is the device)."""
+    def section(host_s, per_call):
+        return {"check": {"ok": True}, "ratios": {"runtime_vs_torch_eager": {"median": 0.6, "min": 0.5, "max": 0.7}},
+                "contenders": {"runtime": {"s": {"median": per_call}, "host_s": host_s}}}
+
+    report = {"device": {"driver": "cuda", "name": "GPU"},
+              "cases": {"matmul_256_float32": section(35e-6, 36e-6), "matmul_4096_float32": section(20e-6, 2.7e-3)}}
+    found = {t["case"]: t for t in workload_targets.targets(report)}
+    assert found["matmul_256_float32"]["host_bound"] == (
+        "host-bound: 35.0 us of host time a call against 36.0 us an iteration")
+    assert "host_bound" not in found["matmul_4096_float32"]
+    report["targets"] = list(found.values())
+    assert "(host-bound: 35.0 us" in "\n".join(workload_targets.summary(report))
+    report["device"]["driver"] = "local-task"
+    report["cases"]["mlp_step"] = {"check": {"ok": True, "against": "numpy"}, "ratios": {
+        "runtime_compile_vs_numpy_cpu_time": {"median": 0.9, "min": 0.9, "max": 0.9}},
+        "contenders": {"runtime_compile": {"s": {"median": 1e-3}, "host_s": 1e-3}}}
+    assert all("host_bound" not in t for t in workload_targets.targets(report))
+
+
+def test_queued_contenders_report_their_host_time(local_report):
+    for case in local_report["cases"].values():
+        for name, entry in case["contenders"].items():
+            assert (entry.get("host_s", 0) > 0) == (name != "copy" and not name.endswith("_synced")), name
+
+
 def test_markdown_table_and_chart(local_report, tmp_path):
     text = workload_table.table(local_report)
     lines = text.splitlines()
