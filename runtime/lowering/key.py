@@ -8,9 +8,10 @@ mask (``live_mask``), it also says which nodes may be read after the eval.
 
 from __future__ import annotations
 
-from itertools import compress
+from collections import Counter
+from itertools import chain, compress
 from itertools import count as counter
-from operator import sub
+from operator import itemgetter, sub
 from sys import getrefcount
 
 from ..graph import PLACEHOLDER
@@ -100,12 +101,32 @@ def collect_key(targets: list, direct: list | None = None) -> tuple[list, tuple,
     views and externals as it meets them (always the same way for the same structure).
     """
     try:
-        walk = _walk_recursive(targets, direct)
+        walk = _walk_recursive(targets)
     except RecursionError:
-        if direct is not None:
-            direct.clear()
-        walk = _walk_iterative(targets, direct)
+        walk = _walk_iterative(targets)
+    if direct is not None:
+        direct_reads(walk.parts, direct)
     return walk.order, (tuple(walk.parts), tuple(walk.views)), walk.externals, walk.viewed
+
+
+_inputs_of_part = itemgetter(4)
+#: Walks of at most this many nodes count their reads by scanning (quadratic, but all in C).
+COUNT_BY_SCAN = 64
+
+
+def direct_reads(parts: list, direct: list) -> None:
+    """Append to `direct`, per node of a walk, how many of its consumers' inputs are the node itself:
+    the int references in the parts' inputs (externals and views are tuples), counted in C."""
+    n = len(parts)
+    if n == 1:  # (one node: nothing in the walk reads it)
+        direct.append(0)
+        return
+    refs = list(chain.from_iterable(map(_inputs_of_part, parts)))
+    if n <= COUNT_BY_SCAN:  # a scan of the references per node, in C, costs less than a Counter's setup
+        direct.extend(map(refs.count, range(n)))
+    else:
+        reads = Counter(refs)
+        direct.extend(map(reads.__getitem__, range(n)))
 
 
 class _Walk:
@@ -148,10 +169,9 @@ class _Walk:
         return src
 
 
-def _walk_recursive(targets: list, direct: list | None) -> _Walk:
+def _walk_recursive(targets: list) -> _Walk:
     walk = _Walk()
     order, parts, refs, externals = walk.order, walk.parts, walk.refs, walk.externals
-    count = direct is not None
 
     def visit(node):
         """Number `node` after every pending node it reads from; its index."""
@@ -174,17 +194,10 @@ def _walk_recursive(targets: list, direct: list | None) -> _Walk:
                     ins.append(ref)
                     continue
                 ref = visit(inp)
-            elif type(ref) is not int:  # an external or a view met before
-                ins.append(ref)
-                continue
             ins.append(ref)
-            if count:
-                direct[ref] += 1
         j = refs[node] = len(order)
         order.append(node)
         parts.append((node.op, node.params, node.shape, node.dtype, tuple(ins)))
-        if count:
-            direct.append(0)
         return j
 
     try:
@@ -199,11 +212,10 @@ def _walk_recursive(targets: list, direct: list | None) -> _Walk:
     return walk
 
 
-def _walk_iterative(targets: list, direct: list | None) -> _Walk:
+def _walk_iterative(targets: list) -> _Walk:
     """_walk_recursive with an explicit stack, for graphs deeper than recursion allows."""
     walk = _Walk()
     order, parts, refs = walk.order, walk.parts, walk.refs
-    count = direct is not None
     stack = [(t, False) for t in reversed(targets)]
     push, pop = stack.append, stack.pop
     while stack:
@@ -224,16 +236,12 @@ def _walk_iterative(targets: list, direct: list | None) -> _Walk:
             r = inp.base
             if r is None:
                 ref = refs[inp] if inp in refs else walk.external(inp)
-                if count and type(ref) is int:
-                    direct[ref] += 1
             else:
                 ref = walk.view(inp, refs[r] if r in refs else walk.external(r))
             ins.append(ref)
         refs[node] = len(order)
         order.append(node)
         parts.append((node.op, node.params, node.shape, node.dtype, tuple(ins)))
-        if count:
-            direct.append(0)
     return walk
 
 

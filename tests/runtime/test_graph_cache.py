@@ -286,25 +286,35 @@ def test_graph_deeper_than_the_recursive_key_walk_is_keyed_iteratively_and_repla
             assert after["hits"] == before["hits"] + 1 and after["misses"] == before["misses"]
 
 
-def test_recursive_and_iterative_key_walks_order_and_count_alike(dev):
+@pytest.mark.parametrize("scan", [True, False])
+def test_recursive_and_iterative_key_walks_order_and_count_alike(dev, monkeypatch, scan):
+    """Both walks number the nodes alike, and their reads counted (by a scan of the references for
+    small walks, by a Counter above COUNT_BY_SCAN) are each node's consumers' direct inputs."""
+    monkeypatch.setattr(key, "COUNT_BY_SCAN", 64 if scan else 1)
     rng = np.random.default_rng(3)
     x = rt.array(rng.standard_normal((4, 3)).astype(np.float32), device=dev)
     w = rt.array(rng.standard_normal(3).astype(np.float32), device=dev)
     z = x @ w
     a = rt.exp(-abs(z))
     b = a + z.reshape((2, 2)).reshape((4,)) * a
-    targets = [b, (a * b).sum()]
+    targets = [b, (a * b).sum(), a * a]  # (a * a: one consumer reading a node twice)
+    walk_r = key._walk_recursive(targets)
+    walk_i = key._walk_iterative(targets)
     direct_r: list = []
     direct_i: list = []
-    walk_r = key._walk_recursive(targets, direct_r)
-    walk_i = key._walk_iterative(targets, direct_i)
+    key.direct_reads(walk_r.parts, direct_r)
+    key.direct_reads(walk_i.parts, direct_i)
     assert [id(n) for n in walk_r.order] == [id(n) for n in walk_i.order]
     assert direct_r == direct_i and walk_r.viewed == walk_i.viewed and len(walk_r.views) == len(walk_i.views)
     assert sorted(map(id, walk_r.externals)) == sorted(map(id, walk_i.externals))
     assert len(walk_r.parts) == len(walk_i.parts) == len(walk_r.order)
     assert direct_r == [sum(inp is n for m in walk_r.order for inp in m.inputs) for n in walk_r.order]
+    assert max(direct_r) >= 2
     del walk_r, walk_i
     assert key.collect_key(targets)[1] == key.collect_key(targets)[1]  # a walk is deterministic
+    single: list = []
+    key.direct_reads(key._walk_recursive([rt.exp(x)]).parts, single)
+    assert single == [0]
 
 
 def test_key_walk_leaves_no_references_to_the_nodes(dev):
