@@ -28,7 +28,9 @@ averages in buckets recorded in the same graph as the backward pass (a bucket's 
 rest of the backward pass), one thread queueing every GPU's step; throughput against the compiled step
 on one GPU, and the first step's parameters against one GPU's step on the whole batch.
 ``mlp_processes``: the same step with a process per GPU (torchrun's layout: no thread drives two
-GPUs), the one-GPU step timed in the same processes.
+GPUs), the one-GPU step timed in the same processes. ``torch_mlp``: PyTorch's data-parallel step of
+the same MLP (``DistributedDataParallel``, a process per GPU) against its one-GPU step, and whether a
+GEMM and an all-reduce run at once on these GPUs at all (``dp_torch.py``).
 
 NCCL_NVLS_ENABLE=0 is set unless given (NVLink multicast off). ``--fake`` runs every HAL path on the
 simulated GPU of the tests (tiny sizes, no baselines): a check that the benchmark itself runs.
@@ -375,12 +377,16 @@ def torch_worker(rank: int, world: int, port: int, sizes: list[int], rounds: int
     dist.destroy_process_group()
 
 
-def torch_rounds(args, gpus: int, sizes: list[int]) -> dict:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def torch_rounds(args, gpus: int, sizes: list[int]) -> dict:
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "torch.json")
         procs = [subprocess.Popen([sys.executable, __file__, "--torch-worker", str(rank), str(gpus), str(port),
@@ -578,6 +584,20 @@ def mlp_data_parallel(args, gpus: int) -> dict:
             group.close()
 
 
+def torch_mlp(args, gpus: int) -> dict:
+    """PyTorch's data-parallel step of the same MLP (DistributedDataParallel) and the GEMM / all-reduce
+    overlap probe, a process per GPU (``dp_torch.py``)."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "torch_mlp.json")
+        procs = [subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "dp_torch.py"), str(rank), str(gpus),
+                                   str(port), str(args.rounds), out]) for rank in range(gpus)]
+        codes = [p.wait(timeout=600) for p in procs]
+        if any(codes) or not Path(out).exists():
+            return {"error": f"PyTorch data-parallel workers exited with {codes}"}
+        return json.loads(Path(out).read_text())
+
+
 # ---- main -------------------------------------------------------------------------------------------------
 def verdicts(report: dict) -> dict:
     """Per layout (one process for every GPU, a process per GPU) and mode, the worst ratios to NCCL
@@ -606,6 +626,8 @@ def verdicts(report: dict) -> dict:
         mlp = report.get(section, {})
         if "speedup" in mlp:
             out[f"{section}_dp_speedup_meets_target"] = mlp["speedup"] >= TARGETS["dp_speedup"]
+            if "speedup" in report.get("torch_mlp", {}):
+                out[f"{section}_dp_speedup_vs_torch_ddp"] = mlp["speedup"] / report["torch_mlp"]["speedup"]
     return out
 
 
@@ -629,14 +651,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sizes", default=None, help="comma-separated bytes (K, M, G suffixes)")
     parser.add_argument("--skip", default="",
-                        help="comma-separated sections to skip: all_reduce, processes, torch, mlp, mlp_processes")
+                        help="comma-separated sections to skip: all_reduce, processes, torch, mlp, mlp_processes, "
+                             "torch_mlp")
     parser.add_argument("--fake", action="store_true", help="the simulated GPU of the tests (a check that it runs)")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     if args.fake:
         gpus = args.gpus or 2
         sizes = FAKE_SIZES
-        skip.update(("torch", "processes", "mlp_processes"))
+        skip.update(("torch", "processes", "mlp_processes", "torch_mlp"))
     else:
         gpus = args.gpus or len(hal.get_driver("cuda").query_devices())
         sizes = SIZES
@@ -660,7 +683,8 @@ def main() -> None:
                               ("processes", lambda: process_rounds(args, gpus, sizes)),
                               ("torch", lambda: torch_rounds(args, gpus, sizes)),
                               ("mlp", lambda: mlp_data_parallel(args, gpus)),
-                              ("mlp_processes", lambda: mlp_processes(args, gpus))):
+                              ("mlp_processes", lambda: mlp_processes(args, gpus)),
+                              ("torch_mlp", lambda: torch_mlp(args, gpus))):
             if name in skip:
                 continue
             started = time.perf_counter()
