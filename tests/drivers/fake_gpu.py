@@ -22,6 +22,8 @@ stream captures) that meets the other ranks' work and computes the result in hos
 the CPU drivers' reference (``hal.drivers.local.channel``); a piece of work whose peers never come
 returns once its communicator is aborted (as NCCL's kernels do: the HAL's watchdog aborts it at the
 channel's timeout) and faults its stream after ``FakeNccl.TIMEOUT`` seconds otherwise.
+``FakeRccl`` (``HAL_FAKE_COLLECTIVES=rccl``) is the same as the HIP driver's RCCL adapter presents
+it: blocking communicators, and splits that must complete within their call, outside any group.
 """
 
 from __future__ import annotations
@@ -718,6 +720,8 @@ class FakeNccl:
     name = "fake NCCL"
     #: Communicators are non-blocking and share resources with their splits, as the HAL makes NCCL's.
     nonblocking = True
+    #: Splits go in groups, their communicators usable once the group completes (as nccl4py's).
+    grouped_splits = True
     #: Seconds a piece of stream work waits for its peers before it faults the stream.
     TIMEOUT = 30.0
     #: Seconds an abort waits for the graphs holding its captured work to go (see ``abort``).
@@ -934,6 +938,40 @@ class FakeNccl:
         self._add(stream, comm, Collective("recv", dtype, count, peer=peer), 0, buffer)
 
 
+class FakeRccl(FakeNccl):
+    """``FakeNccl`` as RCCL is behind hip-python (``hal/drivers/hip/rccl.py``): its communicators are
+    blocking, and a split returns its communicator only when made within the call: it waits there for
+    every rank of the parent, and refuses to be called in a group (where hip-python would drop the
+    communicator made later). Creation still completes at the first ``ready`` after every rank joined."""
+
+    name = "fake RCCL"
+    nonblocking = False
+    grouped_splits = False
+    #: Seconds a split waits for the other ranks before it fails.
+    SPLIT_WAIT = 30.0
+
+    def init_rank(self, count: int, id: bytes, rank: int) -> FakeComm:
+        comm = super().init_rank(count, id, rank)
+        comm.blocking = True
+        return comm
+
+    def split(self, comm: FakeComm, color: int | None, key: int, blocking: bool = False) -> FakeComm | None:
+        if getattr(self._local, "depth", 0):
+            self._count("ncclCommSplit in a group")
+            raise RuntimeError("ncclCommSplit in a group: hip-python drops the communicator it makes later")
+        new = super().split(comm, color, key, blocking=True)
+        deadline = time.monotonic() + self.SPLIT_WAIT
+        while True:
+            with self._lock:
+                if not comm.splitting:
+                    return new
+            if comm.aborted or comm.destroyed:
+                raise RuntimeError("ncclCommSplit of an aborted communicator")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ncclCommSplit: the other ranks did not split within {self.SPLIT_WAIT} s")
+            time.sleep(0.001)
+
+
 class FakeGpuDriver(Driver):
     name = "fake-gpu"
     summary = "the GPU-generic driver over a simulated GPU API (tests only)"
@@ -946,7 +984,8 @@ class FakeGpuDriver(Driver):
         #: Whether its devices run library routines (False: as a GPU whose GEMM library is missing).
         self.libraries = libraries
         #: The simulated NCCL behind the devices' channels (None: as a machine without nccl4py).
-        self.nccl = FakeNccl(self.api) if nccl else None
+        library = FakeRccl if os.environ.get("HAL_FAKE_COLLECTIVES") == "rccl" else FakeNccl
+        self.nccl = library(self.api) if nccl else None
 
     def _probe(self) -> tuple[bool, str | None]:
         return True, None

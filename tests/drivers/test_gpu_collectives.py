@@ -4,10 +4,12 @@ the NCCL (nccl4py) and RCCL (hip-python) adapters over stand-ins of their bindin
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -552,11 +554,98 @@ def test_the_rccl_adapter_checks_hip_python_results():
     bindings.ncclGroupEnd = lambda: (Enum(7),)  # ncclInProgress: under way, not a failure
     lib.group_end()
     states = [7, 0, 3]
-    bindings.ncclCommGetAsyncError = lambda comm: (Enum(0), Enum(states.pop(0)))
+
+    def get_async_error(comm, result):  # (hip-python: the result goes into the caller's memory)
+        result.value = states.pop(0)
+        return (Enum(0),)
+
+    bindings.ncclCommGetAsyncError = get_async_error
     assert lib.ready("comm") is False
     assert lib.ready("comm") is True
     with pytest.raises(hal.InternalError, match="ncclCommGetAsyncError"):
         lib.ready("comm")
+
+
+def test_rccl_splits_are_made_within_their_call():
+    """hip-python returns a split's communicator only when the call made it: a split that reports
+    none for a rank with a color is an error, not a rank left out."""
+    made = []
+    bindings = SimpleNamespace(ncclGetVersion=lambda: (0, 22803),
+                               ncclCommSplit=lambda comm, color, key, config: (0, made.pop(0) if made else None))
+    lib = rccl.Rccl(bindings)
+    assert (lib.nonblocking, lib.grouped_splits) == (False, False)
+    made.append("new")
+    assert lib.split("comm", 0, 1) == "new"
+    assert lib.split("comm", None, 0) is None  # (no color: no communicator for this rank)
+    with pytest.raises(hal.InternalError, match="no communicator"):
+        lib.split("comm", 0, 1)
+
+
+class _RcclWithoutLibrary:
+    """hip-python's real RCCL bindings, but for the version (librccl is not loadable here): every other
+    call converts its arguments by the binding's signature, then fails to open librccl."""
+
+    def __init__(self, module) -> None:
+        self.module = module
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+    @staticmethod
+    def ncclGetVersion():
+        return (0, 22803)
+
+
+def test_the_rccl_adapter_calls_hip_pythons_bindings_by_their_signatures():
+    """Each call the adapter makes passes hip-python's own argument checks (a wrong count or type
+    would be a TypeError before the library is opened): without librccl every call ends in the
+    library's absence, reported as a HAL error naming the call."""
+    module = pytest.importorskip("rocm.bindings.rccl", reason="hip-python's RCCL bindings (hip-python[systems])")
+    try:
+        module.ncclGetVersion()
+        pytest.skip("librccl is loadable here: the calls below would reach RCCL")
+    except RuntimeError:
+        pass
+    lib = rccl.Rccl(_RcclWithoutLibrary(module))
+    assert lib.name == "RCCL 2.28.3"
+    calls = {
+        "ncclGetUniqueId": lambda: lib.new_id(),
+        "ncclCommInitRank": lambda: lib.init_rank(2, bytes(128), 1),
+        "ncclCommGetAsyncError": lambda: lib.ready(None),
+        "ncclCommSplit": lambda: lib.split(None, 0, 1),
+        "ncclCommUserRank": lambda: lib.comm_rank(None),
+        "ncclGroupStart": lib.group_start, "ncclGroupEnd": lib.group_end,
+        "ncclCommDestroy": lambda: lib.destroy(None), "ncclCommAbort": lambda: lib.abort(None),
+        "ncclAllReduce": lambda: lib.all_reduce(1, 2, 3, "bfloat16", "avg", None, 0),
+        "ncclReduceScatter": lambda: lib.reduce_scatter(1, 2, 3, "float32", "sum", None, 0),
+        "ncclReduce": lambda: lib.reduce(1, 2, 3, "int64", "min", 1, None, 0),
+        "ncclAllGather": lambda: lib.all_gather(1, 2, 3, "uint8", None, 0),
+        "ncclBroadcast": lambda: lib.broadcast(1, 2, 3, "float16", 0, None, 0),
+        "ncclSend": lambda: lib.send(1, 3, "uint8", 1, None, 0),
+        "ncclRecv": lambda: lib.recv(1, 3, "uint8", 1, None, 0),
+    }
+    for name, call in calls.items():
+        with pytest.raises(hal.HalError, match=name) as info:
+            call()
+        assert "dlopen" in str(info.value), (name, info.value)
+    with pytest.raises(hal.InvalidArgumentError, match="128 bytes"):
+        lib.init_rank(2, bytes(64), 0)
+
+
+def test_the_collective_suite_with_rccls_split_rules():
+    """The collective conformance suite over a simulated library with RCCL's rules (``FakeRccl``:
+    blocking communicators, each split a call of its own that waits for the other ranks, refused in
+    a group), in both command-buffer modes: the channels split a rank per thread."""
+    root = Path(__file__).resolve().parents[2]
+    for mode in ("stream", "graph"):
+        env = dict(os.environ, HAL_PLUGINS="drivers.fake_gpu", HAL_FAKE_COLLECTIVES="rccl",
+                   PYTHONPATH=f"{root}:{root / 'tests'}")
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                               "tests/cts/test_collectives.py", "--driver", "fake-gpu", "--driver-option",
+                               f"command_buffer={mode}"], capture_output=True, text=True, env=env, cwd=root,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        assert " passed" in proc.stdout and "failed" not in proc.stdout
 
 
 def test_a_channels_second_collective_of_a_level_starts_a_new_group():

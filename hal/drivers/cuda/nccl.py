@@ -99,6 +99,8 @@ class Nccl:
 
     #: Communicators are non-blocking: channels issue on a blocking split (see CollectiveLibrary).
     nonblocking = True
+    #: nccl4py fills in a split's communicator when its group completes.
+    grouped_splits = True
 
     def __init__(self, bindings: Any) -> None:
         self.bindings = b = bindings

@@ -81,6 +81,12 @@ class CollectiveLibrary(Protocol):
     #: with their splits; channels then issue on a blocking split (see the module). False: every
     #: communicator is blocking, and channels issue on theirs.
     nonblocking: bool
+    #: Whether ``split`` may be called between ``group_start`` and ``group_end``, its new communicator
+    #: filled in once the group completes (nccl4py). False: the bindings return a split's communicator
+    #: only from a call that completes it (hip-python's RCCL), so each rank's split is a blocking call of
+    #: its own, outside any group, on a thread of its own where this process splits several ranks
+    #: (``split_each``).
+    grouped_splits: bool
 
     def new_id(self) -> bytes: ...
 
@@ -679,15 +685,8 @@ class GpuCollectives:
         try:
             warm_up(library, devices, bases, positions, deadline, what, abort)
             if library.nonblocking:
-                with COMM_LOCK:
-                    library.group_start()
-                    try:
-                        split = []
-                        for device, base, (rank, _) in zip(devices, bases, positions):
-                            device.make_current()
-                            split.append(library.split(base, 0, rank, blocking=True))
-                    finally:
-                        library.group_end()
+                split = split_each(library, devices, bases, [0] * len(bases), [rank for rank, _ in positions],
+                                   blocking=True)
                 # (a non-blocking split's handles are set once the parents are ready again)
                 poll_ready(library, bases, deadline, lambda: None, f"{what}: its blocking communicators")
                 siblings = split
@@ -747,15 +746,8 @@ class GpuCollectives:
             if not isinstance(channel, GpuChannel) or channel.library is not library:
                 raise InvalidArgumentError("split: the channels belong to different drivers")
         gpu_channels: list[GpuChannel] = list(channels)  # type: ignore[arg-type]
-        comms = []
-        with COMM_LOCK:
-            library.group_start()
-            try:
-                for channel, color, key in zip(gpu_channels, colors, keys):
-                    channel.device.make_current()  # type: ignore[attr-defined]
-                    comms.append(library.split(channel.base, color, key))
-            finally:
-                library.group_end()
+        comms = split_each(library, [channel.device for channel in gpu_channels],  # type: ignore[misc]
+                           [channel.base for channel in gpu_channels], colors, keys)
         # A non-blocking split completes with its parent: the new communicators' handles are set
         # once the parents are ready again (nccl4py fills them in then), so the parents are polled
         # first. A split that does not complete leaves the parents mid-operation: they break.
@@ -797,6 +789,50 @@ class GpuCollectives:
                 if made_channel is not None and made_channel.count > 1:
                     made_channel.meetings = Exchanges(made_channel)
         return result
+
+
+def split_each(library: CollectiveLibrary, devices: Sequence[GpuDevice], parents: Sequence[Any],
+               colors: Sequence[int | None], keys: Sequence[int], blocking: bool = False) -> list[Any]:
+    """Each rank's split of its parent communicator (on its device; None where its color is None),
+    as the library takes them (``grouped_splits``): in one group, or one call per rank, each on a
+    thread of its own when there are several (a blocking split returns once every rank of the parent
+    split, so one thread calling them in turn would wait for itself). COMM_LOCK is held throughout:
+    no abort frees a parent under a split."""
+    with COMM_LOCK:
+        if library.grouped_splits:
+            made = []
+            library.group_start()
+            try:
+                for device, parent, color, key in zip(devices, parents, colors, keys):
+                    device.make_current()
+                    made.append(library.split(parent, color, key, blocking=blocking))
+            finally:
+                library.group_end()
+            return made
+        results: list[Any] = [None] * len(parents)
+        failures: list[BaseException] = []
+
+        def split_one(i: int) -> None:
+            try:
+                devices[i].make_current()
+                results[i] = library.split(parents[i], colors[i], keys[i], blocking=blocking)
+            except BaseException as exc:  # noqa: BLE001 - raised on the calling thread below
+                failures.append(exc)
+
+        if len(parents) == 1:
+            split_one(0)
+        else:
+            threads = [threading.Thread(target=split_one, args=(i,), name=f"hal-split-{i}", daemon=True)
+                       for i in range(len(parents))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        if failures:
+            made = [comm for comm in results if comm is not None]
+            _abort_all(library, made)
+            raise failures[0]
+        return results
 
 
 def connect_at_init() -> None:

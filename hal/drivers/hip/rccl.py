@@ -1,27 +1,35 @@
-"""RCCL behind the HIP driver's channels, through hip-python's bindings (``from hip import rccl``).
+"""RCCL behind the HIP driver's channels, through hip-python's bindings (``from hip import rccl``,
+installed by ``hip-python[systems]``, the ``hip`` extra).
 
 The same ``CollectiveLibrary`` as CUDA's NCCL (``hal/drivers/gpu/channel.py``), with hip-python's
-conventions: each call returns a tuple whose first item is the ``ncclResult_t`` and element types
-and reductions are passed as the bindings' enums (RCCL keeps NCCL's values). ``load()`` imports
-the bindings when the first channel is made; without them, or without ``librccl``, it raises
-``UnavailableError`` saying what to install.
+conventions: each call returns a tuple whose first item is the ``ncclResult_t``; element types and
+reductions are the bindings' enums (RCCL keeps NCCL's values); an output argument is the caller's
+memory (``ncclCommGetAsyncError``'s result: a ``ctypes.c_int`` here); a unique id is its 128 bytes
+viewed as the struct (``ncclUniqueId.fromObj``).
 
-Unlike CUDA's, RCCL's communicators are made blocking (``ncclCommInitRank``; several ranks of one
-process in one group, as ``ncclCommInitAll`` does): hip-python's ``ncclConfig_t`` has not been
-tried on an AMD GPU here, and a config NCCL rejects would leave HIP without channels. So creating
-a HIP channel waits for the other ranks without the channel's timeout; ``ready`` reads
-``ncclCommGetAsyncError`` all the same, and the watchdog's abort of work in flight past the
-timeout works on blocking communicators too.
+Unlike CUDA's, RCCL's communicators are blocking, and every split is a call of its own outside any
+group (``grouped_splits``), because hip-python's ``ncclCommSplit`` returns the new communicator as it
+stands when the call returns: a split that completes later (in a group, or of a non-blocking
+communicator, whatever the new one's config says) writes its handle into memory the binding has let
+go, and the call returns none. A non-blocking communicator could be made (``ncclCommInitRankConfig``
+sets its handle at once), but neither the blocking communicator a channel issues on nor any split
+could be made from it. So creating a HIP channel, and splitting one, waits for the other ranks
+without the channel's timeout; ``ready`` reads ``ncclCommGetAsyncError`` all the same, and the
+watchdog's abort of work in flight past the timeout works on blocking communicators too.
+
+``load()`` imports the bindings when the first channel is made; without them, or without
+``librccl``, it raises ``UnavailableError`` saying what to install.
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from typing import Any
 
 from hal.distribution import install_hint
 from hal.drivers.cuda.nccl import DATA_TYPES, IN_PROGRESS, REDUCTIONS, NcclStatus, async_ready, nccl_error
-from hal.errors import InvalidArgumentError, UnavailableError
+from hal.errors import InternalError, InvalidArgumentError, UnavailableError
 
 
 class Rccl:
@@ -29,6 +37,8 @@ class Rccl:
 
     #: Communicators are blocking (see the module): channels issue on them directly.
     nonblocking = False
+    #: Each split is a call of its own, made before it returns (see the module).
+    grouped_splits = False
 
     def __init__(self, bindings: Any) -> None:
         self.bindings = bindings
@@ -53,27 +63,33 @@ class Rccl:
 
     def new_id(self) -> bytes:
         unique = self._call("ncclGetUniqueId")
-        return bytes(bytearray(unique.internal)) if hasattr(unique, "internal") else bytes(unique)
+        return bytes(unique.internal)
 
     def init_rank(self, count: int, id: bytes, rank: int) -> Any:
-        unique = self.bindings.ncclUniqueId()
-        size = len(unique.internal)
+        size = self.bindings.ncclUniqueId().c_sizeof()
         if len(id) != size:
             raise InvalidArgumentError(f"an RCCL channel id is {size} bytes (hal.create_channel_id), got {len(id)}")
-        unique.internal = list(id)
-        return self._call("ncclCommInitRank", count, unique, rank)
+        # (the id's bytes viewed as the struct; RCCL copies it during the call)
+        unique = self.bindings.ncclUniqueId.fromObj(bytearray(id))
+        comm = self._call("ncclCommInitRank", count, unique, rank)
+        if comm is None:
+            raise InternalError("ncclCommInitRank returned no communicator")
+        return comm
 
     def ready(self, comm: Any) -> bool:
-        try:
-            status = self.bindings.ncclCommGetAsyncError(comm)
-        except Exception as exc:
-            raise nccl_error("ncclCommGetAsyncError", exc) from exc
-        return async_ready(int(status[-1] if isinstance(status, tuple) else status), "ncclResult_t {}".format)
+        state = ctypes.c_int(0)
+        self._call("ncclCommGetAsyncError", comm, state)
+        return async_ready(state.value, "ncclResult_t {}".format)
 
     def split(self, comm: Any, color: int | None, key: int, blocking: bool = False) -> Any:
-        """A blocking communicator, ``blocking`` or not (every RCCL communicator here is)."""
+        """A blocking communicator (every one is here), made before it returns: never call it in a group."""
         new = self._call("ncclCommSplit", comm, -1 if color is None else color, key, None)
-        return new if new else None
+        if color is None:
+            return None
+        if new is None:
+            raise InternalError("ncclCommSplit returned no communicator (a split in a group is made later, "
+                                "and hip-python drops its handle)")
+        return new
 
     def comm_rank(self, comm: Any) -> tuple[int, int]:
         return int(self._call("ncclCommUserRank", comm)), int(self._call("ncclCommCount", comm))
