@@ -90,7 +90,7 @@ class Execution:
         if device.release_epoch != self._epoch:
             self._check_valid()
         waits = [] if wait is _NO_FENCES else check_fences(wait, "wait", device)
-        signals = check_signal_fences(signal, device)
+        signals = [] if signal is _NO_FENCES else check_signal_fences(signal, device)
         with device.submission_gate:
             if device.closed or self._one_shot:  # (under the gate: no close or other submit races it)
                 self._admit()

@@ -78,6 +78,21 @@ def test_submit_waits_signals_and_orders_like_queue_execute(device, adder):
     np.testing.assert_array_equal(_counts(device, buf), np.full(16, 2, np.uint32))
 
 
+@pytest.mark.parametrize("fences", [{}, {"wait": [], "signal": []}, {"wait": (), "signal": ()}, {"signal": None}],
+                         ids=["defaults", "empty lists", "empty tuples", "None"])
+def test_submissions_without_fences_run_in_queue_order(device, adder, fences):
+    """A submission that signals nothing still runs, in order with the ones around it: the next
+    signalled one covers it."""
+    buf = allocate_with(device, bytes(64))
+    execution = device.prepare([adder], [[buf]])
+    for _ in range(3):
+        execution.submit(**fences)
+    sem = device.create_semaphore(0)
+    execution.submit(signal=[(sem, 1)])
+    sem.wait(1, timeout=WAIT_TIMEOUT)
+    np.testing.assert_array_equal(_counts(device, buf), np.full(16, 4, np.uint32))
+
+
 def test_queue_execute_is_prepare_and_one_submit(device, adder):
     buf = allocate_with(device, bytes(64))
     sem = device.create_semaphore(0)
