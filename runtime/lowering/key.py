@@ -9,9 +9,10 @@ mask (``live_mask``), it also says which nodes may be read after the eval.
 from __future__ import annotations
 
 from collections import Counter
-from itertools import chain, compress
+from collections.abc import Iterable
+from itertools import chain, compress, repeat
 from itertools import count as counter
-from operator import itemgetter, sub
+from operator import attrgetter, is_, is_not, itemgetter, sub
 from sys import getrefcount
 
 from ..graph import PLACEHOLDER
@@ -272,9 +273,46 @@ def live_mask(order: list, direct: list, viewed: set) -> int:
     return mask
 
 
+_base_of = attrgetter("base")
+_storage_of = attrgetter("storage")
+_dtype_of = attrgetter("dtype")
+_shape_of = attrgetter("shape")
+
+
+def one_node_key(node) -> tuple | None:
+    """collect_key's (order, key, externals) of the graph of `node` alone, when every input of `node`
+    is an external root (evaluated, or a placeholder) read as itself: an eager single op. None for
+    any other graph (an input pending or read through a view), which the walk keys. The same key as
+    the walk's, built without it, its per-input work in C (no input's truth value or ``==`` is asked:
+    arrays compare elementwise)."""
+    inputs = node.inputs
+    if not all(map(is_, map(_base_of, inputs), repeat(None))):
+        return None
+    if not all(map(is_not, map(_storage_of, inputs), repeat(None))) and \
+            any(inp.storage is None and inp.op != PLACEHOLDER for inp in inputs):
+        return None  # (a pending input; placeholders are external)
+    ids = list(map(id, inputs))
+    if len(set(ids)) == len(ids):
+        externals = list(inputs)
+        slots: Iterable[int] = range(-1, -1 - len(ids), -1)
+    else:  # an input read twice (a + a): one slot, numbered on first sight
+        first = {}
+        for i in ids:
+            first.setdefault(i, len(first))
+        externals = list({id(inp): inp for inp in inputs}.values())
+        slots = [-1 - first[i] for i in ids]
+    ins = tuple(zip(slots, map(_dtype_of, inputs), map(_shape_of, inputs)))
+    return [node], (((node.op, node.params, node.shape, node.dtype, ins),), ()), externals
+
+
 def eval_key(targets: list, live: bool) -> tuple:
     """(order, key, externals, keep) of the pending graph behind `targets`: collect_key's order, key and
-    externals, and with `live` live_mask's bits (else None)."""
+    externals, and with `live` live_mask's bits (else None). One target whose inputs are all external
+    (``one_node_key``) is keyed without the walk; it is live (the list of targets holds it)."""
+    if len(targets) == 1:
+        one = one_node_key(targets[0])
+        if one is not None:
+            return (*one, 1 if live else None)
     if not live:
         order, key, externals, _ = collect_key(targets)
         return order, key, externals, None

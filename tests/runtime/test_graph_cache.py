@@ -317,6 +317,46 @@ def test_recursive_and_iterative_key_walks_order_and_count_alike(dev, monkeypatc
     assert single == [0]
 
 
+def test_a_single_op_is_keyed_as_the_walk_keys_it(dev):
+    """An eager single op (one pending node, every input evaluated or a placeholder, none read through
+    a view) is keyed without the walk (``one_node_key``), to the walk's own order, key, externals and
+    live mask; any other graph is left to the walk."""
+    from runtime.graph import PLACEHOLDER, new_node
+
+    rng = np.random.default_rng(5)
+    x = rt.array(rng.standard_normal((4, 3)).astype(np.float32), device=dev)
+    w = rt.array(rng.standard_normal((3, 2)).astype(np.float32), device=dev)
+    v = rt.array(rng.standard_normal(3).astype(np.float32), device=dev)
+    positive = x > 0
+    rt.eval(x, w, v, positive)
+    traced = new_node(PLACEHOLDER, (), 0, (4, 3), x.dtype, x.ctx)
+    singles = {"product": x @ w, "sum": x.sum(axis=0), "a + a": x + x, "unary": rt.exp(v),
+               "broadcast": x * v, "placeholder": traced * x, "no inputs": rt.zeros((2, 2), device=dev),
+               "concat": rt.concat([v, v, v, v, v, v, v, v, v, v]), "same twice of three": rt.where(positive, x, x),
+               "a pending input": rt.where(x < 0, x, w[:, 0])}
+    for name, node in singles.items():
+        root = node.root
+        fast = key.one_node_key(root)
+        if name == "a pending input":  # (x < 0 is pending, and w is read through a view: the walk's)
+            assert fast is None
+            continue
+        assert fast is not None, name
+        order, walk_key, externals, _ = key.collect_key([root])
+        assert [id(n) for n in fast[0]] == [id(n) for n in order], name
+        assert fast[1] == walk_key, name
+        assert [id(e) for e in fast[2]] == [id(e) for e in externals], name
+        direct: list = []
+        order, _, _, viewed = key.collect_key([root], direct)
+        assert key.eval_key([root], True)[3] == key.live_mask(order, direct, viewed) == 1, name
+        assert key.eval_key([root], False)[3] is None
+    pending = rt.exp(x) + 1.0  # an input pending
+    through_view = x.T @ x  # an input read through a view
+    assert key.one_node_key(pending.root) is None
+    assert key.one_node_key(through_view.root) is None
+    for node in (pending, through_view):
+        assert key.eval_key([node.root], True)[1] == key.collect_key([node.root])[1]
+
+
 def test_key_walk_leaves_no_references_to_the_nodes(dev):
     """The walk's closures must not outlive it: a leftover reference to a node reads as a consumer
     holding it (live_mask), and the node's buffer would be kept."""
