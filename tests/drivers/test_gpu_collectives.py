@@ -206,6 +206,39 @@ def test_a_split_that_fails_breaks_the_channels_it_shares_an_abort_with(monkeypa
             d.close()
 
 
+def test_under_rccls_rules_a_rank_whose_split_fails_does_not_leave_the_others_waiting(monkeypatch):
+    """RCCL's splits are blocking calls, a thread a rank (``split_each``): when one rank's split fails,
+    the others, waiting for it, are ended by breaking the parent channels, and the failure is raised
+    at once rather than after the library's own wait (FakeRccl.SPLIT_WAIT)."""
+    monkeypatch.setenv("HAL_FAKE_COLLECTIVES", "rccl")
+    driver = FakeGpuDriver()
+    assert not driver.nccl.grouped_splits
+    devices = [driver.create_device(i) for i in range(3)]
+    try:
+        channels = hal.create_channels(devices, timeout=10)
+        halves = hal.split_channels(channels, [r % 2 for r in range(3)], [0] * 3)  # (the threaded path)
+        assert [c.count for c in halves] == [2, 1, 2]
+        for c in halves:
+            c.close()
+        split = driver.nccl.split
+
+        def failing(comm, color, key, blocking=False):
+            if comm.rank == 1:
+                raise hal.InternalError("ncclCommSplit: ncclSystemError")
+            return split(comm, color, key, blocking)
+
+        monkeypatch.setattr(driver.nccl, "split", failing)
+        started = time.monotonic()
+        with pytest.raises(hal.InternalError, match="ncclSystemError"):
+            hal.split_channels(channels, [0, 0, 0], [0, 1, 2])
+        assert time.monotonic() - started < driver.nccl.SPLIT_WAIT / 3
+        assert all(isinstance(c.failure, hal.InternalError) for c in channels)
+        _assert_usable(devices)
+    finally:
+        for d in devices:
+            d.close()
+
+
 def _assert_usable(devices) -> None:
     """Each device still writes and reads its memory."""
     for d in devices:

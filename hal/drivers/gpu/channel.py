@@ -686,7 +686,7 @@ class GpuCollectives:
             warm_up(library, devices, bases, positions, deadline, what, abort)
             if library.nonblocking:
                 split = split_each(library, devices, bases, [0] * len(bases), [rank for rank, _ in positions],
-                                   blocking=True)
+                                   lambda exc: abort(), blocking=True)
                 # (a non-blocking split's handles are set once the parents are ready again)
                 poll_ready(library, bases, deadline, lambda: None, f"{what}: its blocking communicators")
                 siblings = split
@@ -746,8 +746,13 @@ class GpuCollectives:
             if not isinstance(channel, GpuChannel) or channel.library is not library:
                 raise InvalidArgumentError("split: the channels belong to different drivers")
         gpu_channels: list[GpuChannel] = list(channels)  # type: ignore[arg-type]
+
+        def break_parents(exc: BaseException) -> None:  # (a split that fails leaves them mid-operation)
+            for channel in gpu_channels:
+                channel.ranks.break_with(exc)
+
         comms = split_each(library, [channel.device for channel in gpu_channels],  # type: ignore[misc]
-                           [channel.base for channel in gpu_channels], colors, keys)
+                           [channel.base for channel in gpu_channels], colors, keys, break_parents)
         # A non-blocking split completes with its parent: the new communicators' handles are set
         # once the parents are ready again (nccl4py fills them in then), so the parents are polled
         # first. A split that does not complete leaves the parents mid-operation: they break.
@@ -791,13 +796,20 @@ class GpuCollectives:
         return result
 
 
+#: How often the thread making a process's splits looks for a rank's failure while it waits for the others.
+_SPLIT_POLL_SECONDS = 0.01
+
+
 def split_each(library: CollectiveLibrary, devices: Sequence[GpuDevice], parents: Sequence[Any],
-               colors: Sequence[int | None], keys: Sequence[int], blocking: bool = False) -> list[Any]:
+               colors: Sequence[int | None], keys: Sequence[int], failed: Callable[[BaseException], None],
+               blocking: bool = False) -> list[Any]:
     """Each rank's split of its parent communicator (on its device; None where its color is None),
     as the library takes them (``grouped_splits``): in one group, or one call per rank, each on a
     thread of its own when there are several (a blocking split returns once every rank of the parent
-    split, so one thread calling them in turn would wait for itself). COMM_LOCK is held throughout:
-    no abort frees a parent under a split."""
+    split, so one thread calling them in turn would wait for itself). A rank's split that fails
+    leaves the others waiting for it: ``failed(exc)`` is called at once (it aborts the parents, which
+    ends their splits), and the first failure is raised once every thread returned. COMM_LOCK is
+    held throughout (it is re-entrant): no abort from elsewhere frees a parent under a split."""
     with COMM_LOCK:
         if library.grouped_splits:
             made = []
@@ -826,8 +838,13 @@ def split_each(library: CollectiveLibrary, devices: Sequence[GpuDevice], parents
                        for i in range(len(parents))]
             for thread in threads:
                 thread.start()
+            told = False
             for thread in threads:
-                thread.join()
+                while thread.is_alive():
+                    if failures and not told:
+                        told = True
+                        failed(failures[0])
+                    thread.join(_SPLIT_POLL_SECONDS)
         if failures:
             made = [comm for comm in results if comm is not None]
             _abort_all(library, made)
