@@ -296,7 +296,7 @@ def one_node_key(node) -> tuple | None:
         externals = list(inputs)
         slots: Iterable[int] = range(-1, -1 - len(ids), -1)
     else:  # an input read twice (a + a): one slot, numbered on first sight
-        first = {}
+        first: dict[int, int] = {}
         for i in ids:
             first.setdefault(i, len(first))
         externals = list({id(inp): inp for inp in inputs}.values())
