@@ -21,8 +21,9 @@ that device's submission runs, one device after another from one thread, where N
 group over every rank. What an ungrouped call can wait for is a connection that a rank issued later
 would complete; the connections made at creation (below) leave nothing to wait for.
 
-Failures: communicators are made non-blocking (NCCL's ``blocking=0`` config), so nothing waits
-for a rank without limit: creating and splitting poll the communicators (``CollectiveLibrary.ready``)
+Failures: NCCL's communicators are made non-blocking (its ``blocking=0`` config; RCCL's through
+hip-python stay blocking, each split a call of its own: ``CollectiveLibrary.grouped_splits``), so
+nothing waits for a rank without limit: creating and splitting poll the communicators (``CollectiveLibrary.ready``)
 up to the channel's timeout, and abort them at the deadline. But NCCL enqueues each group of a
 non-blocking communicator on a thread it starts for it (about 230 us to an 8-byte all-reduce on
 an H200, against 20 us blocking), so a channel issues its collectives on a blocking communicator
