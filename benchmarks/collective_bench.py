@@ -398,19 +398,6 @@ def torch_rounds(args, gpus: int, sizes: list[int]) -> dict:
 
 
 # ---- the data-parallel MLP step ---------------------------------------------------------------------------
-def mlp_data(fake: bool, gpus: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, int]:
-    """The MLP's parameters, the global batch (inputs, targets) and the batch a GPU."""
-    import workload_mlp as mlp
-
-    rng = np.random.default_rng(0)
-    params_np, _, _ = mlp.data(rng, fake)
-    batch = (mlp.QUICK if fake else mlp.FULL)[0]
-    x_all = rng.standard_normal((batch * gpus, params_np[0].shape[0]), dtype=np.float32)
-    mlp.away_from_the_kink(rng, x_all, params_np[0], params_np[1])
-    y_all = rng.standard_normal((batch * gpus, params_np[2].shape[1]), dtype=np.float32)
-    return params_np, x_all, y_all, batch
-
-
 def dp_step_of(group):
     """The compiled data-parallel step of ``group``'s rank: gradients averaged by ``average_gradients``."""
     import workload_mlp as mlp
@@ -432,7 +419,7 @@ def mlp_worker(rank: int, world: int, id: bytes, rounds: int, out: str) -> None:
 
     import runtime as rt
 
-    params_np, x_all, y_all, batch = mlp_data(False, world)
+    params_np, x_all, y_all, batch = mlp.global_batch(False, world)
     device = hal.create_device(f"cuda://{rank}")
     group = rt.distributed.init(device, rank=rank, size=world, id=id)
     try:
@@ -510,7 +497,7 @@ def mlp_data_parallel(args, gpus: int) -> dict:
 
     import runtime as rt
 
-    params_np, x_all, y_all, batch = mlp_data(args.fake, gpus)
+    params_np, x_all, y_all, batch = mlp.global_batch(args.fake, gpus)
     devices = make_devices(args, gpus)
     groups = rt.distributed.groups(devices)
     try:

@@ -33,7 +33,6 @@ OVERLAP_REPEATS = 50
 
 
 def worker(rank: int, world: int, port: int, rounds: int, out: str) -> None:
-    import numpy as np
     import torch
     import torch.distributed as dist
     import workload_mlp as mlp
@@ -44,11 +43,7 @@ def worker(rank: int, world: int, port: int, rounds: int, out: str) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False  # IEEE float32, as the runtime's step
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
     try:
-        rng = np.random.default_rng(0)
-        params_np, _, _ = mlp.data(rng, False)
-        batch = mlp.FULL[0]
-        x_all = rng.standard_normal((batch * world, params_np[0].shape[0]), dtype=np.float32)
-        y_all = rng.standard_normal((batch * world, params_np[2].shape[1]), dtype=np.float32)
+        params_np, x_all, y_all, batch = mlp.global_batch(False, world)
         x = torch.from_numpy(x_all[rank * batch:(rank + 1) * batch]).cuda()
         y = torch.from_numpy(y_all[rank * batch:(rank + 1) * batch]).cuda()
 

@@ -40,6 +40,18 @@ def data(rng: np.random.Generator, quick: bool) -> tuple[list[np.ndarray], np.nd
     return params, x, y
 
 
+def global_batch(quick: bool, parts: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, int]:
+    """The data-parallel benchmarks' data: the MLP's parameters, a global batch (inputs, targets) of
+    ``parts`` batches, and the batch a part (a GPU's)."""
+    rng = np.random.default_rng(0)
+    params, _, _ = data(rng, quick)
+    batch = (QUICK if quick else FULL)[0]
+    x_all = rng.standard_normal((batch * parts, params[0].shape[0]), dtype=np.float32)
+    away_from_the_kink(rng, x_all, params[0], params[1])
+    y_all = rng.standard_normal((batch * parts, params[2].shape[1]), dtype=np.float32)
+    return params, x_all, y_all, batch
+
+
 def away_from_the_kink(rng: np.random.Generator, x: np.ndarray, w1: np.ndarray, b1: np.ndarray) -> None:
     """Redraw the samples (rows of x) with a hidden pre-activation within KINK of 0. There ReLU's
     derivative jumps, and float32 rounding (a few 1e-6 here, different in every GEMM's order of
