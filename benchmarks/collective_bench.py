@@ -325,6 +325,18 @@ def process_worker(rank: int, world: int, ids: list[bytes], sizes: list[int], ro
         close_all(pairs.get("nccl"), opened)
 
 
+def run_ranks(gpus: int, command, what: str) -> dict:
+    """Start a process per rank (``command(rank, out)``: its argv; rank 0 writes its JSON to ``out``),
+    wait for them all and return what rank 0 wrote, or an error naming ``what``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "rank0.json")
+        procs = [subprocess.Popen([sys.executable, *command(rank, out)]) for rank in range(gpus)]
+        codes = [p.wait(timeout=600) for p in procs]
+        if any(codes) or not Path(out).exists():
+            return {"error": f"{what} exited with {codes}"}
+        return json.loads(Path(out).read_text())
+
+
 def process_rounds(args, gpus: int, sizes: list[int]) -> dict:
     """The contenders of ``all_reduce_rounds`` with a process per GPU (as torchrun starts them): HAL
     channels from ``hal.create_channel`` and NCCL from ``comm_init_rank``, each rank timing its own
@@ -332,15 +344,9 @@ def process_rounds(args, gpus: int, sizes: list[int]) -> dict:
     from nccl.bindings import nccl
 
     ids = [bytes(nccl.get_unique_id()) for _ in range(3)]  # (a HAL channel id on CUDA is NCCL's unique id)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "processes.json")
-        procs = [subprocess.Popen([sys.executable, __file__, "--process-worker", str(rank), str(gpus),
-                                   ",".join(i.hex() for i in ids), ",".join(map(str, sizes)), str(args.rounds), out])
-                 for rank in range(gpus)]
-        codes = [p.wait(timeout=600) for p in procs]
-        if any(codes) or not Path(out).exists():
-            return {"error": f"workers exited with {codes}"}
-        return json.loads(Path(out).read_text())
+    return run_ranks(gpus, lambda rank, out: [__file__, "--process-worker", str(rank), str(gpus),
+                                              ",".join(i.hex() for i in ids), ",".join(map(str, sizes)),
+                                              str(args.rounds), out], "workers")
 
 
 # ---- torch.distributed ----------------------------------------------------------------------------------
@@ -387,14 +393,9 @@ def free_port() -> int:
 
 def torch_rounds(args, gpus: int, sizes: list[int]) -> dict:
     port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "torch.json")
-        procs = [subprocess.Popen([sys.executable, __file__, "--torch-worker", str(rank), str(gpus), str(port),
-                                   ",".join(map(str, sizes)), str(args.rounds), out]) for rank in range(gpus)]
-        codes = [p.wait(timeout=600) for p in procs]
-        if any(codes) or not Path(out).exists():
-            return {"error": f"torch.distributed workers exited with {codes}"}
-        return json.loads(Path(out).read_text())
+    return run_ranks(gpus, lambda rank, out: [__file__, "--torch-worker", str(rank), str(gpus), str(port),
+                                              ",".join(map(str, sizes)), str(args.rounds), out],
+                     "torch.distributed workers")
 
 
 # ---- the data-parallel MLP step ---------------------------------------------------------------------------
@@ -481,14 +482,8 @@ def mlp_processes(args, gpus: int) -> dict:
     from nccl.bindings import nccl
 
     id = bytes(nccl.get_unique_id())
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "mlp.json")
-        procs = [subprocess.Popen([sys.executable, __file__, "--mlp-worker", str(rank), str(gpus), id.hex(),
-                                   str(args.rounds), out]) for rank in range(gpus)]
-        codes = [p.wait(timeout=600) for p in procs]
-        if any(codes) or not Path(out).exists():
-            return {"error": f"workers exited with {codes}"}
-        return json.loads(Path(out).read_text())
+    return run_ranks(gpus, lambda rank, out: [__file__, "--mlp-worker", str(rank), str(gpus), id.hex(),
+                                              str(args.rounds), out], "workers")
 
 
 def mlp_data_parallel(args, gpus: int) -> dict:
@@ -575,14 +570,9 @@ def torch_mlp(args, gpus: int) -> dict:
     """PyTorch's data-parallel step of the same MLP (DistributedDataParallel) and the GEMM / all-reduce
     overlap probe, a process per GPU (``dp_torch.py``)."""
     port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = str(Path(tmp) / "torch_mlp.json")
-        procs = [subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "dp_torch.py"), str(rank), str(gpus),
-                                   str(port), str(args.rounds), out]) for rank in range(gpus)]
-        codes = [p.wait(timeout=600) for p in procs]
-        if any(codes) or not Path(out).exists():
-            return {"error": f"PyTorch data-parallel workers exited with {codes}"}
-        return json.loads(Path(out).read_text())
+    script = str(ROOT / "benchmarks" / "dp_torch.py")
+    return run_ranks(gpus, lambda rank, out: [script, str(rank), str(gpus), str(port), str(args.rounds), out],
+                     "PyTorch data-parallel workers")
 
 
 # ---- main -------------------------------------------------------------------------------------------------
