@@ -36,9 +36,12 @@ import gc
 import itertools
 import os
 import queue
+import subprocess
+import sys
 import threading
 import time
 import weakref
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
@@ -1009,6 +1012,19 @@ class FakeGpuDriver(Driver):
                            limits=limits, memory_bytes=1 << 34, memory_pools=True, executables=executables)
         device.collectives = GpuCollectives(device, self._load_nccl)
         return device
+
+
+def run_conformance(paths: list[str], options: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    """The conformance suite's ``paths`` on ``fake-gpu`` with driver ``options``, in a process of its own
+    (registered through HAL_PLUGINS; ``env`` added to this process's environment)."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, HAL_PLUGINS="drivers.fake_gpu", PYTHONPATH=os.pathsep.join([str(root), str(root / "tests")]),
+               **(env or {}))
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *paths,
+            "--driver", "fake-gpu"]
+    for option in options:
+        args += ["--driver-option", option]
+    return subprocess.run(args, capture_output=True, text=True, env=env, cwd=root, timeout=300)
 
 
 @hookimpl

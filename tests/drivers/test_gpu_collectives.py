@@ -4,12 +4,10 @@ the NCCL (nccl4py) and RCCL (hip-python) adapters over stand-ins of their bindin
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,7 +18,7 @@ import hal
 from hal.drivers.cuda import nccl
 from hal.drivers.hip import rccl
 
-from .fake_gpu import FakeGpuDriver
+from .fake_gpu import FakeGpuDriver, run_conformance
 
 Mode = hal.CommandBufferMode
 
@@ -669,14 +667,9 @@ def test_the_collective_suite_with_rccls_split_rules():
     """The collective conformance suite over a simulated library with RCCL's rules (``FakeRccl``:
     blocking communicators, each split a call of its own that waits for the other ranks, refused in
     a group), in both command-buffer modes: the channels split a rank per thread."""
-    root = Path(__file__).resolve().parents[2]
     for mode in ("stream", "graph"):
-        env = dict(os.environ, HAL_PLUGINS="drivers.fake_gpu", HAL_FAKE_COLLECTIVES="rccl",
-                   PYTHONPATH=f"{root}:{root / 'tests'}")
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                               "tests/cts/test_collectives.py", "--driver", "fake-gpu", "--driver-option",
-                               f"command_buffer={mode}"], capture_output=True, text=True, env=env, cwd=root,
-                              timeout=300)
+        proc = run_conformance(["tests/cts/test_collectives.py"], [f"command_buffer={mode}"],
+                               {"HAL_FAKE_COLLECTIVES": "rccl"})
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
         assert " passed" in proc.stdout and "failed" not in proc.stdout
 

@@ -9,9 +9,6 @@ GPU, that a fault ends in failed semaphores rather than a hang.
 from __future__ import annotations
 
 import ctypes
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,6 +20,8 @@ import hal
 from hal.drivers.gpu.graph_command_buffer import EDGE_LIMIT, choose_join
 from hal.drivers.gpu.kernel_args import ArgArena
 from hal.drivers.gpu.status import DeviceLostError
+
+from .fake_gpu import run_conformance
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,13 +77,7 @@ def words(dev, buf) -> list[int]:
     ["command_buffer=graph", "indirect_bindings=true", "barrier_lowering=empty"],
 ], ids=["stream", "graph", "graph-indirect-empty-joins"])
 def test_conformance_suite_on_the_simulated_gpu(options):
-    env = dict(os.environ, HAL_PLUGINS="drivers.fake_gpu",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "tests/cts",
-            "--driver", "fake-gpu", "-k", "not kernel_failure_propagates"]
-    for option in options:
-        args += ["--driver-option", option]
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    proc = run_conformance(["tests/cts", "-k", "not kernel_failure_propagates"], options)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
 
