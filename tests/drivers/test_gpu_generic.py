@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,8 +21,6 @@ from hal.drivers.gpu.kernel_args import ArgArena
 from hal.drivers.gpu.status import DeviceLostError
 
 from .fake_gpu import run_conformance
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_one(workgroups, bindings, constants):
