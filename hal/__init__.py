@@ -19,6 +19,7 @@ from hal.buffer import Buffer
 from hal.channel import (
     Channel,
     CollectiveMismatchError,
+    allocate_symmetric,
     create_channel,
     create_channel_id,
     create_channels,
@@ -124,6 +125,7 @@ __all__ = [
     "Svd",
     "UnavailableError",
     "UnimplementedError",
+    "allocate_symmetric",
     "create_channel",
     "create_channel_id",
     "create_channels",

@@ -19,6 +19,18 @@ Creating channels:
   (``create_channel_id``) and shares it. Every rank of a communicator calls it.
 - ``create_channels(devices)``: one process driving several devices makes every rank at once
   (NCCL's init-all), channel ``i`` on ``devices[i]``.
+- ``channel.split(color, key, max_blocks=)`` / ``split_channels``: a channel of the ranks of one
+  color. ``max_blocks`` caps the thread blocks (SMs) its collectives take on a GPU (NCCL's
+  ``maxCTAs``), so that a collective runs beside compute that fills the rest of the GPU.
+
+Symmetric memory: ``channel.allocate_symmetric(size)`` (``allocate_symmetric(channels, size)`` for
+several ranks of this process) is a collective allocation: every rank allocates ``size`` bytes, in
+the same order, and the library registers the memory of all ranks together (NCCL's
+``ncclMemAlloc`` and ``ncclCommWindowRegister``). A collective whose operands all lie in such
+buffers may then run the library's symmetric-memory kernels: lower latency, and few SMs (with
+``max_blocks``, a bandwidth-bound all-reduce overlaps a GEMM that a plain one only waits behind).
+The buffers are ordinary device buffers otherwise (dispatches, copies, any channel's collectives);
+``channel.symmetric_memory`` says whether the driver registers them (False: plain allocations).
 
 Operations and their operands (``count`` elements of ``dtype``; ``n`` ranks; ``r`` this rank):
 
@@ -73,6 +85,7 @@ from hal.errors import (
 from hal.pickling import not_picklable
 
 if TYPE_CHECKING:
+    from hal.buffer import Buffer
     from hal.device import Device
 
 #: The collective operations, in the order of the table above.
@@ -90,6 +103,8 @@ REDUCIBLE = frozenset({"int8", "uint8", "int32", "uint32", "int64", "uint64", "f
 AVERAGEABLE = frozenset({"float16", "bfloat16", "float32", "float64"})
 #: Seconds a rank waits for the others (channel creation, each collective) unless told otherwise.
 DEFAULT_TIMEOUT = 300.0
+#: The largest block cap a channel takes (NCCL's most channels a collective runs on).
+MAX_BLOCKS = 64
 
 
 class CollectiveMismatchError(InvalidArgumentError):
@@ -295,12 +310,19 @@ class Channel:
     #: channel; GPU channels whose every rank this process drives).
     checks_matching: bool = False
 
-    def __init__(self, device: Device, rank: int, count: int, timeout: float | None) -> None:
+    #: Whether ``allocate_symmetric`` gives memory the library registers with the communicator
+    #: (False: ordinary device buffers, which the collectives take all the same).
+    symmetric_memory: bool = False
+
+    def __init__(self, device: Device, rank: int, count: int, timeout: float | None,
+                 max_blocks: int | None = None) -> None:
         self.device = device
         self.rank = rank
         self.count = count
         #: Seconds a rank waits for the others in a collective (None: without limit).
         self.timeout = timeout
+        #: The most thread blocks a collective of this channel runs on a GPU (None: the library's choice).
+        self.max_blocks = max_blocks
         self.closed = False
         #: Why the channel broke (a timeout, an abort, mismatched operations), or None.
         self.failure: BaseException | None = None
@@ -323,11 +345,18 @@ class Channel:
                 self.failure = cause
 
     # -- operations ---------------------------------------------------------------------
-    def split(self, color: int | None, key: int = 0) -> Channel | None:
+    def split(self, color: int | None, key: int = 0, *, max_blocks: int | None = None) -> Channel | None:
         """A new channel of the ranks passing the same ``color``, ordered by ``key`` then rank (None
         for ``color=None``: this rank joins no channel). Every rank of the channel calls it (one
-        process driving several ranks: ``split_channels``)."""
-        return split_channels([self], [color], [key])[0]
+        process driving several ranks: ``split_channels``). ``max_blocks``: the most thread blocks
+        its collectives take on a GPU (see the module); every rank passes the same."""
+        return split_channels([self], [color], [key], max_blocks=max_blocks)[0]
+
+    def allocate_symmetric(self, size: int) -> Buffer:
+        """``size`` bytes of device memory registered with the communicator (see the module): a
+        collective call, every rank with the same size, in the same order (one process driving
+        several ranks: ``hal.allocate_symmetric``). Release it as any buffer."""
+        return allocate_symmetric([self], size)[0]
 
     def abort(self) -> None:
         """Fail every collective in flight or to come on this channel and its peers' (from any thread);
@@ -384,8 +413,13 @@ class ChannelFactory(Protocol):
     def create_all(self, devices: Sequence[Device], timeout: float | None) -> list[Channel]:
         """One channel per device, rank ``i`` on ``devices[i]`` (one process driving them all)."""
 
-    def split(self, channels: Sequence[Channel], colors: Sequence[int | None], keys: Sequence[int]) -> list:
-        """Split each of ``channels`` (ranks of one communicator driven by this thread)."""
+    def split(self, channels: Sequence[Channel], colors: Sequence[int | None], keys: Sequence[int],
+              max_blocks: int | None = None) -> list:
+        """Split each of ``channels`` (ranks of one communicator driven by this thread); the new
+        channels' collectives take at most ``max_blocks`` thread blocks where the device has them."""
+
+    # (optional) allocate_symmetric(channels, size) -> list[Buffer]: each rank's buffer of ``size``
+    # bytes registered with the communicator (see the module); without it, ordinary allocations.
 
 
 def factory_of(device: object) -> ChannelFactory:
@@ -473,10 +507,45 @@ def create_channels(devices: Sequence[Device], *, timeout: float | None = DEFAUL
     return factories[0].create_all(devices, check_timeout(timeout))
 
 
+def check_max_blocks(max_blocks: object) -> int | None:
+    """A channel's block cap: None, or an int from 1 to MAX_BLOCKS."""
+    if max_blocks is None:
+        return None
+    return check_int(max_blocks, "max_blocks", minimum=1, maximum=MAX_BLOCKS)
+
+
+def _check_channels(channels: Sequence[Channel], what: str) -> list[Channel]:
+    """``channels`` as a list of usable hal.Channel objects (at least one)."""
+    channels = list(check_sequence(channels, "channels", "hal.Channel"))
+    if not channels:
+        raise InvalidArgumentError(f"{what} needs at least one channel")
+    for channel in channels:
+        if not isinstance(channel, Channel):
+            raise InvalidArgumentError(f"{what} takes hal.Channel objects, got {type(channel).__name__}")
+        channel.check_usable(what)
+    return channels
+
+
+def allocate_symmetric(channels: Sequence[Channel], size: int) -> list[Buffer]:
+    """``Channel.allocate_symmetric`` for several ranks of one communicator driven by this thread
+    (registered together, as NCCL requires): a buffer of ``size`` bytes per channel, on its device."""
+    size = check_int(size, "symmetric allocation size", minimum=0)
+    channels = _check_channels(channels, "allocate_symmetric")
+    devices = [channel.device for channel in channels]
+    if len({id(device) for device in devices}) != len(devices):
+        raise InvalidArgumentError("allocate_symmetric: two of the channels are on one device")
+    factory = factory_of(devices[0])
+    allocate = getattr(factory, "allocate_symmetric", None)
+    if allocate is None:
+        return [device.allocator.allocate(size) for device in devices]
+    return allocate(channels, size)
+
+
 def split_channels(channels: Sequence[Channel], colors: Sequence[int | None],
-                   keys: Sequence[int] | None = None) -> list[Channel | None]:
+                   keys: Sequence[int] | None = None, *, max_blocks: int | None = None) -> list[Channel | None]:
     """``Channel.split`` for several ranks of one communicator driven by this thread (grouped as
     NCCL requires): rank ``channels[i]`` joins the channel of color ``colors[i]`` (None: none)."""
+    max_blocks = check_max_blocks(max_blocks)
     channels = list(check_sequence(channels, "channels", "hal.Channel"))
     colors = list(check_sequence(colors, "split colors", "ints or None"))
     keys = [0] * len(channels) if keys is None else list(check_sequence(keys, "split keys", "ints"))
@@ -491,4 +560,4 @@ def split_channels(channels: Sequence[Channel], colors: Sequence[int | None],
     colors = [None if c is None else check_int(c, "split color") for c in colors]
     keys = [check_int(k, "split key", minimum=-(1 << 31), maximum=(1 << 31) - 1) for k in keys]
     factory = factory_of(channels[0].device)
-    return factory.split(channels, colors, keys)
+    return factory.split(channels, colors, keys, max_blocks)

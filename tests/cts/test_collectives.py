@@ -515,6 +515,106 @@ def test_split_channels_into_colors(make_ranks):
         child.close()
 
 
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_symmetric_buffers_serve_collectives_and_every_other_command(make_ranks, n):
+    ranks = make_ranks(n)
+    count = 1000  # (not a multiple of any vector width)
+    nbytes = 4 * count
+    sends = hal.allocate_symmetric(ranks.channels, nbytes)
+    recvs = hal.allocate_symmetric(ranks.channels, nbytes)
+    plain = ranks.buffers(nbytes)
+    assert [b.size for b in sends + recvs] == [nbytes] * 2 * n
+    assert all(b.memory_type & hal.MemoryType.DEVICE_LOCAL for b in sends + recvs)
+    values = [_values(r, count, "float32") for r in range(n)]
+    for device, buf, v in zip(ranks.devices, sends, values):
+        device.write(buf, to_storage(v, "float32"))
+
+    def body(cb, rank, channel):
+        cb.all_reduce(channel, sends[rank], recvs[rank], count)  # out of place, both symmetric
+        cb.execution_barrier()
+        cb.all_reduce(channel, recvs[rank], recvs[rank], count, reduction="max")  # in place
+        cb.execution_barrier()
+        cb.copy_buffer((recvs[rank], 0, nbytes), (plain[rank], 0, nbytes))
+        cb.fill_buffer((sends[rank], 0, 8), 0x04030201, 4)
+
+    ranks.run(body)
+    total = _reduce(values, "sum", "float32")
+    for got in ranks.read(recvs, "float32") + ranks.read(plain, "float32"):
+        _check(got, total, "float32")
+    for raw in (d.read(b, 0, 8) for d, b in zip(ranks.devices, sends)):
+        assert raw == b"\x01\x02\x03\x04" * 2
+    for buf in sends + recvs:
+        buf.release()
+    ranks.run(lambda cb, rank, channel: cb.all_reduce(channel, plain[rank], plain[rank], count))
+    for got in ranks.read(plain, "float32"):
+        _check(got, total * n, "float32")
+
+
+def test_a_channel_allocates_its_own_symmetric_buffer(make_ranks):
+    ranks = make_ranks(1)
+    channel = ranks.channels[0]
+    assert isinstance(channel.symmetric_memory, bool)
+    buf = channel.allocate_symmetric(64)
+    empty = channel.allocate_symmetric(0)
+    assert (buf.size, empty.size) == (64, 0)
+    ranks.devices[0].write(buf, bytes(range(64)))
+    ranks.run(lambda cb, rank, ch: cb.all_reduce(ch, buf, buf, 16, "int32"))
+    assert ranks.devices[0].read(buf) == bytes(range(64))
+    buf.release()
+    empty.release()
+
+
+@pytest.mark.parametrize("size", [-1, 1.5, True, "8", None, np.float32(8)])
+def test_hostile_symmetric_sizes_are_refused(make_ranks, size):
+    ranks = make_ranks(2)
+    with pytest.raises(hal.InvalidArgumentError):
+        hal.allocate_symmetric(ranks.channels, size)
+    with pytest.raises(hal.InvalidArgumentError):
+        ranks.channels[0].allocate_symmetric(size)
+    bufs = ranks.buffers(4)
+    ranks.run(lambda cb, rank, ch: cb.all_reduce(ch, bufs[rank], bufs[rank], 1))  # the channels stay usable
+
+
+def test_symmetric_allocation_refuses_odd_channel_lists_and_closed_channels(make_ranks):
+    ranks = make_ranks(2)
+    for channels in ([], [ranks.channels[0], ranks.channels[0]], ["channel"], ranks.channels[0]):
+        with pytest.raises(hal.InvalidArgumentError):
+            hal.allocate_symmetric(channels, 8)
+    fresh = make_ranks(1, fresh=True)
+    fresh.channels[0].close()
+    with pytest.raises(hal.FailedPreconditionError, match="closed"):
+        fresh.channels[0].allocate_symmetric(8)
+    assert hal.allocate_symmetric(ranks.channels, np.int64(8))[0].size == 8
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_a_split_with_a_block_cap_runs_its_collectives(make_ranks, n):
+    ranks = make_ranks(n)
+    capped = hal.split_channels(ranks.channels, [0] * n, max_blocks=np.int32(2))
+    assert [(c.rank, c.count, c.max_blocks) for c in capped] == [(r, n, 2) for r in range(n)]
+    assert all(c.max_blocks is None for c in ranks.channels)
+    bufs = ranks.buffers(16, lambda r: to_storage(_values(r, 4, "float32"), "float32"))
+    ranks.run(lambda cb, rank, ch: cb.all_reduce(capped[rank], bufs[rank], bufs[rank], 4))
+    total = _reduce([_values(r, 4, "float32") for r in range(n)], "sum", "float32")
+    for got in ranks.read(bufs, "float32"):
+        _check(got, total, "float32")
+    for channel in capped:
+        channel.close()
+
+
+@pytest.mark.parametrize("max_blocks", [0, -1, 65, True, 2.0, "4", np.float64(2)])
+def test_hostile_block_caps_are_refused_before_any_split(make_ranks, max_blocks):
+    ranks = make_ranks(2)
+    with pytest.raises(hal.InvalidArgumentError, match="max_blocks"):
+        hal.split_channels(ranks.channels, [0, 0], max_blocks=max_blocks)
+    with pytest.raises(hal.InvalidArgumentError, match="max_blocks"):
+        ranks.channels[0].split(0, max_blocks=max_blocks)
+    children = hal.split_channels(ranks.channels, [0, 0])  # nothing was split: the next split pairs up
+    assert [(c.rank, c.count) for c in children] == [(0, 2), (1, 2)]
+    for child in children:
+        child.close()
+
+
 # -- hostile arguments: refused with typed errors while recording ---------------------------------------
 def _recording(ranks: Ranks, rank: int = 0) -> hal.CommandBuffer:
     cb = ranks.devices[rank].create_command_buffer()

@@ -712,6 +712,10 @@ class FakeComm:
         self.members: list | None = None
         #: The persistent plans of its captured collectives that graphs still hold.
         self.plans: weakref.WeakSet = weakref.WeakSet()
+        #: Its block cap (a split's ``max_blocks``), and its registered windows: address -> size.
+        self.max_blocks: int | None = None
+        self.windows: dict[int, int] = {}
+        self.registrations = itertools.count()
 
 
 _FAKE_DTYPES = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16"}
@@ -729,6 +733,8 @@ class FakeNccl:
     TIMEOUT = 30.0
     #: Seconds an abort waits for the graphs holding its captured work to go (see ``abort``).
     PLAN_WAIT = 2.0
+    #: Symmetric memory windows (NCCL 2.27's): registration waits for every rank and compares sizes.
+    symmetric = True
 
     def __init__(self, api: FakeGpuApi) -> None:
         self.api = api
@@ -736,6 +742,9 @@ class FakeNccl:
         self._groups: dict[bytes, tuple[Group, list[FakeComm | None]]] = {}
         self._local = threading.local()
         self._splits: dict[tuple[int, int], dict[int, tuple[int | None, int, FakeComm, FakeComm]]] = {}
+        #: (id(group), registration number) -> {rank: size} of the windows registered so far.
+        self._registrations: dict[tuple[int, int], dict[int, int]] = {}
+        self._registered = threading.Condition(self._lock)
         #: Calls by name, and the operations of each group_end (what the tests look at).
         self.calls: dict[str, int] = {}
         self.groups: list[list[str]] = []
@@ -769,13 +778,15 @@ class FakeNccl:
                 return all(m is not None for m in comm.members)
             return comm.group is not None  # made by a split: every rank split
 
-    def split(self, comm: FakeComm, color: int | None, key: int, blocking: bool = False) -> FakeComm | None:
+    def split(self, comm: FakeComm, color: int | None, key: int, blocking: bool = False,
+              max_blocks: int | None = None) -> FakeComm | None:
         """A non-blocking split (of a blocking communicator if ``blocking``) sharing the parent's
         resources: the new communicators are ``ready`` once every rank split."""
         self._count("ncclCommSplit")
         if comm.destroyed or comm.aborted:
             raise RuntimeError("a destroyed or aborted communicator")
         new = FakeComm(blocking=blocking, family=comm.family)
+        new.max_blocks = max_blocks
         with self._lock:
             number = next(comm.splits)
             entries = self._splits.setdefault((id(comm.group), number), {})
@@ -835,6 +846,59 @@ class FakeNccl:
                                     "(NCCL waits for them)")
             time.sleep(0.01)
 
+    # -- symmetric memory ------------------------------------------------------------------------
+    def mem_alloc(self, size: int) -> int:
+        self._count("ncclMemAlloc")
+        return self.api.mem_alloc(size)
+
+    def mem_free(self, ptr: int) -> None:
+        self._count("ncclMemFree")
+        self.api.mem_free(ptr)
+
+    def window_register(self, comm: FakeComm, ptr: int, size: int) -> tuple[FakeComm, int]:
+        """A collective registration: complete once every rank of the communicator registered its
+        window of this number (at group_end in a group), sizes compared; the window is (comm, ptr)."""
+        self._count("ncclCommWindowRegister")
+        if comm.destroyed or comm.aborted or comm.group is None:
+            raise RuntimeError("ncclCommWindowRegister on a destroyed or aborted communicator")
+        key = (id(comm.group), next(comm.registrations))
+        with self._registered:
+            self._registrations.setdefault(key, {})[comm.rank] = size
+            self._registered.notify_all()
+        if getattr(self._local, "depth", 0):
+            self._local.registering.append((key, comm, ptr, size))
+        else:
+            self._complete_registration(key, comm, ptr, size)
+        return comm, ptr
+
+    def _complete_registration(self, key: tuple[int, int], comm: FakeComm, ptr: int, size: int) -> None:
+        deadline = time.monotonic() + self.TIMEOUT
+        with self._registered:
+            entries = self._registrations[key]
+            while len(entries) < comm.count:
+                if comm.aborted:
+                    raise RuntimeError("ncclCommWindowRegister: the communicator was aborted")
+                if time.monotonic() > deadline:
+                    raise RuntimeError("ncclCommWindowRegister: the other ranks did not register")
+                self._registered.wait(0.01)
+            sizes = set(entries.values())
+        if len(sizes) > 1:
+            raise InvalidArgumentError(f"ncclCommWindowRegister: the ranks registered windows of {sorted(sizes)} bytes")
+        comm.windows[ptr] = size
+
+    def window_deregister(self, comm: FakeComm, window: tuple[FakeComm, int]) -> None:
+        self._count("ncclCommWindowDeregister")
+        if window[0] is not comm or window[1] not in comm.windows:
+            raise RuntimeError("ncclCommWindowDeregister of a window this communicator does not hold")
+        del comm.windows[window[1]]
+
+    def _in_windows(self, comm: FakeComm, op: Collective, send: int, recv: int) -> bool:
+        """Whether every operand of ``op`` lies in a window of ``comm`` (NCCL's symmetric kernels)."""
+        size, count = op.element_size, comm.count
+        spans = [(send, op.send_elements(comm.rank, count) * size), (recv, op.recv_elements(comm.rank, count) * size)]
+        return all(any(base <= ptr and ptr + n <= base + length for base, length in comm.windows.items())
+                   for ptr, n in spans if n)
+
     # -- groups --------------------------------------------------------------------------------------
     def group_start(self) -> None:
         self._count("ncclGroupStart")
@@ -842,6 +906,7 @@ class FakeNccl:
         local.depth = getattr(local, "depth", 0) + 1
         if local.depth == 1:
             local.pending = []
+            local.registering = []
 
     def group_end(self) -> None:
         self._count("ncclGroupEnd")
@@ -849,6 +914,9 @@ class FakeNccl:
         local.depth -= 1
         if local.depth:
             return
+        registering, local.registering = local.registering, []
+        for registration in registering:
+            self._complete_registration(*registration)
         pending, local.pending = local.pending, []
         if not pending:  # (a group of communicator inits or splits)
             return
@@ -874,6 +942,8 @@ class FakeNccl:
         if op.dtype not in _FAKE_DTYPES:
             raise InvalidArgumentError(f"NCCL has no {op.dtype}")
         self._count(op.kind)
+        if comm.windows and self._in_windows(comm, op, send, recv):
+            self._count(f"symmetric {op.kind}")
         if getattr(self._local, "depth", 0):
             self._local.pending.append((stream, comm, op, send, recv))
         else:
@@ -950,6 +1020,7 @@ class FakeRccl(FakeNccl):
     name = "fake RCCL"
     nonblocking = False
     grouped_splits = False
+    symmetric = False
     #: Seconds a split waits for the other ranks before it fails.
     SPLIT_WAIT = 30.0
 
@@ -958,11 +1029,12 @@ class FakeRccl(FakeNccl):
         comm.blocking = True
         return comm
 
-    def split(self, comm: FakeComm, color: int | None, key: int, blocking: bool = False) -> FakeComm | None:
+    def split(self, comm: FakeComm, color: int | None, key: int, blocking: bool = False,
+              max_blocks: int | None = None) -> FakeComm | None:
         if getattr(self._local, "depth", 0):
             self._count("ncclCommSplit in a group")
             raise RuntimeError("ncclCommSplit in a group: hip-python drops the communicator it makes later")
-        new = super().split(comm, color, key, blocking=True)
+        new = super().split(comm, color, key, blocking=True)  # (no config through hip-python: no block cap)
         deadline = time.monotonic() + self.SPLIT_WAIT
         while True:
             with self._lock:

@@ -220,10 +220,10 @@ def test_under_rccls_rules_a_rank_whose_split_fails_does_not_leave_the_others_wa
             c.close()
         split = driver.nccl.split
 
-        def failing(comm, color, key, blocking=False):
+        def failing(comm, color, key, blocking=False, max_blocks=None):
             if comm.rank == 1:
                 raise hal.InternalError("ncclCommSplit: ncclSystemError")
-            return split(comm, color, key, blocking)
+            return split(comm, color, key, blocking, max_blocks)
 
         monkeypatch.setattr(driver.nccl, "split", failing)
         started = time.monotonic()
@@ -251,6 +251,108 @@ def _all_reduce_cb(channel):
     with cb.record():
         cb.all_reduce(channel, buf, buf, 4)
     return cb
+
+
+def test_symmetric_buffers_are_registered_windows_that_collectives_run_in(ranks):
+    """``allocate_symmetric``: NCCL's memory registered as a window of the communicator the channel
+    issues on, every rank in one group; collectives whose operands all lie in windows are NCCL's
+    symmetric kind (in stream and graph command buffers); a release deregisters and frees once the
+    work before it is done."""
+    driver, devices, channels = ranks
+    calls = driver.nccl.calls
+    assert all(c.symmetric_memory for c in channels)
+    sym = hal.allocate_symmetric(channels, 16)
+    assert (calls["ncclMemAlloc"], calls["ncclCommWindowRegister"], calls["ncclGroupEnd"] >= 1) == (2, 2, True)
+    assert all(c.comm.windows == {b.device_address: 16} for c, b in zip(channels, sym))
+    plain = [d.allocator.allocate(16) for d in devices]
+    for r, (d, b) in enumerate(zip(devices, sym)):
+        d.write(b, np.full(4, r + 1, np.float32).tobytes())
+    cbs = []
+    for d, ch, b, p in zip(devices, channels, sym, plain):
+        cb = d.create_command_buffer()
+        with cb.record():
+            cb.all_reduce(ch, b, b, 4)
+            cb.execution_barrier()
+            cb.all_reduce(ch, b, p, 4)  # (an ordinary recv: not the symmetric kind)
+        cbs.append(cb)
+    for sem in [_submit(d, cb) for d, cb in zip(devices, cbs)]:
+        sem.wait(1, timeout=10)
+    assert calls["symmetric all_reduce"] == 2 and calls["all_reduce"] >= 4
+    assert [np.frombuffer(d.read(p), np.float32).tolist() for d, p in zip(devices, plain)] == [[6.0] * 4] * 2
+    for b in sym:
+        b.release()
+    for d in devices:
+        d.wait_idle()
+    assert (calls["ncclCommWindowDeregister"], calls["ncclMemFree"]) == (2, 2)
+    assert all(c.comm.windows == {} for c in channels)
+
+
+def _submit(device, cb):
+    sem = device.create_semaphore(0)
+    device.queue_execute([cb], signal=[(sem, 1)])
+    return sem
+
+
+def test_a_block_cap_reaches_both_communicators_of_the_split():
+    driver = FakeGpuDriver()
+    devices = [driver.create_device(i) for i in range(2)]
+    try:
+        channels = hal.create_channels(devices, timeout=10)
+        capped = hal.split_channels(channels, [0, 0], max_blocks=4)
+        assert all((c.max_blocks, c.comm.max_blocks, c.base.max_blocks) == (4, 4, 4) for c in capped)
+        assert all((c.comm.max_blocks, c.base.max_blocks) == (None, None) for c in channels)
+    finally:
+        for d in devices:
+            d.close()
+
+
+def test_a_rank_that_never_allocates_its_symmetric_buffer_times_out_and_breaks_the_channel():
+    """Registration waits for every rank: bounded by the channel's timeout, after which the channel's
+    ranks break (their communicators aborted, which ends the wait) and the memory is freed."""
+    driver = FakeGpuDriver()
+    devices = [driver.create_device(i) for i in range(2)]
+    try:
+        channels = hal.create_channels(devices, timeout=0.5)
+        started = time.monotonic()
+        with pytest.raises(hal.DeadlineExceededError, match="allocate_symmetric"):
+            channels[0].allocate_symmetric(64)  # rank 1 never comes
+        assert time.monotonic() - started < 10
+        assert all(c.failure is not None for c in channels)
+        assert driver.nccl.calls["ncclMemFree"] == 1
+        with pytest.raises(hal.FailedPreconditionError, match="broke"):
+            channels[1].allocate_symmetric(64)
+        _assert_usable(devices)
+    finally:
+        for d in devices:
+            d.close()
+
+
+def test_ranks_allocating_different_symmetric_sizes_fail_every_rank():
+    driver = FakeGpuDriver()
+    devices = [driver.create_device(i) for i in range(2)]
+    try:
+        channels = hal.create_channels(devices, timeout=10)
+        results = in_threads([lambda: channels[0].allocate_symmetric(64), lambda: channels[1].allocate_symmetric(32)])
+        assert all(isinstance(r, hal.InvalidArgumentError) and "64" in str(r) for r in results), results
+        assert driver.nccl.calls["ncclMemFree"] == 2
+        _assert_usable(devices)
+    finally:
+        for d in devices:
+            d.close()
+
+
+def test_under_rccls_rules_symmetric_buffers_are_ordinary_allocations(monkeypatch):
+    monkeypatch.setenv("HAL_FAKE_COLLECTIVES", "rccl")
+    driver = FakeGpuDriver()
+    devices = [driver.create_device(i) for i in range(2)]
+    try:
+        channels = hal.create_channels(devices, timeout=10)
+        assert not any(c.symmetric_memory for c in channels)
+        bufs = hal.allocate_symmetric(channels, 32)
+        assert [b.size for b in bufs] == [32, 32] and "ncclMemAlloc" not in driver.nccl.calls
+    finally:
+        for d in devices:
+            d.close()
 
 
 def test_collectives_of_one_level_are_one_group_a_barrier_starts_another(ranks):
@@ -486,6 +588,7 @@ def _bindings(log, statuses=None):
         def __init__(self):
             self.blocking = 1
             self.split_share = 0
+            self.max_ctas = self.cga_cluster_size = -(1 << 31)  # (NCCL's "undefined")
             self.ptr = 0xC0F + Config.configs
             Config.configs += 1
 
@@ -498,6 +601,8 @@ def _bindings(log, statuses=None):
         comm_destroy=record("destroy"), comm_abort=record("abort"), all_reduce=record("all_reduce"),
         reduce_scatter=failing, reduce=record("reduce"), all_gather=record("all_gather"),
         broadcast=record("broadcast"), send=record("send"), recv=record("recv"),
+        mem_alloc=record("mem_alloc", 0x7000), mem_free=record("mem_free"),
+        comm_window_register=record("window_register", "window"), comm_window_deregister=record("window_deregister"),
         UniqueId=SimpleNamespace(from_buffer=lambda b: ("uid", bytes(b))))
 
 
@@ -523,7 +628,22 @@ def test_the_nccl_adapter_passes_nccl_codes_and_stream_handles():
     assert lib.split("comm", None, 0) is None
     assert log[-1] == ("split", ("comm", -1, 0, 0xC0F))
     lib.split("comm", 0, 1, blocking=True)
-    assert log[-1] == ("split", ("comm", 0, 1, 0xC10)) and lib._blocking_config.blocking == 1
+    assert log[-1] == ("split", ("comm", 0, 1, 0xC10)) and lib.config(True, None).blocking == 1
+    lib.split("comm", 0, 1, blocking=True, max_blocks=4)  # a block cap: maxCTAs, clusters of one
+    capped = lib.config(True, 4)
+    assert log[-1] == ("split", ("comm", 0, 1, capped.ptr)) and capped.ptr not in (0xC0F, 0xC10)
+    assert (capped.blocking, capped.max_ctas, capped.cga_cluster_size) == (1, 4, 1)
+    assert lib.config(False, None).max_ctas < 0  # (uncapped: NCCL's default)
+    assert lib.symmetric  # NCCL 2.28: symmetric memory windows
+    assert lib.mem_alloc(64) == 0x7000
+    assert lib.window_register("comm", 0x7000, 64) == "window"
+    assert log[-1] == ("window_register", ("comm", 0x7000, 64, 1))  # NCCL_WIN_COLL_SYMMETRIC
+    lib.window_deregister("comm", "window")
+    lib.mem_free(0x7000)
+    assert [name for name, _ in log[-3:]] == ["window_register", "window_deregister", "mem_free"]
+    older = _bindings([])
+    older.get_version = lambda: 22605
+    assert not nccl.Nccl(older).symmetric
     assert lib.comm_rank("comm") == (1, 2)
     with pytest.raises(hal.InvalidArgumentError, match="ncclReduceScatter"):
         lib.reduce_scatter(1, 2, 3, "float32", "sum", "comm", Stream())

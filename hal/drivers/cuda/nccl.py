@@ -7,6 +7,10 @@ raises ``UnavailableError`` saying what to install (the ``nccl`` extra).
 
 The bindings take raw device addresses, the communicator object and the stream as an integer
 (``int(CUstream)``); element types and reductions are NCCL's ``ncclDataType_t`` / ``ncclRedOp_t``.
+Symmetric memory (NCCL 2.27 and later: ``symmetric``) is ``ncclMemAlloc``'s memory registered with
+``ncclCommWindowRegister(..., NCCL_WIN_COLL_SYMMETRIC)``; a split's block cap is its config's
+``maxCTAs``, in clusters of one block (``cgaClusterSize = 1``: a cluster of Hopper's default four would
+need four SMs of one GPC free at once).
 Communicators are non-blocking (``ncclConfig_t.blocking = 0``) and share their resources with
 their splits (``splitShare = 1``): calls return at once, the bindings take ``ncclInProgress`` for
 success, and ``ready`` polls ``ncclCommGetAsyncError``. ``split(..., blocking=True)`` makes the
@@ -39,6 +43,10 @@ _INVALID = (4, 5)  # ncclInvalidArgument, ncclInvalidUsage
 _TIMEOUT = 8
 #: ncclResult_t of an operation of a non-blocking communicator still under way.
 IN_PROGRESS = 7
+#: ncclCommWindowRegister's flag for a window every rank registers alike (symmetric kernels).
+WIN_COLL_SYMMETRIC = 1
+#: The first NCCL with symmetric memory windows.
+SYMMETRIC_VERSION = 22700
 
 
 def _checked(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -114,11 +122,15 @@ class Nccl:
         self._finalize = _checked("ncclCommFinalize", b.comm_finalize)
         #: The configs of the communicators made here (kept alive: NCCL reads them at init): non-blocking
         #: sharing resources with their splits, and blocking (for ``split(..., blocking=True)``).
-        self._config = b.Config()
-        self._config.blocking = 0
-        self._config.split_share = 1
-        self._blocking_config = b.Config()
-        self._blocking_config.blocking = 1
+        #: (blocking, max_blocks) -> its ncclConfig_t (see ``config``).
+        self._configs: dict[tuple[bool, int | None], Any] = {}
+        self._config = self.config(False, None)
+        self.symmetric = version >= SYMMETRIC_VERSION and hasattr(b, "comm_window_register")
+        if self.symmetric:
+            self.mem_alloc = _checked("ncclMemAlloc", b.mem_alloc)
+            self.mem_free = _checked("ncclMemFree", b.mem_free)
+            self._window_register = _checked("ncclCommWindowRegister", b.comm_window_register)
+            self.window_deregister = _checked("ncclCommWindowDeregister", b.comm_window_deregister)
         self._count = _checked("ncclCommCount", b.comm_count)
         self._user_rank = _checked("ncclCommUserRank", b.comm_user_rank)
         self.group_start = _checked("ncclGroupStart", b.group_start)
@@ -133,6 +145,22 @@ class Nccl:
         self._send = _checked("ncclSend", b.send)
         self._recv = _checked("ncclRecv", b.recv)
 
+    def config(self, blocking: bool, max_blocks: int | None) -> Any:
+        """The config of communicators made here (kept alive: NCCL reads it at init): non-blocking ones
+        share resources with their splits; ``max_blocks`` caps a collective's blocks, one a cluster."""
+        key = (blocking, max_blocks)
+        config = self._configs.get(key)
+        if config is None:
+            config = self.bindings.Config()
+            config.blocking = int(blocking)
+            if not blocking:
+                config.split_share = 1
+            if max_blocks is not None:
+                config.max_ctas = max_blocks
+                config.cga_cluster_size = 1
+            config = self._configs.setdefault(key, config)
+        return config
+
     # -- communicators -----------------------------------------------------------------------
     def new_id(self) -> bytes:
         return bytes(self._get_unique_id())
@@ -145,8 +173,9 @@ class Nccl:
     def ready(self, comm: Any) -> bool:
         return async_ready(int(self._async_error(comm)), self.bindings.get_error_string)
 
-    def split(self, comm: Any, color: int | None, key: int, blocking: bool = False) -> Any:
-        config = self._blocking_config if blocking else self._config
+    def split(self, comm: Any, color: int | None, key: int, blocking: bool = False,
+              max_blocks: int | None = None) -> Any:
+        config = self.config(blocking, max_blocks)
         new = self._split(comm, -1 if color is None else color, key, config.ptr)
         # (not ``new`` itself: a non-blocking split's handle is still null here, filled in once
         # ``comm`` is ready again)
@@ -167,6 +196,10 @@ class Nccl:
 
     def abort(self, comm: Any) -> None:
         self._abort(comm)
+
+    # -- symmetric memory (``symmetric``: mem_alloc, mem_free and window_deregister are set above) -----
+    def window_register(self, comm: Any, ptr: int, size: int) -> Any:
+        return self._window_register(comm, ptr, size, WIN_COLL_SYMMETRIC)
 
     # -- operations (inside the caller's group) ------------------------------------------------------
     def all_reduce(self, send: int, recv: int, count: int, dtype: str, op: str, comm: Any, stream: Any) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hal.allocator import Allocator
@@ -19,6 +20,7 @@ from hal.errors import FailedPreconditionError
 from hal.types import BufferUsage, MemoryAccess, MemoryType
 
 if TYPE_CHECKING:
+    from hal.buffer import Buffer
     from hal.device import Device
     from hal.drivers.gpu.completion import Completion
     from hal.drivers.gpu.context import GpuContext
@@ -33,13 +35,15 @@ _HOST_BITS = MemoryType.HOST_LOCAL | MemoryType.HOST_VISIBLE | MemoryType.HOST_C
 class Allocation:
     """One driver allocation: ``ptr`` is the device address (for pinned memory too), ``host`` the host address."""
 
-    __slots__ = ("ptr", "size", "kind", "host", "stream", "freed", "free_stream")
+    __slots__ = ("ptr", "size", "kind", "host", "stream", "freed", "free_stream", "release")
 
     DEVICE = "device"  #: mem_alloc
     POOL = "pool"  #: mem_alloc_async from the device's memory pool, on ``stream``
     HOST = "host"  #: host_alloc (pinned)
+    ADOPTED = "adopted"  #: device memory another library allocated; ``release()`` gives it back
 
-    def __init__(self, ptr: int, size: int, kind: str, host: int = 0, stream: Any = None) -> None:
+    def __init__(self, ptr: int, size: int, kind: str, host: int = 0, stream: Any = None,
+                 release: Callable[[], None] | None = None) -> None:
         self.ptr = ptr
         self.size = size
         self.kind = kind
@@ -49,6 +53,7 @@ class Allocation:
         self.freed = False
         #: Set by queue_dealloca: free stream-ordered on this stream instead of after pending work.
         self.free_stream: Any = None
+        self.release = release
 
     def __repr__(self) -> str:
         return f"<Allocation {self.kind} {self.size} bytes @0x{self.ptr:x}>"
@@ -94,6 +99,14 @@ class GpuAllocator(Allocator):
         self.track(allocation)
         return allocation, actual
 
+    def adopt(self, ptr: int, size: int, release: Callable[[], None]) -> Buffer:
+        """A device-local buffer over ``size`` bytes at ``ptr`` that another library allocated (a
+        collective library's symmetric memory); its release calls ``release()`` once the work
+        submitted before it is done, with the context current."""
+        allocation = Allocation(ptr, size, Allocation.ADOPTED, release=release)
+        self.track(allocation)
+        return self.wrap(allocation, size, DEVICE_MEMORY, BufferUsage.DEFAULT)
+
     def track(self, allocation: Allocation) -> None:
         with self._live_lock:
             self._live.add(allocation)
@@ -122,6 +135,8 @@ class GpuAllocator(Allocator):
                 api.host_free(allocation.host)
             elif allocation.kind == Allocation.POOL:
                 api.mem_free_async(allocation.ptr, stream if stream is not None else allocation.stream)
+            elif allocation.kind == Allocation.ADOPTED:
+                allocation.release()  # type: ignore[misc]
             else:
                 api.mem_free(allocation.ptr)
         except Exception:  # a lost device frees everything with its context

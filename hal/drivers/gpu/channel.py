@@ -47,6 +47,7 @@ would replay NCCL kernels of a freed communicator.
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import threading
 import time
@@ -88,6 +89,9 @@ class CollectiveLibrary(Protocol):
     #: its own, outside any group, on a thread of its own where this process splits several ranks
     #: (``split_each``).
     grouped_splits: bool
+    #: Whether ``mem_alloc`` and ``window_register`` give symmetric memory (NCCL 2.27 and later):
+    #: False, and channels allocate ordinary buffers for ``allocate_symmetric``.
+    symmetric: bool
 
     def new_id(self) -> bytes: ...
 
@@ -99,9 +103,11 @@ class CollectiveLibrary(Protocol):
         """Whether the communicator's last operation (creation, split, a group of calls) is done:
         False while in progress; raises its asynchronous error."""
 
-    def split(self, comm: Any, color: int | None, key: int, blocking: bool = False) -> Any:
+    def split(self, comm: Any, color: int | None, key: int, blocking: bool = False,
+              max_blocks: int | None = None) -> Any:
         """A communicator of the ranks of ``color`` (None: no communicator for this rank), usable
-        once ``comm`` is ready again (the split completes with it); ``blocking``: a blocking one."""
+        once ``comm`` is ready again (the split completes with it); ``blocking``: a blocking one;
+        ``max_blocks``: its collectives' most thread blocks (NCCL's ``maxCTAs``, in clusters of one)."""
 
     def comm_rank(self, comm: Any) -> tuple[int, int]:
         """(rank, count) of a communicator."""
@@ -115,6 +121,18 @@ class CollectiveLibrary(Protocol):
 
     def abort(self, comm: Any) -> None:
         """Free a communicator at once: its kernels still waiting for peers return."""
+
+    def mem_alloc(self, size: int) -> int:
+        """Device memory on the current device that ``window_register`` takes (``symmetric`` only)."""
+
+    def mem_free(self, ptr: int) -> None: ...
+
+    def window_register(self, comm: Any, ptr: int, size: int) -> Any:
+        """Register ``mem_alloc``'s memory as a symmetric window of ``comm``: a collective call (in a
+        group for several ranks of this process); its handle is valid once the group completed."""
+
+    def window_deregister(self, comm: Any, window: Any) -> None:
+        """Deregister a window (local to the rank; no operation may still use it)."""
 
     def all_reduce(self, send: int, recv: int, count: int, dtype: str, op: str, comm: Any, stream: Any) -> None: ...
 
@@ -493,8 +511,8 @@ class GpuChannel(Channel):
     """One rank's communicator of the device's collective library."""
 
     def __init__(self, device: GpuDevice, rank: int, count: int, timeout: float | None, library: CollectiveLibrary,
-                 comm: Any, ranks: LocalRanks | None = None, base: Any = None) -> None:
-        super().__init__(device, rank, count, timeout)
+                 comm: Any, ranks: LocalRanks | None = None, base: Any = None, max_blocks: int | None = None) -> None:
+        super().__init__(device, rank, count, timeout, max_blocks)
         self.library = library
         #: The communicator its collectives are issued on, and the one it was made as (which splits
         #: split; ``comm`` is a blocking split of it where the library's are non-blocking).
@@ -517,6 +535,10 @@ class GpuChannel(Channel):
     @property
     def checks_matching(self) -> bool:  # type: ignore[override]
         return self.meetings is not None
+
+    @property
+    def symmetric_memory(self) -> bool:  # type: ignore[override]
+        return self.library.symmetric
 
     # -- failures ---------------------------------------------------------------------------
     def _abort(self) -> None:
@@ -666,7 +688,7 @@ class GpuCollectives:
 
     def _open(self, library: CollectiveLibrary, devices: Sequence[GpuDevice], bases: list[Any],
               deadline: float | None, timeouts: Sequence[float | None], ranks: Sequence[LocalRanks],
-              what: str) -> list[GpuChannel]:
+              what: str, max_blocks: int | None = None) -> list[GpuChannel]:
         """Channels of this process's ranks over communicators just made and ready (``bases``, one per
         device, each channel with its timeout and ``LocalRanks``): their connections made (``warm_up``:
         all in one group, since every rank of every communicator must take part) and, for a
@@ -687,7 +709,7 @@ class GpuCollectives:
             warm_up(library, devices, bases, positions, deadline, what, abort)
             if library.nonblocking:
                 split = split_each(library, devices, bases, [0] * len(bases), [rank for rank, _ in positions],
-                                   lambda exc: abort(), blocking=True)
+                                   lambda exc: abort(), blocking=True, max_blocks=max_blocks)
                 # (a non-blocking split's handles are set once the parents are ready again)
                 poll_ready(library, bases, deadline, lambda: None, f"{what}: its blocking communicators")
                 siblings = split
@@ -697,7 +719,8 @@ class GpuCollectives:
         channels = []
         for device, base, comm, (rank, count), timeout, local in zip(devices, bases, siblings or bases, positions,
                                                                       timeouts, ranks):
-            channels.append(self._adopt(GpuChannel(device, rank, count, timeout, library, comm, local, base)))
+            channels.append(self._adopt(GpuChannel(device, rank, count, timeout, library, comm, local, base,
+                                                   max_blocks)))
         return channels
 
     def create(self, device: GpuDevice, rank: int, count: int, id: bytes, timeout: float | None) -> Channel:
@@ -741,7 +764,8 @@ class GpuCollectives:
             channel.meetings = meetings
         return channels  # type: ignore[return-value]
 
-    def split(self, channels: Sequence[Channel], colors: Sequence[int | None], keys: Sequence[int]) -> list:
+    def split(self, channels: Sequence[Channel], colors: Sequence[int | None], keys: Sequence[int],
+              max_blocks: int | None = None) -> list:
         library = self.library
         for channel in channels:
             if not isinstance(channel, GpuChannel) or channel.library is not library:
@@ -753,7 +777,8 @@ class GpuCollectives:
                 channel.ranks.break_with(exc)
 
         comms = split_each(library, [channel.device for channel in gpu_channels],  # type: ignore[misc]
-                           [channel.base for channel in gpu_channels], colors, keys, break_parents)
+                           [channel.base for channel in gpu_channels], colors, keys, break_parents,
+                           max_blocks=max_blocks)
         # A non-blocking split completes with its parent: the new communicators' handles are set
         # once the parents are ready again (nccl4py fills them in then), so the parents are polled
         # first. A split that does not complete leaves the parents mid-operation: they break.
@@ -775,7 +800,8 @@ class GpuCollectives:
         try:
             self._made(library, made, deadline, "split")
             opened = iter(self._open(library, [channel.device for channel in parents], made,  # type: ignore[misc]
-                                     deadline, [channel.timeout for channel in parents], ranks, "split"))
+                                     deadline, [channel.timeout for channel in parents], ranks, "split",
+                                     max_blocks))
         except HalError as exc:
             if library.nonblocking:
                 for channel in gpu_channels:
@@ -797,13 +823,94 @@ class GpuCollectives:
         return result
 
 
+    def allocate_symmetric(self, channels: Sequence[Channel], size: int) -> list:
+        """Each channel's buffer of ``size`` bytes: ``mem_alloc``'s memory registered as a window of
+        the communicator its collectives are issued on, every rank of this process in one group
+        (``register_windows``); ordinary buffers where the library has no symmetric memory. A
+        buffer's release deregisters its window and frees the memory once the work before the
+        release is done (nothing to deregister once the communicator is gone)."""
+        library = self.library
+        gpu_channels: list[GpuChannel] = []
+        for channel in channels:
+            if not isinstance(channel, GpuChannel) or channel.library is not library:
+                raise InvalidArgumentError("allocate_symmetric: the channels belong to different drivers")
+            gpu_channels.append(channel)
+        if not library.symmetric:
+            return [channel.device.allocator.allocate(size) for channel in gpu_channels]
+        nbytes = max(size, 1)  # (as any allocation: an empty buffer still has an address)
+        pointers: list[int] = []
+        try:
+            for channel in gpu_channels:
+                channel.device.make_current()
+                pointers.append(library.mem_alloc(nbytes))
+            windows = register_windows(library, gpu_channels, pointers, nbytes)
+        except BaseException:
+            for channel, ptr in zip(gpu_channels, pointers):
+                channel.device.make_current()
+                library.mem_free(ptr)
+            raise
+        return [channel.device.allocator.adopt(ptr, size, functools.partial(_release_window, channel, ptr, window))
+                for channel, ptr, window in zip(gpu_channels, pointers, windows)]
+
+
+def register_windows(library: CollectiveLibrary, channels: Sequence[GpuChannel], pointers: Sequence[int],
+                     nbytes: int) -> list[Any]:
+    """The windows of ``pointers`` on the channels' issuing communicators, registered in one group.
+    Registration waits for every rank (the communicators are blocking), so it runs on a thread of its
+    own, bounded by the channels' shortest timeout: at the deadline their ranks break (the abort ends
+    the call, as it ends NCCL kernels waiting for a peer) and DeadlineExceededError is raised.
+    COMM_LOCK is not held while it waits: other ranks of this process register meanwhile."""
+    windows: list[Any] = []
+    failures: list[BaseException] = []
+
+    def register() -> None:
+        try:
+            library.group_start()
+            try:
+                for channel, ptr in zip(channels, pointers):
+                    channel.device.make_current()
+                    windows.append(library.window_register(channel.comm, ptr, nbytes))
+            finally:
+                library.group_end()
+        except BaseException as exc:  # noqa: BLE001 - raised on the calling thread below
+            failures.append(exc)
+
+    timeouts = [channel.timeout for channel in channels if channel.timeout is not None]
+    deadline = time.monotonic() + min(timeouts) if timeouts else None
+    with COMM_LOCK:
+        check_channels(channels)
+    thread = threading.Thread(target=register, name="hal-register-windows", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(_SPLIT_POLL_SECONDS)
+        if thread.is_alive() and deadline is not None and time.monotonic() >= deadline:
+            timeout = DeadlineExceededError("allocate_symmetric: the other ranks did not take part within "
+                                            "the channel's timeout")
+            for channel in channels:
+                channel.ranks.break_with(timeout)
+            thread.join()
+            raise timeout
+    if failures:
+        raise failures[0]
+    return windows
+
+
+def _release_window(channel: GpuChannel, ptr: int, window: Any) -> None:
+    """A symmetric buffer's release, once the work before it is done (its device's context current)."""
+    library = channel.library
+    with COMM_LOCK:
+        if channel.comm is not None:  # (an aborted or destroyed communicator took its windows along)
+            library.window_deregister(channel.comm, window)
+        library.mem_free(ptr)
+
+
 #: How often the thread making a process's splits looks for a rank's failure while it waits for the others.
 _SPLIT_POLL_SECONDS = 0.01
 
 
 def split_each(library: CollectiveLibrary, devices: Sequence[GpuDevice], parents: Sequence[Any],
                colors: Sequence[int | None], keys: Sequence[int], failed: Callable[[BaseException], None],
-               blocking: bool = False) -> list[Any]:
+               blocking: bool = False, max_blocks: int | None = None) -> list[Any]:
     """Each rank's split of its parent communicator (on its device; None where its color is None),
     as the library takes them (``grouped_splits``): in one group, or one call per rank, each on a
     thread of its own when there are several (a blocking split returns once every rank of the parent
@@ -818,7 +925,7 @@ def split_each(library: CollectiveLibrary, devices: Sequence[GpuDevice], parents
             try:
                 for device, parent, color, key in zip(devices, parents, colors, keys):
                     device.make_current()
-                    made.append(library.split(parent, color, key, blocking=blocking))
+                    made.append(library.split(parent, color, key, blocking=blocking, max_blocks=max_blocks))
             finally:
                 library.group_end()
             return made
@@ -828,7 +935,7 @@ def split_each(library: CollectiveLibrary, devices: Sequence[GpuDevice], parents
         def split_one(i: int) -> None:
             try:
                 devices[i].make_current()
-                results[i] = library.split(parents[i], colors[i], keys[i], blocking=blocking)
+                results[i] = library.split(parents[i], colors[i], keys[i], blocking=blocking, max_blocks=max_blocks)
             except BaseException as exc:  # noqa: BLE001 - raised on the calling thread below
                 failures.append(exc)
 

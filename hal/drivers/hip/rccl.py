@@ -39,6 +39,8 @@ class Rccl:
     nonblocking = False
     #: Each split is a call of its own, made before it returns (see the module).
     grouped_splits = False
+    #: No symmetric memory windows: ``allocate_symmetric`` gives ordinary buffers.
+    symmetric = False
 
     def __init__(self, bindings: Any) -> None:
         self.bindings = bindings
@@ -81,8 +83,10 @@ class Rccl:
         self._call("ncclCommGetAsyncError", comm, state)
         return async_ready(state.value, "ncclResult_t {}".format)
 
-    def split(self, comm: Any, color: int | None, key: int, blocking: bool = False) -> Any:
-        """A blocking communicator (every one is here), made before it returns: never call it in a group."""
+    def split(self, comm: Any, color: int | None, key: int, blocking: bool = False,
+              max_blocks: int | None = None) -> Any:
+        """A blocking communicator (every one is here), made before it returns: never call it in a group.
+        (No config goes through hip-python's split: ``max_blocks`` is not applied.)"""
         new = self._call("ncclCommSplit", comm, -1 if color is None else color, key, None)
         if color is None:
             return None

@@ -176,8 +176,9 @@ class LocalChannel(Channel):
 
     checks_matching = True
 
-    def __init__(self, device: Device, rank: int, count: int, timeout: float | None, group: Group) -> None:
-        super().__init__(device, rank, count, timeout)
+    def __init__(self, device: Device, rank: int, count: int, timeout: float | None, group: Group,
+                 max_blocks: int | None = None) -> None:
+        super().__init__(device, rank, count, timeout, max_blocks)  # (a CPU has no blocks to cap)
         self.group = group
         self.order = MeetingOrder(rank)
         self._order_lock = threading.Lock()  # (queue workers may start collectives of one rank at once)
@@ -311,8 +312,9 @@ class LocalCollectives:
         group.join_all(channels)
         return channels  # type: ignore[return-value]
 
-    def split(self, channels: Sequence[Channel], colors: Sequence[int | None], keys: Sequence[int]) -> list:
-        return split_local(channels, colors, keys)
+    def split(self, channels: Sequence[Channel], colors: Sequence[int | None], keys: Sequence[int],
+              max_blocks: int | None = None) -> list:
+        return split_local(channels, colors, keys, max_blocks)
 
 
 class _Split:
@@ -327,7 +329,8 @@ _splits: dict[tuple[int, int], _Split] = {}
 _splits_cond = threading.Condition()
 
 
-def split_local(channels: Sequence[Channel], colors: Sequence[int | None], keys: Sequence[int]) -> list:
+def split_local(channels: Sequence[Channel], colors: Sequence[int | None], keys: Sequence[int],
+                max_blocks: int | None = None) -> list:
     """Split ranks of local groups: every rank of a group calls it (from threads, or all in one call)."""
     results = []
     pending = []
@@ -341,7 +344,7 @@ def split_local(channels: Sequence[Channel], colors: Sequence[int | None], keys:
             entry.entries[channel.rank] = (color, key, channel)
             pending.append((channel, group, number, entry))
             if len(entry.entries) == group.count:
-                entry.result = _make_split(entry.entries)
+                entry.result = _make_split(entry.entries, max_blocks)
                 _splits_cond.notify_all()
         for channel, group, number, entry in pending:
             deadline = None if channel.timeout is None else time.monotonic() + channel.timeout
@@ -359,7 +362,8 @@ def split_local(channels: Sequence[Channel], colors: Sequence[int | None], keys:
     return results
 
 
-def _make_split(entries: dict[int, tuple[int | None, int, LocalChannel]]) -> dict[int, LocalChannel | None]:
+def _make_split(entries: dict[int, tuple[int | None, int, LocalChannel]],
+                max_blocks: int | None) -> dict[int, LocalChannel | None]:
     result: dict[int, LocalChannel | None] = {}
     by_color: dict[int, list[tuple[int, int, LocalChannel]]] = {}
     for rank, (color, key, channel) in entries.items():
@@ -370,7 +374,7 @@ def _make_split(entries: dict[int, tuple[int | None, int, LocalChannel]]) -> dic
     for members in by_color.values():
         members.sort()
         group = Group(uuid.uuid4().bytes, len(members))
-        made = [LocalChannel(channel.device, new_rank, len(members), channel.timeout, group)
+        made = [LocalChannel(channel.device, new_rank, len(members), channel.timeout, group, max_blocks)
                 for new_rank, (_, _, channel) in enumerate(members)]
         for channel in made:
             channel.device.adopt_channel(channel)  # type: ignore[attr-defined]
