@@ -16,6 +16,16 @@ order, as NCCL and MPI ask.
 filled in the order the backward pass makes them (read off the pending graph), one NCCL group of
 all-reduces a bucket, so that the buckets of the last layers start while the first layers'
 gradients are computed.
+
+Overlap: on GPUs a bandwidth-bound all-reduce beside a GEMM that fills the GPU in one wave only
+waits for the GEMM's blocks to retire. ``init(..., symmetric_bytes=n)`` (or ``groups``) gives the
+group ``n`` bytes of symmetric memory (``hal.allocate_symmetric``) and a second channel capped at
+``OVERLAP_BLOCKS`` thread blocks, with ``n`` bytes of its own (``Group.overlapped``). Under
+``rt.compile``, the operands of every bucket's all-reduce are then placed in that memory, and every
+bucket but the last is reduced on the capped channel: NCCL's symmetric-memory kernels move it on a
+few SMs beside the GEMMs of the rest of the backward pass; the last bucket, with nothing left to run
+beside it, takes the whole GPU. Operands that do not fit go to ordinary memory, where the
+collectives run as they would without it.
 """
 
 from __future__ import annotations
@@ -49,6 +59,10 @@ BUCKET_BYTES = 25 << 20
 #: pass than all of its own: its all-reduce then starts beside the computation of the later ones
 #: (smaller buckets wait for more: a collective of a few kilobytes costs its latency whatever it holds).
 EARLY_BUCKET_BYTES = 1 << 20
+#: Thread blocks of ``Group.overlapped``'s channel: four blocks of one SM fit beside a GEMM of 128
+#: blocks on a GPU of 132 SMs (H100, H200), and NCCL's symmetric kernels move 16 MB in about 107 us
+#: on them, against 72 us on the whole GPU (docs/distributed.md).
+OVERLAP_BLOCKS = 4
 #: Element types a collective moves (the HAL's channel types).
 DTYPES = frozenset(("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
                     "float16", "bfloat16", "float32", "float64"))
@@ -58,11 +72,60 @@ _groups: dict[int, Group] = {}  # the collective nodes' params name their group 
 _lock = threading.Lock()
 
 
-class Group:
-    """This process's rank of a communicator on one device (``rank`` of ``size``)."""
+class Arena:
+    """A group's symmetric memory, handed out in pieces (``take``, ``give``): first fit over the
+    free ranges, aligned, merged again on return. Every rank plans the same graphs in the same
+    order, so every rank's pieces lie alike (NCCL needs no more: each operand in a window)."""
 
-    def __init__(self, channel: hal.Channel) -> None:
+    ALIGN = 4096
+
+    def __init__(self, buffer: hal.Buffer) -> None:
+        self.buffer = buffer
+        self.free: list[tuple[int, int]] = [(0, buffer.size)]  # (offset, length), by offset
+        self.taken: dict[int, tuple[int, int]] = {}  # id(piece) -> (offset, length)
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> hal.Buffer | None:
+        """A piece of ``nbytes``, or None when no free range holds it."""
+        length = -(-nbytes // self.ALIGN) * self.ALIGN
+        with self._lock:
+            for i, (offset, size) in enumerate(self.free):
+                if size >= length:
+                    if size == length:
+                        del self.free[i]
+                    else:
+                        self.free[i] = (offset + length, size - length)
+                    piece = self.buffer.subspan(offset, nbytes)
+                    self.taken[id(piece)] = (offset, length)
+                    return piece
+        return None
+
+    def give(self, piece: hal.Buffer) -> None:
+        """Return a piece ``take`` gave (its last use queued before: the device runs in queue order)."""
+        with self._lock:
+            offset, length = self.taken.pop(id(piece))
+            free = sorted([*self.free, (offset, length)])
+            merged = [free[0]]
+            for start, size in free[1:]:
+                last_start, last_size = merged[-1]
+                if last_start + last_size == start:
+                    merged[-1] = (last_start, last_size + size)
+                else:
+                    merged.append((start, size))
+            self.free = merged
+
+
+class Group:
+    """This process's rank of a communicator on one device (``rank`` of ``size``).
+
+    ``arena``: its symmetric memory (None without ``symmetric_bytes``); ``overlapped``: the group of
+    the same ranks on a channel capped at ``OVERLAP_BLOCKS`` blocks, with an arena of its own (see
+    the module), or None."""
+
+    def __init__(self, channel: hal.Channel, arena: Arena | None = None) -> None:
         self.channel = channel
+        self.arena = arena
+        self.overlapped: Group | None = None
         self.device = channel.device
         self.ctx = context_for(channel.device)
         self.rank = channel.rank
@@ -81,6 +144,8 @@ class Group:
         """Close the group: the recordings of its collectives are released (a compiled function or
         a cached evaluation using them raises ``FailedPreconditionError`` when called again), then
         the channel closes once the device is idle."""
+        if self.overlapped is not None:
+            self.overlapped.close()
         with _lock:
             _groups.pop(self.id, None)
         recordings = list(self.recordings)
@@ -89,22 +154,61 @@ class Group:
         if recordings and self.ctx.is_gpu:
             self.ctx.forget_batches()
             gc.collect()  # command buffers in reference cycles: their graphs go now
+        if self.arena is not None:
+            self.arena.buffer.release()  # (its window is deregistered once the work before is done)
         self.channel.close()
 
 
 def init(device: Any = None, *, rank: int | None = None, size: int | None = None, id: bytes | None = None,
-         timeout: float | None = hal.channel.DEFAULT_TIMEOUT) -> Group:
+         timeout: float | None = hal.channel.DEFAULT_TIMEOUT, symmetric_bytes: int = 0) -> Group:
     """This process's group on ``device`` (a URI or a ``hal.Device``; None: the default device),
-    rank and size from the launcher's environment unless given (``hal.create_channel``)."""
+    rank and size from the launcher's environment unless given (``hal.create_channel``).
+    ``symmetric_bytes``: symmetric memory for overlapped gradient buckets (see the module)."""
     ctx = context_for(device)
-    return Group(hal.create_channel(ctx.device, rank=rank, count=size, id=id, timeout=timeout))
+    symmetric_bytes = _check_symmetric_bytes(symmetric_bytes)
+    channel = hal.create_channel(ctx.device, rank=rank, count=size, id=id, timeout=timeout)
+    return _with_overlap([channel], symmetric_bytes)[0]
 
 
-def groups(devices: Sequence[Any], *, timeout: float | None = hal.channel.DEFAULT_TIMEOUT) -> list[Group]:
+def groups(devices: Sequence[Any], *, timeout: float | None = hal.channel.DEFAULT_TIMEOUT,
+           symmetric_bytes: int = 0) -> list[Group]:
     """One group per device, rank ``i`` on ``devices[i]``, all of one communicator: one process
-    driving several devices (``hal.create_channels``)."""
+    driving several devices (``hal.create_channels``). ``symmetric_bytes``: as ``init``'s."""
+    symmetric_bytes = _check_symmetric_bytes(symmetric_bytes)
     resolved = [context_for(d).device for d in devices]
-    return [Group(channel) for channel in hal.create_channels(resolved, timeout=timeout)]
+    return _with_overlap(hal.create_channels(resolved, timeout=timeout), symmetric_bytes)
+
+
+def _check_symmetric_bytes(symmetric_bytes: object) -> int:
+    try:
+        return hal.checks.check_int(symmetric_bytes, "symmetric_bytes")
+    except hal.InvalidArgumentError as exc:
+        raise InvalidValueError(str(exc.message)) from None
+
+
+def _with_overlap(channels: list[hal.Channel], symmetric_bytes: int) -> list[Group]:
+    """Groups of ``channels`` (this process's ranks of one communicator); with ``symmetric_bytes``,
+    each with its arena and its overlapped group (every rank makes them together). On failure the
+    channels made here are closed."""
+    if not symmetric_bytes:
+        return [Group(channel) for channel in channels]
+    made = list(channels)
+    try:
+        arenas = hal.allocate_symmetric(channels, symmetric_bytes)
+        capped = hal.split_channels(channels, [0] * len(channels), [c.rank for c in channels],
+                                    max_blocks=OVERLAP_BLOCKS)
+        made += capped  # type: ignore[arg-type]
+        capped_arenas = hal.allocate_symmetric(capped, symmetric_bytes)  # type: ignore[arg-type]
+    except BaseException:
+        for channel in made:
+            channel.close()  # (their buffers go with their devices' memory)
+        raise
+    result = []
+    for channel, arena, sub, sub_arena in zip(channels, arenas, capped, capped_arenas):
+        group = Group(channel, Arena(arena))
+        group.overlapped = Group(sub, Arena(sub_arena))  # type: ignore[arg-type]
+        result.append(group)
+    return result
 
 
 def group_of(group_id: int) -> Group:
@@ -199,10 +303,13 @@ def average_gradients(grads: Sequence[Array], group: Group, bucket_bytes: int = 
     level and go out as one group, which NCCL runs as one launch (PyTorch's coalesced collectives)."""
     grads = list(grads)
     out: list = [None] * len(grads)
-    for bucket in _buckets(grads, bucket_bytes, "average_gradients"):
+    made = _buckets(grads, bucket_bytes, "average_gradients")
+    for number, bucket in enumerate(made):
+        # (every bucket but the last on the capped channel, where the group has one: see the module)
+        on = group.overlapped if group.overlapped is not None and number < len(made) - 1 else group
         for i in bucket:
             others = tuple(grads[j] for j in bucket if j != i)
-            out[i] = _reduce(grads[i], group, "avg", "average_gradients", after=others)
+            out[i] = _reduce(grads[i], on, "avg", "average_gradients", after=others)
     return out
 
 

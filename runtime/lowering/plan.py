@@ -39,7 +39,7 @@ class Plan:
     """Units to record and the unified buffer index of every value (see the module)."""
 
     __slots__ = ("order", "units", "deferred", "noted", "n_ext", "fresh", "temps", "fixed", "tail", "bound",
-                 "captured", "index_of_node", "temp_index", "slot_of_root", "total", "table_slots")
+                 "captured", "index_of_node", "temp_index", "slot_of_root", "total", "table_slots", "pieces")
 
     def __init__(self) -> None:
         self.order: list = []  # the nodes, backward graphs expanded
@@ -58,6 +58,7 @@ class Plan:
         self.slot_of_root: dict = {}  # id(root) -> unified index
         self.total = 0  # unified indices in all
         self.table_slots: list = []  # the unified indices bound through the table, in table order
+        self.pieces: list = []  # (arena, piece) of the fixed scratch in a group's symmetric memory
 
 
 def plan(ctx: DeviceContext, order: list, externals: list, keep: int | None, owned: bool) -> Plan:
@@ -90,6 +91,7 @@ def plan(ctx: DeviceContext, order: list, externals: list, keep: int | None, own
     temps = [(("tmp", id(unit), t), nb) for unit in p.units for t, nb in enumerate(unit.temps)]
     scratch += [entry for entry in temps if type(entry[1]) is not ZeroedScratch]
     own_tail = not owned and sum(nb for _, nb in scratch) <= OWNED_SCRATCH
+    windowed = symmetric_operands(order, p.units, alias) if owned else None
     # Zeroed scratch last: owned whatever the rest, so its unified indices follow the scratch
     # taken at each submission, as the table places the owned after it.
     zeroed = [entry for entry in temps if type(entry[1]) is ZeroedScratch]
@@ -98,7 +100,12 @@ def plan(ctx: DeviceContext, order: list, externals: list, keep: int | None, own
             index_of_node[what[1]] = k
         else:
             p.temp_index[what[1:]] = k
-        if type(nb) is ZeroedScratch:
+        arena = windowed.get(what[1]) if windowed and what[0] == "node" else None
+        piece = arena.take(nb) if arena is not None else None
+        if piece is not None:  # (bucket 0: the arena's, never the buffer cache's)
+            p.fixed[k] = (piece, 0)
+            p.pieces.append((arena, piece))
+        elif type(nb) is ZeroedScratch:
             (p.fixed if owned else p.tail)[k] = zeroed_buffer(ctx, nb)
         elif owned:
             p.fixed[k] = ctx.buffers.acquire(nb, host=False)
@@ -127,6 +134,32 @@ def plan(ctx: DeviceContext, order: list, externals: list, keep: int | None, own
     p.total = k
     p.table_slots = [s for s in range(k) if s not in p.fixed and s not in p.bound]
     return p
+
+
+def symmetric_operands(order: list, units: list, alias: dict | None) -> dict[int, object]:
+    """Index in ``order`` -> the arena of the group whose all-reduce reads or writes that node, for
+    the groups with symmetric memory (runtime/distributed.py): rt.compile's recording places those
+    operands there, so that NCCL's symmetric kernels reduce them. ``alias``: id(gradient node) -> the
+    node its backward graph computes it as (``expand_grads``)."""
+    windowed: dict[int, object] = {}
+    position = None
+    for unit in units:
+        for cmd in unit.cmds:
+            if cmd[0] != "collective" or cmd[1] != "all_reduce":
+                continue
+            arena = getattr(cmd[2], "arena", None)
+            if arena is None:
+                continue
+            if position is None:
+                position = {id(node): i for i, node in enumerate(order)}
+            windowed[unit.first] = arena
+            source = root_of(unit.node.inputs[0])
+            if alias:  # (a gradient: the root of its backward graph's result)
+                source = alias.get(id(source), source)
+            source = position.get(id(source))
+            if source is not None:
+                windowed[source] = arena
+    return windowed
 
 
 def zeroed_buffer(ctx: DeviceContext, nbytes: int) -> tuple:

@@ -155,6 +155,113 @@ def test_data_parallel_training_equals_the_whole_batch_on_one_device(ranks, comp
             np.testing.assert_array_equal(a, b)
 
 
+def _whole_batch(params, x, y, steps: int = 3) -> list[np.ndarray]:
+    """The parameters after ``steps`` SGD steps on the whole batch, on one CPU device."""
+    one = hal.create_device("local-sync")
+    state = [rt.array(p, device=one) for p in params]
+    X, Y = rt.array(x, device=one), rt.array(y, device=one)
+    for _ in range(steps):
+        _, grads = value_and_grad(*state, X, Y)
+        state = [p - 0.1 * g for p, g in zip(state, grads)]
+    return [s.numpy() for s in state]
+
+
+def _fake_gpus(n: int, mode: str):
+    """``n`` devices of one simulated GPU driver, lowered as GPUs (tests/drivers/fake_gpu.py), and its
+    simulated NCCL."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from drivers.fake_gpu import FakeGpuDriver
+
+    from runtime.device import context_for
+
+    driver = FakeGpuDriver()
+    devices = [driver.create_device(i, command_buffer=mode) for i in range(n)]
+    for device in devices:
+        context_for(device).is_gpu = True
+    return driver, devices
+
+
+@pytest.mark.parametrize("where", ["local-task", "fake-gpu-graph", "fake-gpu-stream"])
+def test_overlapped_buckets_in_symmetric_memory_train_as_the_whole_batch(where):
+    """``symmetric_bytes``: rt.compile places every bucket's all-reduce operands in the group's
+    symmetric memory, the buckets before the last on the capped channel (``Group.overlapped``); the
+    training equals the whole batch's on one device, and on the simulated NCCL every all-reduce of
+    the step is the symmetric kind, the early buckets' on the capped communicator."""
+    n = 2
+    if where == "local-task":
+        driver, devices = None, [make_device("local-task", i) for i in range(n)]
+    else:
+        driver, devices = _fake_gpus(n, where.rpartition("-")[2])
+    groups = rt.distributed.groups(devices, symmetric_bytes=1 << 16)
+    assert all(g.overlapped.channel.max_blocks == rt.distributed.OVERLAP_BLOCKS for g in groups)
+    assert all(g.arena.buffer.size == g.overlapped.arena.buffer.size == 1 << 16 for g in groups)
+    params, x, y = params_and_data(12 * n)
+
+    def step(w1, b1, w2, b2, x, y, group):
+        _, grads = value_and_grad(w1, b1, w2, b2, x, y)
+        grads = rt.distributed.average_gradients(grads, group, bucket_bytes=600)  # several buckets
+        return [p - 0.1 * g for p, g in zip((w1, b1, w2, b2), grads)]
+
+    def rank_fn(r):
+        state = [rt.array(p, device=devices[r]) for p in params]
+        xs = rt.array(x[12 * r:12 * (r + 1)], device=devices[r])
+        ys = rt.array(y[12 * r:12 * (r + 1)], device=devices[r])
+        run = rt.compile(lambda *a: step(*a, groups[r]))
+        for _ in range(3):
+            state = run(*state, xs, ys)
+            rt.eval(*state)
+        held = [bool(groups[r].arena.taken), bool(groups[r].overlapped.arena.taken)]  # (the compiled step's)
+        return [s.numpy() for s in state], held
+
+    try:
+        results = run_ranks(devices, rank_fn)
+        assert all(held == [True, True] for _, held in results)
+        assert all(not g.arena.taken and not g.overlapped.arena.taken for g in groups)  # (given back with it)
+        for got, _ in results:
+            for a, b in zip(got, _whole_batch(params, x, y)):
+                np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+        if driver is not None:
+            calls = driver.nccl.calls
+            assert calls.get("symmetric all_reduce", 0) == calls["all_reduce"] - 2 * n  # (all but the warm-ups')
+            capped = [g.overlapped.channel.comm for g in groups]
+            assert all(c.max_blocks == rt.distributed.OVERLAP_BLOCKS and c.windows for c in capped)
+    finally:
+        for group in groups:
+            group.close()
+        for device in devices:
+            device.close()
+
+
+def test_hostile_symmetric_sizes_are_refused_before_any_channel():
+    device = hal.create_device("local-sync")
+    for bad in (-1, 1.5, True, "1", None):
+        with pytest.raises(rt.InvalidValueError):
+            rt.distributed.groups([device], symmetric_bytes=bad)
+        with pytest.raises(rt.InvalidValueError):
+            rt.distributed.init(device, rank=0, size=1, symmetric_bytes=bad)
+    group = rt.distributed.init(device, rank=0, size=1, symmetric_bytes=0)
+    assert group.arena is None and group.overlapped is None
+    group.close()
+    device.close()
+
+
+def test_an_arena_hands_out_aligned_pieces_and_merges_them_back():
+    device = hal.create_device("local-sync")
+    arena = rt.distributed.Arena(device.allocator.allocate(4 * rt.distributed.Arena.ALIGN))
+    a, b, c = arena.take(10), arena.take(rt.distributed.Arena.ALIGN + 1), arena.take(1)
+    assert (a.size, b.size, c.size) == (10, rt.distributed.Arena.ALIGN + 1, 1)
+    assert arena.take(1) is None  # (four aligned ranges: all taken)
+    arena.give(a)
+    arena.give(c)
+    assert arena.take(2 * rt.distributed.Arena.ALIGN) is None  # (a's and c's ranges are not adjacent)
+    arena.give(b)
+    assert arena.free == [(0, 4 * rt.distributed.Arena.ALIGN)]
+    device.close()
+
+
 def _layer_grads(device, widths):
     """The lazy gradients of a ReLU network's squared loss: (w1, b1, w2, b2, ...) for ``widths``."""
     rng = np.random.default_rng(3)
