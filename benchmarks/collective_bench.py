@@ -413,49 +413,67 @@ def dp_step_of(group):
     return rt.compile(step)
 
 
-def mlp_worker(rank: int, world: int, id: bytes, rounds: int, out: str) -> None:
+#: Symmetric memory of each group of the overlapped data-parallel step: a bucket's gradients and
+#: their averages (2 x 16 MB for the MLP's largest bucket), with room for alignment.
+SYMMETRIC_BYTES = 48 << 20
+
+
+def mlp_worker(rank: int, world: int, ids: list[bytes], rounds: int, out: str) -> None:
     """One rank of ``mlp_processes``: this process's GPU, a channel of one rank, the compiled
-    data-parallel step and the one-GPU step, each timed by every rank at once after a barrier."""
+    data-parallel step (ordinary buffers, and overlapped in symmetric memory on a group of its own:
+    ``rt.distributed``'s ``symmetric_bytes``) and the one-GPU step, each timed by every rank at
+    once after a barrier."""
     import workload_mlp as mlp
 
     import runtime as rt
 
     params_np, x_all, y_all, batch = mlp.global_batch(False, world)
     device = hal.create_device(f"cuda://{rank}")
-    group = rt.distributed.init(device, rank=rank, size=world, id=id)
+    group = rt.distributed.init(device, rank=rank, size=world, id=ids[0])
+    sym_group = rt.distributed.init(device, rank=rank, size=world, id=ids[1], symmetric_bytes=SYMMETRIC_BYTES)
     try:
         token = rt.array(np.zeros(1, np.float32), device=device)
 
         def barrier() -> None:  # (an all-reduce read back: every rank got here)
             rt.distributed.all_sum(token, group).numpy()
 
-        dp_c, one_c = dp_step_of(group), rt.compile(mlp.step)
+        dp_c, sym_c, one_c = dp_step_of(group), dp_step_of(sym_group), rt.compile(mlp.step)
         x = rt.array(x_all[rank * batch:(rank + 1) * batch], device=device)
         y = rt.array(y_all[rank * batch:(rank + 1) * batch], device=device)
         dp_state = [rt.array(p, device=device) for p in params_np]
+        sym_state = [rt.array(p, device=device) for p in params_np]
         one_state = [rt.array(p, device=device) for p in params_np]
 
         def dp_steps(count: int) -> None:
             for _ in range(count):
                 dp_state[:] = dp_c(*dp_state, x, y)[:4]
 
+        def sym_steps(count: int) -> None:
+            for _ in range(count):
+                sym_state[:] = sym_c(*sym_state, x, y)[:4]
+
         def one_steps(count: int) -> None:
             for _ in range(count):
                 one_state[:] = one_c(*one_state, x, y)[:4]
 
         dp_steps(1)
-        first = [np.asarray(a) for a in dp_state]
+        sym_steps(1)
         whole = one_c(*[rt.array(p, device=device) for p in params_np], rt.array(x_all, device=device),
                       rt.array(y_all, device=device))[:4]
-        agreement = max(float(np.max(np.abs(o - np.asarray(r))) / max(float(np.max(np.abs(np.asarray(r)))), 1e-30))
-                        for o, r in zip(first, whole))
-        for run in (dp_steps, one_steps):  # warm-up: compiles and caches
+
+        def agreement(state: list) -> float:
+            return max(float(np.max(np.abs(np.asarray(o) - np.asarray(r))) / max(float(np.max(np.abs(np.asarray(r)))),
+                                                                                 1e-30)) for o, r in zip(state, whole))
+
+        agreements = [agreement(dp_state), agreement(sym_state)]
+        contenders = (("one_gpu", one_steps), ("data_parallel", dp_steps), ("data_parallel_symmetric", sym_steps))
+        for _, run in contenders:  # warm-up: compiles and caches
             run(3)
         rt.synchronize(device)
-        times: dict[str, list[float]] = {"one_gpu": [], "data_parallel": []}
+        times: dict[str, list[float]] = {name: [] for name, _ in contenders}
         steps = 20
         for _ in range(rounds):
-            for name, run in (("one_gpu", one_steps), ("data_parallel", dp_steps)):
+            for name, run in contenders:
                 barrier()
                 started = time.perf_counter()
                 run(steps)
@@ -463,14 +481,18 @@ def mlp_worker(rank: int, world: int, id: bytes, rounds: int, out: str) -> None:
                 times[name].append((time.perf_counter() - started) / steps)
         barrier()
         if rank == 0:
-            one, dp = statistics.median(times["one_gpu"]), statistics.median(times["data_parallel"])
+            one, dp, sym = (statistics.median(times[name]) for name, _ in contenders)
             Path(out).write_text(json.dumps({
                 "batch_per_gpu": batch, "gpus": world, "shape": list(mlp.FULL),
                 "one_gpu_step_ms": one * 1e3, "data_parallel_step_ms": dp * 1e3,
                 "speedup": world * one / dp,
-                "first_step_max_relative_difference_vs_one_gpu_whole_batch": agreement,
+                "first_step_max_relative_difference_vs_one_gpu_whole_batch": agreements[0],
+                "symmetric": {"data_parallel_step_ms": sym * 1e3, "speedup": world * one / sym,
+                              "symmetric_bytes": SYMMETRIC_BYTES,
+                              "first_step_max_relative_difference_vs_one_gpu_whole_batch": agreements[1]},
                 "spread_ms": {k: [min(v) * 1e3, max(v) * 1e3] for k, v in times.items()}}))
     finally:
+        sym_group.close()
         group.close()
         device.close()
 
@@ -481,8 +503,8 @@ def mlp_processes(args, gpus: int) -> dict:
     processes (every GPU running it on its own part at once)."""
     from nccl.bindings import nccl
 
-    id = bytes(nccl.get_unique_id())
-    return run_ranks(gpus, lambda rank, out: [__file__, "--mlp-worker", str(rank), str(gpus), id.hex(),
+    ids = ",".join(bytes(nccl.get_unique_id()).hex() for _ in range(2))
+    return run_ranks(gpus, lambda rank, out: [__file__, "--mlp-worker", str(rank), str(gpus), ids,
                                               str(args.rounds), out], "workers")
 
 
@@ -605,6 +627,8 @@ def verdicts(report: dict) -> dict:
             out[f"{section}_dp_speedup_meets_target"] = mlp["speedup"] >= TARGETS["dp_speedup"]
             if "speedup" in report.get("torch_mlp", {}):
                 out[f"{section}_dp_speedup_vs_torch_ddp"] = mlp["speedup"] / report["torch_mlp"]["speedup"]
+        if "speedup" in mlp.get("symmetric", {}):
+            out[f"{section}_symmetric_dp_speedup_meets_target"] = mlp["symmetric"]["speedup"] >= TARGETS["dp_speedup"]
     return out
 
 
@@ -615,8 +639,8 @@ def main() -> None:
                        [int(s) for s in sizes.split(",")], int(rounds), out)
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--mlp-worker":
-        rank, world, id, rounds, out = sys.argv[2:7]
-        mlp_worker(int(rank), int(world), bytes.fromhex(id), int(rounds), out)
+        rank, world, ids, rounds, out = sys.argv[2:7]
+        mlp_worker(int(rank), int(world), [bytes.fromhex(i) for i in ids.split(",")], int(rounds), out)
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--torch-worker":
         rank, world, port, sizes, rounds, out = sys.argv[2:8]

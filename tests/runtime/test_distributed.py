@@ -184,15 +184,16 @@ def _fake_gpus(n: int, mode: str):
     return driver, devices
 
 
-@pytest.mark.parametrize("where", ["local-task", "fake-gpu-graph", "fake-gpu-stream"])
+@pytest.mark.parametrize("where", ["local-task", "fake-gpu-graph", "fake-gpu-stream"]
+                         + ["cuda"] * (("cuda", 2) in _cuda_ranks()))
 def test_overlapped_buckets_in_symmetric_memory_train_as_the_whole_batch(where):
     """``symmetric_bytes``: rt.compile places every bucket's all-reduce operands in the group's
     symmetric memory, the buckets before the last on the capped channel (``Group.overlapped``); the
     training equals the whole batch's on one device, and on the simulated NCCL every all-reduce of
     the step is the symmetric kind, the early buckets' on the capped communicator."""
     n = 2
-    if where == "local-task":
-        driver, devices = None, [make_device("local-task", i) for i in range(n)]
+    if where in ("local-task", "cuda"):
+        driver, devices = None, [make_device(where, i) for i in range(n)]
     else:
         driver, devices = _fake_gpus(n, where.rpartition("-")[2])
     groups = rt.distributed.groups(devices, symmetric_bytes=1 << 16)
