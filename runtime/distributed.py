@@ -309,7 +309,10 @@ def average_gradients(grads: Sequence[Array], group: Group, bucket_bytes: int = 
         on = group.overlapped if group.overlapped is not None and number < len(made) - 1 else group
         for i in bucket:
             others = tuple(grads[j] for j in bucket if j != i)
-            out[i] = _reduce(grads[i], on, "avg", "average_gradients", after=others)
+            if on.arena is None:
+                out[i] = _reduce(grads[i], on, "avg", "average_gradients", after=others)
+            else:  # NCCL's symmetric kernels sum but do not average: the division fuses into the consumer
+                out[i] = _reduce(grads[i], on, "sum", "average_gradients", after=others) / on.size
     return out
 
 
