@@ -546,17 +546,13 @@ def split_channels(channels: Sequence[Channel], colors: Sequence[int | None],
     """``Channel.split`` for several ranks of one communicator driven by this thread (grouped as
     NCCL requires): rank ``channels[i]`` joins the channel of color ``colors[i]`` (None: none)."""
     max_blocks = check_max_blocks(max_blocks)
-    channels = list(check_sequence(channels, "channels", "hal.Channel"))
+    channels = _check_channels(channels, "split")
     colors = list(check_sequence(colors, "split colors", "ints or None"))
     keys = [0] * len(channels) if keys is None else list(check_sequence(keys, "split keys", "ints"))
-    if not channels or len(colors) != len(channels) or len(keys) != len(channels):
+    if len(colors) != len(channels) or len(keys) != len(channels):
         raise InvalidArgumentError(
             f"split takes one color and key per channel: {len(channels)} channels, {len(colors)} colors, "
             f"{len(keys)} keys")
-    for channel in channels:
-        if not isinstance(channel, Channel):
-            raise InvalidArgumentError(f"split takes hal.Channel objects, got {type(channel).__name__}")
-        channel.check_usable("split")
     colors = [None if c is None else check_int(c, "split color") for c in colors]
     keys = [check_int(k, "split key", minimum=-(1 << 31), maximum=(1 << 31) - 1) for k in keys]
     factory = factory_of(channels[0].device)

@@ -822,7 +822,6 @@ class GpuCollectives:
                     made_channel.meetings = Exchanges(made_channel)
         return result
 
-
     def allocate_symmetric(self, channels: Sequence[Channel], size: int) -> list:
         """Each channel's buffer of ``size`` bytes: ``mem_alloc``'s memory registered as a window of
         the communicator its collectives are issued on, every rank of this process in one group
