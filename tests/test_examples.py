@@ -83,8 +83,9 @@ def test_every_flag_has_help_with_its_default(name):
         assert "default: " in " ".join(entry.split()), entry
 
 
-def test_data_parallel_mlp_on_cpu_devices_of_one_process():
+@pytest.mark.parametrize("symmetric", [[], ["--symmetric-mb", "1"]])
+def test_data_parallel_mlp_on_cpu_devices_of_one_process(symmetric):
     proc = example("data_parallel_mlp", "--driver", "local-task", "--local", "3", "--small", "--steps", "3",
-                   "--batch", "16")
+                   "--batch", "16", *symmetric)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "on 3 ranks" in proc.stdout and "ranks identical: True -> OK" in proc.stdout
