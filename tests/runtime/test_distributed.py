@@ -232,6 +232,9 @@ def test_overlapped_buckets_in_symmetric_memory_train_as_the_whole_batch(where):
     finally:
         for group in groups:
             group.close()
+        if driver is not None:  # every arena deregistered and freed with its group
+            calls = driver.nccl.calls
+            assert calls["ncclMemFree"] == calls["ncclCommWindowDeregister"] == calls["ncclMemAlloc"] == 2 * n
         for device in devices:
             device.close()
 
