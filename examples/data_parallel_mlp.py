@@ -11,8 +11,9 @@ one collective per bucket, recorded in the same graph as the backward pass, so a
 all-reduce runs beside the rest of the backward pass) and updates the parameters. A rank's step
 only queues work on a GPU, so one thread could drive every GPU; a CPU device runs a collective on
 the calling thread, where it waits for the other ranks, so each rank here has a thread of its own.
-Every rank ends with the same parameters; the last line compares them with one device's steps over
-the whole batch.
+Every rank ends with the same parameters; the last line compares the first step with one device's
+step over the whole batch (float32 rounding), and reports how far the trajectories drifted apart by
+the last step (rounding differences grow from step to step).
 
 ``--symmetric-mb N`` gives each group N MB of symmetric memory (``rt.distributed``'s
 ``symmetric_bytes``): the buckets' all-reduces then run in NCCL's symmetric kernels, those before
@@ -105,6 +106,8 @@ def main() -> int:
     def train(r: dict) -> None:
         for step in range(args.steps):
             *r["state"], r["loss"] = r["step"](*r["state"], r["x"], r["y"])
+            if step == 0:
+                r["first"] = [np.array(np.asarray(a)) for a in r["state"]]
             if step in (0, args.steps - 1) and r["group"].rank == 0:
                 print(f"step {step}: loss {float(r['loss']):.5f} (mean over {size} ranks)")
         rt.synchronize(r["group"].device)
@@ -120,20 +123,27 @@ def main() -> int:
     print(f"{args.steps} steps of {args.batch * size} samples on {size} ranks: "
           f"{args.steps * args.batch * size / elapsed:,.0f} samples/s")
 
-    # One device over the whole batch, the same steps: the parameters agree to float32 rounding.
+    # One device over the whole batch: its first step agrees to float32 rounding; later steps drift.
     first = ranks[0]["group"].device
     one = [rt.array(p, device=first) for p in params]
     X, Y = rt.array(x_all, device=first), rt.array(y_all, device=first)
-    for _ in range(args.steps):
+
+    def difference(states: list) -> float:
+        return max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / max(float(np.max(np.abs(np.asarray(b)))),
+                                                                              1e-30))
+                   for state in states for a, b in zip(state, one))
+
+    for step in range(args.steps):
         _, grads = value_and_grad(*one, X, Y)
         one = [p - LR * g for p, g in zip(one, grads)]
         rt.eval(*one)
-    worst = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / max(float(np.max(np.abs(np.asarray(b)))), 1e-30))
-                for r in ranks for a, b in zip(r["state"], one))
+        if step == 0:
+            first_step = difference([r["first"] for r in ranks])
+    last_step = difference([r["state"] for r in ranks])
     same = all(np.array_equal(np.asarray(a), np.asarray(b)) for r in ranks[1:]
                for a, b in zip(r["state"], ranks[0]["state"]))
-    ok = worst < 1e-4 and same
-    print(f"against one device's steps: largest relative difference {worst:.2e}; "
+    ok = first_step < 1e-5 and same
+    print(f"against one device: first step {first_step:.2e} (relative), after {args.steps} steps {last_step:.2e}; "
           f"ranks identical: {same} -> {'OK' if ok else 'WRONG'}")
     for r in ranks:
         r["group"].close()
