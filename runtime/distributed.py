@@ -25,7 +25,8 @@ group ``n`` bytes of symmetric memory (``hal.allocate_symmetric``) and a second 
 bucket but the last is reduced on the capped channel: NCCL's symmetric-memory kernels move it on a
 few SMs beside the GEMMs of the rest of the backward pass; the last bucket, with nothing left to run
 beside it, takes the whole GPU. Operands that do not fit go to ordinary memory, where the
-collectives run as they would without it.
+collectives run as they would without it; the memory is not reused before the group closes
+(``Arena``), so a step compiled again takes more of it.
 """
 
 from __future__ import annotations
@@ -73,46 +74,29 @@ _lock = threading.Lock()
 
 
 class Arena:
-    """A group's symmetric memory, handed out in pieces (``take``, ``give``): first fit over the
-    free ranges, aligned, merged again on return. Every rank plans the same graphs in the same
-    order, so every rank's pieces lie alike (NCCL needs no more: each operand in a window)."""
+    """A group's symmetric memory, handed out in aligned pieces from its start (``take``), never
+    taken back before the group closes. NCCL's symmetric kernels find a peer's operand at the
+    local operand's offset in the peer's window, so every rank's pieces must lie alike: every rank
+    plans the same graphs in the same order, and so takes the same pieces, while reusing a piece
+    would follow when each rank's Python let go of a recording. A piece that does not fit is None
+    (the operand goes to ordinary memory)."""
 
     ALIGN = 4096
 
     def __init__(self, buffer: hal.Buffer) -> None:
         self.buffer = buffer
-        self.free: list[tuple[int, int]] = [(0, buffer.size)]  # (offset, length), by offset
-        self.taken: dict[int, tuple[int, int]] = {}  # id(piece) -> (offset, length)
+        self.used = 0  # bytes handed out, from the start
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> hal.Buffer | None:
-        """A piece of ``nbytes``, or None when no free range holds it."""
+        """The next piece of ``nbytes`` (aligned), or None when the rest does not hold it."""
         length = -(-nbytes // self.ALIGN) * self.ALIGN
         with self._lock:
-            for i, (offset, size) in enumerate(self.free):
-                if size >= length:
-                    if size == length:
-                        del self.free[i]
-                    else:
-                        self.free[i] = (offset + length, size - length)
-                    piece = self.buffer.subspan(offset, nbytes)
-                    self.taken[id(piece)] = (offset, length)
-                    return piece
-        return None
-
-    def give(self, piece: hal.Buffer) -> None:
-        """Return a piece ``take`` gave (its last use queued before: the device runs in queue order)."""
-        with self._lock:
-            offset, length = self.taken.pop(id(piece))
-            free = sorted([*self.free, (offset, length)])
-            merged = [free[0]]
-            for start, size in free[1:]:
-                last_start, last_size = merged[-1]
-                if last_start + last_size == start:
-                    merged[-1] = (last_start, last_size + size)
-                else:
-                    merged.append((start, size))
-            self.free = merged
+            offset = self.used
+            if offset + length > self.buffer.size:
+                return None
+            self.used = offset + length
+        return self.buffer.subspan(offset, nbytes)
 
 
 class Group:

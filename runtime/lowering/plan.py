@@ -15,7 +15,7 @@ Everything but the scratch bound directly and the constants is bound through the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hal import env
 
@@ -39,7 +39,7 @@ class Plan:
     """Units to record and the unified buffer index of every value (see the module)."""
 
     __slots__ = ("order", "units", "deferred", "noted", "n_ext", "fresh", "temps", "fixed", "tail", "bound",
-                 "captured", "index_of_node", "temp_index", "slot_of_root", "total", "table_slots", "pieces")
+                 "captured", "index_of_node", "temp_index", "slot_of_root", "total", "table_slots")
 
     def __init__(self) -> None:
         self.order: list = []  # the nodes, backward graphs expanded
@@ -58,7 +58,6 @@ class Plan:
         self.slot_of_root: dict = {}  # id(root) -> unified index
         self.total = 0  # unified indices in all
         self.table_slots: list = []  # the unified indices bound through the table, in table order
-        self.pieces: list = []  # (arena, piece) of the fixed scratch in a group's symmetric memory
 
 
 def plan(ctx: DeviceContext, order: list, externals: list, keep: int | None, owned: bool) -> Plan:
@@ -102,9 +101,8 @@ def plan(ctx: DeviceContext, order: list, externals: list, keep: int | None, own
             p.temp_index[what[1:]] = k
         arena = windowed.get(what[1]) if windowed and what[0] == "node" else None
         piece = arena.take(nb) if arena is not None else None
-        if piece is not None:  # (bucket 0: the arena's, never the buffer cache's)
+        if piece is not None:  # (bucket 0: the arena's for good, never the buffer cache's)
             p.fixed[k] = (piece, 0)
-            p.pieces.append((arena, piece))
         elif type(nb) is ZeroedScratch:
             (p.fixed if owned else p.tail)[k] = zeroed_buffer(ctx, nb)
         elif owned:
@@ -136,13 +134,13 @@ def plan(ctx: DeviceContext, order: list, externals: list, keep: int | None, own
     return p
 
 
-def symmetric_operands(order: list, units: list, alias: dict | None) -> dict[int, object]:
+def symmetric_operands(order: list, units: list, alias: dict | None) -> dict[int, Any]:
     """Index in ``order`` -> the arena of the group whose all-reduce reads or writes that node, for
     the groups with symmetric memory (runtime/distributed.py): rt.compile's recording places those
     operands there, so that NCCL's symmetric kernels reduce them. ``alias``: id(gradient node) -> the
     node its backward graph computes it as (``expand_grads``)."""
-    windowed: dict[int, object] = {}
-    position = None
+    windowed: dict[int, Any] = {}
+    position: dict[int, int] | None = None
     for unit in units:
         for cmd in unit.cmds:
             if cmd[0] != "collective" or cmd[1] != "all_reduce":
@@ -156,9 +154,9 @@ def symmetric_operands(order: list, units: list, alias: dict | None) -> dict[int
             source = root_of(unit.node.inputs[0])
             if alias:  # (a gradient: the root of its backward graph's result)
                 source = alias.get(id(source), source)
-            source = position.get(id(source))
-            if source is not None:
-                windowed[source] = arena
+            index = position.get(id(source))
+            if index is not None:
+                windowed[index] = arena
     return windowed
 
 

@@ -33,7 +33,7 @@ class Recording:
     __slots__ = ("cb", "n_ext", "fresh", "temps", "table_size", "footprint", "scratch", "levels",
                  "dispatches", "fused", "program", "last_table", "last_ext", "captured", "buckets",
                  "fresh_buckets", "moved", "no_prefer", "deferred", "guards", "owner", "tail", "held", "held_outs",
-                 "held_storages", "held_buffers", "held_refs", "execution", "collectives", "pieces", "__weakref__")
+                 "held_storages", "held_buffers", "held_refs", "execution", "collectives", "__weakref__")
 
     def __init__(self, cb, n_ext: int, fresh: list, temps: list, levels: int, dispatches: int) -> None:
         self.cb = cb
@@ -54,7 +54,6 @@ class Recording:
         self.collectives = False
         self.captured: list = []  # storages of constants bound directly (their fences follow the submissions)
         self.scratch = None  # unified index -> (buffer, bucket) the recording owns (rt.compile, small CPU scratch)
-        self.pieces: list = []  # (arena, piece): owned scratch in a group's symmetric memory (bucket 0)
         self.owner = None  # the context its owned scratch goes back to when it is dropped
         self.tail: list = []  # owned scratch bound through the table, after the fresh buffers (evals)
         self.program = None  # (context, id) of the CPU program this recording runs
@@ -86,12 +85,9 @@ class Recording:
 
     def release_scratch(self, ctx: DeviceContext) -> None:
         scratch, self.scratch = self.scratch, None
-        pieces, self.pieces = self.pieces, []
         for buf, bucket in (scratch or {}).values():
-            if bucket:  # (bucket 0: a piece of an arena, given back below)
+            if bucket:  # (bucket 0: a piece of a group's symmetric memory, kept by the group: distributed.Arena)
                 ctx.buffers.release(buf, bucket, ctx.submitted)
-        for arena, piece in pieces:
-            arena.give(piece)
 
     def __del__(self) -> None:
         if self.program is not None:
@@ -219,7 +215,6 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
         rec.guards = [(slot[id(r)], r.storage.buffer, r.storage) for r in p.noted if id(r) in slot]
     if fixed:
         rec.scratch = fixed
-        rec.pieces = p.pieces
         rec.footprint += sum(bucket for _, bucket in fixed.values())
     tail = p.tail
     if tail:
