@@ -31,8 +31,9 @@ buffers may then run the library's symmetric-memory kernels: lower latency, and 
 ``max_blocks``, a bandwidth-bound all-reduce overlaps a GEMM that a plain one only waits behind).
 NCCL registers them with ``NCCL_WIN_COLL_SYMMETRIC``: a collective's operands must lie at the same
 offset of every rank's buffer (the kernels find a peer's operand at the local one's offset; other
-offsets read the wrong bytes, unchecked). The buffers are ordinary device buffers otherwise (dispatches, copies, any channel's collectives);
-``channel.symmetric_memory`` says whether the driver registers them (False: plain allocations).
+offsets read the wrong bytes, unchecked). The buffers are ordinary device buffers otherwise
+(dispatches, copies, any channel's collectives); ``channel.symmetric_memory`` says whether the
+driver registers them (False: plain allocations).
 
 Operations and their operands (``count`` elements of ``dtype``; ``n`` ranks; ``r`` this rank):
 
