@@ -399,6 +399,13 @@ def torch_rounds(args, gpus: int, sizes: list[int]) -> dict:
 
 
 # ---- the data-parallel MLP step ---------------------------------------------------------------------------
+def max_relative(ours: list, reference: list) -> float:
+    """The largest difference of two parameter lists, each relative to its reference's largest value."""
+    import workload_mlp as mlp
+
+    return max(mlp.relative(np.asarray(o), np.asarray(r)) for o, r in zip(ours, reference))
+
+
 def dp_step_of(group):
     """The compiled data-parallel step of ``group``'s rank: gradients averaged by ``average_gradients``."""
     import workload_mlp as mlp
@@ -442,32 +449,21 @@ def mlp_worker(rank: int, world: int, ids: list[bytes], rounds: int, out: str) -
         dp_c, sym_c, one_c = dp_step_of(group), dp_step_of(sym_group), rt.compile(mlp.step)
         x = rt.array(x_all[rank * batch:(rank + 1) * batch], device=device)
         y = rt.array(y_all[rank * batch:(rank + 1) * batch], device=device)
-        dp_state = [rt.array(p, device=device) for p in params_np]
-        sym_state = [rt.array(p, device=device) for p in params_np]
-        one_state = [rt.array(p, device=device) for p in params_np]
+        states = {name: [rt.array(p, device=device) for p in params_np] for name in ("one", "dp", "sym")}
 
-        def dp_steps(count: int) -> None:
-            for _ in range(count):
-                dp_state[:] = dp_c(*dp_state, x, y)[:4]
+        def stepper(compiled, state: list):
+            def steps(count: int) -> None:
+                for _ in range(count):
+                    state[:] = compiled(*state, x, y)[:4]
+            return steps
 
-        def sym_steps(count: int) -> None:
-            for _ in range(count):
-                sym_state[:] = sym_c(*sym_state, x, y)[:4]
-
-        def one_steps(count: int) -> None:
-            for _ in range(count):
-                one_state[:] = one_c(*one_state, x, y)[:4]
-
+        one_steps, dp_steps, sym_steps = (stepper(c, states[n]) for c, n in ((one_c, "one"), (dp_c, "dp"),
+                                                                              (sym_c, "sym")))
         dp_steps(1)
         sym_steps(1)
         whole = one_c(*[rt.array(p, device=device) for p in params_np], rt.array(x_all, device=device),
                       rt.array(y_all, device=device))[:4]
-
-        def agreement(state: list) -> float:
-            return max(float(np.max(np.abs(np.asarray(o) - np.asarray(r))) / max(float(np.max(np.abs(np.asarray(r)))),
-                                                                                 1e-30)) for o, r in zip(state, whole))
-
-        agreements = [agreement(dp_state), agreement(sym_state)]
+        agreements = [max_relative(states[name], whole) for name in ("dp", "sym")]
         contenders = (("one_gpu", one_steps), ("data_parallel", dp_steps), ("data_parallel_symmetric", sym_steps))
         for _, run in contenders:  # warm-up: compiles and caches
             run(3)
@@ -539,9 +535,7 @@ def mlp_data_parallel(args, gpus: int) -> dict:
                        rt.array(y_all, device=devices[0]))[:4]
         ours = [np.asarray(a) for a in state[0]]
         others = [[np.asarray(a) for a in s] for s in state[1:]]
-        ref = [np.asarray(a) for a in whole]
-        agreement = max(float(np.max(np.abs(o - r)) / max(float(np.max(np.abs(r))), 1e-30))
-                        for o, r in zip(ours, ref))
+        agreement = max_relative(ours, whole)
         ranks_equal = all(all(np.array_equal(a, b) for a, b in zip(ours, other)) for other in others)
 
         one_state = [rt.array(p, device=devices[0]) for p in params_np]

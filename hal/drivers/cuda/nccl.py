@@ -120,9 +120,7 @@ class Nccl:
         self._async_error = _checked("ncclCommGetAsyncError", b.comm_get_async_error)
         self._split = _checked("ncclCommSplit", b.comm_split)
         self._finalize = _checked("ncclCommFinalize", b.comm_finalize)
-        #: The configs of the communicators made here (kept alive: NCCL reads them at init): non-blocking
-        #: sharing resources with their splits, and blocking (for ``split(..., blocking=True)``).
-        #: (blocking, max_blocks) -> its ncclConfig_t (see ``config``).
+        #: (blocking, max_blocks) -> the ncclConfig_t of communicators made so (see ``config``).
         self._configs: dict[tuple[bool, int | None], Any] = {}
         self._config = self.config(False, None)
         self.symmetric = version >= SYMMETRIC_VERSION and hasattr(b, "comm_window_register")
