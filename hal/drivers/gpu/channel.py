@@ -669,6 +669,14 @@ class GpuCollectives:
             collectives.channels.add(channel)
         return channel
 
+    def _own(self, channels: Sequence[Channel], what: str) -> list[GpuChannel]:
+        """``channels`` as channels of this library; InvalidArgumentError for any other."""
+        library = self.library
+        for channel in channels:
+            if not isinstance(channel, GpuChannel) or channel.library is not library:
+                raise InvalidArgumentError(f"{what}: the channels belong to different drivers")
+        return list(channels)  # type: ignore[arg-type]
+
     def device_closing(self) -> None:
         """The device closes: its channels break (their peers in this process too) and their
         communicators are aborted, so no NCCL kernel keeps its streams waiting."""
@@ -767,10 +775,7 @@ class GpuCollectives:
     def split(self, channels: Sequence[Channel], colors: Sequence[int | None], keys: Sequence[int],
               max_blocks: int | None = None) -> list:
         library = self.library
-        for channel in channels:
-            if not isinstance(channel, GpuChannel) or channel.library is not library:
-                raise InvalidArgumentError("split: the channels belong to different drivers")
-        gpu_channels: list[GpuChannel] = list(channels)  # type: ignore[arg-type]
+        gpu_channels = self._own(channels, "split")
 
         def break_parents(exc: BaseException) -> None:  # (a split that fails leaves them mid-operation)
             for channel in gpu_channels:
@@ -829,11 +834,7 @@ class GpuCollectives:
         buffer's release deregisters its window and frees the memory once the work before the
         release is done (nothing to deregister once the communicator is gone)."""
         library = self.library
-        gpu_channels: list[GpuChannel] = []
-        for channel in channels:
-            if not isinstance(channel, GpuChannel) or channel.library is not library:
-                raise InvalidArgumentError("allocate_symmetric: the channels belong to different drivers")
-            gpu_channels.append(channel)
+        gpu_channels = self._own(channels, "allocate_symmetric")
         if not library.symmetric:
             return [channel.device.allocator.allocate(size) for channel in gpu_channels]
         nbytes = max(size, 1)  # (as any allocation: an empty buffer still has an address)
