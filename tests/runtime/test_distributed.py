@@ -140,13 +140,7 @@ def test_data_parallel_training_equals_the_whole_batch_on_one_device(ranks, comp
         return [s.numpy() for s in state]
 
     results = run_ranks(devices, rank_fn)
-    one = hal.create_device("local-sync")  # (numpy's products: as close to the GPU's as to another rank's)
-    state = [rt.array(p, device=one) for p in params]
-    X, Y = rt.array(x, device=one), rt.array(y, device=one)
-    for _ in range(3):
-        _, grads = value_and_grad(*state, X, Y)
-        state = [p - 0.1 * g for p, g in zip(state, grads)]
-    want = [s.numpy() for s in state]
+    want = _whole_batch(params, x, y)
     for got in results:
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
@@ -156,7 +150,8 @@ def test_data_parallel_training_equals_the_whole_batch_on_one_device(ranks, comp
 
 
 def _whole_batch(params, x, y, steps: int = 3) -> list[np.ndarray]:
-    """The parameters after ``steps`` SGD steps on the whole batch, on one CPU device."""
+    """The parameters after ``steps`` SGD steps on the whole batch, on one CPU device (numpy's
+    products: as close to the GPU's as to another rank's)."""
     one = hal.create_device("local-sync")
     state = [rt.array(p, device=one) for p in params]
     X, Y = rt.array(x, device=one), rt.array(y, device=one)
@@ -220,8 +215,9 @@ def test_overlapped_buckets_in_symmetric_memory_train_as_the_whole_batch(where):
         results = run_ranks(devices, rank_fn)
         used = [(g.arena.used, g.overlapped.arena.used) for g in groups]
         assert all(a and b for a, b in used) and len(set(used)) == 1  # (every rank's pieces alike)
+        want = _whole_batch(params, x, y)
         for got in results:
-            for a, b in zip(got, _whole_batch(params, x, y)):
+            for a, b in zip(got, want):
                 np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
         if driver is not None:
             calls = driver.nccl.calls
