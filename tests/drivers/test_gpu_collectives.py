@@ -275,8 +275,7 @@ def test_symmetric_buffers_are_registered_windows_that_collectives_run_in(ranks)
             cb.execution_barrier()
             cb.all_reduce(ch, b, p, 4)  # (an ordinary recv: not the symmetric kind)
         cbs.append(cb)
-    for sem in [_submit(d, cb) for d, cb in zip(devices, cbs)]:
-        sem.wait(1, timeout=10)
+    _run(devices, cbs)
     assert calls["symmetric all_reduce"] == 2 and calls["all_reduce"] >= 4
     assert [np.frombuffer(d.read(p), np.float32).tolist() for d, p in zip(devices, plain)] == [[6.0] * 4] * 2
     for b in sym:
@@ -285,12 +284,6 @@ def test_symmetric_buffers_are_registered_windows_that_collectives_run_in(ranks)
         d.wait_idle()
     assert (calls["ncclCommWindowDeregister"], calls["ncclMemFree"]) == (2, 2)
     assert all(c.comm.windows == {} for c in channels)
-
-
-def _submit(device, cb):
-    sem = device.create_semaphore(0)
-    device.queue_execute([cb], signal=[(sem, 1)])
-    return sem
 
 
 def test_a_block_cap_reaches_both_communicators_of_the_split():
