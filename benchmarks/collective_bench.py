@@ -452,10 +452,10 @@ def mlp_worker(rank: int, world: int, ids: list[bytes], rounds: int, out: str) -
         states = {name: [rt.array(p, device=device) for p in params_np] for name in ("one", "dp", "sym")}
 
         def stepper(compiled, state: list):
-            def steps(count: int) -> None:
+            def run_steps(count: int) -> None:
                 for _ in range(count):
                     state[:] = compiled(*state, x, y)[:4]
-            return steps
+            return run_steps
 
         one_steps, dp_steps, sym_steps = (stepper(c, states[n]) for c, n in ((one_c, "one"), (dp_c, "dp"),
                                                                               (sym_c, "sym")))
