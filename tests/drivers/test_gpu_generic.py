@@ -517,9 +517,11 @@ def test_a_graph_rebound_often_switches_to_indirect_bindings(fake_driver):
     with fake_driver.create_device() as dev:
         exe = kernels(dev)
         bufs = zeroed(dev, 2)
+        marker = dev.allocator.allocate(4)
         cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=1)
-        with cb.record():
+        with cb.record():  # (a second command: a lone kernel is launched on the stream, not as a graph)
             cb.dispatch(exe, "add_one", 1, [16], [hal.Slot(0)])
+            cb.fill_buffer(marker, 7, 4)
         runs = INDIRECT_AFTER_REBINDS + 4
         for i in range(runs):
             run(dev, [cb], [[bufs[i % 2]]])
@@ -528,6 +530,29 @@ def test_a_graph_rebound_often_switches_to_indirect_bindings(fake_driver):
         assert cb.table_execs_made == 1, "after which the one that came back runs its own graph"
         assert cb.reinstantiations == 0
         assert [words(dev, b)[0] for b in bufs] == [runs // 2, runs // 2]
+
+
+def test_a_graph_command_buffer_of_one_kernel_launches_the_kernel(fake_driver):
+    """One kernel and nothing else: no graph is built, each submission launches the kernel with its
+    table's addresses (a graph launch would cost the same call and start the kernel later)."""
+    with fake_driver.create_device(command_buffer="graph") as dev:
+        exe = kernels(dev)
+        bufs = zeroed(dev, 3)
+        cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=1)
+        with cb.record():
+            cb.dispatch(exe, "add_one", 1, [16], [hal.Slot(0)])
+        calls = dev.api.calls
+        before = {name: calls.get(name, 0) for name in ("cuGraphCreate", "cuGraphLaunch", "cuLaunchKernel")}
+        for i in range(7):
+            run(dev, [cb], [[bufs[i % 3]]])
+        one_shot = dev.create_command_buffer(hal.CommandBufferMode.ONE_SHOT)
+        with one_shot.record():
+            one_shot.dispatch(exe, "add_one", 1, [16], [bufs[2]])
+        run(dev, [one_shot])
+        assert {name: calls.get(name, 0) - n for name, n in before.items()} == \
+            {"cuGraphCreate": 0, "cuGraphLaunch": 0, "cuLaunchKernel": 8}
+        assert [words(dev, b)[0] for b in bufs] == [3, 2, 3]
+        assert cb.updated_nodes == 0 and cb.image_uploads == 0
 
 
 def alternating_command_buffer(dev, exe, dispatches: int = 6):

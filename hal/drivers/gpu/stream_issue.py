@@ -9,7 +9,8 @@ library calls (which may plan, or grow their workspace), are issued at submissio
 nothing: a stream runs its work in order.
 
 Stream command buffers issue this way; so does a graph command buffer holding a library call that
-cannot be captured into a graph (a solver that waits on its own results while it runs).
+cannot be captured into a graph (a solver that waits on its own results while it runs), or one kernel
+alone (graph_command_buffer.py).
 """
 
 from __future__ import annotations
