@@ -861,35 +861,30 @@ def register_windows(library: CollectiveLibrary, channels: Sequence[GpuChannel],
     the call, as it ends NCCL kernels waiting for a peer) and DeadlineExceededError is raised.
     COMM_LOCK is not held while it waits: other ranks of this process register meanwhile."""
     windows: list[Any] = []
-    failures: list[BaseException] = []
 
     def register() -> None:
+        library.group_start()
         try:
-            library.group_start()
-            try:
-                for channel, ptr in zip(channels, pointers):
-                    channel.device.make_current()
-                    windows.append(library.window_register(channel.comm, ptr, nbytes))
-            finally:
-                library.group_end()
-        except BaseException as exc:  # noqa: BLE001 - raised on the calling thread below
-            failures.append(exc)
+            for channel, ptr in zip(channels, pointers):
+                channel.device.make_current()
+                windows.append(library.window_register(channel.comm, ptr, nbytes))
+        finally:
+            library.group_end()
 
     timeouts = [channel.timeout for channel in channels if channel.timeout is not None]
-    deadline = time.monotonic() + min(timeouts) if timeouts else None
+    timeout = DeadlineExceededError("allocate_symmetric: the other ranks did not take part within the channel's "
+                                    "timeout")
+
+    def expired() -> None:
+        for channel in channels:
+            channel.ranks.break_with(timeout)
+
     with COMM_LOCK:
         check_channels(channels)
-    thread = threading.Thread(target=register, name="hal-register-windows", daemon=True)
-    thread.start()
-    while thread.is_alive():
-        thread.join(_SPLIT_POLL_SECONDS)
-        if thread.is_alive() and deadline is not None and time.monotonic() >= deadline:
-            timeout = DeadlineExceededError("allocate_symmetric: the other ranks did not take part within "
-                                            "the channel's timeout")
-            for channel in channels:
-                channel.ranks.break_with(timeout)
-            thread.join()
-            raise timeout
+    failures, late = on_threads([register], "hal-register-windows",
+                                deadline=time.monotonic() + min(timeouts) if timeouts else None, expired=expired)
+    if late:
+        raise timeout
     if failures:
         raise failures[0]
     return windows
@@ -904,8 +899,44 @@ def _release_window(channel: GpuChannel, ptr: int, window: Any) -> None:
         library.mem_free(ptr)
 
 
-#: How often the thread making a process's splits looks for a rank's failure while it waits for the others.
-_SPLIT_POLL_SECONDS = 0.01
+#: How often a thread waiting for library calls on helper threads looks for a failure or the deadline.
+_POLL_SECONDS = 0.01
+
+
+def on_threads(tasks: Sequence[Callable[[], None]], name: str, deadline: float | None = None,
+               failed: Callable[[BaseException], None] | None = None,
+               expired: Callable[[], None] | None = None) -> tuple[list[BaseException], bool]:
+    """Run each task on a thread of its own (one task without a deadline on this thread) and wait for
+    them all: (the failures, in the order they came; whether ``deadline`` passed first). Library calls
+    that wait for other ranks run so: ``failed(exc)`` is called at the first failure and ``expired()``
+    at the deadline, each once, and must end the others' waits (an abort of their communicators)."""
+    failures: list[BaseException] = []
+
+    def guarded(task: Callable[[], None]) -> None:
+        try:
+            task()
+        except BaseException as exc:  # noqa: BLE001 - the caller raises it on its own thread
+            failures.append(exc)
+
+    if len(tasks) == 1 and deadline is None:
+        guarded(tasks[0])
+        return failures, False
+    threads = [threading.Thread(target=guarded, args=(task,), name=f"{name}-{i}", daemon=True)
+               for i, task in enumerate(tasks)]
+    for thread in threads:
+        thread.start()
+    told = late = False
+    for thread in threads:
+        while thread.is_alive():
+            if failures and not told and failed is not None:
+                told = True
+                failed(failures[0])
+            if not late and deadline is not None and time.monotonic() >= deadline:
+                late = True
+                if expired is not None:
+                    expired()
+            thread.join(_POLL_SECONDS)
+    return failures, late
 
 
 def split_each(library: CollectiveLibrary, devices: Sequence[GpuDevice], parents: Sequence[Any],
@@ -930,29 +961,13 @@ def split_each(library: CollectiveLibrary, devices: Sequence[GpuDevice], parents
                 library.group_end()
             return made
         results: list[Any] = [None] * len(parents)
-        failures: list[BaseException] = []
 
         def split_one(i: int) -> None:
-            try:
-                devices[i].make_current()
-                results[i] = library.split(parents[i], colors[i], keys[i], blocking=blocking, max_blocks=max_blocks)
-            except BaseException as exc:  # noqa: BLE001 - raised on the calling thread below
-                failures.append(exc)
+            devices[i].make_current()
+            results[i] = library.split(parents[i], colors[i], keys[i], blocking=blocking, max_blocks=max_blocks)
 
-        if len(parents) == 1:
-            split_one(0)
-        else:
-            threads = [threading.Thread(target=split_one, args=(i,), name=f"hal-split-{i}", daemon=True)
-                       for i in range(len(parents))]
-            for thread in threads:
-                thread.start()
-            told = False
-            for thread in threads:
-                while thread.is_alive():
-                    if failures and not told:
-                        told = True
-                        failed(failures[0])
-                    thread.join(_SPLIT_POLL_SECONDS)
+        failures, _ = on_threads([functools.partial(split_one, i) for i in range(len(parents))], "hal-split",
+                                 failed=failed)
         if failures:
             made = [comm for comm in results if comm is not None]
             _abort_all(library, made)
