@@ -31,8 +31,12 @@ buffers may then run the library's symmetric-memory kernels: lower latency, and 
 ``max_blocks``, a bandwidth-bound all-reduce overlaps a GEMM that a plain one only waits behind).
 NCCL registers them with ``NCCL_WIN_COLL_SYMMETRIC``: a collective's operands must lie at the same
 offset of every rank's buffer (the kernels find a peer's operand at the local one's offset; other
-offsets read the wrong bytes, unchecked). The buffers are ordinary device buffers otherwise
-(dispatches, copies, any channel's collectives); ``channel.symmetric_memory`` says whether the
+offsets read the wrong bytes), and no rank may pass an ordinary buffer where the others pass
+registered ones. Where ranks are compared (every rank in this process, or ``HAL_COLLECTIVE_CHECKS=1``)
+both are part of the operation (``Collective.windows``): ranks that differ fail with
+``CollectiveMismatchError``; operands through binding-table slots are not compared. The buffers
+are ordinary device buffers otherwise (dispatches, copies, any channel's collectives);
+``channel.symmetric_memory`` says whether the
 driver registers them (False: plain allocations).
 
 Operations and their operands (``count`` elements of ``dtype``; ``n`` ranks; ``r`` this rank):
@@ -127,6 +131,12 @@ class Collective:
     root: int | None = None
     #: The other rank of ``send`` and ``recv``.
     peer: int | None = None
+    #: Where its operands lie in the channel's symmetric memory (``allocate_symmetric``): the (send,
+    #: recv) offsets from their windows' starts, None for an operand outside them (and for the one of
+    #: an in-place all-gather or reduce-scatter that sits at the rank's own place); None when neither
+    #: is in one. NCCL's symmetric kernels find a peer's operand at the local operand's offset, and
+    #: its registered buffers may not meet ordinary ones: ranks must agree on this too.
+    windows: tuple[int | None, int | None] | None = None
 
     @property
     def element_size(self) -> int:
@@ -177,7 +187,8 @@ class Collective:
 
     def __str__(self) -> str:
         extra = "".join(f", {name}={value}" for name, value in
-                        (("reduction", self.reduction), ("root", self.root), ("peer", self.peer)) if value is not None)
+                        (("reduction", self.reduction), ("root", self.root), ("peer", self.peer),
+                         ("windows", self.windows)) if value is not None)
         return f"{self.kind}({self.count} x {self.dtype}{extra})"
 
 

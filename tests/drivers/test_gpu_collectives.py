@@ -286,6 +286,45 @@ def test_symmetric_buffers_are_registered_windows_that_collectives_run_in(ranks)
     assert all(c.comm.windows == {} for c in channels)
 
 
+@pytest.mark.parametrize("case", ["offsets", "one rank ordinary"])
+def test_ranks_whose_symmetric_operands_lie_apart_fail(ranks, case):
+    """NCCL's symmetric kernels find a peer's operand at the local operand's offset in its window,
+    and registered buffers may not meet ordinary ones: ranks that differ in either fail with
+    CollectiveMismatchError, found before the later rank's call is made (the earlier rank's is
+    aborted with the channel), and the devices stay usable."""
+    driver, devices, channels = ranks
+    sym = hal.allocate_symmetric(channels, 64)
+    plain = devices[1].allocator.allocate(64)
+    operands = [(sym[0], 0, 16), (sym[1], 16, 16) if case == "offsets" else (plain, 16, 16)]
+    cbs = _record_each(devices, lambda cb, r: cb.all_reduce(channels[r], operands[r], operands[r], 4))
+    called = driver.nccl.calls.get("all_reduce", 0)
+    sems = _submit_each(devices, cbs)
+    for sem in sems:
+        error = _failure(sem)
+        assert isinstance(error, hal.CollectiveMismatchError) and "windows" in str(error), error
+    # Rank 1's all-reduce was never called (a graph replays the captures made while recording: none).
+    issued_first = 1 if devices[0].command_buffer_mode == "stream" else 0
+    assert driver.nccl.calls.get("all_reduce", 0) == called + issued_first
+    assert all(isinstance(c.failure, hal.CollectiveMismatchError) for c in channels)
+    _assert_usable(devices)
+
+
+def test_symmetric_operands_in_place_at_each_ranks_own_place_meet(ranks):
+    """An in-place all-gather and reduce-scatter read or write each rank's own place of the shared
+    operand, which lies elsewhere on every rank: the windows compared are the whole operand's."""
+    driver, devices, channels = ranks
+    sym = hal.allocate_symmetric(channels, 32)
+    for r, (d, b) in enumerate(zip(devices, sym)):
+        d.write(b, np.full(8, r + 1, np.float32).tobytes())
+    cbs = _record_each(devices, lambda cb, r: (
+        cb.reduce_scatter(channels[r], sym[r], (sym[r], 16 * r, 16), 4), cb.execution_barrier(),
+        cb.all_gather(channels[r], (sym[r], 16 * r, 16), sym[r], 4)))
+    for sem in _submit_each(devices, cbs):
+        sem.wait(1, timeout=30)
+    assert [np.frombuffer(d.read(b), np.float32).tolist() for d, b in zip(devices, sym)] == [[3.0] * 8] * 2
+    assert driver.nccl.calls["symmetric reduce_scatter"] == 2 and driver.nccl.calls["symmetric all_gather"] == 2
+
+
 def test_a_block_cap_reaches_both_communicators_of_the_split():
     driver = FakeGpuDriver()
     devices = [driver.create_device(i) for i in range(2)]

@@ -293,6 +293,34 @@ class CollectiveBackend:
 BACKEND = CollectiveBackend()
 
 
+def window_offsets(channel: GpuChannel, op: Collective, send: Target | None,
+                   recv: Target | None) -> tuple[int | None, int | None] | None:
+    """``Collective.windows`` of ``op`` with these operands on ``channel``: where each lies in the
+    channel's symmetric memory (an operand through a binding-table slot is not known before it is
+    issued: not compared). The in-place operand at the rank's own place (all-gather's send,
+    reduce-scatter's recv) lies at an offset that differs from rank to rank by design: left out."""
+    windows = channel.windows
+    if not windows:
+        return None
+
+    def offset(target: Target | None) -> int | None:
+        if target is None or target.slot is not None:
+            return None
+        for start, size in windows.items():
+            if start <= target.ptr < start + size:
+                return target.ptr - start
+        return None
+
+    send_at, recv_at = offset(send), offset(recv)
+    if send is not None and recv is not None and send_at is not None and recv_at is not None and \
+            recv.ptr - send.ptr == op.in_place_offset(channel.rank):
+        if op.kind == "all_gather":
+            send_at = None
+        elif op.kind == "reduce_scatter":
+            recv_at = None
+    return None if send_at is None and recv_at is None else (send_at, recv_at)
+
+
 def record(level: list, channel: GpuChannel, op: Collective, send: Target | None, recv: Target | None) -> None:
     """Append a collective to a command-buffer level: into the level's last command when that is a
     collective group (no other command between them), else as a new one."""
@@ -531,6 +559,8 @@ class GpuChannel(Channel):
         self.inflight: collections.deque[tuple[float, Submission]] = collections.deque()
         self._watch_lock = threading.Lock()
         self._watched = False
+        #: Its symmetric memory: each registered window's start and size (see ``window_offsets``).
+        self.windows: dict[int, int] = {}
 
     @property
     def checks_matching(self) -> bool:  # type: ignore[override]
@@ -849,6 +879,8 @@ class GpuCollectives:
                 channel.device.make_current()
                 library.mem_free(ptr)
             raise
+        for channel, ptr in zip(gpu_channels, pointers):
+            channel.windows[ptr] = nbytes
         return [channel.device.allocator.adopt(ptr, size, functools.partial(_release_window, channel, ptr, window))
                 for channel, ptr, window in zip(gpu_channels, pointers, windows)]
 
@@ -893,6 +925,7 @@ def register_windows(library: CollectiveLibrary, channels: Sequence[GpuChannel],
 def _release_window(channel: GpuChannel, ptr: int, window: Any) -> None:
     """A symmetric buffer's release, once the work before it is done (its device's context current)."""
     library = channel.library
+    channel.windows.pop(ptr, None)
     with COMM_LOCK:
         if channel.comm is not None:  # (an aborted or destroyed communicator took its windows along)
             library.window_deregister(channel.comm, window)

@@ -12,6 +12,7 @@ graph nodes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from collections.abc import Callable, Sequence
@@ -232,9 +233,13 @@ class RecordingCommandBuffer(CommandBuffer):
         if not any(channel is c for c in self.channels):
             self.channels.append(channel)
             channel.recorders.add(self)  # type: ignore[attr-defined]
+        send_target = None if send is None else self._target(send)
+        recv_target = None if recv is None else self._target(recv)
+        windows = collectives.window_offsets(channel, op, send_target, recv_target)  # type: ignore[arg-type]
+        if windows is not None:  # (compared with the peers' like the rest of the operation)
+            op = dataclasses.replace(op, windows=windows)
         self.collectives.append((channel, op))
-        collectives.record(self._level, channel, op, None if send is None else self._target(send),  # type: ignore[arg-type]
-                           None if recv is None else self._target(recv))
+        collectives.record(self._level, channel, op, send_target, recv_target)  # type: ignore[arg-type]
 
     def _dispatch_routine(self, executable: Executable, ordinal: int, export: Export, routine: Routine,
                           checked: object, constants: tuple[int, ...], bindings: list[BufferRef]) -> None:
