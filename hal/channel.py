@@ -36,8 +36,7 @@ registered ones. Where ranks are compared (every rank in this process, or ``HAL_
 both are part of the operation (``Collective.windows``): ranks that differ fail with
 ``CollectiveMismatchError``; operands through binding-table slots are not compared. The buffers
 are ordinary device buffers otherwise (dispatches, copies, any channel's collectives);
-``channel.symmetric_memory`` says whether the
-driver registers them (False: plain allocations).
+``channel.symmetric_memory`` says whether the driver registers them (False: plain allocations).
 
 Operations and their operands (``count`` elements of ``dtype``; ``n`` ranks; ``r`` this rank):
 
