@@ -299,14 +299,14 @@ def window_offsets(channel: GpuChannel, op: Collective, send: Target | None,
     channel's symmetric memory (an operand through a binding-table slot is not known before it is
     issued: not compared). The in-place operand at the rank's own place (all-gather's send,
     reduce-scatter's recv) lies at an offset that differs from rank to rank by design: left out."""
-    windows = channel.windows
-    if not windows:
+    if not channel.windows:
         return None
+    windows = tuple(channel.windows.items())  # (a release on another thread may change the dict)
 
     def offset(target: Target | None) -> int | None:
         if target is None or target.slot is not None:
             return None
-        for start, size in windows.items():
+        for start, size in windows:
             if start <= target.ptr < start + size:
                 return target.ptr - start
         return None
