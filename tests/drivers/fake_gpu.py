@@ -1014,20 +1014,25 @@ class FakeNccl:
 
 class FakeRccl(FakeNccl):
     """``FakeNccl`` as RCCL is behind hip-python (``hal/drivers/hip/rccl.py``): its communicators are
-    blocking, and a split returns its communicator only when made within the call: it waits there for
-    every rank of the parent, and refuses to be called in a group (where hip-python would drop the
-    communicator made later). Creation still completes at the first ``ready`` after every rank joined."""
+    blocking. An init outside a group returns once every rank joined (inside one, the group's end
+    completes it, as NCCL's init-all); a split returns its communicator only when made within the
+    call: it waits there for every rank of the parent, and refuses to be called in a group (where
+    hip-python would drop the communicator made later). Either wait ends when the communicator (or
+    the parent) is aborted, or fails after ``WAIT`` seconds."""
 
     name = "fake RCCL"
     nonblocking = False
     grouped_splits = False
     symmetric = False
-    #: Seconds a split waits for the other ranks before it fails.
-    SPLIT_WAIT = 30.0
+    #: Seconds a blocking init or split waits for the other ranks before it fails.
+    WAIT = 30.0
 
     def init_rank(self, count: int, id: bytes, rank: int) -> FakeComm:
         comm = super().init_rank(count, id, rank)
         comm.blocking = True
+        if not getattr(self._local, "depth", 0):
+            self._wait_for_ranks(comm, lambda: all(m is not None for m in comm.members), "ncclCommInitRank",
+                                 "join")
         return comm
 
     def split(self, comm: FakeComm, color: int | None, key: int, blocking: bool = False,
@@ -1036,16 +1041,20 @@ class FakeRccl(FakeNccl):
             self._count("ncclCommSplit in a group")
             raise RuntimeError("ncclCommSplit in a group: hip-python drops the communicator it makes later")
         new = super().split(comm, color, key, blocking=True)  # (no config through hip-python: no block cap)
-        deadline = time.monotonic() + self.SPLIT_WAIT
+        self._wait_for_ranks(comm, lambda: not comm.splitting, "ncclCommSplit", "split")
+        return new
+
+    def _wait_for_ranks(self, comm: FakeComm, done, call: str, what: str) -> None:
+        deadline = time.monotonic() + self.WAIT
         while True:
             with self._lock:
-                if not comm.splitting:
-                    return new
+                if done():
+                    return
             if comm.aborted or comm.destroyed:
-                raise RuntimeError("ncclCommSplit of an aborted communicator")
+                raise RuntimeError(f"{call} of an aborted communicator")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"ncclCommSplit: the other ranks did not split within {self.SPLIT_WAIT} s")
-            time.sleep(0.001)
+                raise RuntimeError(f"{call}: the other ranks did not {what} within {self.WAIT} s")
+            time.sleep(0.002)
 
 
 class FakeGpuDriver(Driver):

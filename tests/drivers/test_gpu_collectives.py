@@ -207,7 +207,7 @@ def test_a_split_that_fails_breaks_the_channels_it_shares_an_abort_with(monkeypa
 def test_under_rccls_rules_a_rank_whose_split_fails_does_not_leave_the_others_waiting(monkeypatch):
     """RCCL's splits are blocking calls, a thread a rank (``split_each``): when one rank's split fails,
     the others, waiting for it, are ended by breaking the parent channels, and the failure is raised
-    at once rather than after the library's own wait (FakeRccl.SPLIT_WAIT)."""
+    at once rather than after the library's own wait (FakeRccl.WAIT)."""
     monkeypatch.setenv("HAL_FAKE_COLLECTIVES", "rccl")
     driver = FakeGpuDriver()
     assert not driver.nccl.grouped_splits
@@ -229,8 +229,58 @@ def test_under_rccls_rules_a_rank_whose_split_fails_does_not_leave_the_others_wa
         started = time.monotonic()
         with pytest.raises(hal.InternalError, match="ncclSystemError"):
             hal.split_channels(channels, [0, 0, 0], [0, 1, 2])
-        assert time.monotonic() - started < driver.nccl.SPLIT_WAIT / 3
+        assert time.monotonic() - started < driver.nccl.WAIT / 3
         assert all(isinstance(c.failure, hal.InternalError) for c in channels)
+        _assert_usable(devices)
+    finally:
+        for d in devices:
+            d.close()
+
+
+def test_under_rccls_rules_creation_waits_no_longer_than_the_timeout_for_a_rank_that_never_joins(monkeypatch):
+    """RCCL's init is a blocking call that returns once every rank joined, and before it returns there
+    is no communicator to abort: it waits on a thread of its own, the creation raises
+    DeadlineExceededError at the channel's timeout, and the communicator the call makes once the
+    missing rank comes after all is aborted, not leaked."""
+    monkeypatch.setenv("HAL_FAKE_COLLECTIVES", "rccl")
+    driver = FakeGpuDriver()
+    devices = [driver.create_device(i) for i in range(2)]
+    try:
+        id = hal.create_channel_id(devices[0])
+        started = time.monotonic()
+        with pytest.raises(hal.DeadlineExceededError, match="did not join"):
+            hal.create_channel(devices[0], rank=0, count=2, id=id, timeout=0.3)
+        assert time.monotonic() - started < driver.nccl.WAIT / 10
+        assert driver.nccl.calls.get("ncclCommAbort", 0) == 0
+        driver.nccl.init_rank(2, id, 1)  # the missing rank, late: rank 0's call returns now
+        deadline = time.monotonic() + 10
+        while driver.nccl.calls.get("ncclCommAbort", 0) == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert driver.nccl.calls.get("ncclCommAbort", 0) == 1  # rank 0's late communicator
+        _assert_usable(devices)
+    finally:
+        for d in devices:
+            d.close()
+
+
+def test_under_rccls_rules_a_split_that_a_peer_never_makes_times_out(monkeypatch):
+    """A blocking split waits in its call for every rank of the parent: a rank of another process that
+    never splits ends the others' splits at the channel's timeout (DeadlineExceededError; the
+    parents break, which ends the calls), not at the library's own wait."""
+    monkeypatch.setenv("HAL_FAKE_COLLECTIVES", "rccl")
+    driver = FakeGpuDriver()
+    devices = [driver.create_device(i) for i in range(2)]
+    try:
+        id = hal.create_channel_id(devices[0])
+        made: dict = {}
+        in_threads([lambda r=r: made.__setitem__(r, hal.create_channel(devices[r], rank=r, count=2, id=id,
+                                                                       timeout=0.5)) for r in range(2)],
+                   reraise=True)
+        started = time.monotonic()
+        with pytest.raises(hal.DeadlineExceededError, match="split"):
+            made[0].split(0, 0)  # rank 1, "in another process", never splits
+        assert time.monotonic() - started < driver.nccl.WAIT / 10
+        assert made[0].failure is not None
         _assert_usable(devices)
     finally:
         for d in devices:

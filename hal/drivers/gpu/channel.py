@@ -766,9 +766,8 @@ class GpuCollectives:
         library = self.library
         connect_at_init()
         deadline = None if timeout is None else time.monotonic() + timeout
-        device.make_current()
-        comm = library.init_rank(count, id, rank)
         what = f"channel rank {rank} of {count}"
+        comm = init_rank(library, device, count, id, rank, deadline, what)
         self._made(library, [comm], deadline, what)
         (channel,) = self._open(library, [device], [comm], deadline, [timeout], [LocalRanks()], what)
         if count == 1:  # (every rank of it is here)
@@ -811,14 +810,14 @@ class GpuCollectives:
             for channel in gpu_channels:
                 channel.ranks.break_with(exc)
 
+        timeouts = [c.timeout for c in gpu_channels if c.timeout is not None]
+        deadline = time.monotonic() + min(timeouts) if timeouts else None
         comms = split_each(library, [channel.device for channel in gpu_channels],  # type: ignore[misc]
                            [channel.base for channel in gpu_channels], colors, keys, break_parents,
-                           max_blocks=max_blocks)
+                           max_blocks=max_blocks, deadline=deadline)
         # A non-blocking split completes with its parent: the new communicators' handles are set
         # once the parents are ready again (nccl4py fills them in then), so the parents are polled
         # first. A split that does not complete leaves the parents mid-operation: they break.
-        timeouts = [c.timeout for c in gpu_channels if c.timeout is not None]
-        deadline = time.monotonic() + min(timeouts) if timeouts else None
         try:
             poll_ready(library, [channel.base for channel in gpu_channels], deadline, lambda: None, "split")
         except HalError as exc:
@@ -885,6 +884,39 @@ class GpuCollectives:
                 for channel, ptr, window in zip(gpu_channels, pointers, windows)]
 
 
+def init_rank(library: CollectiveLibrary, device: GpuDevice, count: int, id: bytes, rank: int,
+              deadline: float | None, what: str) -> Any:
+    """This rank's communicator. A non-blocking library's returns at once (``_made`` waits for it);
+    a blocking one's init returns once every rank joined, so it runs on a thread of its own and
+    DeadlineExceededError ends the wait at the deadline. Nothing can end the call itself (there is
+    no communicator to abort yet): the thread is left to it, and aborts what it makes too late.
+    (The bound holds where the library's bindings let go of the interpreter while they wait.)"""
+    if library.nonblocking or deadline is None:
+        device.make_current()
+        return library.init_rank(count, id, rank)
+    lock = threading.Lock()
+    made: list[Any] = []
+    abandoned = [False]
+
+    def init() -> None:
+        device.make_current()
+        comm = library.init_rank(count, id, rank)
+        with lock:
+            if not abandoned[0]:
+                made.append(comm)
+                return
+        _abort_all(library, [comm])  # (made after the caller gave up on it: nobody uses it)
+
+    failures, _ = on_threads([init], "hal-channel-init", deadline=deadline)
+    with lock:
+        if made:  # (made as the deadline passed, or before)
+            return made[0]
+        abandoned[0] = True
+    if failures:
+        raise failures[0]
+    raise DeadlineExceededError(f"{what}: the other ranks did not join within the channel's timeout")
+
+
 def register_windows(library: CollectiveLibrary, channels: Sequence[GpuChannel], pointers: Sequence[int],
                      nbytes: int) -> list[Any]:
     """The windows of ``pointers`` on the channels' issuing communicators, registered in one group.
@@ -942,7 +974,9 @@ def on_threads(tasks: Sequence[Callable[[], None]], name: str, deadline: float |
     """Run each task on a thread of its own (one task without a deadline on this thread) and wait for
     them all: (the failures, in the order they came; whether ``deadline`` passed first). Library calls
     that wait for other ranks run so: ``failed(exc)`` is called at the first failure and ``expired()``
-    at the deadline, each once, and must end the others' waits (an abort of their communicators)."""
+    at the deadline, each once, and must end the others' waits (an abort of their communicators).
+    Without ``expired`` (a wait nothing can end: no communicator to abort yet), the deadline returns
+    at once and the threads are left to finish on their own."""
     failures: list[BaseException] = []
 
     def guarded(task: Callable[[], None]) -> None:
@@ -966,22 +1000,25 @@ def on_threads(tasks: Sequence[Callable[[], None]], name: str, deadline: float |
                 failed(failures[0])
             if not late and deadline is not None and time.monotonic() >= deadline:
                 late = True
-                if expired is not None:
-                    expired()
+                if expired is None:
+                    return failures, late
+                expired()
             thread.join(_POLL_SECONDS)
     return failures, late
 
 
 def split_each(library: CollectiveLibrary, devices: Sequence[GpuDevice], parents: Sequence[Any],
                colors: Sequence[int | None], keys: Sequence[int], failed: Callable[[BaseException], None],
-               blocking: bool = False, max_blocks: int | None = None) -> list[Any]:
+               blocking: bool = False, max_blocks: int | None = None, deadline: float | None = None) -> list[Any]:
     """Each rank's split of its parent communicator (on its device; None where its color is None),
     as the library takes them (``grouped_splits``): in one group, or one call per rank, each on a
     thread of its own when there are several (a blocking split returns once every rank of the parent
     split, so one thread calling them in turn would wait for itself). A rank's split that fails
     leaves the others waiting for it: ``failed(exc)`` is called at once (it aborts the parents, which
-    ends their splits), and the first failure is raised once every thread returned. COMM_LOCK is
-    held throughout (it is re-entrant): no abort from elsewhere frees a parent under a split."""
+    ends their splits), and the first failure is raised once every thread returned; so does
+    ``deadline`` (DeadlineExceededError), for splits that wait in their call (a blocking library's:
+    a rank of another process that never splits). COMM_LOCK is held throughout (it is re-entrant): no
+    abort from elsewhere frees a parent under a split."""
     with COMM_LOCK:
         if library.grouped_splits:
             made = []
@@ -999,12 +1036,13 @@ def split_each(library: CollectiveLibrary, devices: Sequence[GpuDevice], parents
             devices[i].make_current()
             results[i] = library.split(parents[i], colors[i], keys[i], blocking=blocking, max_blocks=max_blocks)
 
-        failures, _ = on_threads([functools.partial(split_one, i) for i in range(len(parents))], "hal-split",
-                                 failed=failed)
-        if failures:
+        timeout = DeadlineExceededError("split: the other ranks did not split within the channel's timeout")
+        failures, late = on_threads([functools.partial(split_one, i) for i in range(len(parents))], "hal-split",
+                                    deadline=deadline, failed=failed, expired=lambda: failed(timeout))
+        if failures or late:
             made = [comm for comm in results if comm is not None]
             _abort_all(library, made)
-            raise failures[0]
+            raise timeout if late else failures[0]
         return results
 
 

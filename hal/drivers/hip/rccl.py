@@ -13,9 +13,11 @@ stands when the call returns: a split that completes later (in a group, or of a 
 communicator, whatever the new one's config says) writes its handle into memory the binding has let
 go, and the call returns none. A non-blocking communicator could be made (``ncclCommInitRankConfig``
 sets its handle at once), but neither the blocking communicator a channel issues on nor any split
-could be made from it. So creating a HIP channel, and splitting one, waits for the other ranks
-without the channel's timeout; ``ready`` reads ``ncclCommGetAsyncError`` all the same, and the
-watchdog's abort of work in flight past the timeout works on blocking communicators too.
+could be made from it. So creating a HIP channel, and splitting one, waits for the other ranks in
+the call: on helper threads, bounded by the channel's timeout (``init_rank`` and ``split_each`` in
+hal/drivers/gpu/channel.py; where hip-python holds the interpreter while RCCL waits, the bound
+cannot fire); ``ready`` reads ``ncclCommGetAsyncError`` all the same, and the watchdog's abort of
+work in flight past the timeout works on blocking communicators too.
 
 ``load()`` imports the bindings when the first channel is made; without them, or without
 ``librccl``, it raises ``UnavailableError`` saying what to install.
