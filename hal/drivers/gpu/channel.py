@@ -972,11 +972,11 @@ def on_threads(tasks: Sequence[Callable[[], None]], name: str, deadline: float |
                failed: Callable[[BaseException], None] | None = None,
                expired: Callable[[], None] | None = None) -> tuple[list[BaseException], bool]:
     """Run each task on a thread of its own (one task without a deadline on this thread) and wait for
-    them all: (the failures, in the order they came; whether ``deadline`` passed first). Library calls
-    that wait for other ranks run so: ``failed(exc)`` is called at the first failure and ``expired()``
-    at the deadline, each once, and must end the others' waits (an abort of their communicators).
-    Without ``expired`` (a wait nothing can end: no communicator to abort yet), the deadline returns
-    at once and the threads are left to finish on their own."""
+    them all: (the failures, in the order they came; whether ``deadline`` passed before any failure
+    came). Library calls that wait for other ranks run so: ``failed(exc)`` is called at the first
+    failure and ``expired()`` at the deadline, each once, and must end the others' waits (an abort
+    of their communicators). Without ``expired`` (a wait nothing can end: no communicator to abort
+    yet), the deadline returns at once and the threads are left to finish on their own."""
     failures: list[BaseException] = []
 
     def guarded(task: Callable[[], None]) -> None:
@@ -998,7 +998,7 @@ def on_threads(tasks: Sequence[Callable[[], None]], name: str, deadline: float |
             if failures and not told and failed is not None:
                 told = True
                 failed(failures[0])
-            if not late and deadline is not None and time.monotonic() >= deadline:
+            if not late and not failures and deadline is not None and time.monotonic() >= deadline:
                 late = True
                 if expired is None:
                     return failures, late
