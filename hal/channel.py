@@ -130,11 +130,12 @@ class Collective:
     root: int | None = None
     #: The other rank of ``send`` and ``recv``.
     peer: int | None = None
-    #: Where its operands lie in the channel's symmetric memory (``allocate_symmetric``): the (send,
-    #: recv) offsets from their windows' starts, None for an operand outside them (and for the one of
-    #: an in-place all-gather or reduce-scatter that sits at the rank's own place); None when neither
-    #: is in one. NCCL's symmetric kernels find a peer's operand at the local operand's offset, and
-    #: its registered buffers may not meet ordinary ones: ranks must agree on this too.
+    #: Where an all-reduce's, all-gather's or reduce-scatter's operands lie in the channel's symmetric
+    #: memory (``allocate_symmetric``): the (send, recv) offsets from their windows' starts, None for
+    #: an operand outside them (and for the one of an in-place all-gather or reduce-scatter that sits
+    #: at the rank's own place); None when neither is in one. NCCL's symmetric kernels find a peer's
+    #: operand at the local operand's offset, and its registered buffers may not meet ordinary ones:
+    #: ranks must agree on this too.
     windows: tuple[int | None, int | None] | None = None
 
     @property

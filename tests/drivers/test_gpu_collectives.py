@@ -361,7 +361,8 @@ def test_ranks_whose_symmetric_operands_lie_apart_fail(ranks, case):
 
 def test_symmetric_operands_in_place_at_each_ranks_own_place_meet(ranks):
     """An in-place all-gather and reduce-scatter read or write each rank's own place of the shared
-    operand, which lies elsewhere on every rank: the windows compared are the whole operand's."""
+    operand, which lies elsewhere on every rank: the windows compared are the whole operand's. Kinds
+    without symmetric kernels (a broadcast) are not compared."""
     driver, devices, channels = ranks
     sym = hal.allocate_symmetric(channels, 32)
     for r, (d, b) in enumerate(zip(devices, sym)):
@@ -373,6 +374,12 @@ def test_symmetric_operands_in_place_at_each_ranks_own_place_meet(ranks):
         sem.wait(1, timeout=30)
     assert [np.frombuffer(d.read(b), np.float32).tolist() for d, b in zip(devices, sym)] == [[3.0] * 8] * 2
     assert driver.nccl.calls["symmetric reduce_scatter"] == 2 and driver.nccl.calls["symmetric all_gather"] == 2
+    # A broadcast's root reads where the others pass no send operand at all: not compared.
+    cbs = _record_each(devices, lambda cb, r: cb.broadcast(channels[r], (sym[r], 16, 16) if r == 0 else None,
+                                                           (sym[r], 0, 16), 4, root=0))
+    for sem in _submit_each(devices, cbs):
+        sem.wait(1, timeout=30)
+    assert [np.frombuffer(d.read(b, 0, 16), np.float32).tolist() for d, b in zip(devices, sym)] == [[3.0] * 4] * 2
 
 
 def test_a_block_cap_reaches_both_communicators_of_the_split():

@@ -293,13 +293,19 @@ class CollectiveBackend:
 BACKEND = CollectiveBackend()
 
 
+#: The collectives NCCL runs in symmetric memory (its symmetric kernels, NCCL 2.27-2.28).
+SYMMETRIC_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
 def window_offsets(channel: GpuChannel, op: Collective, send: Target | None,
                    recv: Target | None) -> tuple[int | None, int | None] | None:
     """``Collective.windows`` of ``op`` with these operands on ``channel``: where each lies in the
     channel's symmetric memory (an operand through a binding-table slot is not known before it is
-    issued: not compared). The in-place operand at the rank's own place (all-gather's send,
-    reduce-scatter's recv) lies at an offset that differs from rank to rank by design: left out."""
-    if not channel.windows:
+    issued: not compared), for the kinds NCCL runs in symmetric memory (all-reduce, all-gather,
+    reduce-scatter: every rank passes both operands; None for the others). The in-place operand at
+    the rank's own place (all-gather's send, reduce-scatter's recv) lies at an offset that differs
+    from rank to rank by design: left out."""
+    if not channel.windows or op.kind not in SYMMETRIC_KINDS:
         return None
     windows = tuple(channel.windows.items())  # (a release on another thread may change the dict)
 
