@@ -816,8 +816,7 @@ class GpuCollectives:
             for channel in gpu_channels:
                 channel.ranks.break_with(exc)
 
-        timeouts = [c.timeout for c in gpu_channels if c.timeout is not None]
-        deadline = time.monotonic() + min(timeouts) if timeouts else None
+        deadline = earliest_deadline(gpu_channels)
         comms = split_each(library, [channel.device for channel in gpu_channels],  # type: ignore[misc]
                            [channel.base for channel in gpu_channels], colors, keys, break_parents,
                            max_blocks=max_blocks, deadline=deadline)
@@ -941,7 +940,6 @@ def register_windows(library: CollectiveLibrary, channels: Sequence[GpuChannel],
         finally:
             library.group_end()
 
-    timeouts = [channel.timeout for channel in channels if channel.timeout is not None]
     timeout = DeadlineExceededError("allocate_symmetric: the other ranks did not take part within the channel's "
                                     "timeout")
 
@@ -952,7 +950,7 @@ def register_windows(library: CollectiveLibrary, channels: Sequence[GpuChannel],
     with COMM_LOCK:
         check_channels(channels)
     failures, late = on_threads([register], "hal-register-windows",
-                                deadline=time.monotonic() + min(timeouts) if timeouts else None, expired=expired)
+                                deadline=earliest_deadline(channels), expired=expired)
     if late:
         raise timeout
     if failures:
@@ -968,6 +966,13 @@ def _release_window(channel: GpuChannel, ptr: int, window: Any) -> None:
         if channel.comm is not None:  # (an aborted or destroyed communicator took its windows along)
             library.window_deregister(channel.comm, window)
         library.mem_free(ptr)
+
+
+def earliest_deadline(channels: Sequence[GpuChannel]) -> float | None:
+    """When work waiting for every rank of ``channels`` gives up: their shortest timeout from now
+    (None where none has one)."""
+    timeouts = [channel.timeout for channel in channels if channel.timeout is not None]
+    return time.monotonic() + min(timeouts) if timeouts else None
 
 
 #: How often a thread waiting for library calls on helper threads looks for a failure or the deadline.
