@@ -265,7 +265,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         """Whether the recording is one kernel launch and nothing else (issued on the stream: see the
         module)."""
         commands = [command for level in self.levels for command in level]
-        return len(commands) == 1 and type(commands[0]) in (Dispatch, SlotDispatch) and not self.collectives
+        return len(commands) == 1 and type(commands[0]) in (Dispatch, SlotDispatch)  # (collectives are library calls)
 
     def _issue_on_the_stream(self) -> None:
         """Give up the graph: every submission issues the commands in order on the queue's stream."""
