@@ -555,6 +555,31 @@ def test_a_graph_command_buffer_of_one_kernel_launches_the_kernel(fake_driver):
         assert cb.updated_nodes == 0 and cb.image_uploads == 0
 
 
+
+@pytest.mark.parametrize("mode", ["stream", "graph"])
+def test_a_table_submitted_again_is_not_patched_again(fake_driver, monkeypatch, mode):
+    """Kernels issued on the stream keep the addresses of the table last written into their argument
+    slots: an execution submitted again with its table writes nothing, another table writes them
+    (and so does the first one coming back), and every run adds to its own table's buffer."""
+    with fake_driver.create_device(command_buffer=mode) as dev:
+        exe = kernels(dev)
+        bufs = zeroed(dev, 2)
+        cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=1)
+        with cb.record():  # (one kernel: a graph command buffer launches it on the stream too)
+            cb.dispatch(exe, "add_one", 1, [16], [hal.Slot(0)])
+        executions = [dev.prepare([cb], [[buf]]) for buf in bufs]
+        patched = []
+        patch = type(cb).patch_slot_args
+        monkeypatch.setattr(type(cb), "patch_slot_args",
+                            lambda self, table: (patched.append(table[0][0]), patch(self, table)))
+        sem = dev.create_semaphore(0)
+        order = [0, 0, 0, 1, 1, 0, 1, 1]
+        for value, which in enumerate(order, 1):
+            executions[which].submit(signal=[(sem, value)])
+        sem.wait(len(order), timeout=30)
+        assert [words(dev, b)[0] for b in bufs] == [order.count(0), order.count(1)]
+        assert patched == [bufs[0], bufs[1], bufs[0], bufs[1]], "written at each change of table only"
+
 def alternating_command_buffer(dev, exe, dispatches: int = 6):
     """A reusable command buffer of indirect dispatches over two slots, levels apart."""
     cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=2)

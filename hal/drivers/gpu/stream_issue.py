@@ -42,6 +42,10 @@ class StreamIssue:
         self.staging_on_device = staging_on_device
         #: Per queue index: the prepared calls (see segments_for).
         self._segments: dict[int, list[Segment]] = {}
+        #: The binding table whose addresses the argument slots hold now (None: none known). A
+        #: prepared execution hands its one table object at every submission, so a command buffer
+        #: re-submitted with its table (a runtime recording's usual replay) patches nothing.
+        self._patched_table: Sequence[Binding] | None = None
 
     def segments_for(self, cb: RecordingCommandBuffer, queue) -> list[Segment]:
         """The commands as runs of prepared calls, each run followed by the command that ends it
@@ -110,7 +114,10 @@ class StreamIssue:
 
     def _issue_patched(self, cb: RecordingCommandBuffer, segments: list[Segment], table: Sequence[Binding] | None,
                        stream: Any) -> None:
-        cb.patch_slot_args(table)
+        if table is not self._patched_table or table is None:
+            self._patched_table = None  # (a patch cut short by an interrupt leaves no table known)
+            cb.patch_slot_args(table)
+            self._patched_table = table
         self._issue_segments(segments, table, stream)
 
     def _issue_segments(self, segments: list[Segment], table: Sequence[Binding] | None, stream: Any) -> None:
