@@ -5,8 +5,10 @@ prepared calls (``GpuApi.prepare_launch`` with the packed ``void**``, ``prepare_
 ``prepare_copy``, ``prepare_upload``; each the API function and its complete arguments, built
 once) run by the shim's ``run_prepared``. The call list is built once per queue and reused by
 every later submission of a reusable buffer; only commands through binding-table slots, and
-library calls (which may plan, or grow their workspace), are issued at submission. Barriers need
-nothing: a stream runs its work in order.
+library calls (which may plan, or grow their workspace), are issued at submission. A kernel's
+arguments through slots are written when the table differs from the one they hold (a prepared
+execution hands the same table object at each submission). Barriers need nothing: a stream runs
+its work in order.
 
 Stream command buffers issue this way; so does a graph command buffer holding a library call that
 cannot be captured into a graph (a solver that waits on its own results while it runs), or one kernel
