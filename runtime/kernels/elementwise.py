@@ -1,9 +1,11 @@
 """Elementwise kernels (unary, binary, where, cast, copy) with contiguous, scalar and strided variants.
 
-A one-input op whose input is a transpose of its output's layout (rows of the output read down the
-input's columns: ``x.T.copy()``, a cast or ``exp`` of a transposed view, a batch of them) has a
-tiled variant ("t"): each workgroup moves a 32x32 tile through shared memory, reading it along the
-input's contiguous dim and writing it along the output's, so both sides are coalesced. The strided
+A copy or cast whose input is a transpose of its output's layout (rows of the output read down the
+input's columns: ``x.T.copy()``, ``x.T.astype(float16)``, a batch of them) has a tiled variant
+("t"): each workgroup moves a 32x32 tile through shared memory, reading it along the input's
+contiguous dim and writing it along the output's, so both sides are coalesced. (Only these two
+ops: a kernel more in every one of the 717 one-input families made compiling them all 40% longer,
+and other ops of a transposed view are rarer.) The strided
 variant ("g") has neighbouring threads read a whole input row apart: a transposed copy of 8192x8192
 floats ran at 28% of the copy bandwidth that way and at 62% tiled, on an H200 (docs/performance.md).
 """
@@ -269,7 +271,7 @@ def _build(op, in_dts, out_dt, cdt, key) -> KernelSource:
         nconst = 1 + k if v != "g" else 2 + MAX_DIMS + k * (1 + MAX_DIMS)
         exports.append(hal.Export(export_name(op, in_dts, out_dt, v), workgroup_size=(WORKGROUP, 1, 1),
                                   bindings=1 + k, constants=nconst))
-    if k == 1:
+    if op in TILED_OPS:
         exports.append(hal.Export(export_name(op, in_dts, out_dt, "t"), workgroup_size=(TILE, TILE_ROWS, 1),
                                   bindings=2, constants=len(TILED_CONSTANTS)))
     return KernelSource(key, exports, lambda: _cuda(op, in_dts, out_dt, cdt),
@@ -327,11 +329,13 @@ def _cuda(op, in_dts, out_dt, cdt) -> str:
         body.append(f"    out[i] = {store_expr(out_dt, 'r')};")
         body.append("  }")
         parts.append(f'extern "C" __global__ void {name}({", ".join(params)}) {{\n' + "\n".join(body) + "\n}\n")
-    if k == 1:
+    if op in TILED_OPS:
         parts.append(_tiled_cuda(op, in_dts[0], out_dt, cdt, expr, res_compute))
     return "\n".join(parts)
 
 
+#: The ops with a tiled variant (see the module).
+TILED_OPS = frozenset(("copy", "cast"))
 #: The tiled variant's tile edge and the rows of a tile one pass of a workgroup covers.
 TILE, TILE_ROWS = 32, 8
 #: Its constants: the output's batch count, rows and columns (contiguous), then where its input
@@ -527,7 +531,7 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
         else:
             fn = contiguous_fn(v)
         fns[export_name(op, in_dts, out_dt, v)] = fn
-    if k == 1:
+    if op in TILED_OPS:
         def tiled_fn(workgroups, bindings, c):
             batch, rows, cols, offset, column_stride, batch_stride = c
             out = np.frombuffer(bindings[0], dtype=out_dt.storage, count=batch * rows * cols)
@@ -648,7 +652,7 @@ def plan(node, layouts: list, ctx) -> list:
         v = "g"
         shape, strides_list = collapse(out_shape, [cstr] + bstrides)
         strides_list = strides_list[1:]
-        tiled = _tiled(shape, strides_list, layouts) if ctx.is_gpu else None
+        tiled = _tiled(shape, strides_list, layouts) if ctx.is_gpu and node.op in TILED_OPS else None
         if tiled is not None:
             batch, rows, cols = tiled[:3]
             grid = ((cols + TILE - 1) // TILE, (rows + TILE - 1) // TILE, batch)
@@ -666,7 +670,7 @@ MAX_GRID_YZ = 65535
 
 
 def _tiled(shape: tuple, strides_list: list, layouts: list) -> tuple | None:
-    """The tiled variant's constants (``TILED_CONSTANTS``) for a one-input op over the collapsed
+    """The tiled variant's constants (``TILED_CONSTANTS``) for a copy or cast over the collapsed
     ``shape`` whose input strides ``strides_list[0]`` make it a transpose or a batch of transposes
     of the output (the output's rows run down the input's unit-stride dim, its columns across a
     larger stride); None for any other layout, which the strided variant reads."""

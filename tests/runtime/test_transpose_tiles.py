@@ -1,4 +1,4 @@
-"""One-input ops over a transposed view: the tiled variant on GPUs (shared-memory tiles, both sides
+"""Copies and casts of a transposed view: the tiled variant on GPUs (shared-memory tiles, both sides
 coalesced), checked against numpy on a GPU-lowered device running the generated CUDA C (cuda_emu)
 and the kernels' numpy implementations, and the plan that picks it."""
 
@@ -48,11 +48,13 @@ def test_bfloat16_transposed(gpu_like):
     np.testing.assert_array_equal(b.T.astype(rt.float32).numpy(), want)  # a cast through the tiles
 
 
-def test_casts_and_unary_ops_through_the_tiles(gpu_like):
+def test_casts_through_the_tiles_and_other_ops_beside_them(gpu_like):
+    """Casts take the tiles; other one-input ops of a transposed view keep the strided variant."""
     x = host((50, 66), np.float32)
     a = rt.array(x, device=gpu_like)
     np.testing.assert_array_equal(a.T.astype(rt.float16).numpy(), x.T.astype(np.float16))
     np.testing.assert_array_equal(a.T.astype(rt.int32).numpy(), x.T.astype(np.int32))
+    np.testing.assert_array_equal(a.T.astype(rt.complex64).numpy(), x.T.astype(np.complex64))
     np.testing.assert_allclose(rt.exp(a.T).numpy(), np.exp(x.T), rtol=1e-6)
     np.testing.assert_array_equal((-a.T).numpy(), -x.T)
     np.testing.assert_array_equal(rt.isnan(a.T).numpy(), np.isnan(x.T))
@@ -104,3 +106,10 @@ def test_a_transposed_view_plans_the_tiled_variant_on_gpus_only(gpu_like):
     assert name.endswith("_t") and grid == (1, 1, 4) and consts == [4, 20, 30, 0, 20, 600]
     ((_, _, name, _, _, _),) = _plan_of_copy(a[:, ::2].T, context_for(gpu_like))
     assert name.endswith("_g"), "rows read 2 apart: no unit-stride dim to tile along"
+    view = a.T
+    cast = view.astype(rt.float16)
+    ((_, _, name, _, _, _),) = elementwise.plan(cast, [(view.shape, view.strides, view.offset)], context_for(gpu_like))
+    assert name.endswith("_t"), "a cast takes the tiles"
+    exp = rt.exp(view)
+    ((_, _, name, _, _, _),) = elementwise.plan(exp, [(view.shape, view.strides, view.offset)], context_for(gpu_like))
+    assert name.endswith("_g"), "other ops read the transposed view strided"
