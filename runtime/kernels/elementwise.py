@@ -6,9 +6,9 @@ input's columns: ``x.T.copy()``, ``x.T.astype(float16)``, a batch of them) has a
 contiguous dim and writing it along the output's, so both sides are coalesced. (Only these two
 ops: with a tiled kernel in every one of the 717 one-input families, the test suite took 1,165 s
 against 1,003 s, most of it compiling every kernel with NVRTC and hiprtc; other ops of a transposed
-view are rarer.) The strided
-variant ("g") has neighbouring threads read a whole input row apart: a transposed copy of 8192x8192
-floats ran at 28% of the copy bandwidth that way and at 62% tiled, on an H200 (docs/performance.md).
+view are rarer.) The strided variant ("g") has neighbouring threads read a whole input row apart: a
+transposed copy of 8192x8192 floats ran at 28% of the copy bandwidth that way and at 62% tiled, on
+an H200 (docs/performance.md).
 """
 
 from __future__ import annotations
