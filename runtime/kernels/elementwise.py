@@ -653,7 +653,8 @@ def plan(node, layouts: list, ctx) -> list:
         v = "g"
         shape, strides_list = collapse(out_shape, [cstr] + bstrides)
         strides_list = strides_list[1:]
-        tiled = _tiled(shape, strides_list, layouts) if ctx.is_gpu and node.op in TILED_OPS else None
+        tiled = _tiled(shape, strides_list, layouts, ctx.device.limits["max_workgroup_count"]) \
+            if ctx.is_gpu and node.op in TILED_OPS else None
         if tiled is not None:
             batch, rows, cols = tiled[:3]
             grid = ((cols + TILE - 1) // TILE, (rows + TILE - 1) // TILE, batch)
@@ -666,15 +667,12 @@ def plan(node, layouts: list, ctx) -> list:
     return [("dispatch", src, name, (grid_1d(n), 1, 1), consts, bindings)]
 
 
-#: The most workgroups a grid's second and third dimensions may count (CUDA's and HIP's limit).
-MAX_GRID_YZ = 65535
-
-
-def _tiled(shape: tuple, strides_list: list, layouts: list) -> tuple | None:
+def _tiled(shape: tuple, strides_list: list, layouts: list, max_grid: tuple) -> tuple | None:
     """The tiled variant's constants (``TILED_CONSTANTS``) for a copy or cast over the collapsed
     ``shape`` whose input strides ``strides_list[0]`` make it a transpose or a batch of transposes
     of the output (the output's rows run down the input's unit-stride dim, its columns across a
-    larger stride); None for any other layout, which the strided variant reads."""
+    larger stride); None for any other layout, or a grid beyond the device's ``max_grid``, which the
+    strided variant reads."""
     if len(layouts) != 1 or len(shape) not in (2, 3):
         return None
     strides = strides_list[0]
@@ -685,7 +683,8 @@ def _tiled(shape: tuple, strides_list: list, layouts: list) -> tuple | None:
     if row_stride != 1 or column_stride <= 1 or batch_stride < 0 or rows < 2 or cols < 2:
         return None
     offset = layouts[0][2]
-    if batch > MAX_GRID_YZ or (rows + TILE - 1) // TILE > MAX_GRID_YZ or \
+    grid = ((cols + TILE - 1) // TILE, (rows + TILE - 1) // TILE, batch)
+    if any(count > most for count, most in zip(grid, max_grid)) or \
             max(offset, column_stride, batch_stride, rows, cols) > 0xFFFFFFFF:
         return None
     return (batch, rows, cols, offset, column_stride, batch_stride)
