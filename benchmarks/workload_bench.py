@@ -4,7 +4,9 @@
 
 On a GPU: matmul 4096² in float32 (IEEE on both sides: no TF32), float16 and bfloat16; batched matmul
 64×(512×64 @ 64×512); matmul 256²; softmax and layer norm over the rows of 8192×4096 written as
-composed array ops; the column sum of 8192×8192; a transposed copy of 8192×8192; an 8-op elementwise
+composed array ops, eager and under rt.compile (the counterpart of torch.compile of the same
+function: the eager call builds and keys its graph's nodes each time, which on a fast GPU can take
+longer than the one fused kernel); the column sum of 8192×8192; a transposed copy of 8192×8192; an 8-op elementwise
 chain over 64M floats; a 2-layer MLP training step (batch 512, 1024→4096→1024, float32), eager and
 under rt.compile. Each runs against PyTorch eager and torch.compile of the same composition (where
 torch with CUDA imports) and reports its time (median and spread over interleaved rounds), its
@@ -98,6 +100,11 @@ def run_case(case: Case, settings: Settings) -> dict:
     rt.eval(result)
     nbytes = sum(a.nbytes for a in ours) + result.nbytes
     contenders = {"runtime": runtime_contender(case.runtime, ours, settings.device)}
+    results = {"runtime": result}
+    if case.compiled:
+        compiled = rt.compile(case.runtime)
+        results["runtime_compile"] = compiled(*ours)
+        contenders["runtime_compile"] = runtime_contender(compiled, ours, settings.device)
     torch = settings.torch
     if torch is not None:
         theirs = [workload_torch.tensor(torch, a, case.dtype) for a in inputs]
@@ -111,11 +118,17 @@ def run_case(case: Case, settings: Settings) -> dict:
         out["check_against"] = "numpy"
         if not settings.on_gpu:
             contenders["numpy"] = Contender(lambda count: [case.numpy(*host) for _ in range(count)], lambda: None)
-    mine = as_float32(result)
     scale = float(np.abs(reference).max()) or 1.0
-    error = float(np.abs(mine.astype(np.float64) - reference).max()) / scale if mine.shape == reference.shape else None
+    errors = {}
+    for name, value in results.items():  # the eager result, and the compiled one where timed
+        mine = as_float32(value)
+        errors[name] = float(np.abs(mine.astype(np.float64) - reference).max()) / scale \
+            if mine.shape == reference.shape else None
+    error = None if None in errors.values() else max(errors.values())
     out["check"] = {"max_rel_err": error, "tolerance": case.tolerance,
                     "ok": error is not None and error <= case.tolerance}
+    if len(errors) > 1:
+        out["check"]["max_rel_err_of"] = errors
     if case.synced:
         contenders.update({f"{name}_synced": synced(c) for name, c in contenders.items()})
     release = None
@@ -126,7 +139,7 @@ def run_case(case: Case, settings: Settings) -> dict:
         out["copy_bytes"] = copy_bytes
     try:
         flop = case.flop(inputs) if case.flop else None
-        out.update(timed(settings, contenders, ("runtime", "runtime_synced"), flop=flop,
+        out.update(timed(settings, contenders, ("runtime", "runtime_synced", "runtime_compile"), flop=flop,
                          nbytes=nbytes if case.bandwidth_bound else None, copy_bytes=copy_bytes))
     finally:
         if release is not None:

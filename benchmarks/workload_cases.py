@@ -39,6 +39,9 @@ class Case:
     #: Also time each call to its result, one at a time: for work so small that a queued loop
     #: measures the host's cost per call rather than the device's.
     synced: bool = False
+    #: Also time the composition under ``rt.compile`` (``runtime_compile``), the counterpart of
+    #: torch.compile of the same function: one recorded graph replayed, no nodes built a call.
+    compiled: bool = False
 
 
 def normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -161,9 +164,9 @@ CASES = [
     BATCHED,
     matmul_case("matmul_256_float32", 256, 64, "float32", 1e-4, synced=True),
     Case("softmax_8192x4096", "softmax over rows of 8192×4096, composed ops", rows_make, softmax_rt,
-         softmax_torch, softmax_np, bandwidth_bound=True),
+         softmax_torch, softmax_np, bandwidth_bound=True, compiled=True),
     Case("layer_norm_8192x4096", "layer norm 8192×4096, composed ops", layer_norm_make, layer_norm_rt,
-         layer_norm_torch, layer_norm_np, bandwidth_bound=True),
+         layer_norm_torch, layer_norm_np, bandwidth_bound=True, compiled=True),
     Case("column_sum_8192x8192", "column sum of 8192×8192", square_make, lambda x: x.sum(axis=0),
          lambda x: x.sum(dim=0), lambda x: x.sum(axis=0), bandwidth_bound=True),
     Case("transposed_copy_8192x8192", "transposed copy 8192×8192", square_make, lambda x: x.T.copy(),
