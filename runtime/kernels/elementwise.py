@@ -2,13 +2,14 @@
 
 A copy or cast whose input is a transpose of its output's layout (rows of the output read down the
 input's columns: ``x.T.copy()``, ``x.T.astype(float16)``, a batch of them) has a tiled variant
-("t"): each workgroup moves a 32x32 tile through shared memory, reading it along the input's
-contiguous dim and writing it along the output's, so both sides are coalesced. (Only these two
-ops: with a tiled kernel in every one of the 717 one-input families, the test suite took 1,165 s
-against 1,003 s, most of it compiling every kernel with NVRTC and hiprtc; other ops of a transposed
-view are rarer.) The strided variant ("g") has neighbouring threads read a whole input row apart: a
-transposed copy of 8192x8192 floats ran at 28% of the copy bandwidth that way and at 62% tiled, on
-an H200 (docs/performance.md).
+("t"): each workgroup moves a tile through shared memory, reading it along the input's contiguous
+dim and writing it along the output's, so both sides are coalesced; 64x64 tiles in 4-element
+vectors where the layout is aligned to them, else 32x32 tiles one element an access. (Only these
+two ops: with a tiled kernel in every one of the 717 one-input families, the test suite took
+1,165 s against 1,003 s, most of it compiling every kernel with NVRTC and hiprtc; other ops of a
+transposed view are rarer.) The strided variant ("g") has neighbouring threads read a whole input
+row apart: a transposed copy of 8192x8192 floats ran at 28% of the copy bandwidth that way, at 62%
+in 32x32 tiles and at 97% in vectors, on an H200 (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -337,34 +338,94 @@ def _cuda(op, in_dts, out_dt, cdt) -> str:
 
 #: The ops with a tiled variant (see the module).
 TILED_OPS = frozenset(("copy", "cast"))
-#: The tiled variant's tile edge and the rows of a tile one pass of a workgroup covers.
+#: The tiled variant's workgroup, TILE x TILE_ROWS threads (a warp a row of it), and the edge of the
+#: tiles it moves one element an access.
 TILE, TILE_ROWS = 32, 8
+#: The edge of the tiles it moves TILE_VECTOR elements an access (``wide_tiles``): a 64x64 tile of
+#: elements of at most 4 bytes, 16.6 KB of shared memory at 4 bytes (64x65 tiles of complex128
+#: would exceed a workgroup's 48 KB of static shared memory).
+WIDE_TILE, TILE_VECTOR = 64, 4
 #: Its constants: the output's batch count, rows and columns (contiguous), then where its input
-#: element (b, r, c) lies: offset + b * batch_stride + r + c * column_stride.
-TILED_CONSTANTS = ("batch", "rows", "cols", "offset", "column_stride", "batch_stride")
+#: element (b, r, c) lies: offset + b * batch_stride + r + c * column_stride; and 1 for wide tiles.
+TILED_CONSTANTS = ("batch", "rows", "cols", "offset", "column_stride", "batch_stride", "wide")
+
+
+def wide_tiles(in_dt, out_dt, layout: tuple) -> bool:
+    """Whether a tiled copy or cast from `in_dt` to `out_dt` over ``layout`` (TILED_CONSTANTS' first
+    six) moves WIDE_TILE tiles in vectors: elements of at most 4 bytes, and an offset, strides, rows
+    and columns that are multiples of TILE_VECTOR (every vector aligned and whole). Measured on an
+    H200 for 8192² float32: 134 us so, 206 us in 32x32 tiles one element an access, and 226 us in
+    64x64 tiles one element an access (so unaligned layouts keep the 32x32 tiles)."""
+    batch, rows, cols, offset, column_stride, batch_stride = layout
+    return _small(in_dt, out_dt) and (offset | column_stride | batch_stride | rows | cols) % TILE_VECTOR == 0
+
+
+def _small(in_dt, out_dt) -> bool:
+    """Elements small enough for WIDE_TILE tiles."""
+    return max(in_dt.itemsize, out_dt.itemsize) <= 4
 
 
 def _tiled_cuda(op, in_dt, out_dt, cdt, expr, res_compute) -> str:
-    """The "t" variant: a workgroup of TILE x TILE_ROWS threads moves one TILE x TILE tile of batch
-    blockIdx.z, loading it down the input's contiguous rows and storing it along the output's rows
-    (one padding column keeps the transposed reads of shared memory free of bank conflicts)."""
+    """The "t" variant: a workgroup of TILE x TILE_ROWS threads moves one tile of batch blockIdx.z,
+    loading it down the input's contiguous rows into shared memory (as stored) and storing it along
+    the output's rows (one padding column keeps the transposed reads of shared memory to at most two
+    accesses a bank): a WIDE_TILE tile in vectors of TILE_VECTOR elements where ``wide`` is set
+    (``wide_tiles``), else a TILE x TILE tile one element an access."""
     name = export_name(op, (in_dt,), out_dt, "t")
-    load = _load(in_dt, "in0[src + (u64)r]", "a", cdt)
+    can_be_wide = _small(in_dt, out_dt)
+    edge = WIDE_TILE if can_be_wide else TILE
+
+    def converted(ref: str) -> str:
+        return f"const {cdt.c_compute} a = {_load(in_dt, ref, 'a', cdt)}; const {res_compute} v = {expr};"
+
+    vector = ""
+    if can_be_wide:
+        lanes = WIDE_TILE // TILE_VECTOR  # threads along a tile row
+        passes = TILE * TILE_ROWS // lanes  # tile rows a pass of the workgroup covers
+        n = TILE_VECTOR
+        stores = " ".join(f"tile[j][x + {e}] = w.v[{e}];" for e in range(n))
+        values = "\n".join(f"        {{ {converted(f'tile[x + {e}][j]')} ov.v[{e}] = {store_expr(out_dt, 'v')}; }}"
+                           for e in range(n))
+        vector = f"""  if (wide) {{
+    const u32 r0 = blockIdx.y * {WIDE_TILE}, c0 = blockIdx.x * {WIDE_TILE};
+    const u32 t = threadIdx.y * {TILE} + threadIdx.x;
+    const u32 x = (t % {lanes}) * {n}, y = t / {lanes};
+    const u32 r = r0 + x;
+    #pragma unroll
+    for (u32 j = y; j < {WIDE_TILE}; j += {passes}) {{
+      const u32 c = c0 + j;
+      if (r < rows && c < cols) {{
+        const rt_vec4<{in_dt.c_storage}> w =
+            *reinterpret_cast<const rt_vec4<{in_dt.c_storage}>*>(in0 + base + (u64)c * column_stride + r);
+        {stores}
+      }}
+    }}
+    __syncthreads();
+    const u32 c = c0 + x;
+    #pragma unroll
+    for (u32 j = y; j < {WIDE_TILE}; j += {passes}) {{
+      const u32 rr = r0 + j;
+      if (rr < rows && c < cols) {{
+        rt_vec4<{out_dt.c_storage}> ov;
+{values}
+        *reinterpret_cast<rt_vec4<{out_dt.c_storage}>*>(out + (bz * rows + rr) * (u64)cols + c) = ov;
+      }}
+    }}
+    return;
+  }}
+"""
     return f"""extern "C" __global__ void {name}({out_dt.c_storage}* __restrict__ out,
     const {in_dt.c_storage}* __restrict__ in0, u32 batch, u32 rows, u32 cols, u32 offset, u32 column_stride,
-    u32 batch_stride) {{
-  __shared__ {cdt.c_compute} tile[{TILE}][{TILE + 1}];
-  const u32 r0 = blockIdx.y * {TILE}, c0 = blockIdx.x * {TILE};
+    u32 batch_stride, u32 wide) {{
+  __shared__ {in_dt.c_storage} tile[{edge}][{edge + 1}];
   const u64 bz = blockIdx.z;
   const u64 base = (u64)offset + bz * batch_stride;
+{vector}  const u32 r0 = blockIdx.y * {TILE}, c0 = blockIdx.x * {TILE};
   const u32 r = r0 + threadIdx.x;
   #pragma unroll
   for (u32 j = threadIdx.y; j < {TILE}; j += {TILE_ROWS}) {{
     const u32 c = c0 + j;
-    if (r < rows && c < cols) {{
-      const u64 src = base + (u64)c * column_stride;
-      tile[j][threadIdx.x] = {load};
-    }}
+    if (r < rows && c < cols) tile[j][threadIdx.x] = in0[base + (u64)c * column_stride + r];
   }}
   __syncthreads();
   const u32 c = c0 + threadIdx.x;
@@ -372,8 +433,7 @@ def _tiled_cuda(op, in_dt, out_dt, cdt, expr, res_compute) -> str:
   for (u32 j = threadIdx.y; j < {TILE}; j += {TILE_ROWS}) {{
     const u32 rr = r0 + j;
     if (rr < rows && c < cols) {{
-      const {cdt.c_compute} a = tile[threadIdx.x][j];
-      const {res_compute} v = {expr};
+      {converted("tile[threadIdx.x][j]")}
       out[(bz * rows + rr) * (u64)cols + c] = {store_expr(out_dt, "v")};
     }}
   }}
@@ -534,7 +594,7 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
         fns[export_name(op, in_dts, out_dt, v)] = fn
     if op in TILED_OPS:
         def tiled_fn(workgroups, bindings, c):
-            batch, rows, cols, offset, column_stride, batch_stride = c
+            batch, rows, cols, offset, column_stride, batch_stride, _ = c
             out = np.frombuffer(bindings[0], dtype=out_dt.storage, count=batch * rows * cols)
             src = strided_view(bindings[1], in_dts[0], (batch, rows, cols), (batch_stride, 1, column_stride), offset)
             apply(out.reshape(batch, rows, cols), [src])
@@ -653,12 +713,12 @@ def plan(node, layouts: list, ctx) -> list:
         v = "g"
         shape, strides_list = collapse(out_shape, [cstr] + bstrides)
         strides_list = strides_list[1:]
-        tiled = _tiled(shape, strides_list, layouts, ctx.device.limits["max_workgroup_count"]) \
-            if ctx.is_gpu and node.op in TILED_OPS else None
-        if tiled is not None:
-            batch, rows, cols = tiled[:3]
-            grid = ((cols + TILE - 1) // TILE, (rows + TILE - 1) // TILE, batch)
-            return [("dispatch", src, export_name(node.op, in_dts, node.dtype, "t"), grid, list(tiled), bindings)]
+        if ctx.is_gpu and node.op in TILED_OPS:
+            tiled = _tiled(shape, strides_list, layouts, ctx.device.limits["max_workgroup_count"], in_dts[0],
+                           node.dtype)
+            if tiled is not None:
+                constants, grid = tiled
+                return [("dispatch", src, export_name(node.op, in_dts, node.dtype, "t"), grid, constants, bindings)]
         consts = [n, len(shape)] + list(shape) + [0] * (MAX_DIMS - len(shape))
         for lay, st in zip(layouts, strides_list):
             consts.append(lay[2])
@@ -667,12 +727,12 @@ def plan(node, layouts: list, ctx) -> list:
     return [("dispatch", src, name, (grid_1d(n), 1, 1), consts, bindings)]
 
 
-def _tiled(shape: tuple, strides_list: list, layouts: list, max_grid: tuple) -> tuple | None:
-    """The tiled variant's constants (``TILED_CONSTANTS``) for a copy or cast over the collapsed
-    ``shape`` whose input strides ``strides_list[0]`` make it a transpose or a batch of transposes
-    of the output (the output's rows run down the input's unit-stride dim, its columns across a
-    larger stride); None for any other layout, or a grid beyond the device's ``max_grid``, which the
-    strided variant reads."""
+def _tiled(shape: tuple, strides_list: list, layouts: list, max_grid: tuple, in_dt, out_dt) -> tuple | None:
+    """(the tiled variant's constants (``TILED_CONSTANTS``), its grid of tiles) for a copy or cast
+    from `in_dt` to `out_dt` over the collapsed ``shape`` whose input strides ``strides_list[0]``
+    make it a transpose or a batch of transposes of the output (the output's rows run down the
+    input's unit-stride dim, its columns across a larger stride); None for any other layout, or a
+    grid beyond the device's ``max_grid``, which the strided variant reads."""
     if len(layouts) != 1 or len(shape) not in (2, 3):
         return None
     strides = strides_list[0]
@@ -683,8 +743,11 @@ def _tiled(shape: tuple, strides_list: list, layouts: list, max_grid: tuple) -> 
     if row_stride != 1 or column_stride <= 1 or batch_stride < 0 or rows < 2 or cols < 2:
         return None
     offset = layouts[0][2]
-    grid = ((cols + TILE - 1) // TILE, (rows + TILE - 1) // TILE, batch)
+    layout = (batch, rows, cols, offset, column_stride, batch_stride)
+    wide = wide_tiles(in_dt, out_dt, layout)
+    edge = WIDE_TILE if wide else TILE
+    grid = ((cols + edge - 1) // edge, (rows + edge - 1) // edge, batch)
     if any(count > most for count, most in zip(grid, max_grid)) or \
             max(offset, column_stride, batch_stride, rows, cols) > 0xFFFFFFFF:
         return None
-    return (batch, rows, cols, offset, column_stride, batch_stride)
+    return [*layout, int(wide)], grid

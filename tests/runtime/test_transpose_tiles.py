@@ -73,10 +73,63 @@ def test_batched_sliced_and_offset_transposes(gpu_like):
     np.testing.assert_array_equal(b[::3].T.copy().numpy(), w[::3].T)
 
 
+@pytest.mark.parametrize("shape", [(64, 128), (128, 64), (100, 72), (36, 44), (4, 8), (132, 200)])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "uint8", "int32"])
+def test_aligned_transposes_move_vectors(gpu_like, shape, dtype):
+    """Rows, columns and strides that are multiples of 4 elements: the 64x64 tiles of elements of at
+    most 4 bytes move 4 elements an access on both sides (whole tiles, tiles cut at the edges,
+    layouts smaller than one tile)."""
+    x = host(shape, dtype, seed=3)
+    got = rt.array(x, device=gpu_like).T.copy()
+    np.testing.assert_array_equal(got.numpy(), x.T)
+
+
+def test_aligned_casts_batches_and_offsets_through_the_vectors(gpu_like):
+    """Casts between 1-, 2- and 4-byte types, a batch of aligned transposes, and views whose offset
+    is a multiple of 4 (vectors) beside ones whose offset or column stride is not (one element an
+    access): each against numpy."""
+    x = host((96, 120), np.float32, seed=4)
+    a = rt.array(x, device=gpu_like)
+    np.testing.assert_array_equal(a.T.astype(rt.float16).numpy(), x.T.astype(np.float16))
+    np.testing.assert_array_equal(a.T.astype(rt.int32).numpy(), x.T.astype(np.int32))
+    # (negative floats to uint8: the runtime's own cast of the untransposed array is the reference)
+    np.testing.assert_array_equal(a.T.astype(rt.uint8).numpy(), a.astype(rt.uint8).numpy().T)
+    np.testing.assert_array_equal(a.T.astype(rt.bool).numpy(), x.T.astype(bool))
+    h = a.astype(rt.float16)
+    np.testing.assert_array_equal(h.T.astype(rt.float32).numpy(), x.astype(np.float16).T.astype(np.float32))
+    np.testing.assert_array_equal(a.astype(rt.bfloat16).T.astype(rt.float32).numpy(),
+                                  a.astype(rt.bfloat16).astype(rt.float32).numpy().T)
+    batch = host((3, 40, 52), np.float32, seed=5)
+    np.testing.assert_array_equal(rt.array(batch, device=gpu_like).transpose(0, 2, 1).copy().numpy(),
+                                  batch.transpose(0, 2, 1))
+    w = host((70, 96), np.float32, seed=6)
+    b = rt.array(w, device=gpu_like)
+    for view, want in ((b[4:60, 8:88], w[4:60, 8:88]),  # offset 392, column stride 96: vectors
+                       (b[4:60, 9:89], w[4:60, 9:89])):  # offset 393: one at a time
+        np.testing.assert_array_equal(view.T.copy().numpy(), want.T)
+    odd = rt.array(host((64, 90), np.float32, seed=7), device=gpu_like)  # column stride 90
+    np.testing.assert_array_equal(odd[:, :64].T.copy().numpy(), odd.numpy()[:, :64].T)
+
+
+def test_wide_tiles_for_small_elements_in_aligned_layouts():
+    f32, f16, f64, c128 = rt.float32, rt.float16, rt.float64, rt.complex128
+    aligned, offset_by_one, odd_rows = (1, 64, 128, 0, 64, 0), (1, 64, 128, 1, 64, 0), (2, 62, 128, 0, 64, 8192)
+    assert elementwise.wide_tiles(f32, f32, aligned) and elementwise.wide_tiles(f16, rt.uint8, aligned)
+    assert not elementwise.wide_tiles(f32, f64, aligned) and not elementwise.wide_tiles(c128, c128, aligned)
+    assert not elementwise.wide_tiles(f32, f32, offset_by_one) and not elementwise.wide_tiles(f32, f32, odd_rows)
+    for in_dt, out_dt in ((f32, f32), (f16, f32), (f64, f64), (c128, c128), (rt.bool, f32)):
+        text = elementwise._tiled_cuda("cast", in_dt, out_dt, out_dt, "a", out_dt.c_compute)
+        small = max(in_dt.itemsize, out_dt.itemsize) <= 4
+        assert ("tile[64][65]" in text) == small and ("tile[32][33]" in text) != small
+        assert ("rt_vec4" in text) == small, "vectors in the wide tiles only"
+
+
+@pytest.mark.parametrize("shape", [(3, 129, 65), (3, 128, 68)])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int64", "bool", "complex64"])
-def test_transposes_on_every_device(dev, dtype):
-    """The same on every driver (the GPUs' tiles on cuda; numpy's strides on the CPU drivers)."""
-    x = host((3, 129, 65), dtype, seed=2)
+def test_transposes_on_every_device(dev, dtype, shape):
+    """The same on every driver (the GPUs' tiles on cuda, vectors where the layout is aligned to
+    them; numpy's strides on the CPU drivers)."""
+    x = host(shape, dtype, seed=2)
     a = rt.array(x, device=dev)
     np.testing.assert_array_equal(a.transpose(0, 2, 1).copy().numpy(), x.transpose(0, 2, 1))
     np.testing.assert_array_equal(a[2].T.copy().numpy(), x[2].T)
@@ -94,13 +147,21 @@ def test_a_transposed_view_plans_the_tiled_variant_on_gpus_only(gpu_like):
     ((kind, _, name, grid, consts, _),) = _plan_of_copy(a.T, context_for(gpu_like))
     assert kind == "dispatch" and name.endswith("_t")
     assert grid == ((100 + 31) // 32, (70 + 31) // 32, 1)  # column tiles, row tiles, batches
-    assert consts == [1, 70, 100, 0, 70, 0]  # one batch of 70 rows, 100 columns, each column 70 apart
+    # one batch of 70 rows, 100 columns, each column 70 apart; 70 rows are no multiple of 4: 32x32 tiles
+    assert consts == [1, 70, 100, 0, 70, 0, 0]
+    aligned = rt.array(host((100, 72), np.float32), device=gpu_like)
+    ((_, _, name, grid, consts, _),) = _plan_of_copy(aligned.T, context_for(gpu_like))
+    assert grid == ((100 + 63) // 64, (72 + 63) // 64, 1) and consts == [1, 72, 100, 0, 72, 0, 1], "64x64 vectors"
+    wide = rt.array(host((100, 72), np.float64), device=gpu_like)
+    ((_, _, name, grid, consts, _),) = _plan_of_copy(wide.T, context_for(gpu_like))
+    assert name.endswith("_t") and grid == ((100 + 31) // 32, (72 + 31) // 32, 1), "8-byte elements: 32x32 tiles"
+    assert consts[-1] == 0
     cpu = rt.array(x, device="local-sync")
     ((_, _, name, _, _, _),) = _plan_of_copy(cpu.T, context_for("local-sync"))
     assert name.endswith("_g"), "a CPU device reads strides with numpy: no tiles"
     batched = rt.array(host((4, 30, 20), np.float32), device=gpu_like).transpose(0, 2, 1)
     ((_, _, name, grid, consts, _),) = _plan_of_copy(batched, context_for(gpu_like))
-    assert name.endswith("_t") and grid == (1, 1, 4) and consts == [4, 20, 30, 0, 20, 600]
+    assert name.endswith("_t") and grid == (1, 1, 4) and consts == [4, 20, 30, 0, 20, 600, 0]  # (30 columns: not wide)
     ((_, _, name, _, _, _),) = _plan_of_copy(a[:, ::2].T, context_for(gpu_like))
     assert name.endswith("_g"), "rows read 2 apart: no unit-stride dim to tile along"
     view = a.T
