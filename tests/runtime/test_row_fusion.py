@@ -194,6 +194,32 @@ def test_register_mode_loads_every_input_before_the_first_reduction(vec):
     assert all(registers.count(load) == 1 and registers.index(load) < first_reduction for load in loads)
     looped = body(rows.Config(1024, 1, 8 if vec == 4 else 4, vec, True))
     assert looped.index(loads[1]) > looped.index("__syncthreads")
+    # the weights, late: each loaded once, after the last reduction, where they are read
+    late = body(rows.Config(256, 1, 16, vec, False, late=(1, 2)))
+    last_reduction = late.rindex("__syncthreads")
+    assert late.count(loads[0]) == 1 and late.index(loads[0]) < late.index("__syncthreads")
+    assert all(late.count(load) == 1 and late.index(load) > last_reduction for load in loads[1:])
+
+
+def test_vectors_the_same_for_every_row_load_where_they_are_read(gpu_like):
+    """A layer norm's weight and bias (row stride 0) are the plan's late inputs; its rows are not,
+    and the result is the composition's, against numpy."""
+    made = []
+    real = rows.choose
+    rng = np.random.default_rng(11)
+    x, w, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((6, 40), (40,), (40,)))
+    X, W, B = (rt.array(a, device=gpu_like) for a in (x, w, b))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rows, "choose", lambda *args: made.append(args) or real(*args))
+        mean = X.mean(axis=-1, keepdims=True)
+        centred = X - mean
+        got = (centred / rt.sqrt((centred * centred).mean(axis=-1, keepdims=True) + 1e-5) * W + B).numpy()
+    mean = x.mean(axis=-1, keepdims=True)
+    want = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + 1e-5) * w + b
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    ((spec, _, _, _, late),) = made
+    assert len(late) == 2 and all(spec.inputs[k][1] == "v" for k in late)
+    assert all(k not in late for k, (_, kind) in enumerate(spec.inputs) if kind == "e" or k == 0)
 
 
 @pytest.mark.parametrize("case", ["mse", "rms_norm"])
