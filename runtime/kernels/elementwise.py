@@ -1,15 +1,13 @@
 """Elementwise kernels (unary, binary, where, cast, copy) with contiguous, scalar and strided variants.
 
-A copy or cast whose input is a transpose of its output's layout (rows of the output read down the
-input's columns: ``x.T.copy()``, ``x.T.astype(float16)``, a batch of them) has a tiled variant
-("t"): each workgroup moves a tile through shared memory, reading it along the input's contiguous
-dim and writing it along the output's, so both sides are coalesced; 64x64 tiles in 4-element
-vectors where the layout is aligned to them, else 32x32 tiles one element an access. (Only these
-two ops: with a tiled kernel in every one of the 717 one-input families, the test suite took
-1,165 s against 1,003 s, most of it compiling every kernel with NVRTC and hiprtc; other ops of a
-transposed view are rarer.) The strided variant ("g") has neighbouring threads read a whole input
-row apart: a transposed copy of 8192x8192 floats ran at 28% of the copy bandwidth that way, at 62%
-in 32x32 tiles and at 97% in vectors, on an H200 (docs/performance.md).
+A one-input op whose input is a transpose of its output's layout (rows of the output read down the
+input's columns: ``x.T.copy()``, ``x.T.astype(float16)``, ``exp(x.T)``, a batch of them) has a
+tiled variant ("t", ``tiled_source``, compiled where it is used): each workgroup moves a tile through
+shared memory, reading it along the input's contiguous dim and writing it along the output's, so
+both sides are coalesced; 64x64 tiles in 4-element vectors where the layout is aligned to them,
+else 32x32 tiles one element an access. The strided variant ("g") has neighbouring threads read a
+whole input row apart: a transposed copy of 8192x8192 floats ran at 28% of the copy bandwidth that
+way, at 62% in 32x32 tiles and at 97% in vectors, on an H200 (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -273,11 +271,41 @@ def _build(op, in_dts, out_dt, cdt, key) -> KernelSource:
         nconst = 1 + k if v != "g" else 2 + MAX_DIMS + k * (1 + MAX_DIMS)
         exports.append(hal.Export(export_name(op, in_dts, out_dt, v), workgroup_size=(WORKGROUP, 1, 1),
                                   bindings=1 + k, constants=nconst))
-    if op in TILED_OPS:
-        exports.append(hal.Export(export_name(op, in_dts, out_dt, "t"), workgroup_size=(TILE, TILE_ROWS, 1),
-                                  bindings=2, constants=len(TILED_CONSTANTS)))
     return KernelSource(key, exports, lambda: _cuda(op, in_dts, out_dt, cdt),
                         lambda: _numpy(op, in_dts, out_dt, cdt))
+
+
+def tiled_source(op: str, in_dt, out_dt, cdt) -> KernelSource:
+    """The tiled variant ("t", ``_tiled_cuda``) of the one-input family ``ew_source(op, (in_dt,),
+    out_dt, cdt)``: a source of its own, so that it is compiled only where a transposed view is
+    read (a tiled kernel in each of the 717 one-input families made compiling them all about 40%
+    longer)."""
+    key = ("ew_t", op, in_dt.name, out_dt.name, cdt.name)
+    return source(key, lambda: _build_tiled(op, in_dt, out_dt, cdt, key))
+
+
+def _build_tiled(op, in_dt, out_dt, cdt, key) -> KernelSource:
+    expr = c_expr(op, cdt)  # validates op/dtype support before any code is generated
+    name = export_name(op, (in_dt,), out_dt, "t")
+    export = hal.Export(name, workgroup_size=(TILE, TILE_ROWS, 1), bindings=2, constants=len(TILED_CONSTANTS))
+
+    def cuda() -> str:
+        parts = [COMPLEX_SOURCE] if needs_complex(cdt, out_dt, in_dt) else []
+        parts.append(_tiled_cuda(op, in_dt, out_dt, cdt, expr, result_compute(op, cdt, out_dt)))
+        return "\n".join(parts)
+
+    def numpy_code() -> dict:
+        strided = ew_source(op, (in_dt,), out_dt, cdt).numpy_code()[export_name(op, (in_dt,), out_dt, "g")]
+
+        def tiled_fn(workgroups, bindings, c):  # the family's strided code over the same layout
+            batch, rows, cols, offset, column_stride, batch_stride, _ = c
+            dims = [batch, rows, cols] + [0] * (MAX_DIMS - 3)
+            strides = [u32(batch_stride), 1, u32(column_stride)] + [0] * (MAX_DIMS - 3)
+            strided(None, bindings, [batch * rows * cols, 3, *dims, offset, *strides])
+
+        return {name: tiled_fn}
+
+    return KernelSource(key, [export], cuda, numpy_code)
 
 
 # ---- CUDA C -----------------------------------------------------------------------------------
@@ -331,13 +359,9 @@ def _cuda(op, in_dts, out_dt, cdt) -> str:
         body.append(f"    out[i] = {store_expr(out_dt, 'r')};")
         body.append("  }")
         parts.append(f'extern "C" __global__ void {name}({", ".join(params)}) {{\n' + "\n".join(body) + "\n}\n")
-    if op in TILED_OPS:
-        parts.append(_tiled_cuda(op, in_dts[0], out_dt, cdt, expr, res_compute))
     return "\n".join(parts)
 
 
-#: The ops with a tiled variant (see the module).
-TILED_OPS = frozenset(("copy", "cast"))
 #: The tiled variant's workgroup, TILE x TILE_ROWS threads (a warp a row of it), and the edge of the
 #: tiles it moves one element an access.
 TILE, TILE_ROWS = 32, 8
@@ -592,14 +616,6 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
         else:
             fn = contiguous_fn(v)
         fns[export_name(op, in_dts, out_dt, v)] = fn
-    if op in TILED_OPS:
-        def tiled_fn(workgroups, bindings, c):
-            batch, rows, cols, offset, column_stride, batch_stride, _ = c
-            out = np.frombuffer(bindings[0], dtype=out_dt.storage, count=batch * rows * cols)
-            src = strided_view(bindings[1], in_dts[0], (batch, rows, cols), (batch_stride, 1, column_stride), offset)
-            apply(out.reshape(batch, rows, cols), [src])
-
-        fns[export_name(op, in_dts, out_dt, "t")] = tiled_fn
     return fns
 
 
@@ -713,12 +729,13 @@ def plan(node, layouts: list, ctx) -> list:
         v = "g"
         shape, strides_list = collapse(out_shape, [cstr] + bstrides)
         strides_list = strides_list[1:]
-        if ctx.is_gpu and node.op in TILED_OPS:
+        if ctx.is_gpu and len(in_dts) == 1:
             tiled = _tiled(shape, strides_list, layouts, ctx.device.limits["max_workgroup_count"], in_dts[0],
                            node.dtype)
             if tiled is not None:
                 constants, grid = tiled
-                return [("dispatch", src, export_name(node.op, in_dts, node.dtype, "t"), grid, constants, bindings)]
+                return [("dispatch", tiled_source(node.op, in_dts[0], node.dtype, node.params),
+                         export_name(node.op, in_dts, node.dtype, "t"), grid, constants, bindings)]
         consts = [n, len(shape)] + list(shape) + [0] * (MAX_DIMS - len(shape))
         for lay, st in zip(layouts, strides_list):
             consts.append(lay[2])

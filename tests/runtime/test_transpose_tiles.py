@@ -1,6 +1,6 @@
-"""Copies and casts of a transposed view: the tiled variant on GPUs (shared-memory tiles, both sides
-coalesced), checked against numpy on a GPU-lowered device running the generated CUDA C (cuda_emu)
-and the kernels' numpy implementations, and the plan that picks it."""
+"""One-input ops of a transposed view (copies, casts, unary ops): the tiled variant on GPUs
+(shared-memory tiles, both sides coalesced), checked against numpy on a GPU-lowered device running
+the generated CUDA C (cuda_emu) and the kernels' numpy implementations, and the plan that picks it."""
 
 from __future__ import annotations
 
@@ -45,18 +45,27 @@ def test_bfloat16_transposed(gpu_like):
     np.testing.assert_array_equal(b.T.astype(rt.float32).numpy(), want)  # a cast through the tiles
 
 
-def test_casts_through_the_tiles_and_other_ops_beside_them(gpu_like):
-    """Casts take the tiles; other one-input ops of a transposed view keep the strided variant."""
-    x = host((50, 66), np.float32)
+@pytest.mark.parametrize("shape", [(50, 66), (64, 96)])  # 32x32 tiles; 64x64 vectors
+def test_casts_and_unary_ops_through_the_tiles(gpu_like, shape):
+    """Casts and unary ops of a transposed view: real, predicate, integer and complex results, and
+    a two-input op beside them (which reads the transposed operand strided)."""
+    x = host(shape, np.float32)
     a = rt.array(x, device=gpu_like)
     np.testing.assert_array_equal(a.T.astype(rt.float16).numpy(), x.T.astype(np.float16))
     np.testing.assert_array_equal(a.T.astype(rt.int32).numpy(), x.T.astype(np.int32))
     np.testing.assert_array_equal(a.T.astype(rt.complex64).numpy(), x.T.astype(np.complex64))
     np.testing.assert_allclose(rt.exp(a.T).numpy(), np.exp(x.T), rtol=1e-6)
+    np.testing.assert_allclose(rt.tanh(a.T).numpy(), np.tanh(x.T), rtol=1e-6, atol=1e-7)
     np.testing.assert_array_equal((-a.T).numpy(), -x.T)
     np.testing.assert_array_equal(rt.isnan(a.T).numpy(), np.isnan(x.T))
+    np.testing.assert_array_equal(rt.floor(a.T * 10).numpy(), np.floor(x.T * np.float32(10)))
+    i = rt.array((x * 100).astype(np.int32), device=gpu_like)
+    np.testing.assert_array_equal(abs(i.T).numpy(), np.abs((x * 100).astype(np.int32)).T)
+    np.testing.assert_allclose((a.T + a).numpy() if shape[0] == shape[1] else (a.T * 2).numpy(),
+                               x.T + x if shape[0] == shape[1] else x.T * 2, rtol=1e-6)
     z = host((20, 30), np.complex64)
     np.testing.assert_allclose(abs(rt.array(z, device=gpu_like).T).numpy(), np.abs(z.T), rtol=1e-6)
+    np.testing.assert_allclose(rt.exp(rt.array(z, device=gpu_like).T).numpy(), np.exp(z.T), rtol=1e-5)
 
 
 def test_batched_sliced_and_offset_transposes(gpu_like):
@@ -169,5 +178,13 @@ def test_a_transposed_view_plans_the_tiled_variant_on_gpus_only(gpu_like):
     ((_, _, name, _, _, _),) = elementwise.plan(cast, [(view.shape, view.strides, view.offset)], context_for(gpu_like))
     assert name.endswith("_t"), "a cast takes the tiles"
     exp = rt.exp(view)
-    ((_, _, name, _, _, _),) = elementwise.plan(exp, [(view.shape, view.strides, view.offset)], context_for(gpu_like))
-    assert name.endswith("_g"), "other ops read the transposed view strided"
+    ((_, src, name, _, _, _),) = elementwise.plan(exp, [(view.shape, view.strides, view.offset)],
+                                                  context_for(gpu_like))
+    assert name.endswith("_t") and src.key[0] == "ew_t", "unary ops take the tiles too, from a source of their own"
+    assert all(not e.name.endswith("_t") for e in elementwise.ew_source("exp", (rt.float32,), rt.float32,
+                                                                          rt.float32).exports)
+    total = rt.array(host((70, 100), np.float32), device=gpu_like)
+    add = view + total
+    plans = elementwise.plan(add, [(view.shape, view.strides, view.offset), (total.shape, (100, 1), 0)],
+                             context_for(gpu_like))
+    assert plans[0][2].endswith("_g"), "two-input ops read a transposed operand strided"
