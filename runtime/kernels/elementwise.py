@@ -375,11 +375,11 @@ TILED_CONSTANTS = ("batch", "rows", "cols", "offset", "column_stride", "batch_st
 
 
 def wide_tiles(in_dt, out_dt, layout: tuple) -> bool:
-    """Whether a tiled copy or cast from `in_dt` to `out_dt` over ``layout`` (TILED_CONSTANTS' first
-    six) moves WIDE_TILE tiles in vectors: elements of at most 4 bytes, and an offset, strides, rows
-    and columns that are multiples of TILE_VECTOR (every vector aligned and whole). Measured on an
-    H200 for 8192² float32: 134 us so, 206 us in 32x32 tiles one element an access, and 226 us in
-    64x64 tiles one element an access (so unaligned layouts keep the 32x32 tiles)."""
+    """Whether the tiled variant of a one-input op from `in_dt` to `out_dt` over ``layout``
+    (TILED_CONSTANTS' first six) moves WIDE_TILE tiles in vectors: elements of at most 4 bytes, and
+    an offset, strides, rows and columns that are multiples of TILE_VECTOR (every vector aligned and
+    whole). Measured on an H200, 8192² float32: 134 us so, 206 us in 32x32 tiles one element an
+    access; an unaligned 8190² one: 226 us in 64x64 tiles one element an access, 220 us in 32x32."""
     batch, rows, cols, offset, column_stride, batch_stride = layout
     return _small(in_dt, out_dt) and (offset | column_stride | batch_stride | rows | cols) % TILE_VECTOR == 0
 
@@ -745,7 +745,7 @@ def plan(node, layouts: list, ctx) -> list:
 
 
 def _tiled(shape: tuple, strides_list: list, layouts: list, max_grid: tuple, in_dt, out_dt) -> tuple | None:
-    """(the tiled variant's constants (``TILED_CONSTANTS``), its grid of tiles) for a copy or cast
+    """(the tiled variant's constants (``TILED_CONSTANTS``), its grid of tiles) for a one-input op
     from `in_dt` to `out_dt` over the collapsed ``shape`` whose input strides ``strides_list[0]``
     make it a transpose or a batch of transposes of the output (the output's rows run down the
     input's unit-stride dim, its columns across a larger stride); None for any other layout, or a
