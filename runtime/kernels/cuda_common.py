@@ -81,6 +81,8 @@ RT_DEV unsigned short f32_to_bf16(float f) {
 }
 // Four elements moved as one aligned vector load/store.
 template <typename T> struct alignas(4 * sizeof(T)) rt_vec4 { T v[4]; };
+// N elements moved as one aligned vector load/store (N * sizeof(T) at most 16 bytes).
+template <typename T, int N> struct alignas(N * sizeof(T)) rt_vec { T v[N]; };
 RT_DEV float rt_fmax(float a, float b) { return (a > b || a != a) ? a : b; }
 RT_DEV float rt_fmin(float a, float b) { return (a < b || a != a) ? a : b; }
 RT_DEV double rt_fmax(double a, double b) { return (a > b || a != a) ? a : b; }

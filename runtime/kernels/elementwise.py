@@ -4,8 +4,8 @@ A one-input op whose input is a transpose of its output's layout (rows of the ou
 input's columns: ``x.T.copy()``, ``x.T.astype(float16)``, ``exp(x.T)``, a batch of them) has a
 tiled variant ("t", ``tiled_source``, compiled where it is used): each workgroup moves a tile through
 shared memory, reading it along the input's contiguous dim and writing it along the output's, so
-both sides are coalesced; 64x64 tiles in 4-element vectors where the layout is aligned to them,
-else 32x32 tiles one element an access. The strided variant ("g") has neighbouring threads read a
+both sides are coalesced; 64x64 tiles in vectors of up to 16 bytes where the layout is aligned to
+them, else 32x32 tiles one element an access. The strided variant ("g") has neighbouring threads read a
 whole input row apart: a transposed copy of 8192x8192 floats ran at 28% of the copy bandwidth that
 way, at 62% in 32x32 tiles and at 97% in vectors, on an H200 (docs/performance.md).
 """
@@ -365,10 +365,12 @@ def _cuda(op, in_dts, out_dt, cdt) -> str:
 #: The tiled variant's workgroup, TILE x TILE_ROWS threads (a warp a row of it), and the edge of the
 #: tiles it moves one element an access.
 TILE, TILE_ROWS = 32, 8
-#: The edge of the tiles it moves TILE_VECTOR elements an access (``wide_tiles``): a 64x64 tile of
-#: elements of at most 4 bytes, 16.6 KB of shared memory at 4 bytes (64x65 tiles of complex128
-#: would exceed a workgroup's 48 KB of static shared memory).
-WIDE_TILE, TILE_VECTOR = 64, 4
+#: The edge of the tiles it moves in vectors (``wide_tiles``): a 64x64 tile of elements of at most 4
+#: bytes, 16.6 KB of shared memory at 4 bytes (64x65 tiles of complex128 would exceed a workgroup's
+#: 48 KB of static shared memory).
+WIDE_TILE = 64
+#: The bytes of the widest vector a thread moves, and the most elements in one.
+VECTOR_BYTES, VECTOR_ELEMENTS = 16, 8
 #: Its constants: the output's batch count, rows and columns (contiguous), then where its input
 #: element (b, r, c) lies: offset + b * batch_stride + r + c * column_stride; and 1 for wide tiles.
 TILED_CONSTANTS = ("batch", "rows", "cols", "offset", "column_stride", "batch_stride", "wide")
@@ -376,27 +378,33 @@ TILED_CONSTANTS = ("batch", "rows", "cols", "offset", "column_stride", "batch_st
 
 def wide_tiles(in_dt, out_dt, layout: tuple) -> bool:
     """Whether the tiled variant of a one-input op from `in_dt` to `out_dt` over ``layout``
-    (TILED_CONSTANTS' first six) moves WIDE_TILE tiles in vectors: elements of at most 4 bytes, and
-    an offset, strides, rows and columns that are multiples of TILE_VECTOR (every vector aligned and
-    whole). Measured on an H200, 8192² float32: 134 us so, 206 us in 32x32 tiles one element an
-    access; an unaligned 8190² one: 226 us in 64x64 tiles one element an access, 220 us in 32x32."""
+    (TILED_CONSTANTS' first six) moves WIDE_TILE tiles in vectors (``tile_vector``): elements of at
+    most 4 bytes, and an offset, strides, rows and columns that are multiples of the vector (every
+    vector aligned and whole). Measured on an H200, 8192² float32: 134 us so, 206 us in 32x32 tiles
+    one element an access; an unaligned 8190² one: 226 us in 64x64 tiles one element an access, 220
+    us in 32x32."""
     batch, rows, cols, offset, column_stride, batch_stride = layout
-    return _small(in_dt, out_dt) and (offset | column_stride | batch_stride | rows | cols) % TILE_VECTOR == 0
+    vector = tile_vector(in_dt, out_dt)
+    return vector > 1 and (offset | column_stride | batch_stride | rows | cols) % vector == 0
 
 
-def _small(in_dt, out_dt) -> bool:
-    """Elements small enough for WIDE_TILE tiles."""
-    return max(in_dt.itemsize, out_dt.itemsize) <= 4
+def tile_vector(in_dt, out_dt) -> int:
+    """The elements a thread moves an access in WIDE_TILE tiles of `in_dt` to `out_dt`: as many as
+    VECTOR_BYTES of the wider of the two hold (at most VECTOR_ELEMENTS); 1 (no wide tiles) for
+    elements of more than 4 bytes."""
+    width = max(in_dt.itemsize, out_dt.itemsize)
+    return min(VECTOR_ELEMENTS, VECTOR_BYTES // width) if width <= 4 else 1
 
 
 def _tiled_cuda(op, in_dt, out_dt, cdt, expr, res_compute) -> str:
     """The "t" variant: a workgroup of TILE x TILE_ROWS threads moves one tile of batch blockIdx.z,
     loading it down the input's contiguous rows into shared memory (as stored) and storing it along
     the output's rows (one padding column keeps the transposed reads of shared memory to at most two
-    accesses a bank): a WIDE_TILE tile in vectors of TILE_VECTOR elements where ``wide`` is set
+    accesses a bank): a WIDE_TILE tile in vectors (``tile_vector``) where ``wide`` is set
     (``wide_tiles``), else a TILE x TILE tile one element an access."""
     name = export_name(op, (in_dt,), out_dt, "t")
-    can_be_wide = _small(in_dt, out_dt)
+    n = tile_vector(in_dt, out_dt)
+    can_be_wide = n > 1
     edge = WIDE_TILE if can_be_wide else TILE
 
     def converted(ref: str) -> str:
@@ -404,9 +412,8 @@ def _tiled_cuda(op, in_dt, out_dt, cdt, expr, res_compute) -> str:
 
     vector = ""
     if can_be_wide:
-        lanes = WIDE_TILE // TILE_VECTOR  # threads along a tile row
+        lanes = WIDE_TILE // n  # threads along a tile row
         passes = TILE * TILE_ROWS // lanes  # tile rows a pass of the workgroup covers
-        n = TILE_VECTOR
         stores = " ".join(f"tile[j][x + {e}] = w.v[{e}];" for e in range(n))
         values = "\n".join(f"        {{ {converted(f'tile[x + {e}][j]')} ov.v[{e}] = {store_expr(out_dt, 'v')}; }}"
                            for e in range(n))
@@ -419,8 +426,8 @@ def _tiled_cuda(op, in_dt, out_dt, cdt, expr, res_compute) -> str:
     for (u32 j = y; j < {WIDE_TILE}; j += {passes}) {{
       const u32 c = c0 + j;
       if (r < rows && c < cols) {{
-        const rt_vec4<{in_dt.c_storage}> w =
-            *reinterpret_cast<const rt_vec4<{in_dt.c_storage}>*>(in0 + base + (u64)c * column_stride + r);
+        const rt_vec<{in_dt.c_storage}, {n}> w =
+            *reinterpret_cast<const rt_vec<{in_dt.c_storage}, {n}>*>(in0 + base + (u64)c * column_stride + r);
         {stores}
       }}
     }}
@@ -430,9 +437,9 @@ def _tiled_cuda(op, in_dt, out_dt, cdt, expr, res_compute) -> str:
     for (u32 j = y; j < {WIDE_TILE}; j += {passes}) {{
       const u32 rr = r0 + j;
       if (rr < rows && c < cols) {{
-        rt_vec4<{out_dt.c_storage}> ov;
+        rt_vec<{out_dt.c_storage}, {n}> ov;
 {values}
-        *reinterpret_cast<rt_vec4<{out_dt.c_storage}>*>(out + (bz * rows + rr) * (u64)cols + c) = ov;
+        *reinterpret_cast<rt_vec<{out_dt.c_storage}, {n}>*>(out + (bz * rows + rr) * (u64)cols + c) = ov;
       }}
     }}
     return;

@@ -82,12 +82,13 @@ def test_batched_sliced_and_offset_transposes(gpu_like):
     np.testing.assert_array_equal(b[::3].T.copy().numpy(), w[::3].T)
 
 
-@pytest.mark.parametrize("shape", [(64, 128), (128, 64), (100, 72), (36, 44), (4, 8), (132, 200)])
+@pytest.mark.parametrize("shape", [(64, 128), (128, 64), (100, 72), (36, 44), (4, 8), (132, 200), (40, 56),
+                                   (200, 136)])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "uint8", "int32"])
 def test_aligned_transposes_move_vectors(gpu_like, shape, dtype):
-    """Rows, columns and strides that are multiples of 4 elements: the 64x64 tiles of elements of at
-    most 4 bytes move 4 elements an access on both sides (whole tiles, tiles cut at the edges,
-    layouts smaller than one tile)."""
+    """Rows, columns and strides that are multiples of the vectors (4 elements of 4 bytes, 8 of 2 or
+    1 byte; other layouts of the same dtypes take 32x32 tiles): the 64x64 tiles move a vector an
+    access on both sides (whole tiles, tiles cut at the edges, layouts smaller than one tile)."""
     x = host(shape, dtype, seed=3)
     got = rt.array(x, device=gpu_like).T.copy()
     np.testing.assert_array_equal(got.numpy(), x.T)
@@ -130,7 +131,13 @@ def test_wide_tiles_for_small_elements_in_aligned_layouts():
         text = elementwise._tiled_cuda("cast", in_dt, out_dt, out_dt, "a", out_dt.c_compute)
         small = max(in_dt.itemsize, out_dt.itemsize) <= 4
         assert ("tile[64][65]" in text) == small and ("tile[32][33]" in text) != small
-        assert ("rt_vec4" in text) == small, "vectors in the wide tiles only"
+        assert (f"rt_vec<{in_dt.c_storage}, {elementwise.tile_vector(in_dt, out_dt)}>" in text) == small, \
+            "vectors in the wide tiles only"
+    # vectors of 16 bytes at most, 8 elements at most; none for elements of 8 bytes
+    assert [elementwise.tile_vector(a, b) for a, b in ((f32, f32), (f16, f16), (rt.uint8, rt.uint8), (f32, f16),
+                                                       (f16, f64))] == [4, 8, 8, 4, 1]
+    rows_of_four = (1, 64, 132, 0, 64, 0)  # a multiple of 4 columns, not of 8
+    assert elementwise.wide_tiles(f32, f32, rows_of_four) and not elementwise.wide_tiles(f16, f16, rows_of_four)
 
 
 @pytest.mark.parametrize("shape", [(3, 129, 65), (3, 128, 68)])
