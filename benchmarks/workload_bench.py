@@ -6,9 +6,9 @@ On a GPU: matmul 4096² in float32 (IEEE on both sides: no TF32), float16 and bf
 64×(512×64 @ 64×512); matmul 256²; softmax and layer norm over the rows of 8192×4096 written as
 composed array ops, eager and under rt.compile (the counterpart of torch.compile of the same
 function: the eager call builds and keys its graph's nodes each time, which on a fast GPU can take
-longer than the one fused kernel); the column sum of 8192×8192; a transposed copy of 8192×8192; an 8-op elementwise
-chain over 64M floats; a 2-layer MLP training step (batch 512, 1024→4096→1024, float32), eager and
-under rt.compile. Each runs against PyTorch eager and torch.compile of the same composition (where
+longer than the one fused kernel); the column sum of 8192×8192; a transposed copy of 8192×8192; an
+8-op elementwise chain over 64M floats; a 2-layer MLP training step (batch 512, 1024→4096→1024,
+float32), eager and under rt.compile. Each runs against PyTorch eager and torch.compile of the same composition (where
 torch with CUDA imports) and reports its time (median and spread over interleaved rounds), its
 TFLOP/s or GB/s, the device-to-device copy bandwidth measured beside the bandwidth-bound cases, the
 ratios (PyTorch's time over the runtime's: >= 1 means as fast), each result's agreement with
