@@ -38,11 +38,15 @@ def all_sources() -> list:
     out = []
     for op, ins, out_dt, cdt in _ew_combos():
         out.append(elementwise.ew_source(op, ins, out_dt, cdt))
-        # The tiled variants of the one-input families share one template, its op's expression the
-        # family's: every copy and cast (each pair of element sizes and conversions), and each other
-        # one-input op on float32 and complex64 (its expression in a tile, real and complex results).
+        # The tiled variants share one template, the op's expression the family's: every copy and
+        # cast (each pair of element sizes and conversions), each other one-input op on float32 and
+        # complex64 (real and complex results), each two-input op on float32 with a transposed
+        # operand and a direct one, and additions of every dtype with each arrangement of the kinds.
         if len(ins) == 1 and (op in ("copy", "cast") or ins[0] in (_dt.float32, _dt.complex64)):
-            out.append(elementwise.tiled_source(op, ins[0], out_dt, cdt))
+            out.append(elementwise.tiled_source(op, ins, "t", out_dt, cdt))
+        if len(ins) == 2:
+            arrangements = ("td", "dt", "tt", "ts") if op == "add" else ("td",) if ins[0] is _dt.float32 else ()
+            out += [elementwise.tiled_source(op, ins, kinds, out_dt, cdt) for kinds in arrangements]
     for op in ("sum", "mean", "max", "min", "argmax", "argmin", "prod"):
         for d in _dt.ALL:
             if d.is_complex and op not in ("sum", "mean", "prod"):

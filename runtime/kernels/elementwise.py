@@ -1,13 +1,15 @@
 """Elementwise kernels (unary, binary, where, cast, copy) with contiguous, scalar and strided variants.
 
-A one-input op whose input is a transpose of its output's layout (rows of the output read down the
-input's columns: ``x.T.copy()``, ``x.T.astype(float16)``, ``exp(x.T)``, a batch of them) has a
-tiled variant ("t", ``tiled_source``, compiled where it is used): each workgroup moves a tile through
-shared memory, reading it along the input's contiguous dim and writing it along the output's, so
-both sides are coalesced; 64x64 tiles in vectors of up to 16 bytes where the layout is aligned to
-them, else 32x32 tiles one element an access. The strided variant ("g") has neighbouring threads read a
-whole input row apart: a transposed copy of 8192x8192 floats ran at 28% of the copy bandwidth that
-way, at 62% in 32x32 tiles and at 97% in vectors, on an H200 (docs/performance.md).
+An op of one or two inputs of which one is a transpose of its output's layout (rows of the output
+read down the input's columns: ``x.T.copy()``, ``x.T.astype(float16)``, ``exp(x.T)``, ``x.T + y``,
+a batch of them) has a tiled variant ("t", ``tiled_source``, compiled where it is used): each
+workgroup moves a tile of each transposed input through shared memory, reading it along the input's
+contiguous dim and writing the output along its own, so both sides are coalesced (the other input
+is read along the output's rows, or is one element); 64x64 tiles in vectors of up to 16 bytes
+where the layout is aligned to them, else 32x32 tiles one element an access. The strided variant
+("g") has neighbouring threads read a whole input row apart: a transposed copy of 8192x8192 floats
+ran at 28% of the copy bandwidth that way, at 62% in 32x32 tiles and at 97% in vectors, on an H200
+(docs/performance.md).
 """
 
 from __future__ import annotations
@@ -275,33 +277,44 @@ def _build(op, in_dts, out_dt, cdt, key) -> KernelSource:
                         lambda: _numpy(op, in_dts, out_dt, cdt))
 
 
-def tiled_source(op: str, in_dt, out_dt, cdt) -> KernelSource:
-    """The tiled variant ("t", ``_tiled_cuda``) of the one-input family ``ew_source(op, (in_dt,),
-    out_dt, cdt)``: a source of its own, so that it is compiled only where a transposed view is
-    read (a tiled kernel in each of the 717 one-input families made compiling them all about 40%
-    longer)."""
-    key = ("ew_t", op, in_dt.name, out_dt.name, cdt.name)
-    return source(key, lambda: _build_tiled(op, in_dt, out_dt, cdt, key))
+def tiled_source(op: str, in_dts: tuple, kinds: str, out_dt, cdt) -> KernelSource:
+    """The tiled variant (``_tiled_cuda``) of the family ``ew_source(op, in_dts, out_dt, cdt)`` for
+    inputs read as `kinds` (``_tiled``): a source of its own, so that it is compiled only where a
+    transposed view is read (a tiled kernel in each of the 717 one-input families made compiling them
+    all about 40% longer)."""
+    key = ("ew_t", op, tuple(d.name for d in in_dts), kinds, out_dt.name, cdt.name)
+    return source(key, lambda: _build_tiled(op, in_dts, kinds, out_dt, cdt, key))
 
 
-def _build_tiled(op, in_dt, out_dt, cdt, key) -> KernelSource:
+def tiled_variant(kinds: str) -> str:
+    """The export suffix of the tiled variant for inputs read as `kinds` (``_tiled``): "t" for one
+    transposed input, else "t" and the kinds ("ttd": two inputs, the first transposed, the second
+    direct)."""
+    return "t" if kinds == "t" else "t" + kinds
+
+
+def _build_tiled(op, in_dts, kinds, out_dt, cdt, key) -> KernelSource:
     expr = c_expr(op, cdt)  # validates op/dtype support before any code is generated
-    name = export_name(op, (in_dt,), out_dt, "t")
-    export = hal.Export(name, workgroup_size=(TILE, TILE_ROWS, 1), bindings=2, constants=len(TILED_CONSTANTS))
+    k = len(in_dts)
+    name = export_name(op, in_dts, out_dt, tiled_variant(kinds))
+    export = hal.Export(name, workgroup_size=(TILE, TILE_ROWS, 1), bindings=1 + k, constants=4 + 3 * k)
 
     def cuda() -> str:
-        parts = [COMPLEX_SOURCE] if needs_complex(cdt, out_dt, in_dt) else []
-        parts.append(_tiled_cuda(op, in_dt, out_dt, cdt, expr, result_compute(op, cdt, out_dt)))
+        parts = [COMPLEX_SOURCE] if needs_complex(cdt, out_dt, *in_dts) else []
+        parts.append(_tiled_cuda(op, in_dts, kinds, out_dt, cdt, expr, result_compute(op, cdt, out_dt)))
         return "\n".join(parts)
 
     def numpy_code() -> dict:
-        strided = ew_source(op, (in_dt,), out_dt, cdt).numpy_code()[export_name(op, (in_dt,), out_dt, "g")]
+        strided = ew_source(op, in_dts, out_dt, cdt).numpy_code()[export_name(op, in_dts, out_dt, "g")]
 
         def tiled_fn(workgroups, bindings, c):  # the family's strided code over the same layout
-            batch, rows, cols, offset, column_stride, batch_stride, _ = c
-            dims = [batch, rows, cols] + [0] * (MAX_DIMS - 3)
-            strides = [u32(batch_stride), 1, u32(column_stride)] + [0] * (MAX_DIMS - 3)
-            strided(None, bindings, [batch * rows * cols, 3, *dims, offset, *strides])
+            batch, rows, cols = c[:3]
+            consts = [batch * rows * cols, 3, batch, rows, cols] + [0] * (MAX_DIMS - 3)
+            for i, kind in enumerate(kinds):
+                offset, stride, batch_stride = c[3 + 3 * i:6 + 3 * i]
+                inner = [1, stride] if kind == "t" else [stride, 1] if kind == "d" else [0, 0]  # (row, column)
+                consts += [offset, batch_stride, *inner] + [0] * (MAX_DIMS - 3)
+            strided(None, bindings, consts)
 
         return {name: tiled_fn}
 
@@ -371,52 +384,72 @@ TILE, TILE_ROWS = 32, 8
 WIDE_TILE = 64
 #: The bytes of the widest vector a thread moves, and the most elements in one.
 VECTOR_BYTES, VECTOR_ELEMENTS = 16, 8
-#: Its constants: the output's batch count, rows and columns (contiguous), then where its input
-#: element (b, r, c) lies: offset + b * batch_stride + r + c * column_stride; and 1 for wide tiles.
-TILED_CONSTANTS = ("batch", "rows", "cols", "offset", "column_stride", "batch_stride", "wide")
+#: Inputs a tiled op reads at most (two 64x65 tiles of 4 bytes take 33 KB of the 48 KB of static
+#: shared memory a workgroup may have).
+MAX_TILED_INPUTS = 2
+# Its constants: the output's batch count, rows and columns (contiguous); per input, its offset,
+# stride (a transposed input's column stride, a direct one's row stride) and batch stride; then 1
+# for wide tiles (``_tiled``).
 
 
-def wide_tiles(in_dt, out_dt, layout: tuple) -> bool:
-    """Whether the tiled variant of a one-input op from `in_dt` to `out_dt` over ``layout``
-    (TILED_CONSTANTS' first six) moves WIDE_TILE tiles in vectors (``tile_vector``): elements of at
-    most 4 bytes, and an offset, strides, rows and columns that are multiples of the vector (every
-    vector aligned and whole). Measured on an H200, 8192² float32: 134 us so, 206 us in 32x32 tiles
-    one element an access; an unaligned 8190² one: 226 us in 64x64 tiles one element an access, 220
-    us in 32x32."""
-    batch, rows, cols, offset, column_stride, batch_stride = layout
-    vector = tile_vector(in_dt, out_dt)
-    return vector > 1 and (offset | column_stride | batch_stride | rows | cols) % vector == 0
+def wide_tiles(dtypes: tuple, layout: tuple) -> bool:
+    """Whether the tiled variant over ``layout`` (its constants but the last) of an op whose inputs
+    and output have `dtypes` moves WIDE_TILE tiles in vectors (``tile_vector``): elements of at most
+    4 bytes, and rows, columns, offsets and strides that are multiples of the vector (every vector
+    aligned and whole). Measured on an H200, 8192² float32: 134 us so, 206 us in 32x32 tiles one
+    element an access; an unaligned 8190² one: 226 us in 64x64 tiles one element an access, 220 us
+    in 32x32."""
+    vector = tile_vector(*dtypes)
+    return vector > 1 and all(value % vector == 0 for value in layout[1:])
 
 
-def tile_vector(in_dt, out_dt) -> int:
-    """The elements a thread moves an access in WIDE_TILE tiles of `in_dt` to `out_dt`: as many as
-    VECTOR_BYTES of the wider of the two hold (at most VECTOR_ELEMENTS); 1 (no wide tiles) for
+def tile_vector(*dtypes) -> int:
+    """The elements a thread moves an access in WIDE_TILE tiles of `dtypes` (inputs and output): as
+    many as VECTOR_BYTES of the widest hold (at most VECTOR_ELEMENTS); 1 (no wide tiles) for
     elements of more than 4 bytes."""
-    width = max(in_dt.itemsize, out_dt.itemsize)
+    width = max(d.itemsize for d in dtypes)
     return min(VECTOR_ELEMENTS, VECTOR_BYTES // width) if width <= 4 else 1
 
 
-def _tiled_cuda(op, in_dt, out_dt, cdt, expr, res_compute) -> str:
-    """The "t" variant: a workgroup of TILE x TILE_ROWS threads moves one tile of batch blockIdx.z,
-    loading it down the input's contiguous rows into shared memory (as stored) and storing it along
-    the output's rows (one padding column keeps the transposed reads of shared memory to at most two
-    accesses a bank): a WIDE_TILE tile in vectors (``tile_vector``) where ``wide`` is set
-    (``wide_tiles``), else a TILE x TILE tile one element an access."""
-    name = export_name(op, (in_dt,), out_dt, "t")
-    n = tile_vector(in_dt, out_dt)
+def _tiled_cuda(op, in_dts, kinds, out_dt, cdt, expr, res_compute) -> str:
+    """The tiled variant: a workgroup of TILE x TILE_ROWS threads computes one tile of the output's
+    batch blockIdx.z. Each transposed input ("t") is loaded down its contiguous rows into a tile of
+    shared memory (as stored; one padding column keeps the transposed reads of shared memory to at
+    most two accesses a bank); each direct input ("d", unit stride along the output's rows) is read
+    where the output is written, along its rows, and a one-element input ("s") there too. A
+    WIDE_TILE tile in vectors (``tile_vector``)
+    where ``wide`` is set (``wide_tiles``), else a TILE x TILE tile one element an access."""
+    name = export_name(op, in_dts, out_dt, tiled_variant(kinds))
+    names = ["a", "b"][:len(in_dts)]
+    n = tile_vector(*in_dts, out_dt)
     can_be_wide = n > 1
     edge = WIDE_TILE if can_be_wide else TILE
+    tiled = [i for i, kind in enumerate(kinds) if kind == "t"]
 
-    def converted(ref: str) -> str:
-        return f"const {cdt.c_compute} a = {_load(in_dt, ref, 'a', cdt)}; const {res_compute} v = {expr};"
+    def value(refs: list) -> str:
+        """The output element from each input's element (C lvalues `refs`), as ``v``."""
+        loads = " ".join(f"const {cdt.c_compute} {nm} = {_load(d, ref, nm, cdt)};"
+                         for nm, d, ref in zip(names, in_dts, refs))
+        return f"{loads} const {res_compute} v = {expr};"
+
+    def vec(d) -> str:
+        return f"rt_vec<{d.c_storage}, {n}>"
 
     vector = ""
     if can_be_wide:
         lanes = WIDE_TILE // n  # threads along a tile row
         passes = TILE * TILE_ROWS // lanes  # tile rows a pass of the workgroup covers
-        stores = " ".join(f"tile[j][x + {e}] = w.v[{e}];" for e in range(n))
-        values = "\n".join(f"        {{ {converted(f'tile[x + {e}][j]')} ov.v[{e}] = {store_expr(out_dt, 'v')}; }}"
-                           for e in range(n))
+        loads = "\n".join(
+            f"        {{ const {vec(in_dts[i])} w = *reinterpret_cast<const {vec(in_dts[i])}*>"
+            f"(in{i} + base{i} + (u64)c * st{i} + r); "
+            + " ".join(f"tile{i}[j][x + {e}] = w.v[{e}];" for e in range(n)) + " }" for i in tiled)
+        direct = "\n".join(
+            f"        const {vec(in_dts[i])} w{i} = *reinterpret_cast<const {vec(in_dts[i])}*>"
+            f"(in{i} + base{i} + (u64)rr * st{i} + c);" for i, kind in enumerate(kinds) if kind == "d")
+        values = "\n".join(
+            "        { " + value([f"tile{i}[x + {e}][j]" if kind == "t" else f"w{i}.v[{e}]" if kind == "d"
+                                else f"in{i}[base{i}]" for i, kind in enumerate(kinds)])
+            + f" ov.v[{e}] = {store_expr(out_dt, 'v')}; }}" for e in range(n))
         vector = f"""  if (wide) {{
     const u32 r0 = blockIdx.y * {WIDE_TILE}, c0 = blockIdx.x * {WIDE_TILE};
     const u32 t = threadIdx.y * {TILE} + threadIdx.x;
@@ -426,9 +459,7 @@ def _tiled_cuda(op, in_dt, out_dt, cdt, expr, res_compute) -> str:
     for (u32 j = y; j < {WIDE_TILE}; j += {passes}) {{
       const u32 c = c0 + j;
       if (r < rows && c < cols) {{
-        const rt_vec<{in_dt.c_storage}, {n}> w =
-            *reinterpret_cast<const rt_vec<{in_dt.c_storage}, {n}>*>(in0 + base + (u64)c * column_stride + r);
-        {stores}
+{loads}
       }}
     }}
     __syncthreads();
@@ -437,26 +468,36 @@ def _tiled_cuda(op, in_dt, out_dt, cdt, expr, res_compute) -> str:
     for (u32 j = y; j < {WIDE_TILE}; j += {passes}) {{
       const u32 rr = r0 + j;
       if (rr < rows && c < cols) {{
-        rt_vec<{out_dt.c_storage}, {n}> ov;
+{direct}
+        {vec(out_dt)} ov;
 {values}
-        *reinterpret_cast<rt_vec<{out_dt.c_storage}, {n}>*>(out + (bz * rows + rr) * (u64)cols + c) = ov;
+        *reinterpret_cast<{vec(out_dt)}*>(out + (bz * rows + rr) * (u64)cols + c) = ov;
       }}
     }}
     return;
   }}
 """
-    return f"""extern "C" __global__ void {name}({out_dt.c_storage}* __restrict__ out,
-    const {in_dt.c_storage}* __restrict__ in0, u32 batch, u32 rows, u32 cols, u32 offset, u32 column_stride,
-    u32 batch_stride, u32 wide) {{
-  __shared__ {in_dt.c_storage} tile[{edge}][{edge + 1}];
+    params = [f"{out_dt.c_storage}* __restrict__ out"]
+    params += [f"const {d.c_storage}* __restrict__ in{i}" for i, d in enumerate(in_dts)]
+    params += ["u32 batch", "u32 rows", "u32 cols"]
+    for i in range(len(in_dts)):
+        params += [f"u32 off{i}", f"u32 st{i}", f"u32 bs{i}"]
+    params.append("u32 wide")
+    shared = "\n".join(f"  __shared__ {in_dts[i].c_storage} tile{i}[{edge}][{edge + 1}];" for i in tiled)
+    bases = "\n".join(f"  const u64 base{i} = (u64)off{i} + bz * bs{i};" for i in range(len(in_dts)))
+    scalar_loads = " ".join(f"tile{i}[j][threadIdx.x] = in{i}[base{i} + (u64)c * st{i} + r];" for i in tiled)
+    scalar_refs = [f"tile{i}[threadIdx.x][j]" if kind == "t" else f"in{i}[base{i} + (u64)rr * st{i} + c]"
+                   if kind == "d" else f"in{i}[base{i}]" for i, kind in enumerate(kinds)]
+    return f"""extern "C" __global__ void {name}({", ".join(params)}) {{
+{shared}
   const u64 bz = blockIdx.z;
-  const u64 base = (u64)offset + bz * batch_stride;
+{bases}
 {vector}  const u32 r0 = blockIdx.y * {TILE}, c0 = blockIdx.x * {TILE};
   const u32 r = r0 + threadIdx.x;
   #pragma unroll
   for (u32 j = threadIdx.y; j < {TILE}; j += {TILE_ROWS}) {{
     const u32 c = c0 + j;
-    if (r < rows && c < cols) tile[j][threadIdx.x] = in0[base + (u64)c * column_stride + r];
+    if (r < rows && c < cols) {{ {scalar_loads} }}
   }}
   __syncthreads();
   const u32 c = c0 + threadIdx.x;
@@ -464,7 +505,7 @@ def _tiled_cuda(op, in_dt, out_dt, cdt, expr, res_compute) -> str:
   for (u32 j = threadIdx.y; j < {TILE}; j += {TILE_ROWS}) {{
     const u32 rr = r0 + j;
     if (rr < rows && c < cols) {{
-      {converted("tile[threadIdx.x][j]")}
+      {value(scalar_refs)}
       out[(bz * rows + rr) * (u64)cols + c] = {store_expr(out_dt, "v")};
     }}
   }}
@@ -736,13 +777,13 @@ def plan(node, layouts: list, ctx) -> list:
         v = "g"
         shape, strides_list = collapse(out_shape, [cstr] + bstrides)
         strides_list = strides_list[1:]
-        if ctx.is_gpu and len(in_dts) == 1:
-            tiled = _tiled(shape, strides_list, layouts, ctx.device.limits["max_workgroup_count"], in_dts[0],
+        if ctx.is_gpu and len(in_dts) <= MAX_TILED_INPUTS:
+            tiled = _tiled(shape, strides_list, layouts, ctx.device.limits["max_workgroup_count"], in_dts,
                            node.dtype)
             if tiled is not None:
-                constants, grid = tiled
-                return [("dispatch", tiled_source(node.op, in_dts[0], node.dtype, node.params),
-                         export_name(node.op, in_dts, node.dtype, "t"), grid, constants, bindings)]
+                kinds, constants, grid = tiled
+                return [("dispatch", tiled_source(node.op, in_dts, kinds, node.dtype, node.params),
+                         export_name(node.op, in_dts, node.dtype, tiled_variant(kinds)), grid, constants, bindings)]
         consts = [n, len(shape)] + list(shape) + [0] * (MAX_DIMS - len(shape))
         for lay, st in zip(layouts, strides_list):
             consts.append(lay[2])
@@ -751,27 +792,43 @@ def plan(node, layouts: list, ctx) -> list:
     return [("dispatch", src, name, (grid_1d(n), 1, 1), consts, bindings)]
 
 
-def _tiled(shape: tuple, strides_list: list, layouts: list, max_grid: tuple, in_dt, out_dt) -> tuple | None:
-    """(the tiled variant's constants (``TILED_CONSTANTS``), its grid of tiles) for a one-input op
-    from `in_dt` to `out_dt` over the collapsed ``shape`` whose input strides ``strides_list[0]``
-    make it a transpose or a batch of transposes of the output (the output's rows run down the
-    input's unit-stride dim, its columns across a larger stride); None for any other layout, or a
-    grid beyond the device's ``max_grid``, which the strided variant reads."""
-    if len(layouts) != 1 or len(shape) not in (2, 3):
+def _tiled(shape: tuple, strides_list: list, layouts: list, max_grid: tuple, in_dts: tuple, out_dt) -> tuple | None:
+    """(the inputs' kinds, the tiled variant's constants (see ``wide_tiles``), its grid of tiles) for
+    an op over the collapsed ``shape`` (a batch of rows and columns) whose inputs' strides
+    (``strides_list``) make at least one a transpose of the output ("t": the output's rows run down
+    its unit-stride dim, its columns across a larger stride) and every other one direct ("d": unit
+    stride along the output's rows, any row and batch stride) or one element ("s"); None for any
+    other layout, or a grid beyond the device's ``max_grid``, which the strided variant reads."""
+    if len(shape) not in (2, 3):
         return None
-    strides = strides_list[0]
     *batch_dims, rows, cols = shape
-    *batch_strides, row_stride, column_stride = strides
-    batch = batch_dims[0] if batch_dims else 1
-    batch_stride = batch_strides[0] if batch_strides else 0
-    if row_stride != 1 or column_stride <= 1 or batch_stride < 0 or rows < 2 or cols < 2:
+    if rows < 2 or cols < 2:
         return None
-    offset = layouts[0][2]
-    layout = (batch, rows, cols, offset, column_stride, batch_stride)
-    wide = wide_tiles(in_dt, out_dt, layout)
+    kinds = ""
+    per_input: list = []
+    for (_, _, offset), strides in zip(layouts, strides_list):
+        *batch_strides, row_stride, column_stride = strides
+        batch_stride = batch_strides[0] if batch_strides else 0
+        if batch_stride < 0 or row_stride < 0:
+            return None
+        if row_stride == 1 and column_stride > 1:
+            kinds += "t"
+            per_input += [offset, column_stride, batch_stride]
+        elif column_stride == 1:
+            kinds += "d"
+            per_input += [offset, row_stride, batch_stride]
+        elif column_stride == row_stride == batch_stride == 0:
+            kinds += "s"
+            per_input += [offset, 0, 0]
+        else:
+            return None
+    if "t" not in kinds:
+        return None
+    batch = batch_dims[0] if batch_dims else 1
+    layout = (batch, rows, cols, *per_input)
+    wide = wide_tiles((*in_dts, out_dt), layout)
     edge = WIDE_TILE if wide else TILE
     grid = ((cols + edge - 1) // edge, (rows + edge - 1) // edge, batch)
-    if any(count > most for count, most in zip(grid, max_grid)) or \
-            max(offset, column_stride, batch_stride, rows, cols) > 0xFFFFFFFF:
+    if any(count > most for count, most in zip(grid, max_grid)) or max(layout) > 0xFFFFFFFF:
         return None
-    return [*layout, int(wide)], grid
+    return kinds, [*layout, int(wide)], grid

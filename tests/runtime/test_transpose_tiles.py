@@ -61,11 +61,31 @@ def test_casts_and_unary_ops_through_the_tiles(gpu_like, shape):
     np.testing.assert_array_equal(rt.floor(a.T * 10).numpy(), np.floor(x.T * np.float32(10)))
     i = rt.array((x * 100).astype(np.int32), device=gpu_like)
     np.testing.assert_array_equal(abs(i.T).numpy(), np.abs((x * 100).astype(np.int32)).T)
-    y = rt.array(np.ascontiguousarray(x.T), device=gpu_like)  # a two-input op: strided, as before
-    np.testing.assert_array_equal((a.T + y).numpy(), x.T + x.T)
     z = host((20, 30), np.complex64)
     np.testing.assert_allclose(abs(rt.array(z, device=gpu_like).T).numpy(), np.abs(z.T), rtol=1e-6)
     np.testing.assert_allclose(rt.exp(rt.array(z, device=gpu_like).T).numpy(), np.exp(z.T), rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(50, 66), (64, 96), (3, 40, 52)])  # 32x32 tiles; 64x64 vectors; a batch
+def test_two_input_ops_with_a_transposed_operand(gpu_like, shape):
+    """A transposed operand with a direct one (either side), two transposed ones, a scalar, a row
+    broadcast down the output's rows, mixed dtypes and comparisons: each against numpy."""
+    x = host(shape, np.float32, seed=8)
+    y = host(shape, np.float32, seed=9)
+    a, b = rt.array(x, device=gpu_like), rt.array(y, device=gpu_like)
+    t = (0, 2, 1) if len(shape) == 3 else (1, 0)
+    aT, bT, xT, yT = a.transpose(*t), b.transpose(*t), x.transpose(*t), y.transpose(*t)
+    direct = rt.array(np.ascontiguousarray(yT), device=gpu_like)
+    np.testing.assert_array_equal((aT + direct).numpy(), xT + yT)
+    np.testing.assert_array_equal((direct - aT).numpy(), yT - xT)
+    np.testing.assert_array_equal((aT * bT).numpy(), xT * yT)
+    np.testing.assert_array_equal((aT * 3).numpy(), xT * np.float32(3))
+    v = host(xT.shape[-1:], np.float32, seed=10)  # one row, broadcast down the output's rows
+    np.testing.assert_array_equal((aT + rt.array(v, device=gpu_like)).numpy(), xT + v)
+    np.testing.assert_array_equal(rt.maximum(aT, direct).numpy(), np.maximum(xT, yT))
+    np.testing.assert_array_equal((aT > direct).numpy(), xT > yT)
+    half = rt.array(np.ascontiguousarray(yT).astype(np.float16), device=gpu_like)
+    np.testing.assert_array_equal((aT + half).numpy(), xT + np.ascontiguousarray(yT).astype(np.float16))
 
 
 def test_batched_sliced_and_offset_transposes(gpu_like):
@@ -124,20 +144,20 @@ def test_aligned_casts_batches_and_offsets_through_the_vectors(gpu_like):
 def test_wide_tiles_for_small_elements_in_aligned_layouts():
     f32, f16, f64, c128 = rt.float32, rt.float16, rt.float64, rt.complex128
     aligned, offset_by_one, odd_rows = (1, 64, 128, 0, 64, 0), (1, 64, 128, 1, 64, 0), (2, 62, 128, 0, 64, 8192)
-    assert elementwise.wide_tiles(f32, f32, aligned) and elementwise.wide_tiles(f16, rt.uint8, aligned)
-    assert not elementwise.wide_tiles(f32, f64, aligned) and not elementwise.wide_tiles(c128, c128, aligned)
-    assert not elementwise.wide_tiles(f32, f32, offset_by_one) and not elementwise.wide_tiles(f32, f32, odd_rows)
+    assert elementwise.wide_tiles((f32, f32), aligned) and elementwise.wide_tiles((f16, rt.uint8), aligned)
+    assert not elementwise.wide_tiles((f32, f64), aligned) and not elementwise.wide_tiles((c128, c128), aligned)
+    assert not elementwise.wide_tiles((f32, f32), offset_by_one) and not elementwise.wide_tiles((f32, f32), odd_rows)
     for in_dt, out_dt in ((f32, f32), (f16, f32), (f64, f64), (c128, c128), (rt.bool, f32)):
-        text = elementwise._tiled_cuda("cast", in_dt, out_dt, out_dt, "a", out_dt.c_compute)
+        text = elementwise._tiled_cuda("cast", (in_dt,), "t", out_dt, out_dt, "a", out_dt.c_compute)
         small = max(in_dt.itemsize, out_dt.itemsize) <= 4
-        assert ("tile[64][65]" in text) == small and ("tile[32][33]" in text) != small
+        assert ("tile0[64][65]" in text) == small and ("tile0[32][33]" in text) != small
         assert (f"rt_vec<{in_dt.c_storage}, {elementwise.tile_vector(in_dt, out_dt)}>" in text) == small, \
             "vectors in the wide tiles only"
     # vectors of 16 bytes at most, 8 elements at most; none for elements of 8 bytes
     assert [elementwise.tile_vector(a, b) for a, b in ((f32, f32), (f16, f16), (rt.uint8, rt.uint8), (f32, f16),
                                                        (f16, f64))] == [4, 8, 8, 4, 1]
     rows_of_four = (1, 64, 132, 0, 64, 0)  # a multiple of 4 columns, not of 8
-    assert elementwise.wide_tiles(f32, f32, rows_of_four) and not elementwise.wide_tiles(f16, f16, rows_of_four)
+    assert elementwise.wide_tiles((f32, f32), rows_of_four) and not elementwise.wide_tiles((f16, f16), rows_of_four)
 
 
 @pytest.mark.parametrize("shape", [(3, 129, 65), (3, 128, 68)])
@@ -194,4 +214,7 @@ def test_a_transposed_view_plans_the_tiled_variant_on_gpus_only(gpu_like):
     add = view + total
     plans = elementwise.plan(add, [(view.shape, view.strides, view.offset), (total.shape, (100, 1), 0)],
                              context_for(gpu_like))
-    assert plans[0][2].endswith("_g"), "two-input ops read a transposed operand strided"
+    assert plans[0][2].endswith("_ttd") and plans[0][1].key[0] == "ew_t", "a transposed operand and a direct one"
+    where = rt.where(view > 0, view, total)
+    layouts = [(view.shape, view.strides, view.offset)] * 2 + [(total.shape, (100, 1), 0)]
+    assert elementwise.plan(where, layouts, context_for(gpu_like))[0][2].endswith("_g"), "three inputs: strided"
