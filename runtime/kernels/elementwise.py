@@ -385,11 +385,10 @@ WIDE_TILE = 64
 #: The bytes of the widest vector a thread moves, and the most elements in one.
 VECTOR_BYTES, VECTOR_ELEMENTS = 16, 8
 #: Inputs a tiled op reads at most (two 64x65 tiles of 4 bytes take 33 KB of the 48 KB of static
-#: shared memory a workgroup may have).
+#: shared memory a workgroup may have). The tiled variant's constants: the output's batch count,
+#: rows and columns (contiguous); per input, its offset, stride (a transposed input's column
+#: stride, a direct one's row stride) and batch stride; then 1 for wide tiles (``_tiled``).
 MAX_TILED_INPUTS = 2
-# Its constants: the output's batch count, rows and columns (contiguous); per input, its offset,
-# stride (a transposed input's column stride, a direct one's row stride) and batch stride; then 1
-# for wide tiles (``_tiled``).
 
 
 def wide_tiles(dtypes: tuple, layout: tuple) -> bool:
@@ -417,8 +416,8 @@ def _tiled_cuda(op, in_dts, kinds, out_dt, cdt, expr, res_compute) -> str:
     shared memory (as stored; one padding column keeps the transposed reads of shared memory to at
     most two accesses a bank); each direct input ("d", unit stride along the output's rows) is read
     where the output is written, along its rows, and a one-element input ("s") there too. A
-    WIDE_TILE tile in vectors (``tile_vector``)
-    where ``wide`` is set (``wide_tiles``), else a TILE x TILE tile one element an access."""
+    WIDE_TILE tile in vectors (``tile_vector``) where ``wide`` is set (``wide_tiles``), else a
+    TILE x TILE tile one element an access."""
     name = export_name(op, in_dts, out_dt, tiled_variant(kinds))
     names = ["a", "b"][:len(in_dts)]
     n = tile_vector(*in_dts, out_dt)
