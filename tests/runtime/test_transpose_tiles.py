@@ -172,6 +172,17 @@ def test_transposes_on_every_device(dev, dtype, shape):
     np.testing.assert_array_equal(a[:, 1:, 2:].transpose(2, 1, 0).copy().numpy(), x[:, 1:, 2:].transpose(2, 1, 0))
 
 
+@pytest.mark.parametrize("shape", [(3, 129, 65), (3, 128, 68)])
+def test_two_input_ops_of_transposes_on_every_device(dev, shape):
+    """A transposed operand beside a direct one, two transposed ones and a scalar, on every driver."""
+    x, y = host(shape, "float32", seed=12), host(shape, "float32", seed=13)
+    a, b = rt.array(x, device=dev), rt.array(y, device=dev)
+    direct = rt.array(np.ascontiguousarray(y.transpose(0, 2, 1)), device=dev)
+    np.testing.assert_array_equal((a.transpose(0, 2, 1) + direct).numpy(), x.transpose(0, 2, 1) + y.transpose(0, 2, 1))
+    np.testing.assert_array_equal((a.transpose(0, 2, 1) * b.transpose(0, 2, 1) - 1).numpy(),
+                                  x.transpose(0, 2, 1) * y.transpose(0, 2, 1) - np.float32(1))
+
+
 def _plan_of_copy(view, ctx):
     node = view.copy()
     return elementwise.plan_copy(node, (view.shape, view.strides, view.offset), ctx)
