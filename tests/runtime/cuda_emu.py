@@ -1,11 +1,12 @@
-"""Run the runtime's CUDA C kernels on the CPU: the source compiled as C++ with one OS thread per CUDA thread.
+"""Run the runtime's CUDA C kernels on the CPU: the source compiled as C++, one fiber per CUDA thread.
 
 A test helper for machines without a GPU. The kernel source the GPU drivers
 get (minus the PTX half-precision conversions, replaced by _Float16) is
 compiled with g++ against a small emulation of the CUDA execution model:
-blocks run one after another, each with blockDim threads; __syncthreads is a
-block barrier, warp shuffles exchange through per-warp slots and barriers,
-__shared__ memory is per-block (blocks never overlap). A numpy-format
+blocks run one after another, each with blockDim threads (fibers on the
+launching thread); __syncthreads is a block barrier, warp shuffles exchange
+through per-warp slots and barriers, __shared__ memory is per-block (blocks
+never overlap). A numpy-format
 executable whose functions launch these kernels lets the whole runtime run
 its GPU kernels on a CPU driver.
 """
@@ -27,40 +28,146 @@ from runtime.kernels.cuda_common import COMMON
 
 GXX = shutil.which("g++")
 
+# The execution model, compiled once per cache. A block's CUDA threads are fibers (ucontext) on the
+# launching thread, each run until it waits at a barrier (__syncthreads, or a warp's shuffle) or ends;
+# a barrier opens when every thread it spans has arrived. OS threads per CUDA thread spent most of
+# an emulated test's time in the kernel's futex calls (256 threads a block on a few cores).
+THREADS = r"""
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <ucontext.h>
+struct rt_dim3 { unsigned x, y, z; };
+__thread rt_dim3 threadIdx, blockIdx, blockDim, gridDim;
+namespace {
+enum class At { run, block, warp, done };
+struct Fiber { ucontext_t context; At at; rt_dim3 index; };
+struct Launch {
+  ucontext_t scheduler;
+  std::vector<Fiber> fibers;
+  char* stacks = nullptr;  // (malloc'd: pages untouched until a fiber's stack reaches them)
+  unsigned current = 0;
+  uint64_t slots[1024];
+  void (*body)(void*);
+  void* args;
+};
+constexpr size_t STACK = 256 * 1024;
+__thread Launch* rt_launch_now;
+
+void fiber_entry() {
+  Launch* l = rt_launch_now;
+  l->body(l->args);
+  l->fibers[l->current].at = At::done;  // (returns to the scheduler through uc_link)
+}
+
+void wait_at(At at) {
+  Launch* l = rt_launch_now;
+  Fiber& f = l->fibers[l->current];
+  f.at = at;
+  swapcontext(&f.context, &l->scheduler);
+}
+
+// Runs every runnable fiber until it waits or ends, then opens the barriers everyone has reached;
+// false when nothing can run (a barrier some thread never reaches: a hang on the GPU).
+bool step(Launch& l, unsigned nwarps) {
+  for (unsigned t = 0; t < l.fibers.size(); ++t) {
+    Fiber& f = l.fibers[t];
+    if (f.at != At::run) continue;
+    l.current = t;
+    threadIdx = f.index;
+    swapcontext(&l.scheduler, &f.context);
+  }
+  bool opened = false;
+  for (unsigned w = 0; w < nwarps; ++w) {
+    const unsigned t0 = 32 * w, t1 = t0 + 32 < l.fibers.size() ? t0 + 32 : l.fibers.size();
+    bool all = true;
+    for (unsigned t = t0; t < t1; ++t) all = all && l.fibers[t].at == At::warp;
+    if (!all) continue;
+    for (unsigned t = t0; t < t1; ++t) l.fibers[t].at = At::run;
+    opened = true;
+  }
+  if (opened) return true;
+  bool all_block = true, all_done = true;
+  for (auto& f : l.fibers) {
+    all_block = all_block && f.at == At::block;
+    all_done = all_done && f.at == At::done;
+  }
+  if (all_done) return false;
+  if (!all_block) {
+    std::fprintf(stderr, "cuda_emu: a block's threads wait at barriers that never open\n");
+    std::abort();
+  }
+  for (auto& f : l.fibers) f.at = At::run;
+  return true;
+}
+}
+extern "C" void rt_emu_syncthreads() { wait_at(At::block); }
+extern "C" uint64_t rt_emu_shfl_down(uint64_t bits, int o) {
+  Launch* l = rt_launch_now;
+  const unsigned t = l->current, lane = t % 32;
+  l->slots[t] = bits;
+  wait_at(At::warp);
+  const uint64_t r = lane + o < 32 && t + o < l->fibers.size() ? l->slots[t + o] : bits;
+  wait_at(At::warp);
+  return r;
+}
+extern "C" void rt_emu_launch(void (*body)(void*), void* args, const unsigned* grid, const unsigned* block) {
+  Launch l;
+  Launch* outer = rt_launch_now;
+  rt_launch_now = &l;
+  l.body = body;
+  l.args = args;
+  const rt_dim3 d{block[0], block[1], block[2]};
+  const unsigned n = d.x * d.y * d.z, nwarps = (n + 31) / 32;
+  l.fibers.resize(n);
+  l.stacks = static_cast<char*>(std::malloc((size_t)n * STACK));
+  gridDim = {grid[0], grid[1], grid[2]};
+  blockDim = d;
+  for (unsigned bz = 0; bz < grid[2]; ++bz)
+  for (unsigned by = 0; by < grid[1]; ++by)
+  for (unsigned bx = 0; bx < grid[0]; ++bx) {
+    blockIdx = {bx, by, bz};
+    for (unsigned t = 0; t < n; ++t) {
+      Fiber& f = l.fibers[t];
+      f.at = At::run;
+      f.index = {t % d.x, (t / d.x) % d.y, t / (d.x * d.y)};
+      getcontext(&f.context);
+      f.context.uc_stack.ss_sp = l.stacks + (size_t)t * STACK;
+      f.context.uc_stack.ss_size = STACK;
+      f.context.uc_link = &l.scheduler;
+      makecontext(&f.context, fiber_entry, 0);
+    }
+    while (step(l, nwarps)) {}
+  }
+  std::free(l.stacks);
+  rt_launch_now = outer;
+}
+"""
+
+# What a kernel's unit sees of CUDA: C headers only (the threads' headers took about three
+# quarters of a kernel's compile time when each unit included them).
 PRELUDE = r"""
-#include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstring>
-#include <thread>
-#include <vector>
 #include <cstdint>
-#include <utility>
-#include <type_traits>
-#include <tuple>
 struct rt_dim3 { unsigned x, y, z; };
-static thread_local rt_dim3 threadIdx, blockIdx;
-static rt_dim3 blockDim, gridDim;
-static std::barrier<>* rt_block_barrier;
-static std::vector<std::barrier<>*> rt_warp_barriers;
-static uint64_t rt_slots[1024];
+extern __thread rt_dim3 threadIdx, blockIdx, blockDim, gridDim;
+extern "C" void rt_emu_syncthreads();
+extern "C" uint64_t rt_emu_shfl_down(uint64_t bits, int o);
+extern "C" void rt_emu_launch(void (*body)(void*), void* args, const unsigned* grid, const unsigned* block);
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __restrict__
 #define __shared__ static
 #define RT_WARP 32
-static inline void __syncthreads() { rt_block_barrier->arrive_and_wait(); }
+static inline void __syncthreads() { rt_emu_syncthreads(); }
 template <typename T> static T rt_shfl_down(T v, int o) {
-  const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-  const unsigned lane = t % 32, warp = t / 32;
+  static_assert(sizeof(T) <= 8);
   uint64_t bits = 0; std::memcpy(&bits, &v, sizeof(T));
-  rt_slots[t] = bits;
-  rt_warp_barriers[warp]->arrive_and_wait();
-  T r = v;
-  if (lane + o < 32) { uint64_t b = rt_slots[t + o]; std::memcpy(&r, &b, sizeof(T)); }
-  rt_warp_barriers[warp]->arrive_and_wait();
-  return r;
+  bits = rt_emu_shfl_down(bits, o);
+  T r; std::memcpy(&r, &bits, sizeof(T)); return r;
 }
 #define RT_SHFL_DOWN(v, o) rt_shfl_down((v), (o))
 static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
@@ -73,54 +180,66 @@ static inline unsigned short f32_to_f16(float f) {
 }
 template <typename T> static inline T rt_load_once(const T* p) { return *p; }
 template <typename T> static inline T rt_load_l2(const T* p) { return *p; }
-static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-static inline unsigned atomicAdd(unsigned* p, unsigned v) {
-  return std::atomic_ref<unsigned>(*p).fetch_add(v);
-}
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+static inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 """
 
+# A kernel's parameters from the launch's arrays: pointers first (the bindings), then 32-bit constants.
 LAUNCHER = r"""
-template <typename... P, std::size_t... I>
-static void rt_call(void (*k)(P...), void** ptrs, const unsigned* consts, std::index_sequence<I...>) {
-  constexpr int nptr = (0 + ... + (std::is_pointer_v<P> ? 1 : 0));
-  auto arg = [&](auto idx) {
-    constexpr std::size_t i = decltype(idx)::value;
-    using T = std::tuple_element_t<i, std::tuple<P...>>;
-    if constexpr (std::is_pointer_v<T>) return (T)ptrs[i];
-    else return (T)consts[i - nptr];
-  };
-  k(arg(std::integral_constant<std::size_t, I>{})...);
+template <typename T> struct rt_is_ptr { static constexpr bool value = false; };
+template <typename T> struct rt_is_ptr<T*> { static constexpr bool value = true; };
+template <typename T> static T rt_arg(void** ptrs, const unsigned* consts, int i, int nptr) {
+  if constexpr (rt_is_ptr<T>::value) return (T)ptrs[i];
+  else return (T)consts[i - nptr];
+}
+template <int... I> struct rt_seq {};
+template <typename... P>
+struct rt_args { void (*kernel)(P...); void** ptrs; const unsigned* consts; };
+template <typename... P, int... I>
+static void rt_call(const rt_args<P...>& a, rt_seq<I...>) {
+  constexpr int nptr = (0 + ... + (rt_is_ptr<P>::value ? 1 : 0));
+  a.kernel(rt_arg<P>(a.ptrs, a.consts, I, nptr)...);
 }
 template <typename... P>
 static void rt_launch(void (*k)(P...), void** ptrs, const unsigned* consts,
                       const unsigned* grid, const unsigned* block) {
-  gridDim = {grid[0], grid[1], grid[2]};
-  blockDim = {block[0], block[1], block[2]};
-  const unsigned nthreads = block[0] * block[1] * block[2];
-  const unsigned nwarps = (nthreads + 31) / 32;
-  for (unsigned bz = 0; bz < grid[2]; ++bz)
-  for (unsigned by = 0; by < grid[1]; ++by)
-  for (unsigned bx = 0; bx < grid[0]; ++bx) {
-    std::barrier<> block_barrier(nthreads);
-    rt_block_barrier = &block_barrier;
-    std::vector<std::barrier<>*> warps;
-    for (unsigned w = 0; w < nwarps; ++w) warps.push_back(new std::barrier<>(std::min(32u, nthreads - 32 * w)));
-    rt_warp_barriers = warps;
-    std::vector<std::thread> threads;
-    for (unsigned t = 0; t < nthreads; ++t) {
-      threads.emplace_back([=]() {
-        blockIdx = {bx, by, bz};
-        threadIdx = {t % block[0], (t / block[0]) % block[1], t / (block[0] * block[1])};
-        rt_call(k, ptrs, consts, std::index_sequence_for<P...>{});
-      });
-    }
-    for (auto& th : threads) th.join();
-    for (auto* w : warps) delete w;
-  }
+  rt_args<P...> a{k, ptrs, consts};
+  rt_emu_launch([](void* v) {
+    rt_call(*static_cast<rt_args<P...>*>(v), rt_seq<__integer_pack((int)sizeof...(P))...>{});
+  }, &a, grid, block);
 }
 """
 
 _CACHE = Path(os.environ.get("RUNTIME_EMU_CACHE", Path(tempfile.gettempdir()) / "runtime-cuda-emu"))
+_FLAGS = ["-std=c++20", "-O1", "-w", "-shared", "-fPIC", "-pthread"]
+
+
+def _compiled(code: str, prefix: str, extra: list[str]) -> Path:
+    """The shared library of ``code`` in the cache (built once; concurrent builders each write their
+    own file and the last rename wins)."""
+    digest = hashlib.sha256(code.encode()).hexdigest()[:20]
+    _CACHE.mkdir(parents=True, exist_ok=True)
+    lib = _CACHE / f"{prefix}{digest}.so"
+    if not lib.exists():
+        cpp = _CACHE / f"{prefix}{digest}.{os.getpid()}.cpp"
+        cpp.write_text(code)
+        tmp = _CACHE / f"{prefix}{digest}.{os.getpid()}.so"
+        subprocess.run([GXX, *_FLAGS, str(cpp), *extra, "-o", str(tmp)], check=True, capture_output=True, text=True)
+        os.replace(tmp, lib)
+        cpp.unlink()
+    return lib
+
+
+_threads: ctypes.CDLL | None = None
+
+
+def threads_library() -> Path:
+    """The execution model's library, loaded with its symbols global so kernel libraries bind to it."""
+    global _threads
+    lib = _compiled(THREADS, "threads-", [])
+    if _threads is None:
+        _threads = ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+    return lib
 
 
 def build(src) -> ctypes.CDLL:
@@ -129,18 +248,8 @@ def build(src) -> ctypes.CDLL:
     launchers = "".join(
         f'extern "C" void launch_{e.name}(void** p, const unsigned* c, const unsigned* g, const unsigned* b)'
         f" {{ rt_launch({e.name}, p, c, g, b); }}\n" for e in src.exports)
-    code = PRELUDE + COMMON + body + LAUNCHER + launchers
-    digest = hashlib.sha256(code.encode()).hexdigest()[:20]
-    _CACHE.mkdir(parents=True, exist_ok=True)
-    lib = _CACHE / f"{digest}.so"
-    if not lib.exists():
-        cpp = _CACHE / f"{digest}.cpp"
-        cpp.write_text(code)
-        tmp = _CACHE / f"{digest}.{os.getpid()}.so"
-        subprocess.run([GXX, "-std=c++20", "-O1", "-w", "-shared", "-fPIC", "-pthread", str(cpp), "-o", str(tmp)],
-                       check=True, capture_output=True, text=True)
-        os.replace(tmp, lib)
-    return ctypes.CDLL(str(lib))
+    threads = threads_library()
+    return ctypes.CDLL(str(_compiled(PRELUDE + COMMON + body + LAUNCHER + launchers, "", [str(threads)])))
 
 
 def emulated_code(src) -> dict:
