@@ -37,6 +37,12 @@ def _names(op, dt, out):
 
 
 _NCONST_C = 5  # O, R, chunk, offset, C
+#: Rows too few to fill the GPU are split into chunks of at least MIN_CHUNK elements, about
+#: SPLIT_WORKGROUPS workgroups in all: on the H100 the sum of 64M float32 took 88 us with 1024
+#: workgroups, 89-90.5 with 2048, 2112 or 4224; on an H200, 64.4 us with 512 (or 528), 65.2 with
+#: 1024 or 1056, 65.9-67.4 with 2048-4096 (torch.sum 69.7, in the same process).
+SPLIT_WORKGROUPS = 512
+MIN_CHUNK = 2048
 _NCONST_G = 5 + 1 + 2 * MAX_DIMS  # + ndim, shape, strides
 
 #: The last workgroup of a row to finish: each adds one to the row's ticket after writing its
@@ -337,11 +343,10 @@ def plan(node, layouts: list, ctx) -> list:
         cshape, (cstr,) = collapse(pshape, [pstrides])
         contiguous = all(s == cs for s, cs in zip(cstr, contiguous_strides(cshape)))
     # Chunking: split long rows when there are too few rows to fill the GPU, into chunks of at least
-    # 2048 elements, about 1024 workgroups in all: on the H100 the sum of 64M float32 took 88 us with
-    # 1024, 89-90.5 with 2048, 2112 or 4224.
+    # MIN_CHUNK elements, about SPLIT_WORKGROUPS workgroups in all.
     C = 1
     if ctx.is_gpu and R > 4096 and O < 512:
-        C = min((R + 2047) // 2048, max(1, 1024 // O), 1024)
+        C = min((R + MIN_CHUNK - 1) // MIN_CHUNK, max(1, SPLIT_WORKGROUPS // O), SPLIT_WORKGROUPS)
     chunk = (R + C - 1) // C if R else 1
     if C > 1:  # chunks of whole vectors, so that every chunk of an aligned row starts aligned
         chunk = (chunk + 3) // 4 * 4
