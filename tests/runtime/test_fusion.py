@@ -14,6 +14,7 @@ import pytest
 
 import runtime as rt
 from runtime.device import context_for
+from runtime.kernels import fused
 from runtime.kernels.fused import FusedSpec, fused_source
 from runtime.lowering import execute, fusion, key, record
 
@@ -39,6 +40,41 @@ def test_chain_is_one_dispatch(gpu_like, recordings):
     rec = recordings[-1]
     assert rec.dispatches == 1 and rec.fused == 1
     assert len(rec.fresh) == 1, "only the result gets a buffer"
+
+
+@pytest.mark.parametrize("n", [4096, 4099])  # vectors of 4 and, unaligned, single elements
+def test_costly_chains_loop_over_a_capped_grid(gpu_like, monkeypatch, n):
+    """A chain of two or more costly ops (roots, library math) runs at most LOOPING_GRID workgroups,
+    each thread looping over several vectors; cheaper chains keep one vector a thread."""
+    monkeypatch.setattr(fused, "LOOPING_GRID", 3)  # (16384 would need a larger array than a test's)
+    groups = []
+
+    def spy(*args):
+        planned = fused.plan(*args)
+        groups.append(planned[2][0])
+        return planned
+
+    monkeypatch.setattr(fusion, "plan_fused", spy)
+    rt.clear_graph_cache()
+    x = np.random.default_rng(n).uniform(-1, 1, n).astype(np.float32)
+    X = rt.array(x, device=gpu_like)
+    cheap = (X * 1.5 + 0.5) * X - 0.25
+    costly = rt.tanh(rt.sqrt(abs((X * 1.5 + 0.5) * X - 0.25)) + 1.0)  # (the workload benchmark's chain)
+    want_cheap = (x * np.float32(1.5) + np.float32(0.5)) * x - np.float32(0.25)
+    np.testing.assert_allclose(costly.numpy(), np.tanh(np.sqrt(np.abs(want_cheap)) + np.float32(1)), rtol=2e-6)
+    np.testing.assert_allclose(cheap.numpy(), want_cheap, rtol=1e-6, atol=1e-7)
+    assert groups == [3, -(-(n // 4 if n % 4 == 0 else n) // 256)]
+
+
+def test_costly_ops_are_counted_per_member():
+    f32 = rt.float32
+    members = (("sqrt", f32, f32, (("i", 0),)), ("mul", f32, f32, (("m", 0), ("i", 1))),
+               ("tanh", f32, f32, (("m", 1),)))
+    spec = FusedSpec(((f32, "c"), (f32, "s")), members, (2,))
+    assert spec.costly == 2
+    assert fused.plan(spec, 1 << 26, [0, 0])[2] == (fused.LOOPING_GRID, 1, 1)
+    cheap = FusedSpec(((f32, "c"),), (("mul", f32, f32, (("i", 0), ("i", 0))), ("exp", f32, f32, (("m", 0),))), (1,))
+    assert cheap.costly == 1 and fused.plan(cheap, 1 << 26, [0])[2] == (1 << 16, 1, 1)
 
 
 @pytest.mark.parametrize("n", [1, 7, 64])
