@@ -6,9 +6,8 @@ compiled with g++ against a small emulation of the CUDA execution model:
 blocks run one after another, each with blockDim threads (fibers on the
 launching thread); __syncthreads is a block barrier, warp shuffles exchange
 through per-warp slots and barriers, __shared__ memory is per-block (blocks
-never overlap). A numpy-format
-executable whose functions launch these kernels lets the whole runtime run
-its GPU kernels on a CPU driver.
+never overlap). A numpy-format executable whose functions launch these
+kernels lets the whole runtime run its GPU kernels on a CPU driver.
 """
 
 from __future__ import annotations
