@@ -37,13 +37,13 @@ def _names(op, dt, out):
 
 
 _NCONST_C = 5  # O, R, chunk, offset, C
+_NCONST_G = 5 + 1 + 2 * MAX_DIMS  # + ndim, shape, strides
 #: Rows too few to fill the GPU are split into chunks of at least MIN_CHUNK elements, about
 #: SPLIT_WORKGROUPS workgroups in all: on the H100 the sum of 64M float32 took 88 us with 1024
 #: workgroups, 89-90.5 with 2048, 2112 or 4224; on an H200, 64.4 us with 512 (or 528), 65.2 with
 #: 1024 or 1056, 65.9-67.4 with 2048-4096 (torch.sum 69.7, in the same process).
 SPLIT_WORKGROUPS = 512
 MIN_CHUNK = 2048
-_NCONST_G = 5 + 1 + 2 * MAX_DIMS  # + ndim, shape, strides
 
 #: The last workgroup of a row to finish: each adds one to the row's ticket after writing its
 #: partial (made visible first); the one that brings it to C sets it back to zero for the next
