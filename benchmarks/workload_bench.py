@@ -6,7 +6,8 @@ On a GPU: matmul 4096² in float32 (IEEE on both sides: no TF32), float16 and bf
 64×(512×64 @ 64×512); matmul 256²; softmax and layer norm over the rows of 8192×4096 written as
 composed array ops, eager and under rt.compile (the counterpart of torch.compile of the same
 function: the eager call builds and keys its graph's nodes each time, which on a fast GPU can take
-longer than the one fused kernel); the column sum of 8192×8192; a transposed copy of 8192×8192; an
+longer than the one fused kernel), and the same two over 1024 rows of 32768 (longer than a
+workgroup holds in registers; no target); the column sum of 8192×8192; a transposed copy of 8192×8192; an
 8-op elementwise chain over 64M floats; a 2-layer MLP training step (batch 512, 1024→4096→1024,
 float32), eager and under rt.compile. Each runs against PyTorch eager and torch.compile of the same composition (where
 torch with CUDA imports) and reports its time (median and spread over interleaved rounds), its
@@ -42,7 +43,8 @@ import runtime as rt
 
 GPU_CASES = [
     "matmul_4096_float32", "matmul_4096_float16", "matmul_4096_bfloat16", "batched_matmul_float32",
-    "matmul_256_float32", "softmax_8192x4096", "layer_norm_8192x4096", "column_sum_8192x8192",
+    "matmul_256_float32", "softmax_8192x4096", "layer_norm_8192x4096", "softmax_1024x32768",
+    "layer_norm_1024x32768", "column_sum_8192x8192",
     "transposed_copy_8192x8192", "concat_8192x4096", "elementwise_chain_64M", "mlp_step",
 ]
 CPU_CASES = ["matmul_1024_float32", "mlp_step"]

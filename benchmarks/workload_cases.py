@@ -93,7 +93,22 @@ def softmax_np(x):
 
 def layer_norm_make(rng, quick):
     (x,) = rows_make(rng, quick)
+    return with_norm_weights(rng, x)
+
+
+def with_norm_weights(rng, x):
     return [x, 1.0 + 0.1 * normal(rng, x.shape[1]), 0.1 * normal(rng, x.shape[1])]
+
+
+def long_rows_make(rng, quick):
+    """Rows longer than a workgroup holds in registers (more than 16384 elements: the row programs'
+    loop mode, which reads a row once a phase)."""
+    return [normal(rng, *((16, 20000) if quick else (1024, 32768)))]
+
+
+def long_layer_norm_make(rng, quick):
+    (x,) = long_rows_make(rng, quick)
+    return with_norm_weights(rng, x)
 
 
 def layer_norm_rt(x, gamma, beta):
@@ -166,6 +181,10 @@ CASES = [
     Case("softmax_8192x4096", "softmax over rows of 8192×4096, composed ops", rows_make, softmax_rt,
          softmax_torch, softmax_np, bandwidth_bound=True, compiled=True),
     Case("layer_norm_8192x4096", "layer norm 8192×4096, composed ops", layer_norm_make, layer_norm_rt,
+         layer_norm_torch, layer_norm_np, bandwidth_bound=True, compiled=True),
+    Case("softmax_1024x32768", "softmax over rows of 1024×32768, composed ops", long_rows_make, softmax_rt,
+         softmax_torch, softmax_np, bandwidth_bound=True, compiled=True),
+    Case("layer_norm_1024x32768", "layer norm 1024×32768, composed ops", long_layer_norm_make, layer_norm_rt,
          layer_norm_torch, layer_norm_np, bandwidth_bound=True, compiled=True),
     Case("column_sum_8192x8192", "column sum of 8192×8192", square_make, lambda x: x.sum(axis=0),
          lambda x: x.sum(dim=0), lambda x: x.sum(axis=0), bandwidth_bound=True),
