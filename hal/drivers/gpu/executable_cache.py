@@ -138,13 +138,27 @@ def indirect_name(name: str) -> str:
     return f"{name}__hal_indirect"
 
 
-#: Appended to kernel source compiled with ``__global__`` defined as ``__device__``: the kernels
-#: become inlinable device functions, and each export gets a kernel that reads its binding
-#: addresses from a device table and calls it. Conversions keep the direct ABI exactly:
-#: any pointer type from the table entry, any 4-byte constant type bit for bit.
+#: Put before kernel source for its indirect-binding variants: the kernels become inlinable device
+#: functions, whose launch bounds (allowed on kernels only) the wrappers carry instead.
+INDIRECT_HEAD = r"""
+#define __global__ __device__
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+"""
+
+#: Appended to that source: each export gets a kernel that reads its binding addresses from a
+#: device table and calls the export's function, bounded to the export's workgroup size (so that
+#: the registers the inlined body takes still fit the workgroup: 64 a thread for 1024 threads).
+#: Conversions keep the direct ABI exactly: any pointer type from the table entry, any 4-byte
+#: constant type bit for bit.
 INDIRECT_PRELUDE = r"""
 #undef __global__
 #define __global__ __attribute__((global))
+#if defined(__HIP__) || defined(__HIPCC_RTC__)
+#define HAL_MAX_THREADS(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
+#else
+#define HAL_MAX_THREADS(n) __attribute__((launch_bounds(n)))
+#endif
 struct hal_indirect_pointer {
   unsigned long long value;
   template <class T> __device__ __forceinline__ operator T*() const { return reinterpret_cast<T*>(value); }
@@ -169,7 +183,8 @@ def indirect_source(source: str, exports) -> str:
         params = "".join(f", unsigned int c{i}" for i in range(export.constants))
         args = [f"hal_indirect_pointer{{hal_bindings[{i}]}}" for i in range(export.bindings)]
         args += [f"hal_indirect_constant{{c{i}}}" for i in range(export.constants)]
+        threads = export.workgroup_size[0] * export.workgroup_size[1] * export.workgroup_size[2]
         wrappers.append(
-            f'extern "C" __global__ void {indirect_name(export.name)}('
+            f'extern "C" __global__ void HAL_MAX_THREADS({threads}) {indirect_name(export.name)}('
             f"const unsigned long long* __restrict__ hal_bindings{params}) {{ {export.name}({', '.join(args)}); }}\n")
-    return "#define __global__ __device__\n" + source + "\n" + "".join(wrappers)
+    return INDIRECT_HEAD + source + "\n" + "".join(wrappers)
