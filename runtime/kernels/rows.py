@@ -200,18 +200,28 @@ def plan(spec: RowSpec, O: int, N: int, layouts: list) -> tuple:  # noqa: E741
     return src, [part, ("barrier",), comb], temps
 
 
+#: Threads of a split row program's combine workgroup (one row each).
+COMBINE_THREADS = 256
+
+
+def block_size(config: Config, kind: str) -> int:
+    """Threads of a workgroup of the program's kernel `kind` ("main", "part" or "comb")."""
+    return {"main": config.T * config.RPB, "part": config.T, "comb": COMBINE_THREADS}[kind]
+
+
 def rows_source(spec: RowSpec, config: Config) -> KernelSource:
     name = spec.name(config)
     key = ("rows", name)  # the name's digest covers the spec and the mapping
     nin = len(spec.inputs)
     nconst = 2 + 3 * nin
     if config.C == 1:
-        exports = [hal.Export(name, (config.T * config.RPB, 1, 1), len(spec.outputs) + nin, nconst)]
+        exports = [hal.Export(name, (block_size(config, "main"), 1, 1), len(spec.outputs) + nin, nconst)]
     else:
         nred = sum(1 for m in spec.members if m[0] == "red")
         nfull_out = sum(1 for m in spec.outputs if spec.full[m])
-        exports = [hal.Export(name + "_p", (config.T, 1, 1), nfull_out + nred + nin, nconst + 2),
-                   hal.Export(name + "_c", (256, 1, 1), len(spec.outputs) - nfull_out + nred + nin, nconst + 2)]
+        exports = [hal.Export(name + "_p", (block_size(config, "part"), 1, 1), nfull_out + nred + nin, nconst + 2),
+                   hal.Export(name + "_c", (block_size(config, "comb"), 1, 1),
+                              len(spec.outputs) - nfull_out + nred + nin, nconst + 2)]
     return source(key, lambda: KernelSource(key, exports, lambda: _cuda(spec, config, name),
                                             lambda: _numpy(spec, config, name)))
 
@@ -275,7 +285,11 @@ class _Gen:
             params += [f"u32 off{k}", f"u32 so{k}", f"u32 sn{k}"]
         if self.kind != "main":
             params += ["u32 chunk", "u32 C"]
-        return f'extern "C" __global__ void {name}({", ".join(params)})'
+        # The launch bounds cap the registers a thread takes at what the workgroup's threads can share
+        # (64 with 1024 threads): without them a float64 layer norm over rows of more than 16384
+        # elements took 70, and a workgroup of 1024 threads of it could not launch.
+        return (f'extern "C" __global__ void __launch_bounds__({block_size(self.c, self.kind)}) '
+                f'{name}({", ".join(params)})')
 
     def prologue(self, T: int, RPB: int) -> None:
         spec = self.spec
@@ -467,7 +481,7 @@ class _Gen:
         """Split rows: one workgroup a row reduces the C chunk partials, then the row members follow."""
         spec = self.spec
         self.emit(self.signature(name) + " {")
-        self.prologue(256, 1)
+        self.prologue(COMBINE_THREADS, 1)
         self.finish_row_members(0)
         reds = [j for j, m in enumerate(spec.members) if m[0] == "red"]
         for j in reds:

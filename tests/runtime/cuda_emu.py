@@ -158,6 +158,7 @@ extern "C" void rt_emu_launch(void (*body)(void*), void* args, const unsigned* g
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __launch_bounds__(threads)
 #define __restrict__
 #define __shared__ static
 #define RT_WARP 32

@@ -91,3 +91,98 @@ def test_indirect_binding_variants_compile():
         assert ok, f"{family}: {log[:4000]}"
         for export in src.exports:
             assert executable_cache.indirect_name(export.name).encode() in cubin
+
+
+REGISTERS_PER_SM = 65536  # sm_90: what a workgroup's threads share at most
+
+
+def registers_used(source: str, name: str) -> dict[str, int]:
+    """{kernel: registers a thread} as ptxas reports them compiling ``source`` for sm_90."""
+    err, program = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
+    try:
+        flags = [ARCH, b"--ptxas-options=-v"]
+        (res,) = nvrtc.nvrtcCompileProgram(program, len(flags), flags)
+        _, size = nvrtc.nvrtcGetProgramLogSize(program)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(program, log)
+        text = log.decode(errors="replace")
+        assert res == nvrtc.nvrtcResult.NVRTC_SUCCESS, text[:4000]
+    finally:
+        nvrtc.nvrtcDestroyProgram(program)
+    used, kernel = {}, None
+    for line in text.splitlines():
+        if "Compiling entry function" in line:
+            kernel = line.split("'")[1]
+        elif "Used" in line and "registers" in line and kernel is not None:
+            used[kernel] = int(line.split("Used")[1].split()[0])
+    return used
+
+
+def long_row_programs() -> list:
+    """The row programs the runtime makes for a layer norm, a softmax and a longer composition over
+    300 rows of 20000 float32 and float64 values (loop mode: 1024 threads a workgroup), recorded on a
+    CPU device lowered as a GPU."""
+    import numpy as np
+
+    import hal
+    import runtime as rt
+    from runtime.device import context_for
+    from runtime.kernels import rows
+
+    made = []
+    real = rows.rows_source
+
+    def spy(spec, config):
+        src = real(spec, config)
+        made.append(src)
+        return src
+
+    device = hal.create_device("local-sync")
+    context_for(device).is_gpu = True
+    rows.rows_source, saved = spy, rows.rows_source
+    try:
+        for dtype in ("float32", "float64"):
+            rng = np.random.default_rng(0)
+            x, w, b = (rt.array(a.astype(dtype), device=device)
+                       for a in (rng.standard_normal((300, 20000)), 1 + 0.1 * rng.standard_normal(20000),
+                                 0.1 * rng.standard_normal(20000)))
+            mean = x.mean(axis=-1, keepdims=True)
+            centred = x - mean
+            norm = centred / rt.sqrt((centred * centred).mean(axis=-1, keepdims=True) + 1e-5) * w + b
+            e = rt.exp(x - x.max(axis=-1, keepdims=True))
+            softmax = e / e.sum(axis=-1, keepdims=True)
+            longer = softmax * rt.tanh(norm * 0.79 + 0.03 * norm * norm * norm) + rt.exp(-abs(norm)) * x
+            for y in (norm, softmax, longer):
+                rt.eval(y)
+    finally:
+        rows.rows_source = saved
+        device.close()
+    return made
+
+
+def test_row_programs_registers_fit_their_workgroups():
+    """A row program of 1024 threads a workgroup (loop mode, rows over 16384 elements) takes at most
+    64 registers a thread, directly and through the indirect-binding wrappers: a float64 layer norm
+    took 70 without launch bounds, and a workgroup of it could not launch."""
+    executable_cache = pytest.importorskip("hal.drivers.gpu.executable_cache")
+    from runtime.kernels import rows
+
+    def threads(export):
+        x, y, z = export.workgroup_size
+        return x * y * z
+
+    made = long_row_programs()
+    wide = {src.name: src for src in [*made, *rows.examples()] if any(threads(e) > 256 for e in src.exports)}
+    assert sum("const double* __restrict__ in0" in src.cuda_source() for src in made) >= 2  # float64 among them
+
+    def check(src):
+        direct = registers_used(src.cuda_source(), src.name)
+        indirect = registers_used(executable_cache.indirect_source(src.cuda_source(), src.exports), src.name)
+        for export in src.exports:
+            wrapper = executable_cache.indirect_name(export.name)
+            for kernel, used in ((export.name, direct[export.name]), (wrapper, indirect[wrapper])):
+                assert used * threads(export) <= REGISTERS_PER_SM, (kernel, used, threads(export))
+        return len(src.exports)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        assert sum(pool.map(check, wide.values())) >= len(wide)
