@@ -61,6 +61,22 @@ def test_ptx_target():
     assert b".entry cts_iota" in ptx and b".target sm_90" in ptx
 
 
+def test_launch_bounds_take_the_indirect_path_and_the_wrapper_gets_the_exports():
+    """Indirect bindings inline each kernel into a wrapper: a kernel's own __launch_bounds__ (allowed on
+    kernels only) step aside there, and the wrapper is bounded to the export's workgroup size."""
+    from hal.drivers.gpu.executable_cache import indirect_name, indirect_source
+
+    source = ('extern "C" __global__ void __launch_bounds__(512) scale(float* x, unsigned n) '
+              "{ unsigned i = blockIdx.x * blockDim.x + threadIdx.x; if (i < n) x[i] *= 2.0f; }\n")
+    export = hal.Export("scale", (128, 2, 1), 1, 1)
+    direct = cache.compile_cuda_c(source, "compute_90").decode()
+    assert ".maxntid 512, 1, 1" in direct
+    ptx = cache.compile_cuda_c(indirect_source(source, [export]), "compute_90").decode()
+    wrapper = ptx[ptx.index(f".entry {indirect_name('scale')}"):]
+    assert ".maxntid 256, 1, 1" in wrapper[:wrapper.index("{")]  # (128 x 2 threads)
+    assert is_cubin(cache.compile_cuda_c(indirect_source(source, [export]), "sm_90"))
+
+
 def test_compile_error_carries_the_log():
     with pytest.raises(CompileError) as info:
         cache.compile_cuda_c('extern "C" __global__ void broken( { }', "sm_90", name="broken.cu")
