@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -23,6 +24,7 @@ def fast_compile() -> list[bytes]:
 
 
 def compile_cubin(source: str, name: str, options: tuple[bytes, ...] = ()) -> tuple[bool, str, bytes]:
+    """(compiled, the compiler's log, the cubin) of ``source`` for sm_90."""
     err, program = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS
     try:
@@ -36,7 +38,7 @@ def compile_cubin(source: str, name: str, options: tuple[bytes, ...] = ()) -> tu
         _, size = nvrtc.nvrtcGetCUBINSize(program)
         cubin = b" " * size
         nvrtc.nvrtcGetCUBIN(program, cubin)
-        return True, "", cubin
+        return True, log.decode(errors="replace"), cubin
     finally:
         nvrtc.nvrtcDestroyProgram(program)
 
@@ -98,17 +100,8 @@ REGISTERS_PER_SM = 65536  # sm_90: what a workgroup's threads share at most
 
 def registers_used(source: str, name: str) -> dict[str, int]:
     """{kernel: registers a thread} as ptxas reports them compiling ``source`` for sm_90."""
-    err, program = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
-    try:
-        flags = [ARCH, b"--ptxas-options=-v"]
-        (res,) = nvrtc.nvrtcCompileProgram(program, len(flags), flags)
-        _, size = nvrtc.nvrtcGetProgramLogSize(program)
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(program, log)
-        text = log.decode(errors="replace")
-        assert res == nvrtc.nvrtcResult.NVRTC_SUCCESS, text[:4000]
-    finally:
-        nvrtc.nvrtcDestroyProgram(program)
+    ok, text, _ = compile_cubin(source, name, (b"--ptxas-options=-v",))
+    assert ok, text[:4000]
     used, kernel = {}, None
     for line in text.splitlines():
         if "Compiling entry function" in line:
@@ -168,12 +161,9 @@ def test_wide_workgroups_registers_fit():
     workgroup of it could not launch."""
     executable_cache = pytest.importorskip("hal.drivers.gpu.executable_cache")
 
-    def threads(export):
-        x, y, z = export.workgroup_size
-        return x * y * z
-
     made = long_row_programs()
-    wide = {src.name: src for src in [*made, *all_sources()] if any(threads(e) > 256 for e in src.exports)}
+    wide = {src.name: src for src in [*made, *all_sources()]
+            if any(math.prod(e.workgroup_size) > 256 for e in src.exports)}
     assert {src.key[0] for src in wide.values()} >= {"rows", "matmul"}
     assert sum("const double* __restrict__ in0" in src.cuda_source() for src in made) >= 2  # float64 among them
 
@@ -183,7 +173,8 @@ def test_wide_workgroups_registers_fit():
         for export in src.exports:
             wrapper = executable_cache.indirect_name(export.name)
             for kernel, used in ((export.name, direct[export.name]), (wrapper, indirect[wrapper])):
-                assert used * threads(export) <= REGISTERS_PER_SM, (kernel, used, threads(export))
+                threads = math.prod(export.workgroup_size)
+                assert used * threads <= REGISTERS_PER_SM, (kernel, used, threads)
         return len(src.exports)
 
     with ThreadPoolExecutor(max_workers=4) as pool:

@@ -183,7 +183,7 @@ def indirect_source(source: str, exports) -> str:
         params = "".join(f", unsigned int c{i}" for i in range(export.constants))
         args = [f"hal_indirect_pointer{{hal_bindings[{i}]}}" for i in range(export.bindings)]
         args += [f"hal_indirect_constant{{c{i}}}" for i in range(export.constants)]
-        threads = export.workgroup_size[0] * export.workgroup_size[1] * export.workgroup_size[2]
+        threads = math.prod(export.workgroup_size)
         wrappers.append(
             f'extern "C" __global__ void HAL_MAX_THREADS({threads}) {indirect_name(export.name)}('
             f"const unsigned long long* __restrict__ hal_bindings{params}) {{ {export.name}({', '.join(args)}); }}\n")
