@@ -113,8 +113,8 @@ def registers_used(source: str, name: str) -> dict[str, int]:
 
 def long_row_programs() -> list:
     """The row programs the runtime makes for a layer norm, a softmax and a longer composition over
-    300 rows of 20000 float32 and float64 values (loop mode: 1024 threads a workgroup), recorded on a
-    CPU device lowered as a GPU."""
+    300 rows of 20000 float32 and float64 values (1024 threads a workgroup: loop mode, or the long-row
+    register mode of the float32 softmax and layer norm), recorded on a CPU device lowered as a GPU."""
     import numpy as np
 
     import hal
@@ -154,9 +154,10 @@ def long_row_programs() -> list:
 
 
 def test_wide_workgroups_registers_fit():
-    """A kernel of more than 256 threads a workgroup (a row program in loop mode, over rows of more than
-    16384 elements; the matrix-vector products' column kernels) takes no more registers a thread than
-    its workgroup's threads can share, directly and through the indirect-binding wrappers: a float64
+    """A kernel of more than 256 threads a workgroup (a row program over rows of more than 16384
+    elements, in loop mode or in registers; the matrix-vector products' column kernels) takes no more
+    registers a thread than its workgroup's threads can share, directly and through the
+    indirect-binding wrappers: a float64
     layer norm's row program took 70 (64 at most for 1024 threads) without launch bounds, and a
     workgroup of it could not launch."""
     executable_cache = pytest.importorskip("hal.drivers.gpu.executable_cache")

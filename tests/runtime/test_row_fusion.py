@@ -147,13 +147,69 @@ def test_float_types(gpu_like, case, dtype):
     check(case, arrays, host, dtype)
 
 
+@pytest.fixture
+def chosen(monkeypatch):
+    """The mappings the row programs of the test were given."""
+    made = []
+    real = rows.choose
+
+    def spy(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(rows, "choose", spy)
+    return made
+
+
 @pytest.mark.parametrize("case", ["softmax", "layer_norm", "log_softmax"])
-def test_rows_beyond_the_register_limit_stream_in_every_phase(gpu_like, monkeypatch, case):
+def test_rows_beyond_the_register_limit_stream_in_every_phase(gpu_like, monkeypatch, chosen, case):
     monkeypatch.setattr(rows, "MAX_PER_THREAD", 1)  # rows over 1024 elements take loop mode
+    monkeypatch.setattr(rows, "LONG_PER_THREAD", 1)
     arrays, host = operands((2, 1500), "float32", np.random.default_rng(5), gpu_like)
     check(case, arrays, host, "float32")
     arrays, host = operands((3, 1027), "float32", np.random.default_rng(6), gpu_like)
     check(case, arrays, host, "float32")
+    assert chosen and all(c.loop for c in chosen)
+
+
+@pytest.mark.parametrize("case", ["softmax", "layer_norm", "log_softmax", "rms_norm"])
+def test_long_rows_in_registers_of_1024_threads(gpu_like, monkeypatch, chosen, case):
+    """Rows past the register limit of the usual mapping stay in registers, 1024 threads a row, while
+    the program's 32-bit values fit the long-row budget (scaled down here: rows over 1024 elements
+    and up to 4096 take it, at 2 or 4 elements a thread)."""
+    monkeypatch.setattr(rows, "MAX_PER_THREAD", 1)
+    monkeypatch.setattr(rows, "LONG_PER_THREAD", 4)
+    monkeypatch.setattr(rows, "LONG_REGISTER_BUDGET", 8 * 4)
+    for shape, seed in (((2, 1500), 5), ((3, 1027), 6), ((2, 4096), 7)):
+        arrays, host = operands(shape, "float32", np.random.default_rng(seed), gpu_like)
+        check(case, arrays, host, "float32")
+    assert chosen and all((c.T, c.loop) == (1024, False) and c.E in (2, 4) for c in chosen)
+
+
+def _softmax_spec(d):
+    A = rt.float32 if d is not rt.float64 else d
+    return rows.RowSpec(((d, "v"),), (
+        ("red", "max", d, d, (("i", 0),)),
+        ("ew", "sub", A, d, (("i", 0), ("m", 0))),
+        ("ew", "exp", A, d, (("m", 1),)),
+        ("red", "sum", d, d, (("m", 2),)),
+        ("ew", "div", A, d, (("m", 2), ("m", 3)))), (False, True, True, False, True), (4,))
+
+
+def test_long_row_mode_takes_32_bit_values_within_budget():
+    f32 = _softmax_spec(rt.float32)
+    for n, vec in ((16385, 1), (20000, 4), (32768, 4)):
+        c = rows.choose(f32, 1024, n, True)
+        assert (c.T, c.RPB, c.E, c.VEC, c.loop) == (1024, 1, 32, vec, False)
+    assert rows.choose(_softmax_spec(rt.float16), 1024, 32768, True).E == 32  # (computed in float)
+    assert rows.choose(f32, 1024, 32769, True).loop  # longer than 1024 x 32
+    assert rows.choose(_softmax_spec(rt.float64), 1024, 20000, True).loop  # 32 doubles fill a thread
+    nine = rows.RowSpec(((rt.float32, "v"),), tuple(("ew", "exp", rt.float32, rt.float32, (("i", 0),))
+                                                    for _ in range(8)) + (("red", "sum", rt.float32, rt.float32,
+                                                                            (("m", 7),)),),
+                        (True,) * 8 + (False,), (8,))
+    assert rows.choose(nine, 1024, 20000, True).loop  # 9 values x 32 > the budget of 256
+    assert not rows.choose(nine, 1024, 16384, True).loop  # (the usual mapping: 1024 x 16)
 
 
 def test_register_budget_forces_loop_mode():
