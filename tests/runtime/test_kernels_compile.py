@@ -157,9 +157,8 @@ def test_wide_workgroups_registers_fit():
     """A kernel of more than 256 threads a workgroup (a row program over rows of more than 16384
     elements, in loop mode or in registers; the matrix-vector products' column kernels) takes no more
     registers a thread than its workgroup's threads can share, directly and through the
-    indirect-binding wrappers: a float64
-    layer norm's row program took 70 (64 at most for 1024 threads) without launch bounds, and a
-    workgroup of it could not launch."""
+    indirect-binding wrappers: a float64 layer norm's row program took 70 (64 at most for 1024
+    threads) without launch bounds, and a workgroup of it could not launch."""
     executable_cache = pytest.importorskip("hal.drivers.gpu.executable_cache")
 
     made = long_row_programs()
