@@ -73,11 +73,31 @@ typedef unsigned long long u64;
 typedef long long i64;
 #define RT_DEV __device__ __forceinline__
 RT_DEV float bf16_to_f32(unsigned short h) { return __uint_as_float(((u32)h) << 16); }
+// Round to nearest even, a NaN to 0x7fc0. The GPU's conversion where it has one (sm_80 on): the
+// integer steps below cost a kernel that rounds every value it keeps (a bfloat16 row program) more
+// than its memory traffic (a bfloat16 layer norm over 8192x4096 on an H200: 119 us, 84 us so).
 RT_DEV unsigned short f32_to_bf16(float f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned short h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return f != f ? (unsigned short)0x7fc0 : h;
+#else
   u32 u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0x7fc0;
   u += 0x7fffu + ((u >> 16) & 1u);
   return (unsigned short)(u >> 16);
+#endif
+}
+// bf16_to_f32(f32_to_bf16(f)): a float as a bfloat16 store and load give it back, in one conversion
+// where the GPU has one (the pair's upper half is the float's top half).
+RT_DEV float bf16_round(float f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(f), "f"(0.0f));
+  return f != f ? __uint_as_float(0x7fc00000u) : __uint_as_float(r);
+#else
+  return bf16_to_f32(f32_to_bf16(f));
+#endif
 }
 // Four elements moved as one aligned vector load/store.
 template <typename T> struct alignas(4 * sizeof(T)) rt_vec4 { T v[4]; };
@@ -191,6 +211,17 @@ def store_expr(dtype, value: str) -> str:
     if code == "b8":
         return f"(unsigned char)(({value}) != 0)"
     return f"({dtype.c_storage})({value})"
+
+
+def round_expr(dtype, value: str) -> str:
+    """C expression of a compute value as a store of dtype and a load give it back (narrow floats
+    round; other types are exact)."""
+    code = dtype.code
+    if code == "bf16":
+        return f"bf16_round((float)({value}))"
+    if code == "f16":
+        return load_expr(dtype, store_expr(dtype, value))
+    return value
 
 
 def float_to_int_expr(dtype, value: str) -> str:

@@ -42,7 +42,7 @@ import numpy as np
 import hal
 
 from .. import dtypes as _dt
-from .cuda_common import convert, load_expr, store_expr
+from .cuda_common import convert, load_expr, round_expr, store_expr
 from .elementwise import PREDICATES, arity, c_expr, ew_source, export_name
 from .numpy_util import ERRSTATE, signed, store, strided_view, to_compute
 from .reduce_ops import acc_dtype, c_combine, c_identity, np_reduce
@@ -68,8 +68,6 @@ SPLIT_MAX_ROWS = 256
 SPLIT_MIN_N = 16384
 #: Elements a chunk of a split row holds at least.
 SPLIT_CHUNK = 8192
-
-_NARROW = frozenset(("f16", "bf16"))
 
 
 class Config:
@@ -256,11 +254,6 @@ def rows_source(spec: RowSpec, config: Config) -> KernelSource:
 
 # ---- CUDA C -----------------------------------------------------------------------------------
 
-def _rounded(d, value: str) -> str:
-    """A compute value as it reads back after a store of dtype d (narrow floats round)."""
-    return load_expr(d, store_expr(d, value)) if d.code in _NARROW else value
-
-
 class _Gen:
     """Emits one kernel of a row program (main, split partial or split combine)."""
 
@@ -288,7 +281,7 @@ class _Gen:
             src_dt = self.spec.operand_dtype(ref)
             target = "bool" if nm == "c" else cdt.c_compute
             body.append(f"const {target} {nm} = {convert(self.operand(ref, slot), src_dt.c_compute, target)};")
-        value = _rounded(out, convert("(" + c_expr(op, cdt) + ")", res, out.c_compute))
+        value = round_expr(out, convert("(" + c_expr(op, cdt) + ")", res, out.c_compute))
         dest = f"v{j}[{slot}]" if self.spec.full[j] else f"r{j}"
         return "{ " + " ".join(body) + f" {dest} = {value}; }}"
 
@@ -357,7 +350,7 @@ class _Gen:
                 if m[1] == "mean":
                     typ = out.c_compute if out.is_float else "double"
                     value = f"({typ})a{j} / ({typ})N"
-                self.emit(f"  const {out.c_compute} r{j} = {_rounded(out, convert(value, typ, out.c_compute))};")
+                self.emit(f"  const {out.c_compute} r{j} = {round_expr(out, convert(value, typ, out.c_compute))};")
             else:
                 self.emit(f"  {out.c_compute} r{j};")
                 self.emit("  " + self.ew_value(j, ""))

@@ -147,6 +147,49 @@ def test_float_types(gpu_like, case, dtype):
     check(case, arrays, host, dtype)
 
 
+def _rounding_rows(dtype: str) -> np.ndarray:
+    """Rows whose values, cast to a narrow float and run through exactly rounded ops, meet ties,
+    subnormal results, overflow to infinity, infinities and NaN. Each row's largest value is unique
+    (the largest of +0 and -0 is either, by the order a reduction takes)."""
+    rng = np.random.default_rng(11)
+    tiny, huge = (1e-39, 1e38) if dtype == "bfloat16" else (1e-6, 4e4)
+    host = np.stack([rng.standard_normal(96) * scale for scale in (1.0, 37.0, tiny * 10, tiny, huge, 1.0, 1.0)])
+    host[0, 1:8] = [1.5, 3.0, 0.75, -2.5, 129.0, 257.0, -0.0]  # products of 3 and quotients of 7 that tie
+    host[:, 0] = np.abs(host).max(axis=1) * 1.25
+    host[4, 3] = -huge * 1.5  # minus the largest: overflows
+    host[5, 2], host[5, 7] = np.inf, -np.inf  # the largest is inf; inf - inf is NaN
+    host[6, 9] = np.nan
+    return host.astype(np.float32)
+
+
+def _check_narrow_rounding(device, dtype):
+    def composition(x):
+        return (x - x.max(axis=-1, keepdims=True)) * 3 / 7 + x
+
+    host = _rounding_rows(dtype)
+    got = composition(rt.array(host, device=device).astype(dtype)).astype(rt.float32).numpy()
+    want = composition(rt.array(host, device="local-sync").astype(dtype)).astype(rt.float32).numpy()
+    smallest_normal = 2.0 ** -126 if dtype == "bfloat16" else 2.0 ** -14
+    finite = np.abs(want[np.isfinite(want)])
+    assert np.isnan(want).any() and np.isinf(want).any() and ((finite > 0) & (finite < smallest_normal)).any()
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_narrow_rows_round_as_their_ops_do(dev, dtype):
+    """A narrow-float row program rounds every value it keeps as a store and a load would: bit for bit
+    what the same ops give one at a time on a CPU driver (numpy), where a GPU rounds with its
+    conversion instructions. The ops are exactly rounded ones (max, subtraction, product, quotient)."""
+    _check_narrow_rounding(dev, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_narrow_rows_round_as_their_ops_do_in_emulation(gpu_like, recordings, dtype):
+    """The same, as one row program in the CUDA C compiled for the CPU and in its numpy twin."""
+    _check_narrow_rounding(gpu_like, dtype)
+    assert any(rec.fused for rec in recordings)
+
+
 @pytest.fixture
 def chosen(monkeypatch):
     """The mappings the row programs of the test were given."""
