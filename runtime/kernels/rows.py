@@ -19,9 +19,10 @@ phase); rows of up to 1024 x 32 elements fit so when the program's values are
 32-bit and few (one workgroup of 1024 threads an SM); longer rows are streamed
 again in every phase, recomputing what that phase needs ("loop" mode, one
 kernel still).
-A group with one stage over few long rows splits each row into C chunks whose
-partial reductions a second `combine` dispatch finishes (the grid would
-otherwise hold too few workgroups to fill the GPU).
+A group over few long rows splits each row into C chunks (the grid would
+otherwise hold too few workgroups to fill the GPU): a dispatch a phase over
+every chunk, each finishing the reductions of the phases before from every
+chunk's partials, and a `combine` dispatch writing the row values.
 
 Inputs are read per element as 2-D strided views, base + o*so + j*sn: "v"
 (unit column stride: contiguous rows, a per-column vector such as a norm's
@@ -63,7 +64,8 @@ LONG_REGISTER_BUDGET = 256
 #: Values (full inputs and members x elements a thread) a register-mode thread may hold before
 #: the program streams its rows instead (beyond this the compiler spills to local memory).
 REGISTER_BUDGET = 192
-#: Single-stage groups with fewer rows than this and rows at least SPLIT_MIN_N long split rows into chunks.
+#: Groups with fewer rows than this and rows at least SPLIT_MIN_N long split rows into chunks (those
+#: of several phases only where their rows would stream anyway: see choose).
 SPLIT_MAX_ROWS = 256
 SPLIT_MIN_N = 16384
 #: Elements a chunk of a split row holds at least.
@@ -156,13 +158,10 @@ def choose(spec: RowSpec, O: int, N: int, vec: bool, late: tuple = ()) -> Config
     loads where they are first read (``Config``)."""
     VEC = 4 if vec and N % 4 == 0 else 1
     nfull = sum(spec.full) + sum(1 for k in range(len(spec.inputs)) if spec.input_full(k))
-    if spec.splittable() and may_split(O, N):
-        C = max(1, min(-(-N // SPLIT_CHUNK), 1024 // max(O, 1)))
-        if C > 1:
-            chunk = -(-N // C)
-            chunk = -(-chunk // 4) * 4
-            C = -(-N // chunk)
-            return Config(256, 1, 8 if VEC == 4 else 4, VEC, True, C, chunk)
+    if spec.splittable():
+        split = _split(O, N, VEC)
+        if split is not None:
+            return split
     if N <= 1024 * MAX_PER_THREAD:
         T = min(1024, _pow2(-(-N // MAX_PER_THREAD)))
         E = max(VEC, _pow2(-(-N // T)))
@@ -176,7 +175,24 @@ def choose(spec: RowSpec, O: int, N: int, vec: bool, late: tuple = ()) -> Config
         E = max(VEC, _pow2(-(-N // 1024)))
         if nfull * E <= LONG_REGISTER_BUDGET:
             return Config(1024, 1, E, VEC, False, late=late)
-    return Config(1024, 1, 8 if VEC == 4 else 4, VEC, True)
+    # Streamed: few rows split too, each phase a dispatch over every chunk (8 rows of 4M float32 in
+    # a softmax ran 1636 us on 8 workgroups of an H200, torch.compile 144).
+    split = _split(O, N, VEC)
+    return split if split is not None else Config(1024, 1, 8 if VEC == 4 else 4, VEC, True)
+
+
+def _split(O: int, N: int, VEC: int) -> Config | None:  # noqa: E741
+    """Loop mode over rows cut into C chunks of at least SPLIT_CHUNK elements, C workgroups a row
+    (up to 1024 workgroups in all), where the rows are few and long (``may_split``); else None."""
+    if not may_split(O, N):
+        return None
+    C = max(1, min(-(-N // SPLIT_CHUNK), 1024 // max(O, 1)))
+    if C == 1:
+        return None
+    chunk = -(-N // C)
+    chunk = -(-chunk // 4) * 4
+    C = -(-N // chunk)
+    return Config(256, 1, 8 if VEC == 4 else 4, VEC, True, C, chunk)
 
 
 #: Compute types held in one 32-bit register.
@@ -219,11 +235,23 @@ def plan(spec: RowSpec, O: int, N: int, layouts: list) -> tuple:  # noqa: E741
     reds = [j for j, m in enumerate(spec.members) if m[0] == "red"]
     temps = [O * config.C * acc_dtype(spec.members[j][1], spec.members[j][2]).itemsize for j in reds]
     tmps = [("tmp", t) for t in range(len(reds))]
-    part = ("dispatch", src, name + "_p", (O, config.C, 1), consts + [config.chunk, config.C],
-            [o for o, m in zip(outs, spec.outputs) if spec.full[m]] + tmps + ins)
-    comb = ("dispatch", src, name + "_c", (O, 1, 1), consts + [config.chunk, config.C],
-            [o for o, m in zip(outs, spec.outputs) if not spec.full[m]] + tmps + ins)
-    return src, [part, ("barrier",), comb], temps
+    split_consts = consts + [config.chunk, config.C]
+    full_outs = [o for o, m in zip(outs, spec.outputs) if spec.full[m]]
+    row_outs = [o for o, m in zip(outs, spec.outputs) if not spec.full[m]]
+    cmds: list = []
+    for p in range(spec.phases):  # each after every chunk's partials of the phases before
+        cmds += [("dispatch", src, part_name(name, p), (O, config.C, 1), split_consts, full_outs + tmps + ins),
+                 ("barrier",)]
+    if row_outs:
+        cmds.append(("dispatch", src, name + "_c", (O, 1, 1), split_consts, row_outs + tmps + ins))
+    else:
+        cmds.pop()
+    return src, cmds, temps
+
+
+def part_name(name: str, p: int) -> str:
+    """The export of a split program's phase p."""
+    return f"{name}_p{p}"
 
 
 #: Threads of a split row program's combine workgroup (one row each).
@@ -245,9 +273,11 @@ def rows_source(spec: RowSpec, config: Config) -> KernelSource:
     else:
         nred = sum(1 for m in spec.members if m[0] == "red")
         nfull_out = sum(1 for m in spec.outputs if spec.full[m])
-        exports = [hal.Export(name + "_p", (block_size(config, "part"), 1, 1), nfull_out + nred + nin, nconst + 2),
-                   hal.Export(name + "_c", (block_size(config, "comb"), 1, 1),
-                              len(spec.outputs) - nfull_out + nred + nin, nconst + 2)]
+        exports = [hal.Export(part_name(name, p), (block_size(config, "part"), 1, 1), nfull_out + nred + nin,
+                              nconst + 2) for p in range(spec.phases)]
+        if nfull_out < len(spec.outputs):
+            exports.append(hal.Export(name + "_c", (block_size(config, "comb"), 1, 1),
+                                      len(spec.outputs) - nfull_out + nred + nin, nconst + 2))
     return source(key, lambda: KernelSource(key, exports, lambda: _cuda(spec, config, name),
                                             lambda: _numpy(spec, config, name)))
 
@@ -380,12 +410,8 @@ class _Gen:
             # Every input of the row is loaded in the first phase, where its latency overlaps the
             # other loads and the first reduction rather than following the last one (a layer norm
             # with its weights loaded so: 0.8-1.4% faster on H100s), but those of ``late`` (the
-            # vectors the same for every row: see plan). A chunk of a split row runs its first phase
-            # only: it loads what that phase reads.
-            if self.kind == "main":
-                inputs = {k for k, ph in first.items() if (ph if k in c.late else 0) == p}
-            else:
-                inputs = {k for k, ph in first.items() if ph == p}
+            # vectors the same for every row: see plan). (Split rows stream: loop mode.)
+            inputs = {k for k, ph in first.items() if (ph if k in c.late else 0) == p}
         for j in reds:
             m = spec.members[j]
             acc = acc_dtype(m[1], m[2])
@@ -470,7 +496,10 @@ class _Gen:
                 out.append(f"RT_DEV {A} rt_comb{j}({A} x, {A} y) {{ return {c_combine(m[1], acc)}; }}")
         return out
 
-    def main(self, name: str) -> str:
+    def main(self, name: str, part: int = 0) -> str:
+        """The whole program (kind "main"), or phase `part` of a split program over one chunk of a row
+        (kind "part"): the row values of the phases before from every chunk's partials, this phase's
+        full outputs over the chunk and its partials of the reductions it accumulates."""
         spec, c = self.spec, self.c
         self.emit(self.signature(name) + " {")
         self.prologue(c.T, c.RPB)
@@ -484,34 +513,46 @@ class _Gen:
             inputs = {k for k in range(len(spec.inputs)) if spec.input_full(k)}
             self._arrays([j for j in range(len(spec.members)) if spec.full[j]], inputs, "  ")
         self.finish_row_members(0)
-        phases = 1 if self.kind == "part" else spec.phases
-        for p in range(phases):
-            reds = self.phase(p)
-            if self.kind == "part":  # the chunk's partials; the combine kernel finishes the rows
-                self.reduce_step(reds)
-                for j in reds:
-                    self.emit(f"  if (row_ok && t == 0) pv{j}[(u64)o * C + blockIdx.y] = a{j};")
-                break
+        if self.kind == "part":
+            for p in range(part):
+                self.combine_partials(p)
+            reds = self.phase(part)
             if reds:
                 self.reduce_step(reds)
-            self.finish_row_members(p + 1)
+            for j in reds:
+                self.emit(f"  if (row_ok && t == 0) pv{j}[(u64)o * C + blockIdx.y] = a{j};")
+        else:
+            for p in range(spec.phases):
+                reds = self.phase(p)
+                if reds:
+                    self.reduce_step(reds)
+                self.finish_row_members(p + 1)
         self.emit("}")
         return "\n".join(self.lines)
 
-    def combine(self, name: str) -> str:
-        """Split rows: one workgroup a row reduces the C chunk partials, then the row members follow."""
+    def combine_partials(self, p: int) -> None:
+        """The reductions phase p accumulates, finished from every chunk's partials (every thread gets
+        the totals; each workgroup of a row adds them in the same order, so all get the same values),
+        and the row members that follow."""
         spec = self.spec
-        self.emit(self.signature(name) + " {")
-        self.prologue(COMBINE_THREADS, 1)
-        self.finish_row_members(0)
-        reds = [j for j, m in enumerate(spec.members) if m[0] == "red"]
+        reds = [j for j, m in enumerate(spec.members) if m[0] == "red" and spec.stage[j] == p + 1]
         for j in reds:
             m = spec.members[j]
             acc = acc_dtype(m[1], m[2])
             self.emit(f"  {acc.c_compute} a{j} = {c_identity(m[1], acc)};")
             self.emit(f"  for (u32 k = t; row_ok && k < C; k += T) a{j} = rt_comb{j}(a{j}, pv{j}[(u64)o * C + k]);")
-        self.reduce_step(reds)
-        self.finish_row_members(1)
+        if reds:
+            self.reduce_step(reds)
+        self.finish_row_members(p + 1)
+
+    def combine(self, name: str) -> str:
+        """Split rows: one workgroup a row finishes the reductions from the chunk partials, phase by
+        phase, and writes the row values."""
+        self.emit(self.signature(name) + " {")
+        self.prologue(COMBINE_THREADS, 1)
+        self.finish_row_members(0)
+        for p in range(self.spec.phases):
+            self.combine_partials(p)
         self.emit("}")
         return "\n".join(self.lines)
 
@@ -521,8 +562,10 @@ def _cuda(spec: RowSpec, config: Config, name: str) -> str:
     if config.C == 1:
         parts.append(_Gen(spec, config, "main").main(name))
     else:
-        parts.append(_Gen(spec, config, "part").main(name + "_p"))
-        parts.append(_Gen(spec, config, "comb").combine(name + "_c"))
+        for p in range(spec.phases):
+            parts.append(_Gen(spec, config, "part").main(part_name(name, p), p))
+        if any(not spec.full[m] for m in spec.outputs):
+            parts.append(_Gen(spec, config, "comb").combine(name + "_c"))
     return "\n".join(parts) + "\n"
 
 
@@ -586,8 +629,9 @@ def _numpy(spec: RowSpec, config: Config, name: str) -> dict:
     nred = sum(1 for m in spec.members if m[0] == "red")
 
     def split(outs):
-        # Each half of a split program evaluates the whole group and writes its own outputs
-        # (the partials are the GPU's business only).
+        # A split program's first phase evaluates the whole group here and writes the full outputs,
+        # its combine the row outputs; the later phases have nothing left to do (the partials are
+        # the GPU's business only).
         def run(workgroups, bindings, c):
             first = len(outs) + nred
             members = evaluate(bindings[first:first + nin], c)
@@ -596,7 +640,13 @@ def _numpy(spec: RowSpec, config: Config, name: str) -> dict:
                 np.frombuffer(b, out.storage, members[m].size)[...] = members[m].reshape(-1)
         return run
 
-    return {name + "_p": split(full_outs), name + "_c": split(row_outs)}
+    def nothing(workgroups, bindings, c):
+        pass
+
+    programs = {part_name(name, p): split(full_outs) if p == 0 else nothing for p in range(spec.phases)}
+    if row_outs:
+        programs[name + "_c"] = split(row_outs)
+    return programs
 
 
 # ---- examples (what the compile tests build) ----------------------------------------------------
@@ -639,6 +689,7 @@ def examples() -> list:
                 if spec is not mse and d is not _dt.float64:  # long rows in registers
                     out.append(rows_source(spec, Config(1024, 1, LONG_PER_THREAD, vec, False,
                                                         late=(2,) if spec is norm else ())))
-        out.append(rows_source(mse, Config(256, 1, 8, 4, True, 4, 8192)))
-        out.append(rows_source(mse, Config(256, 1, 4, 1, True, 4, 8192)))
+        for spec in (mse, softmax, norm):  # split: one phase, several
+            out.append(rows_source(spec, Config(256, 1, 8, 4, True, 4, 8192)))
+            out.append(rows_source(spec, Config(256, 1, 4, 1, True, 4, 8192)))
     return out

@@ -332,6 +332,24 @@ def test_few_long_rows_split_into_chunks(gpu_like, recordings, monkeypatch, case
         assert recordings[-1].dispatches == 2
 
 
+@pytest.mark.parametrize("case", ["softmax", "log_softmax", "layer_norm", "rms_norm", "mse"])
+def test_few_streamed_rows_split_in_every_phase(gpu_like, recordings, monkeypatch, chosen, case):
+    """Rows too long for registers and too few to fill the GPU split into chunks in every phase: a
+    dispatch a phase over every chunk (each finishing the reductions before it from all chunks'
+    partials), then a combine where the group writes row values. Scaled down: chunks of 256."""
+    monkeypatch.setattr(rows, "SPLIT_MIN_N", 1000)
+    monkeypatch.setattr(rows, "SPLIT_CHUNK", 256)
+    monkeypatch.setattr(rows, "MAX_PER_THREAD", 1)
+    monkeypatch.setattr(rows, "LONG_PER_THREAD", 1)
+    dispatches = {"softmax": 3, "log_softmax": 3, "layer_norm": 3, "rms_norm": 2, "mse": 2}[case]
+    for shape, seed in (((2, 1030), 7), ((1, 4100), 8), ((3, 2051), 9)):  # (odd: a short last chunk)
+        arrays, host = operands(shape, "float32", np.random.default_rng(seed), gpu_like)
+        recordings.clear()
+        check(case, arrays, host, "float32")
+        assert recordings[-1].dispatches == dispatches
+    assert chosen and all(c.C > 1 and c.loop for c in chosen)
+
+
 # ---- the graph cache, rt.compile and gradients ----------------------------------------------------
 
 def test_repeated_graph_fuses_on_its_second_evaluation(gpu_like, recordings, monkeypatch):
@@ -416,9 +434,11 @@ def test_column_plan_splits_tall_matrices():
 
 # ---- on the GPU driver (simulated API, graph and stream command buffers) -------------------------
 
+@pytest.mark.parametrize("streamed", [False, True])
 @pytest.mark.parametrize("mode", ["graph", "stream"])
-def test_programs_rebind_on_the_gpu_driver(mode, monkeypatch):
-    """Row programs (split ones with their scratch too) replay from the graph cache with new buffers."""
+def test_programs_rebind_on_the_gpu_driver(mode, monkeypatch, streamed):
+    """Row programs (split ones with their scratch too) replay from the graph cache with new buffers;
+    `streamed`: the rows too long for registers, so that every program splits, in every phase."""
     import sys
     from pathlib import Path
 
@@ -428,6 +448,9 @@ def test_programs_rebind_on_the_gpu_driver(mode, monkeypatch):
     fake_gpu = pytest.importorskip("drivers.fake_gpu")
     monkeypatch.setattr(rows, "SPLIT_MIN_N", 1000)
     monkeypatch.setattr(rows, "SPLIT_CHUNK", 256)
+    if streamed:
+        monkeypatch.setattr(rows, "MAX_PER_THREAD", 1)
+        monkeypatch.setattr(rows, "LONG_PER_THREAD", 1)
     device = fake_gpu.FakeGpuDriver().create_device(command_buffer=mode)
     context_for(device).is_gpu = True
     rng = np.random.default_rng(12)
