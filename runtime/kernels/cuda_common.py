@@ -89,12 +89,13 @@ RT_DEV unsigned short f32_to_bf16(float f) {
 #endif
 }
 // bf16_to_f32(f32_to_bf16(f)): a float as a bfloat16 store and load give it back, in one conversion
-// where the GPU has one (the pair's upper half is the float's top half).
+// where the GPU has one (the pair's upper half is the float's top half). A NaN stays a NaN of the
+// GPU's own payload (a store canonicalizes it, above).
 RT_DEV float bf16_round(float f) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   u32 r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(f), "f"(0.0f));
-  return f != f ? __uint_as_float(0x7fc00000u) : __uint_as_float(r);
+  return __uint_as_float(r);
 #else
   return bf16_to_f32(f32_to_bf16(f));
 #endif

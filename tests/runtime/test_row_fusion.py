@@ -255,7 +255,30 @@ def test_long_row_mode_takes_32_bit_values_within_budget():
                                                                             (("m", 7),)),),
                         (True,) * 8 + (False,), (8,))
     assert rows.choose(nine, 1024, 20000, True).loop  # 9 values x 32 > the budget of 256
-    assert not rows.choose(nine, 1024, 16384, True).loop  # (the usual mapping: 1024 x 16)
+    c = rows.choose(nine, 1024, 16384, True)  # (the usual mapping: 1024 x 16)
+    assert (c.T, c.E, c.loop) == (1024, 16, False)
+
+
+def test_rows_of_16384_take_two_workgroups_an_sm():
+    """Rows that would take 1024 threads of 16 elements take 512 of 32 where the values fit (two
+    workgroups an SM), and keep 1024 x 16 where they do not (doubles, many values)."""
+    for n in (8193, 16384):
+        c = rows.choose(_softmax_spec(rt.float32), 1024, n, True)
+        assert (c.T, c.RPB, c.E, c.loop) == (512, 1, 32, False)
+    c = rows.choose(_softmax_spec(rt.float64), 1024, 16384, True)
+    assert (c.T, c.E, c.loop) == (1024, 16, False)
+    c = rows.choose(_softmax_spec(rt.float32), 1024, 8192, True)
+    assert (c.T, c.E) == (512, 16)  # (shorter rows: as before)
+
+
+@pytest.mark.parametrize("case", ["softmax", "layer_norm"])
+def test_two_workgroups_an_sm_values(gpu_like, monkeypatch, chosen, case):
+    """The same mapping computes the same values (scaled down: rows over 512 elements would take
+    1024 threads of 4)."""
+    monkeypatch.setattr(rows, "MAX_PER_THREAD", 1)
+    arrays, host = operands((3, 1000), "float32", np.random.default_rng(13), gpu_like)
+    check(case, arrays, host, "float32")
+    assert chosen and all((c.T, c.E, c.loop) == (512, 8, False) for c in chosen)
 
 
 def test_register_budget_forces_loop_mode():
