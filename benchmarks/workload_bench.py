@@ -6,9 +6,10 @@ On a GPU: matmul 4096² in float32 (IEEE on both sides: no TF32), float16 and bf
 64×(512×64 @ 64×512); matmul 256²; softmax and layer norm over the rows of 8192×4096 written as
 composed array ops, eager and under rt.compile (the counterpart of torch.compile of the same
 function: the eager call builds and keys its graph's nodes each time, which on a fast GPU can take
-longer than the one fused kernel), and the same two over 1024 rows of 32768 (longer than a
-workgroup holds in registers; no target); the column sum of 8192×8192; a transposed copy of 8192×8192; an
-8-op elementwise chain over 64M floats; a 2-layer MLP training step (batch 512, 1024→4096→1024,
+longer than the one fused kernel), and, with no target, the same two over 1024 rows of 32768, softmax
+over 2048 rows of 16384 and over 8 rows of 4194304 (split across workgroups), and layer norm in
+bfloat16; the column sum of 8192×8192; a transposed copy of 8192×8192; an 8-op elementwise chain
+over 64M floats; a 2-layer MLP training step (batch 512, 1024→4096→1024,
 float32), eager and under rt.compile. Each runs against PyTorch eager and torch.compile of the same composition (where
 torch with CUDA imports) and reports its time (median and spread over interleaved rounds), its
 TFLOP/s or GB/s, the device-to-device copy bandwidth measured beside the bandwidth-bound cases, the
@@ -44,7 +45,8 @@ import runtime as rt
 GPU_CASES = [
     "matmul_4096_float32", "matmul_4096_float16", "matmul_4096_bfloat16", "batched_matmul_float32",
     "matmul_256_float32", "softmax_8192x4096", "layer_norm_8192x4096", "softmax_1024x32768",
-    "layer_norm_1024x32768", "column_sum_8192x8192",
+    "layer_norm_1024x32768", "softmax_2048x16384", "softmax_8x4194304", "layer_norm_bfloat16_8192x4096",
+    "column_sum_8192x8192",
     "transposed_copy_8192x8192", "concat_8192x4096", "elementwise_chain_64M", "mlp_step",
 ]
 CPU_CASES = ["matmul_1024_float32", "mlp_step"]

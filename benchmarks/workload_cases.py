@@ -101,9 +101,19 @@ def with_norm_weights(rng, x):
 
 
 def long_rows_make(rng, quick):
-    """Rows longer than a workgroup holds in registers (more than 16384 elements: the row programs'
-    loop mode, which reads a row once a phase)."""
+    """Rows of more than 16384 elements: one workgroup of 1024 threads an SM holds a row in registers
+    (float32; longer rows stream, read once a phase)."""
     return [normal(rng, *((16, 20000) if quick else (1024, 32768)))]
+
+
+def rows_16k_make(rng, quick):
+    """Rows of 16384 elements: 512 threads of 32 elements, two workgroups an SM."""
+    return [normal(rng, *((16, 16384) if quick else (2048, 16384)))]
+
+
+def few_rows_make(rng, quick):
+    """Few very long rows: each split into chunks, a dispatch a phase over every chunk."""
+    return [normal(rng, *((2, 40000) if quick else (8, 1 << 22)))]
 
 
 def long_layer_norm_make(rng, quick):
@@ -186,6 +196,13 @@ CASES = [
          softmax_torch, softmax_np, bandwidth_bound=True, compiled=True),
     Case("layer_norm_1024x32768", "layer norm 1024×32768, composed ops", long_layer_norm_make, layer_norm_rt,
          layer_norm_torch, layer_norm_np, bandwidth_bound=True, compiled=True),
+    Case("softmax_2048x16384", "softmax over rows of 2048×16384, composed ops", rows_16k_make, softmax_rt,
+         softmax_torch, softmax_np, bandwidth_bound=True, compiled=True),
+    Case("softmax_8x4194304", "softmax over rows of 8×4194304, composed ops", few_rows_make, softmax_rt,
+         softmax_torch, softmax_np, bandwidth_bound=True, compiled=True),
+    Case("layer_norm_bfloat16_8192x4096", "layer norm 8192×4096 bfloat16, composed ops", layer_norm_make,
+         layer_norm_rt, layer_norm_torch, layer_norm_np, dtype="bfloat16", bandwidth_bound=True, compiled=True,
+         tolerance=3e-2),
     Case("column_sum_8192x8192", "column sum of 8192×8192", square_make, lambda x: x.sum(axis=0),
          lambda x: x.sum(dim=0), lambda x: x.sum(axis=0), bandwidth_bound=True),
     Case("transposed_copy_8192x8192", "transposed copy 8192×8192", square_make, lambda x: x.T.copy(),
