@@ -376,6 +376,65 @@ def test_few_streamed_rows_split_in_every_phase(gpu_like, recordings, monkeypatc
     assert chosen and all(c.C > 1 and c.loop for c in chosen)
 
 
+@pytest.fixture
+def split_everything(monkeypatch):
+    """Rows over 1000 elements stream and, being few, split into chunks of 256 in every phase."""
+    monkeypatch.setattr(rows, "SPLIT_MIN_N", 1000)
+    monkeypatch.setattr(rows, "SPLIT_CHUNK", 256)
+    monkeypatch.setattr(rows, "MAX_PER_THREAD", 1)
+    monkeypatch.setattr(rows, "LONG_PER_THREAD", 1)
+
+
+def test_split_phases_write_row_and_full_outputs(gpu_like, recordings, split_everything, chosen):
+    """Row values read after the eval (a mean, a variance, their root) come from the combine, full
+    values from the phases that compute them, in one split program."""
+    x = np.random.default_rng(14).standard_normal((3, 1500)) * 3 + 1
+    X = rt.array(x.astype(np.float32), device=gpu_like)
+    mean = X.mean(axis=-1, keepdims=True)
+    centred = X - mean
+    var = (centred * centred).mean(axis=-1, keepdims=True)
+    std = rt.sqrt(var)
+    z = centred / std
+    recordings.clear()
+    rt.eval(mean, var, std, z, centred)
+    assert recordings[-1].dispatches == 4  # three phases, the combine
+    assert chosen and all(c.C > 1 for c in chosen)
+    want_mean = x.mean(axis=-1, keepdims=True)
+    for got, want in ((mean, want_mean), (var, x.var(axis=-1, keepdims=True)), (std, x.std(axis=-1, keepdims=True)),
+                      (centred, x - want_mean), (z, (x - want_mean) / x.std(axis=-1, keepdims=True))):
+        np.testing.assert_allclose(got.numpy(), want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("case", ["softmax", "layer_norm"])
+def test_split_phases_in_every_float_type(gpu_like, split_everything, chosen, case, dtype):
+    arrays, host = operands((2, 1301), dtype, np.random.default_rng(15), gpu_like)
+    check(case, arrays, host, dtype)
+    assert chosen and all(c.C > 1 for c in chosen)
+
+
+@pytest.mark.parametrize("view", ["step", "transposed"])
+def test_split_phases_over_strided_rows(gpu_like, split_everything, chosen, view):
+    transform = {"step": lambda a: a[:, ::2], "transposed": lambda a: a.T}[view]
+    shape = (3, 2600) if view == "step" else (1300, 3)
+    arrays, host = operands(shape, "float32", np.random.default_rng(16), gpu_like, transform)
+    check("softmax", arrays, host, "float32")
+    assert chosen and all(c.C > 1 for c in chosen)
+
+
+def test_one_row_over_the_whole_array(gpu_like, split_everything, chosen):
+    """A normalization over a whole array is one row: it splits too (a softmax of a flattened vector
+    likewise)."""
+    x = np.random.default_rng(17).standard_normal(5000) * 2 + 7
+    X = rt.array(x.astype(np.float32), device=gpu_like)
+    got = ((X - X.mean()) / X.std()).numpy()
+    np.testing.assert_allclose(got, (x - x.mean()) / x.std(), rtol=1e-4, atol=1e-4)
+    e = rt.exp(X - X.max())
+    np.testing.assert_allclose((e / e.sum()).numpy(), np.exp(x - x.max()) / np.exp(x - x.max()).sum(),
+                               rtol=1e-4, atol=1e-9)
+    assert chosen and all(c.C > 1 for c in chosen)
+
+
 # ---- the graph cache, rt.compile and gradients ----------------------------------------------------
 
 def test_repeated_graph_fuses_on_its_second_evaluation(gpu_like, recordings, monkeypatch):
