@@ -169,13 +169,13 @@ def choose(spec: RowSpec, O: int, N: int, vec: bool, late: tuple = ()) -> Config
             T, E = T * 2, E // 2
         if nfull * E <= REGISTER_BUDGET:
             if T == 1024 and 2 * E <= LONG_PER_THREAD and nfull * 2 * E <= LONG_REGISTER_BUDGET and \
-                    all(d.c_compute in _ONE_REGISTER for d in full_types(spec)):
+                    values_32_bit(spec):
                 # Two workgroups an SM rather than one, so that one's loads overlap the other's
                 # reductions: rows of 16384 float32 on an H200, softmax 95.1 -> 73.1 us and layer norm
                 # 100.1 -> 85.9 (torch.compile 84.8 and 83.0); bfloat16 layer norm 102.0 -> 68.7.
                 return Config(512, 1, 2 * E, VEC, False, late=late)
             return Config(T, max(1, 256 // T), E, VEC, False, late=late)
-    elif N <= 1024 * LONG_PER_THREAD and all(d.c_compute in _ONE_REGISTER for d in full_types(spec)):
+    elif N <= 1024 * LONG_PER_THREAD and values_32_bit(spec):
         # (A wider value alone, 32 doubles, would take the 64 registers a thread of 1024 has: a
         # float64 softmax so spilled 1 KB a thread.)
         E = max(VEC, _pow2(-(-N // 1024)))
@@ -205,11 +205,12 @@ def _split(O: int, N: int, VEC: int) -> Config | None:  # noqa: E741
 _ONE_REGISTER = frozenset(("float", "int", "unsigned int", "bool"))
 
 
-def full_types(spec: RowSpec) -> list:
-    """The compute types of the values a register-mode thread holds per element: every full input
-    and full member."""
-    return [d for k, (d, _) in enumerate(spec.inputs) if spec.input_full(k)] + \
+def values_32_bit(spec: RowSpec) -> bool:
+    """Whether every value a register-mode thread holds per element (each full input and full member,
+    in its compute type) takes one 32-bit register."""
+    types = [d for k, (d, _) in enumerate(spec.inputs) if spec.input_full(k)] + \
         [m[3] for j, m in enumerate(spec.members) if spec.full[j]]
+    return all(d.c_compute in _ONE_REGISTER for d in types)
 
 
 # ---- planning ---------------------------------------------------------------------------------
