@@ -25,6 +25,15 @@ def fuse_at_once(monkeypatch):
     monkeypatch.setenv("RUNTIME_FUSE_AFTER", "1")
 
 
+@pytest.fixture(autouse=True)
+def fresh_plans():
+    """Each test plans its graphs anew: many set the planner's limits, which the graph cache's keys do
+    not hold (a recording planned under another test's limits would be replayed, its buffers alike)."""
+    rt.clear_graph_cache()
+    yield
+    rt.clear_graph_cache()
+
+
 
 
 # ---- the compositions, on runtime arrays and on numpy (float64) --------------------------------
