@@ -182,27 +182,32 @@ def chain_torch(x):
     return chain(x, lambda t: t.sqrt(), lambda t: t.tanh())
 
 
+def softmax_case(rows: int, n: int, make) -> Case:
+    return Case(f"softmax_{rows}x{n}", f"softmax over rows of {rows}×{n}, composed ops", make, softmax_rt,
+                softmax_torch, softmax_np, bandwidth_bound=True, compiled=True)
+
+
+def layer_norm_case(rows: int, n: int, make, dtype: str = "float32", tolerance: float = 1e-4) -> Case:
+    """A dtype other than float32 is named in the case's name and title."""
+    typed = "" if dtype == "float32" else f" {dtype}"
+    return Case(f"layer_norm{typed.replace(' ', '_')}_{rows}x{n}", f"layer norm {rows}×{n}{typed}, composed ops", make,
+                layer_norm_rt, layer_norm_torch, layer_norm_np, dtype=dtype, bandwidth_bound=True, compiled=True,
+                tolerance=tolerance)
+
+
 CASES = [
     matmul_case("matmul_4096_float32", 4096, 192, "float32", 1e-4),
     matmul_case("matmul_4096_float16", 4096, 192, "float16", 1e-2),
     matmul_case("matmul_4096_bfloat16", 4096, 192, "bfloat16", 2e-2),
     BATCHED,
     matmul_case("matmul_256_float32", 256, 64, "float32", 1e-4, synced=True),
-    Case("softmax_8192x4096", "softmax over rows of 8192×4096, composed ops", rows_make, softmax_rt,
-         softmax_torch, softmax_np, bandwidth_bound=True, compiled=True),
-    Case("layer_norm_8192x4096", "layer norm 8192×4096, composed ops", layer_norm_make, layer_norm_rt,
-         layer_norm_torch, layer_norm_np, bandwidth_bound=True, compiled=True),
-    Case("softmax_1024x32768", "softmax over rows of 1024×32768, composed ops", long_rows_make, softmax_rt,
-         softmax_torch, softmax_np, bandwidth_bound=True, compiled=True),
-    Case("layer_norm_1024x32768", "layer norm 1024×32768, composed ops", long_layer_norm_make, layer_norm_rt,
-         layer_norm_torch, layer_norm_np, bandwidth_bound=True, compiled=True),
-    Case("softmax_2048x16384", "softmax over rows of 2048×16384, composed ops", rows_16k_make, softmax_rt,
-         softmax_torch, softmax_np, bandwidth_bound=True, compiled=True),
-    Case("softmax_8x4194304", "softmax over rows of 8×4194304, composed ops", few_rows_make, softmax_rt,
-         softmax_torch, softmax_np, bandwidth_bound=True, compiled=True),
-    Case("layer_norm_bfloat16_8192x4096", "layer norm 8192×4096 bfloat16, composed ops", layer_norm_make,
-         layer_norm_rt, layer_norm_torch, layer_norm_np, dtype="bfloat16", bandwidth_bound=True, compiled=True,
-         tolerance=3e-2),
+    softmax_case(8192, 4096, rows_make),
+    layer_norm_case(8192, 4096, layer_norm_make),
+    softmax_case(1024, 32768, long_rows_make),
+    layer_norm_case(1024, 32768, long_layer_norm_make),
+    softmax_case(2048, 16384, rows_16k_make),
+    softmax_case(8, 4194304, few_rows_make),
+    layer_norm_case(8192, 4096, layer_norm_make, "bfloat16", 3e-2),
     Case("column_sum_8192x8192", "column sum of 8192×8192", square_make, lambda x: x.sum(axis=0),
          lambda x: x.sum(dim=0), lambda x: x.sum(axis=0), bandwidth_bound=True),
     Case("transposed_copy_8192x8192", "transposed copy 8192×8192", square_make, lambda x: x.T.copy(),
