@@ -26,7 +26,7 @@ from .complex import shfl_down
 from .cuda_common import load_expr, store_expr
 from .numpy_util import compute_np, signed, store, strided_view, to_compute
 from .reduce_ops import acc_dtype, c_combine, c_identity, np_reduce
-from .source import WORKGROUP, KernelSource, ZeroedScratch, source, u32
+from .source import WORKGROUP, KernelSource, ZeroedScratch, row_chunks, source, u32
 
 _ARG = ("argmax", "argmin")
 
@@ -344,13 +344,8 @@ def plan(node, layouts: list, ctx) -> list:
         contiguous = all(s == cs for s, cs in zip(cstr, contiguous_strides(cshape)))
     # Chunking: split long rows when there are too few rows to fill the GPU, into chunks of at least
     # MIN_CHUNK elements, about SPLIT_WORKGROUPS workgroups in all.
-    C = 1
-    if ctx.is_gpu and R > 4096 and O < 512:
-        C = min((R + MIN_CHUNK - 1) // MIN_CHUNK, max(1, SPLIT_WORKGROUPS // O), SPLIT_WORKGROUPS)
-    chunk = (R + C - 1) // C if R else 1
-    if C > 1:  # chunks of whole vectors, so that every chunk of an aligned row starts aligned
-        chunk = (chunk + 3) // 4 * 4
-        C = (R + chunk - 1) // chunk
+    C, chunk = row_chunks(R, O, MIN_CHUNK, SPLIT_WORKGROUPS) if ctx.is_gpu and R > 4096 and O < 512 \
+        else (1, R or 1)
     consts = [O, R, chunk, offset, C]
     if not contiguous:
         consts += [len(cshape)] + list(cshape) + [0] * (MAX_DIMS - len(cshape))

@@ -47,7 +47,7 @@ from .cuda_common import convert, load_expr, round_expr, store_expr
 from .elementwise import PREDICATES, arity, c_expr, ew_source, export_name
 from .numpy_util import ERRSTATE, signed, store, strided_view, to_compute
 from .reduce_ops import acc_dtype, c_combine, c_identity, np_reduce
-from .source import KernelSource, source, u32
+from .source import KernelSource, row_chunks, source, u32
 
 #: Elements a thread keeps of each full value in register mode, at most, as the mapping is chosen;
 #: rows longer than 1024 threads x this many run in the long register mode below or in loop mode.
@@ -192,13 +192,8 @@ def _split(O: int, N: int, VEC: int) -> Config | None:  # noqa: E741
     (up to 1024 workgroups in all), where the rows are few and long (``may_split``); else None."""
     if not may_split(O, N):
         return None
-    C = max(1, min(-(-N // SPLIT_CHUNK), 1024 // max(O, 1)))
-    if C == 1:
-        return None
-    chunk = -(-N // C)
-    chunk = -(-chunk // 4) * 4
-    C = -(-N // chunk)
-    return Config(256, 1, 8 if VEC == 4 else 4, VEC, True, C, chunk)
+    C, chunk = row_chunks(N, O, SPLIT_CHUNK, 1024)
+    return Config(256, 1, 8 if VEC == 4 else 4, VEC, True, C, chunk) if C > 1 else None
 
 
 #: Compute types held in one 32-bit register.

@@ -107,6 +107,18 @@ def grid_1d(n: int) -> int:
     return min((n + WORKGROUP - 1) // WORKGROUP, 65535 * 16)
 
 
+def row_chunks(n: int, rows: int, min_chunk: int, workgroups: int) -> tuple[int, int]:
+    """(C, chunk): rows of n elements cut into C chunks of at least ``min_chunk`` elements, about
+    ``workgroups`` chunks over all ``rows``; each chunk whole vectors of 4, so that every chunk of an
+    aligned row starts aligned. (1, n) where a row stays whole."""
+    C = min(-(-n // min_chunk), max(1, workgroups // max(rows, 1)))
+    if C <= 1:
+        return 1, n
+    chunk = -(-n // C)
+    chunk = -(-chunk // 4) * 4
+    return -(-n // chunk), chunk
+
+
 def u32(v: int) -> int:
     return v & 0xFFFFFFFF
 
