@@ -242,12 +242,11 @@ def plan(spec: RowSpec, O: int, N: int, layouts: list) -> tuple:  # noqa: E741
     row_outs = [o for o, m in zip(outs, spec.outputs) if not spec.full[m]]
     cmds: list = []
     for p in range(spec.phases):  # each after every chunk's partials of the phases before
-        cmds += [("dispatch", src, part_name(name, p), (O, config.C, 1), split_consts, full_outs + tmps + ins),
-                 ("barrier",)]
+        if cmds:
+            cmds.append(("barrier",))
+        cmds.append(("dispatch", src, part_name(name, p), (O, config.C, 1), split_consts, full_outs + tmps + ins))
     if row_outs:
-        cmds.append(("dispatch", src, name + "_c", (O, 1, 1), split_consts, row_outs + tmps + ins))
-    else:
-        cmds.pop()
+        cmds += [("barrier",), ("dispatch", src, name + "_c", (O, 1, 1), split_consts, row_outs + tmps + ins)]
     return src, cmds, temps
 
 
