@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from math import prod
 
 import hal
 from hal import env, interrupts
@@ -65,9 +66,7 @@ class DeviceContext:
         Called where an op can make an array larger than its inputs (creation, broadcasting, products),
         so that the error comes when the op is built, not later from the evaluation it would poison.
         """
-        n = dtype.itemsize
-        for dim in shape:
-            n *= dim
+        n = dtype.itemsize * prod(shape)
         if n > self.max_array_bytes:
             raise ArrayTooLargeError(
                 f"an array of shape {shape} and dtype {dtype.name} needs {n} bytes, more than the largest "
@@ -288,6 +287,9 @@ def context_for(device=None) -> DeviceContext:
         if ctx is None or ctx.device.closed:
             ctx = _default[0] = _default_context() if ctx is None else _reopened(ctx)
         return ctx
+    ctx = _contexts.get(id(device))  # the usual call: a hal.Device the runtime knows already
+    if ctx is not None and ctx.device is device:
+        return ctx
     if isinstance(device, DeviceContext):
         return device
     if isinstance(device, str):
@@ -306,11 +308,8 @@ def context_for(device=None) -> DeviceContext:
         raise hal.InvalidArgumentError(
             f"device must be a URI string (such as 'local-task' or 'cuda://0'), a hal.Device or None, "
             f"not {type(device).__name__}")
-    ctx = _contexts.get(id(device))
-    if ctx is None or ctx.device is not device:
-        with _registry_lock:
-            ctx = _context_of_device(device)
-    return ctx
+    with _registry_lock:
+        return _context_of_device(device)
 
 
 def _reopened(ctx: DeviceContext) -> DeviceContext:
