@@ -66,6 +66,44 @@ def test_alternating_tables_get_executable_graphs_of_their_own():
         device.close()
 
 
+def test_a_stream_buffer_resolves_a_call_once_per_table_it_is_resubmitted_with(monkeypatch):
+    """A prepared execution hands its one checked table at every submission: the call's addresses,
+    plan and workspace are resolved at its first issue only; another table (each queue_execute checks
+    its table anew) resolves them again, and every result follows its own table's buffers."""
+    api, device = make("stream")
+    try:
+        cb = gemm_buffer(device)
+        sem = device.create_semaphore(0)
+        first, second = table(device, 1.0), table(device, 2.0)
+        from hal.drivers.gpu.library import LibraryCall
+
+        resolved = []
+        real_prepare = LibraryCall.prepare
+        monkeypatch.setattr(LibraryCall, "prepare", lambda call, dev, tbl: resolved.append(tbl) or
+                            real_prepare(call, dev, tbl))
+        executions = {1.0: device.prepare([cb], [first]), 2.0: device.prepare([cb], [second])}
+        for _ in range(3):
+            for scale, execution in executions.items():
+                value = sem.value + 1
+                execution.submit(signal=[(sem, value)])
+                sem.wait(value, timeout=10)
+                buffers = first if scale == 1.0 else second
+                np.testing.assert_array_equal(np.frombuffer(device.read(buffers[0]), np.float32),
+                                              np.full(N * N, scale))
+        assert len(resolved) == 6  # the two tables alternate: each issue finds the other's resolution
+        resolved.clear()
+        for _ in range(3):  # one execution again and again (the last issue was the other's): resolved once
+            value = sem.value + 1
+            executions[1.0].submit(signal=[(sem, value)])
+            sem.wait(value, timeout=10)
+        assert len(resolved) == 1
+        for scale, buffers in ((3.0, table(device, 3.0)), (1.0, first)):  # queue_execute: a table checked anew
+            np.testing.assert_array_equal(run(device, cb, buffers, sem), np.full(N * N, scale))
+        assert len(resolved) == 3
+    finally:
+        device.close()
+
+
 def test_a_refused_child_update_rebuilds_the_graph():
     api, device = make("graph")
     try:

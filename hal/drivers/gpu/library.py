@@ -260,11 +260,15 @@ class Workspace:
             device.allocator.free_now(allocation)
 
 
+#: ``LibraryCall._prepared``'s table where the call's operands are fixed addresses.
+_ANY_TABLE = object()
+
+
 class LibraryCall:
     """A recorded library routine: its operands, its constants' checked form and its workspace."""
 
     __slots__ = ("backend", "routine", "checked", "constants", "targets", "workspace", "empty", "capturable",
-                 "serial_key", "_fixed")
+                 "serial_key", "_prepared")
 
     def __init__(self, backend: LibraryBackend, routine: Routine, checked: Any, constants: tuple[int, ...],
                  targets: list[Target], empty: bool) -> None:
@@ -280,9 +284,12 @@ class LibraryCall:
         self.capturable = empty or backend.capturable(routine, checked)
         #: Calls of one graph level with the same key run one after another (``LibraryBackend.serial_key``).
         self.serial_key = None if empty else backend.serial_key(routine, checked)
-        #: ``prepare``'s result where no operand goes through a binding-table slot: the same at every
-        #: issue (addresses, plan and workspace), made at the first (the targets are all recorded by then).
-        self._fixed: tuple[Any, list[int], int, int] | None = None
+        #: (table, ``prepare``'s result for it) of the last issue, one tuple so that a thread reads a
+        #: consistent pair while another replaces it (the table is ``_ANY_TABLE`` where no operand goes
+        #: through a binding-table slot). Re-issued with the same table object (a prepared execution
+        #: hands its one checked table at every submission), the call resolves nothing again
+        #: (addresses, plan, workspace).
+        self._prepared: tuple[object, tuple[Any, list[int], int, int]] | None = None
 
     @property
     def slots(self) -> set[int]:
@@ -311,11 +318,13 @@ class LibraryCall:
         """Enqueue the call on ``stream`` with its operands resolved against ``table``."""
         if self.empty:
             return
-        prepared = self._fixed
-        if prepared is None:
+        last = self._prepared
+        if last is not None and (last[0] is table or last[0] is _ANY_TABLE):
+            prepared = last[1]
+        else:  # (the targets are all recorded by the first issue: collectives add theirs while recording)
             prepared = self.prepare(device, table)
-            if all(target.slot is None for target in self.targets):
-                self._fixed = prepared
+            slotted = any(target.slot is not None for target in self.targets)
+            self._prepared = (table if slotted else _ANY_TABLE, prepared)
         self.enqueue(prepared, stream)
 
 
