@@ -118,6 +118,10 @@ class CublasLt(GemmBackend):
         owned = [alpha, beta, desc, layouts, bias_pointer, aux_pointer]
         set_attribute = lt.matmul_desc_set_attribute
         bias_attribute, aux_attribute = attribute.BIAS_POINTER, attribute.EPILOGUE_AUX_POINTER
+        # The host addresses a call passes, taken once (``ndarray.ctypes`` builds an object each time).
+        alpha_at, beta_at = alpha.ctypes.data, beta.ctypes.data
+        bias_at = bias_pointer.ctypes.data if bias_pointer is not None else 0
+        aux_at = aux_pointer.ctypes.data if aux_pointer is not None else 0
         plans = []
         for i in range(int(count[0])):
             algorithm = results[i:i + 1].copy()
@@ -126,11 +130,11 @@ class CublasLt(GemmBackend):
                 c, a, b = pointers[0], pointers[1], pointers[2]
                 if bias_pointer is not None:
                     bias_pointer[0] = pointers[3]
-                    set_attribute(desc, bias_attribute, bias_pointer.ctypes.data, 8)
+                    set_attribute(desc, bias_attribute, bias_at, 8)
                 if aux_pointer is not None:
                     aux_pointer[0] = pointers[-1]
-                    set_attribute(desc, aux_attribute, aux_pointer.ctypes.data, 8)
-                lt.matmul(self.handle, desc, alpha.ctypes.data, b, layout_x, a, layout_y, beta.ctypes.data,
+                    set_attribute(desc, aux_attribute, aux_at, 8)
+                lt.matmul(self.handle, desc, alpha_at, b, layout_x, a, layout_y, beta_at,
                           c, layout_d, c, layout_d, algo, workspace, workspace_size, stream)
 
             plans.append(Plan(run, int(algorithm["workspace_size"][0]), [*owned, algorithm], "cublasLt"))
@@ -149,14 +153,15 @@ class CublasLt(GemmBackend):
         if self.blas_handle is None:
             self.blas_handle = blas.create()
         handle = self.blas_handle
+        alpha_at, beta_at = alpha.ctypes.data, beta.ctypes.data  # (taken once, as in _lt_candidates)
 
         def run(pointers, workspace, workspace_size, stream) -> None:
             c, a, b = pointers[0], pointers[1], pointers[2]
             blas.set_stream(handle, stream)
             blas.set_workspace(handle, workspace, workspace_size)  # never its own: captures hold no allocation
             blas.gemm_strided_batched_ex(handle, problem.transpose_x, problem.transpose_y, rows, cols, shape.k,
-                                         alpha.ctypes.data, b, data_type, ldx, stride_x, a, data_type, ldy, stride_y,
-                                         beta.ctypes.data, c, data_type, ldd, stride_d, shape.batch, compute,
+                                         alpha_at, b, data_type, ldx, stride_x, a, data_type, ldy, stride_y,
+                                         beta_at, c, data_type, ldd, stride_d, shape.batch, compute,
                                          DEFAULT_ALGORITHM)
 
         return Plan(run, CLASSIC_WORKSPACE, [alpha, beta], "cublas")

@@ -208,13 +208,14 @@ class HipblasLt(GemmBackend):
         alpha, beta = np.ones(1, np.float32), np.zeros(1, np.float32)
         alpha_ptr, beta_ptr, algo = alpha.ctypes.data, beta.ctypes.data, record.ctypes.data  # algo: offset 0
         bias_pointer = np.zeros(1, np.uint64) if has_bias else None
+        bias_at = bias_pointer.ctypes.data if bias_pointer is not None else 0
         layout_x, layout_y, layout_d = layouts
 
         def run(pointers: Sequence[int], workspace: int, size: int, stream: int) -> None:
             c, a, b = pointers[0], pointers[1], pointers[2]
             if bias_pointer is not None:  # the descriptor is shared by the plan's calls: set it for this one
                 bias_pointer[0] = pointers[3]
-                call(set_attribute, desc, bias_attribute, bias_pointer.ctypes.data, bias_pointer.nbytes)
+                call(set_attribute, desc, bias_attribute, bias_at, bias_pointer.nbytes)
             call(matmul, handle, desc, alpha_ptr, b, layout_x, a, layout_y, beta_ptr, c, layout_d, c, layout_d,
                  algo, workspace, size, stream)
 
