@@ -323,8 +323,7 @@ class LibraryCall:
             prepared = last[1]
         else:  # (the targets are all recorded by the first issue: collectives add theirs while recording)
             prepared = self.prepare(device, table)
-            slotted = any(target.slot is not None for target in self.targets)
-            self._prepared = (table if slotted else _ANY_TABLE, prepared)
+            self._prepared = (table if self.slots else _ANY_TABLE, prepared)
         self.enqueue(prepared, stream)
 
 
