@@ -10,6 +10,7 @@ where PyTorch's CUDA events could not bracket it.
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 import traceback
@@ -84,7 +85,10 @@ def measure(contenders: dict[str, Contender], rounds: int, batch_s: float, limit
     on its first fused run, say) would have got a shorter batch that they weigh on more. Every round
     then times one batch of each contender in turn, so that a drift of the host's or the device's
     speed hits all alike; each timed batch follows one untimed iteration of its own, so no timed
-    sample pays for (or gains from) the cache state the previous contender left.
+    sample pays for (or gains from) the cache state the previous contender left. The turn's order
+    is shuffled every round (seeded): on an H200 the same kernel ran up to 3% faster or slower for
+    twenty launches depending on which kernels ran before it, so in a fixed order one contender would
+    always follow the same other one.
     """
     errors = {}
     sizes = {}
@@ -107,8 +111,11 @@ def measure(contenders: dict[str, Contender], rounds: int, batch_s: float, limit
             del sizes[name]
     samples = {name: {"wall": [], "cpu": [], "batch": n} for name, n in sizes.items()}
     start = counter()
+    order = random.Random(0)
     for _ in range(rounds):
-        for name, n in sizes.items():
+        turn = list(sizes.items())
+        order.shuffle(turn)
+        for name, n in turn:
             contender = contenders[name]
             try:
                 contender.run(1)
