@@ -338,28 +338,45 @@ def tile(x, repetitions, /) -> Array:
     return ops.reshape(ops.contiguous(ops.broadcast_to(expanded, target)), tuple(r * d for r, d in zip(reps, shape)))
 
 
+def _repeat_counts(repeats, n: int) -> int | np.ndarray:
+    """``repeats`` as numpy's ``repeat`` takes them: one count for every element, or a 1-D integer
+    array of one count (broadcast) or of ``n`` (one an element along the axis), none negative."""
+    if isinstance(repeats, Node) or isinstance(repeats, (list, tuple, np.ndarray)):
+        counts = np.asarray(repeats.numpy() if isinstance(repeats, Node) else repeats)
+        if counts.dtype.kind not in "iub" and not (counts.size == 0 and counts.dtype.kind == "f"):
+            raise InvalidTypeError(f"repeats must be integers, got {counts.dtype}")
+        counts = counts.astype(np.int64)
+        if counts.ndim > 1:
+            raise InvalidValueError(f"repeats must be an integer or a 1-D array, got {counts.ndim} dimensions")
+        if counts.ndim == 1 and counts.size not in (1, n):
+            raise InvalidValueError(f"repeats has {counts.size} counts for an axis of {n} elements")
+        if np.any(counts < 0):
+            raise InvalidValueError("repeats must be non-negative")
+        return int(counts.reshape(-1)[0]) if counts.size == 1 else counts  # (one count: as for an int)
+    try:
+        count = operator.index(repeats)
+    except TypeError:
+        raise InvalidTypeError(f"repeats must be an integer or an array of integers, got {type(repeats).__name__}") \
+            from None
+    if count < 0:
+        raise InvalidValueError("repeats must be non-negative")
+    return count
+
+
 def repeat(x, repeats, /, *, axis=None) -> Array:
     x = _arr(x)
     if axis is None:
         x = ops.reshape(x, (-1,))
         axis = 0
     axis = normalize_axis(axis, x.ndim)
-    if isinstance(repeats, Node) or isinstance(repeats, (list, tuple, np.ndarray)):
-        counts = np.asarray(repeats.numpy() if isinstance(repeats, Node) else repeats).astype(np.int64)
-        if counts.ndim == 0:
-            repeats = int(counts)
-        else:
-            if np.any(counts < 0):
-                raise InvalidValueError("repeats must be non-negative")
-            index = np.repeat(np.arange(x.shape[axis]), counts)
-            return take(x, _on_host(x, index, _dt.int64), axis=axis)
-    repeats = operator.index(repeats)
-    if repeats < 0:
-        raise InvalidValueError("repeats must be non-negative")
+    counts = _repeat_counts(repeats, x.shape[axis])
+    if isinstance(counts, np.ndarray):
+        index = np.repeat(np.arange(x.shape[axis]), counts)
+        return take(x, _on_host(x, index, _dt.int64), axis=axis)
     shape = x.shape
     expanded = ops.expand_dims(x, axis + 1)
-    target = shape[:axis + 1] + (repeats,) + shape[axis + 1:]
-    out_shape = shape[:axis] + (shape[axis] * repeats,) + shape[axis + 1:]
+    target = shape[:axis + 1] + (counts,) + shape[axis + 1:]
+    out_shape = shape[:axis] + (shape[axis] * counts,) + shape[axis + 1:]
     return ops.reshape(ops.contiguous(ops.broadcast_to(expanded, target)), out_shape)
 
 
@@ -432,7 +449,7 @@ def take(x, indices, /, *, axis=None, mode="raise") -> Array:
             bad = ops.logical_or(idx < 0, idx >= n)
     # flat index = ((o * n) + idx) * inner + i, over the output shape outer + idx.shape + inner dims
     nd_idx = idx.ndim
-    o_flat = ops.arange(builtins.max(1, int(np.prod(outer, dtype=np.int64))), dtype=_dt.int64, device=x.ctx)
+    o_flat = ops.arange(int(np.prod(outer, dtype=np.int64)), dtype=_dt.int64, device=x.ctx)
     o_flat = ops.reshape(o_flat, outer + (1,) * (nd_idx + x.ndim - axis - 1)) if outer else 0
     i_flat = ops.reshape(ops.arange(inner, dtype=_dt.int64, device=x.ctx), x.shape[axis + 1:]) \
         if x.ndim - axis - 1 else 0

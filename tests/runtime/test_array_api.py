@@ -223,6 +223,40 @@ def test_floor_divide_of_infinities_follows_the_standard(dev):
     assert list(np.signbit(got[:5])) == [False, True, False, True, True]
 
 
+@pytest.mark.parametrize("shape", [(1, 0), (0, 0), (0, 3), (2, 0, 3), (0, 3, 2)])
+def test_repeat_and_take_over_empty_axes_give_numpy_shapes(dev, shape):
+    """Empty arrays along any axis, with counts or indices from the host and from the device (the
+    gather once reshaped one element into an empty shape)."""
+    x = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+    X = rt.array(x, device=dev)
+    for axis, n in enumerate(shape):
+        for counts in (np.zeros(n, np.int64), np.full(n, 2, np.int64), np.array([3], np.int64)):
+            same(rt.repeat(X, counts, axis=axis), np.repeat(x, counts, axis=axis))
+            same(rt.repeat(X, rt.array(counts, device=dev), axis=axis), np.repeat(x, counts, axis=axis))
+        same(rt.repeat(X, 2, axis=axis), np.repeat(x, 2, axis=axis))
+        for indices in ([], [0, 0] if n else []):
+            host = np.array(indices, np.int64)
+            same(rt.take(X, host, axis=axis), np.take(x, host, axis=axis))
+            same(rt.take(X, rt.array(host, device=dev), axis=axis), np.take(x, host, axis=axis))
+
+
+def test_repeat_refuses_counts_numpy_refuses_with_typed_errors(dev):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    X = rt.array(x, device=dev)
+    same(rt.repeat(X, [True, False, True], axis=1), np.repeat(x, [True, False, True], axis=1))
+    same(rt.repeat(X, np.int32(2), axis=0), np.repeat(x, np.int32(2), axis=0))
+    same(rt.repeat(X, np.array(2), axis=1), np.repeat(x, np.array(2), axis=1))
+    for counts, error in (([1.5, 2, 1], rt.InvalidTypeError), (2.0, rt.InvalidTypeError),
+                          (np.float64(2), rt.InvalidTypeError), ("2", rt.InvalidTypeError),
+                          (None, rt.InvalidTypeError), ([[1, 1, 1]], rt.InvalidValueError),
+                          ([1, 2], rt.InvalidValueError), ([1, -1, 1], rt.InvalidValueError),
+                          (-1, rt.InvalidValueError),
+                          (rt.array(np.array([1.0, 2.0, 1.0], np.float32), device=dev), rt.InvalidTypeError)):
+        with pytest.raises(error):
+            rt.repeat(X, counts, axis=1)
+    same(rt.repeat(X, 1, axis=1), x)  # the device stays usable
+
+
 def test_vecdot_keeps_small_integer_dtypes_and_reshape_takes_shape_by_name(dev):
     xp = rt.array(np.zeros(1), device=dev).__array_namespace__()
     a = np.array([[1, 2, 3], [4, 5, 6]], np.uint8)
