@@ -255,7 +255,7 @@ class Array(Node):
 
     def __index__(self) -> int:
         if self.dtype.kind not in "iu":
-            raise TypeError("only integer arrays can be used as an index")
+            raise InvalidTypeError(f"only integer arrays can be used as an index, not {self.dtype.name}")
         return int(self._scalar())
 
     def __repr__(self) -> str:

@@ -22,7 +22,7 @@ from . import ops
 from .device import context_for
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
 from .graph import Node, keep_constant, merge_checks, new_node, upload
-from .shapes import broadcast_shapes, normalize_axes, normalize_axis
+from .shapes import broadcast_shapes, index_of, normalize_axes, normalize_axis, sequence_of
 
 if TYPE_CHECKING:
     from .array import Array
@@ -36,8 +36,7 @@ nan = math.nan
 newaxis = None
 
 
-def _arr(x) -> Array:
-    return x if isinstance(x, Node) else ops.asarray(x)
+_arr = ops.as_array
 
 
 def _on_host(x: Array, result: np.ndarray, dtype: _dt.DType | None = None) -> Array:
@@ -59,7 +58,12 @@ def empty_like(x, /, *, dtype=None, device=None) -> Array:
 def eye(n_rows, n_cols=None, /, *, k=0, dtype=None, device=None) -> Array:
     dt = _dt.as_dtype(dtype) if dtype is not None else _dt.DEFAULT_FLOAT
     ctx = context_for(device)
-    ctx.check_fits((operator.index(n_rows), operator.index(n_rows if n_cols is None else n_cols)), dt)
+    n_rows = index_of(n_rows, "eye's row count")
+    n_cols = n_rows if n_cols is None else index_of(n_cols, "eye's column count")
+    k = index_of(k, "eye's diagonal offset k")
+    if n_rows < 0 or n_cols < 0:
+        raise InvalidValueError(f"eye of a negative size ({n_rows} x {n_cols})")
+    ctx.check_fits((n_rows, n_cols), dt)
     host = np.eye(n_rows, n_cols, k=k, dtype=np.float64 if dt is _dt.bfloat16 else dt.storage)
     return upload(host, dt, ctx)
 
@@ -104,6 +108,9 @@ TRI_MASK_KEPT = 1 << 20
 
 
 def _tri_mask(x: Array, k: int, upper: bool) -> Array:
+    if x.ndim < 2:
+        raise InvalidValueError(f"{'triu' if upper else 'tril'} needs an array of at least 2 dimensions, got {x.ndim}")
+    k = index_of(k, "the diagonal offset k")
     n, m = x.shape[-2:]
     key = ("tri_mask", n, m, k, upper)
     cache = x.ctx.constants
@@ -226,7 +233,8 @@ def imag(x, /) -> Array:
 # ---- manipulation -------------------------------------------------------------------------------
 
 def permute_dims(x, /, axes) -> Array:
-    return ops.transpose(_arr(x), tuple(axes))
+    return ops.transpose(_arr(x), tuple(index_of(a, "an axis") for a in sequence_of(axes, "permute_dims axes")))
+
 
 
 def matrix_transpose(x, /) -> Array:
@@ -258,7 +266,7 @@ def flip(x, /, *, axis=None) -> Array:
 def concat(arrays, /, *, axis=0) -> Array:
     """Join arrays along an axis (None: flattened): one lazy node, each input copied into its window
     of the result (``kernels/concat.py``)."""
-    arrays = [_arr(a) for a in arrays]
+    arrays = [_arr(a) for a in sequence_of(arrays, "concat's arrays")]
     if not arrays:
         raise InvalidValueError("concat needs at least one array")
     if axis is None:
@@ -286,7 +294,7 @@ def concat(arrays, /, *, axis=0) -> Array:
 
 
 def stack(arrays, /, *, axis=0) -> Array:
-    arrays = [_arr(a) for a in arrays]
+    arrays = [_arr(a) for a in sequence_of(arrays, "stack's arrays")]
     if not arrays:
         raise InvalidValueError("stack needs at least one array")
     shape = arrays[0].shape
@@ -319,7 +327,7 @@ def roll(x, /, shift, *, axis=None) -> Array:
         n = x.shape[a]
         if n == 0:
             continue
-        s = operator.index(s) % n
+        s = index_of(s, "roll's shift") % n
         if s == 0:
             continue
         pre = (slice(None),) * a
@@ -329,10 +337,15 @@ def roll(x, /, shift, *, axis=None) -> Array:
 
 def tile(x, repetitions, /) -> Array:
     x = _arr(x)
-    reps = tuple(operator.index(r) for r in repetitions)
+    if isinstance(repetitions, (int, np.integer)):
+        repetitions = (repetitions,)
+    reps = tuple(index_of(r, "a repetition count") for r in sequence_of(repetitions, "tile's repetitions"))
+    if builtins.any(r < 0 for r in reps):
+        raise InvalidValueError(f"tile's repetitions must be non-negative, got {reps}")
     nd = builtins.max(len(reps), x.ndim)
     reps = (1,) * (nd - len(reps)) + reps
     shape = (1,) * (nd - x.ndim) + x.shape
+    x.ctx.check_fits(tuple(r * d for r, d in zip(reps, shape)), x.dtype)
     expanded = ops.reshape(x, tuple(v for d in shape for v in (1, d)))
     target = tuple(v for r, d in zip(reps, shape) for v in (r, d))
     return ops.reshape(ops.contiguous(ops.broadcast_to(expanded, target)), tuple(r * d for r, d in zip(reps, shape)))
@@ -466,7 +479,14 @@ def take_along_axis(x, indices, /, *, axis=-1) -> Array:
     IndexError: at once for indices given on the host, when the result is read for device arrays)."""
     x = _arr(x)
     host = None if isinstance(indices, Node) else np.asarray(indices)
+    if host is not None and host.size == 0 and host.dtype.kind == "f":
+        host = host.astype(np.int64)
+    if (host.dtype.kind not in "iu") if host is not None else not indices.dtype.is_int:
+        got = host.dtype if host is not None else indices.dtype.name
+        raise InvalidTypeError(f"take_along_axis indices must be integers, got {got}")
     idx = indices if host is None else ops.asarray(host, device=x.ctx)  # (on x's device)
+    if idx.ndim != x.ndim:
+        raise InvalidValueError(f"take_along_axis needs indices of as many dimensions as x ({x.ndim}), got {idx.ndim}")
     axis = normalize_axis(axis, x.ndim)
     n = x.shape[axis]
     if host is not None and host.size and host.dtype.kind in "iu" and (host.min() < -n or host.max() >= n):
@@ -621,13 +641,15 @@ def clip(x, /, min=None, max=None) -> Array:  # noqa: A002
     for bound, fn in ((min, ops.maximum), (max, ops.minimum)):
         if bound is None:
             continue
+        if isinstance(bound, (list, tuple, np.ndarray)):
+            bound = ops.asarray(bound, device=x.ctx)
         if isinstance(bound, Node):
             bound = ops.astype(bound, x.dtype)
-        elif x.dtype.is_int and isinstance(bound, float):
+        elif x.dtype.is_int and isinstance(bound, (float, np.floating)):
             raise InvalidTypeError("clip bounds of an integer array must be integers")
         elif x.dtype.is_int:
             lo, hi = _dt.int_range(x.dtype)
-            bound = builtins.min(builtins.max(operator.index(bound), lo), hi)
+            bound = builtins.min(builtins.max(index_of(bound, "a clip bound of an integer array"), lo), hi)
         r = fn(out, bound)
         out = r if r.dtype is x.dtype else ops.astype(r, x.dtype)
     if out.shape != x.shape or out is x:
@@ -642,6 +664,8 @@ def count_nonzero(x, /, *, axis=None, keepdims=False) -> Array:
 
 def vecdot(x1, x2, /, *, axis=-1) -> Array:
     x1, x2 = _arr(x1), _arr(x2)
+    if x1.ndim == 0 or x2.ndim == 0:
+        raise InvalidValueError("vecdot needs arrays of at least one dimension")
     if x1.shape[axis] != x2.shape[axis]:
         raise InvalidValueError("vecdot: the contracted axes differ in size")
     dt = _dt.promote(x1.dtype, x2.dtype)
@@ -659,12 +683,21 @@ def vecdot(x1, x2, /, *, axis=-1) -> Array:
 
 def tensordot(x1, x2, /, *, axes=2) -> Array:
     x1, x2 = _arr(x1), _arr(x2)
-    if isinstance(axes, int):
+    if isinstance(axes, (int, np.integer)):
+        axes = index_of(axes, "tensordot's axes")
+        if not 0 <= axes <= builtins.min(x1.ndim, x2.ndim):
+            raise InvalidValueError(f"tensordot cannot contract {axes} axes of arrays of {x1.ndim} and {x2.ndim} "
+                                    "dimensions")
         a1 = tuple(range(x1.ndim - axes, x1.ndim))
         a2 = tuple(range(axes))
     else:
-        a1 = tuple(normalize_axis(a, x1.ndim) for a in axes[0])
-        a2 = tuple(normalize_axis(a, x2.ndim) for a in axes[1])
+        pair = sequence_of(axes, "tensordot's axes")
+        if len(pair) != 2:
+            raise InvalidValueError(f"tensordot's axes must be an integer or two sequences of axes, got {axes!r}")
+        a1 = tuple(normalize_axis(a, x1.ndim) for a in sequence_of(pair[0], "tensordot's axes of x1"))
+        a2 = tuple(normalize_axis(a, x2.ndim) for a in sequence_of(pair[1], "tensordot's axes of x2"))
+        if len(a1) != len(a2):
+            raise InvalidValueError(f"tensordot contracts as many axes of x1 as of x2, got {len(a1)} and {len(a2)}")
     free1 = [a for a in range(x1.ndim) if a not in a1]
     free2 = [a for a in range(x2.ndim) if a not in a2]
     k = int(np.prod([x1.shape[a] for a in a1], dtype=np.int64))
@@ -688,6 +721,8 @@ def nonzero(x, /) -> tuple:
 
 def searchsorted(x1, x2, /, *, side="left", sorter=None) -> Array:
     x1, x2 = _arr(x1), _arr(x2)
+    if x1.ndim != 1:
+        raise InvalidValueError(f"searchsorted needs a 1-D x1, got {x1.ndim} dimensions")
     if side not in ("left", "right"):
         raise InvalidValueError(f"side must be 'left' or 'right', got {side!r}")
     srt = None if sorter is None else np.asarray(_arr(sorter).numpy())

@@ -234,13 +234,12 @@ def weak_scalar_dtype(array_dtype: DType, value) -> DType:
     if isinstance(value, bool):
         return array_dtype
     if isinstance(value, int):
-        if array_dtype is bool_:
-            return DEFAULT_INT
-        if array_dtype.is_int:
-            lo, hi = int_range(array_dtype)
+        result = DEFAULT_INT if array_dtype is bool_ else array_dtype
+        if result.is_int:
+            lo, hi = int_range(result)
             if not lo <= value <= hi:
-                raise ScalarOverflowError(f"Python integer {value} out of bounds for {array_dtype.name}")
-        return array_dtype
+                raise ScalarOverflowError(f"Python integer {value} out of bounds for {result.name}")
+        return result
     if isinstance(value, float):
         # numpy (NEP 50): an integer or bool array with a Python float computes in float64; only new data
         # made from Python floats alone takes the default float dtype.

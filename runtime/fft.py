@@ -350,14 +350,18 @@ def fftfreq(n, /, *, d=1.0, dtype=None, device=None):
     """The sample frequencies of an ``n``-point transform with sample spacing ``d``."""
     n = _length(n, "fftfreq's n")
     dt = _freq_dtype(dtype)
-    return upload(np.fft.fftfreq(n, d), dt, context_for(device))
+    ctx = context_for(device)
+    ctx.check_fits((n,), dt)
+    return upload(np.fft.fftfreq(n, d), dt, ctx)
 
 
 def rfftfreq(n, /, *, d=1.0, dtype=None, device=None):
     """The non-negative sample frequencies of an ``n``-point ``rfft``."""
     n = _length(n, "rfftfreq's n")
     dt = _freq_dtype(dtype)
-    return upload(np.fft.rfftfreq(n, d), dt, context_for(device))
+    ctx = context_for(device)
+    ctx.check_fits((n // 2 + 1,), dt)
+    return upload(np.fft.rfftfreq(n, d), dt, ctx)
 
 
 def _shift(x, axes, sign: int, name: str) -> Node:

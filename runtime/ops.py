@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import builtins
 import math
-import operator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,10 +19,12 @@ from .shapes import (
     broadcast_shapes,
     check_shape,
     contiguous_strides,
+    index_of,
     normalize_axes,
     parse_index,
     reshape_strides,
     reshape_target,
+    sequence_of,
     size_of,
 )
 
@@ -70,6 +71,11 @@ def ctx_of(*xs):
                     f"arrays are on different devices ({ctx.device!r} and {x.ctx.device!r}); "
                     "move one with rt.asarray(x, device=...)")
     return ctx
+
+
+def as_array(x) -> Array:
+    """``x`` itself if it is an array, else ``asarray(x)`` (typed errors for what is not numeric data)."""
+    return x if isinstance(x, Node) else asarray(x)
 
 
 def asarray(x, dtype=None, device=None, copy=None) -> Array:
@@ -443,11 +449,14 @@ def astype(x, dtype, /, *, copy=True, device=None) -> Array:
 
 def copy_array(x: Array) -> Array:
     """A new array with x's values in its own contiguous buffer (x.copy())."""
+    x = as_array(x)
     return new_node("copy", (x,), x.dtype, x.shape, x.dtype, x.ctx)
 
 
 def contiguous(x: Array) -> Array:
     """x itself when it is a dense root, else a contiguous copy."""
+    if not isinstance(x, Node):
+        x = asarray(x)
     if x.root is x:
         return x
     return new_node("copy", (x,), x.dtype, x.shape, x.dtype, x.ctx)
@@ -648,9 +657,11 @@ def transpose(x, axes=None) -> Array:
         strides = x.strides if x.strides is not None else row_major(x.shape)
         return new_view("transpose", x, axes, x.shape[::-1], strides[::-1], x.offset)
     else:
+        axes = sequence_of(axes, "transpose's axes")
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
             axes = axes[0]
-        axes = tuple(operator.index(a) % nd if -nd <= a < nd else -1 for a in axes)
+        axes = [index_of(a, "an axis") for a in axes]
+        axes = tuple(a % nd if -nd <= a < nd else -1 for a in axes)
         if sorted(axes) != list(range(nd)):
             raise InvalidValueError(f"axes don't match array: {axes}")
     if axes == tuple(range(nd)):
@@ -669,7 +680,7 @@ def swapaxes(x, a: int, b: int) -> Array:
 def broadcast_to(x, shape) -> Array:
     if not isinstance(x, Node):
         x = asarray(x)
-    shape = tuple(shape)
+    shape = check_shape(shape)
     if shape == x.shape:
         return x
     if len(shape) < x.ndim or broadcast_shapes(x.shape, shape) != shape:
@@ -691,6 +702,7 @@ def expand_dims(x, axis) -> Array:
 
 
 def squeeze(x, axis=None) -> Array:
+    x = as_array(x)
     if axis is None:
         return reshape(x, tuple(d for d in x.shape if d != 1))
     axes = normalize_axes(axis, x.ndim)
@@ -728,6 +740,11 @@ def full(shape, fill_value, dtype=None, device=None) -> Array:
     ctx = context_for(device)
     if isinstance(fill_value, Node):
         fill_value = fill_value.item()
+    elif isinstance(fill_value, np.ndarray) and fill_value.ndim == 0:
+        fill_value = fill_value[()]
+    if not (isinstance(fill_value, (bool, int, float, complex))
+            or isinstance(fill_value, np.generic) and fill_value.dtype.kind in "biufc"):
+        raise InvalidTypeError(f"a fill value must be one number, got {type(fill_value).__name__}")
     if dtype is not None:
         dt = _dt.as_dtype(dtype)
     elif isinstance(fill_value, np.generic):
@@ -736,6 +753,8 @@ def full(shape, fill_value, dtype=None, device=None) -> Array:
         dt = _python_scalar_dtype(fill_value)
     if isinstance(fill_value, np.generic):
         fill_value = fill_value.item()
+    if isinstance(fill_value, complex) and not (dt.is_complex or dt is _dt.bool_):
+        raise InvalidTypeError(f"a complex fill value for {dt.name}")
     if dt is _dt.bool_:
         value = builtins.bool(fill_value)
     elif dt.is_int:
@@ -786,14 +805,17 @@ def ones(shape, dtype=None, device=None) -> Array:
 
 
 def zeros_like(x: Array, dtype=None, device=None) -> Array:
+    x = as_array(x)
     return full(x.shape, 0, dtype or x.dtype, device or x.ctx)
 
 
 def ones_like(x: Array, dtype=None, device=None) -> Array:
+    x = as_array(x)
     return full(x.shape, 1, dtype or x.dtype, device or x.ctx)
 
 
 def full_like(x: Array, fill_value, dtype=None, device=None) -> Array:
+    x = as_array(x)
     return full(x.shape, fill_value, dtype or x.dtype, device or x.ctx)
 
 
@@ -808,7 +830,10 @@ def arange(start, stop=None, step=1, dtype=None, device=None) -> Array:
     except (TypeError, ValueError, ZeroDivisionError, OverflowError) as exc:
         raise InvalidValueError(f"arange({start!r}, {stop!r}, {step!r}): {exc}") from None
     ctx.check_fits((length,), _dt.as_dtype(dtype) if dtype is not None else _dt.int64)
-    host = np.arange(start, stop, step)
+    try:
+        host = np.arange(start, stop, step)
+    except (TypeError, ValueError, OverflowError) as exc:  # (numpy's own limits: integers past int64)
+        raise InvalidValueError(f"arange({start!r}, {stop!r}, {step!r}): {exc}") from None
     if dtype is not None:
         dt = _dt.as_dtype(dtype)
     elif any(isinstance(v, np.generic) for v in (start, stop, step)):

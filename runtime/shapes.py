@@ -25,6 +25,23 @@ def size_of(shape: tuple) -> int:
     return n
 
 
+def index_of(value, what: str) -> int:
+    """``value`` as an int (ints, bools, numpy integers: ``operator.index``); InvalidTypeError naming
+    ``what`` for anything else (floats included, as numpy refuses them)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InvalidTypeError(f"{what} must be an integer, got {type(value).__name__}") from None
+
+
+def sequence_of(values, what: str) -> list:
+    """``values`` (a list, tuple or other iterable that is not an array or a string) as a list;
+    InvalidTypeError naming ``what`` for anything else."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__") or hasattr(values, "__array_namespace__"):
+        raise InvalidTypeError(f"{what} must be a sequence, got {type(values).__name__}")
+    return list(values)
+
+
 def check_shape(shape) -> tuple:
     if isinstance(shape, int):
         shape = (shape,)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import operator
 import pickle
 
 import numpy as np
@@ -255,6 +256,76 @@ def test_repeat_refuses_counts_numpy_refuses_with_typed_errors(dev):
         with pytest.raises(error):
             rt.repeat(X, counts, axis=1)
     same(rt.repeat(X, 1, axis=1), x)  # the device stays usable
+
+
+def test_functions_taking_arrays_refuse_what_is_not_numeric_data_with_typed_errors(dev):
+    """Non-arrays where an array goes: InvalidTypeError (a TypeError), before any device work."""
+    X = rt.array(np.arange(12, dtype=np.float32).reshape(3, 4), device=dev)
+    functions = [rt.zeros_like, rt.ones_like, rt.empty_like, lambda v: rt.full_like(v, 1), rt.squeeze,
+                 rt.contiguous, rt.copy_array, lambda v: rt.stack([X, v]), lambda v: rt.concat([X, v])]
+    for fn in functions:
+        for value in (None, "a", object(), slice(None), rt.float32):
+            with pytest.raises(rt.InvalidTypeError):
+                fn(value)
+    # what numpy takes as array data still works, as in numpy
+    same(rt.ones_like([1.0, 2.0]), np.ones_like([1.0, 2.0], dtype=np.float32))
+    same(rt.squeeze([[3]]), np.squeeze(np.array([[3]])))
+    same(X + 1, np.arange(12, dtype=np.float32).reshape(3, 4) + 1)
+
+
+def test_shapes_axes_counts_and_sequences_must_be_integers_and_sequences(dev):
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    X = rt.array(x, device=dev)
+    calls = [lambda v: rt.broadcast_to(X, v), lambda v: rt.permute_dims(X, v), lambda v: rt.transpose(X, v),
+             lambda v: rt.tile(X, v), lambda v: rt.stack(v), lambda v: rt.concat(v), lambda v: rt.roll(X, v),
+             lambda v: rt.eye(v), lambda v: rt.eye(3, v), lambda v: rt.eye(3, k=v), lambda v: rt.tril(X, k=v),
+             lambda v: rt.tensordot(X, X, axes=v)]
+    for call in calls:
+        for value in (1.5, np.float32(1.0), "a", object(), rt.float32, None):
+            if value is None and call in (calls[2], calls[8]):
+                continue  # transpose(x, None) reverses the axes and eye(3, None) is square, as in numpy
+            with pytest.raises((rt.InvalidTypeError, rt.InvalidValueError)):
+                call(value)
+    for call, value in ((lambda v: rt.tile(X, v), -1), (lambda v: rt.eye(v), -1), (lambda v: rt.tril(v), X[0]),
+                        (lambda v: rt.tensordot(X, X, axes=v), 3), (lambda v: rt.tensordot(X, X, axes=v), -1),
+                        (lambda v: rt.tensordot(X, X, axes=v), ([0], [0, 1])), (lambda v: rt.vecdot(X, v), 1.5),
+                        (lambda v: rt.searchsorted(X, v), 1.5), (lambda v: rt.take_along_axis(X, v, axis=1), 1),
+                        (lambda v: rt.take_along_axis(X, v, axis=1), np.zeros((3, 1), np.float32))):
+        with pytest.raises((rt.InvalidTypeError, rt.InvalidValueError)):
+            call(value)
+    # the same calls with what numpy takes
+    same(rt.broadcast_to(X[:1], (2, 3, 4)), np.broadcast_to(x[:1], (2, 3, 4)))
+    same(rt.permute_dims(X, [np.int64(1), 0]), x.T)
+    same(rt.tile(X, 2), np.tile(x, 2))
+    same(rt.tile(X, (np.int32(2), 1)), np.tile(x, (2, 1)))
+    same(rt.roll(X, np.int64(5), axis=1), np.roll(x, 5, axis=1))
+    same(rt.eye(3, np.int64(4), k=np.int8(1)), np.eye(3, 4, k=1, dtype=np.float32))
+    same(rt.tensordot(X, X, axes=np.int64(2)), np.tensordot(x, x, axes=2))
+    same(rt.tensordot(X, X, axes=([0], [0])), np.tensordot(x, x, axes=([0], [0])))
+
+
+def test_fill_values_and_scalars_out_of_range_give_typed_errors(dev):
+    for value in ("a", None, [1, 2], (1,), object(), np.array([1.0, 2.0]), np.str_("1")):
+        with pytest.raises(rt.InvalidTypeError):
+            rt.full((2,), value, device=dev)
+    with pytest.raises(rt.InvalidTypeError):
+        rt.full((2,), 1 + 2j, dtype=rt.int32, device=dev)
+    same(rt.full((2,), np.array(2.5), device=dev), np.full((2,), 2.5))
+    same(rt.full((2,), 1j, dtype=rt.bool, device=dev), np.full((2,), 1j, dtype=bool))
+    flags = rt.array(np.array([True, False]), device=dev)
+    for value in (2**63, -(2**63) - 1, 2**70):
+        with pytest.raises(rt.ScalarOverflowError):
+            flags + value
+    same(flags + (2**63 - 1), np.array([True, False]) + (2**63 - 1))
+    with pytest.raises(rt.InvalidValueError):
+        rt.arange(-(2**70), device=dev)
+    with pytest.raises(rt.ArrayTooLargeError):
+        rt.tile(flags, 2**70)
+    with pytest.raises(rt.ArrayTooLargeError):
+        rt.fft.fftfreq(2**62, device=dev)
+    with pytest.raises(rt.InvalidTypeError):
+        operator.index(rt.array(np.array(1.0), device=dev))
+    assert operator.index(rt.array(np.array(3), device=dev)) == 3
 
 
 def test_vecdot_keeps_small_integer_dtypes_and_reshape_takes_shape_by_name(dev):
