@@ -119,6 +119,8 @@ def host_data(x) -> tuple:
         host = np.asarray(x)
     except OverflowError as exc:
         raise ScalarOverflowError(f"{x!r} does not fit in int64") from exc
+    except ValueError as exc:  # nested sequences of unequal lengths
+        raise InvalidValueError(f"cannot make an array from {type(x).__name__}: {exc}") from None
     if host.dtype == object:
         raise InvalidTypeError(f"cannot make an array from {type(x).__name__} (not numeric data)")
     if host.dtype.kind == "f" and host.dtype.itemsize == 8 and isinstance(x, (list, tuple)) and _python_floats(x):

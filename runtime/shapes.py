@@ -255,8 +255,15 @@ def parse_index(key, shape: tuple, strides: tuple, offset: int):
             continue
         dim, st = shape[axis], strides[axis]
         if isinstance(k, slice):
-            start, stop, step = k.indices(dim)
+            try:
+                start, stop, step = k.indices(dim)
+            except TypeError:
+                raise InvalidTypeError(f"slice bounds and steps must be integers or None, got {k!r}") from None
+            except ValueError as exc:  # a zero step
+                raise InvalidValueError(f"{exc} ({k!r})") from None
             count = len(range(start, stop, step))
+            if count <= 1:
+                step = 1  # (one element or none: the step moves nowhere, and a huge one would overflow a stride)
             offset += start * st if count else 0
             new_shape.append(count)
             new_strides.append(st * step)

@@ -328,6 +328,22 @@ def test_fill_values_and_scalars_out_of_range_give_typed_errors(dev):
     assert operator.index(rt.array(np.array(3), device=dev)) == 3
 
 
+def test_slices_of_odd_bounds_and_ragged_data_give_typed_errors_or_numpy_results(dev):
+    x = np.arange(24, dtype=np.int32).reshape(2, 3, 4)
+    X = rt.array(x, device=dev)
+    for key, error in (((slice(0, 1.5),), rt.InvalidTypeError), (slice("a"), rt.InvalidTypeError),
+                       (slice(None, None, 0), rt.InvalidValueError), ((0, slice(None, None, 0)), rt.InvalidValueError)):
+        with pytest.raises(error):
+            X[key]
+    # steps and bounds past int64 select what numpy selects (one element or none: no stride overflows)
+    for key in ((slice(None, None, 2**70),), (slice(-(2**70), 2**70, 2**70),), (Ellipsis, slice(3, 4, 99)),
+                (slice(None, None, -(2**70)),), (0, slice(1, 2, 5))):
+        same(X[key], x[key])
+    for ragged in ([1, [2]], [[1, 2], [3]]):
+        with pytest.raises(rt.InvalidValueError):
+            rt.asarray(ragged, device=dev)
+
+
 def test_vecdot_keeps_small_integer_dtypes_and_reshape_takes_shape_by_name(dev):
     xp = rt.array(np.zeros(1), device=dev).__array_namespace__()
     a = np.array([[1, 2, 3], [4, 5, 6]], np.uint8)
