@@ -156,15 +156,23 @@ class Semaphore:
 
     def fail_from_device(self, cause: BaseException) -> None:
         """The work that was to signal this semaphore failed (also while its device closes)."""
+        if not isinstance(cause, BaseException):
+            raise InvalidArgumentError(f"fail_from_device() takes an exception, got {cause!r}")
         self._fail(cause)
 
     def notify_at(self, value: int, listener: Listener) -> int | None:
         """Call ``listener`` once ``value`` is reached or the semaphore fails; a token for
         ``cancel_notify`` when it had to be parked (None when it ran at once)."""
+        if value.__class__ is not int or value >> 64:
+            value = check_u64(value, "semaphore value")
+        if not callable(listener):
+            raise InvalidArgumentError(f"notify_at() takes a callable listener, got {listener!r}")
         return self._notify_at(value, listener)
 
     def cancel_notify(self, token: int | None) -> None:
         """Forget a parked listener (nothing stays registered once the caller is done waiting)."""
+        if token is not None and token.__class__ is not int:
+            raise InvalidArgumentError(f"cancel_notify() takes a token notify_at returned, or None, got {token!r}")
         if token is not None:
             with self._lock:
                 self._parked.discard(token)
@@ -192,7 +200,10 @@ class Semaphore:
                 raise aborted_by(self.failure, f"semaphore failed while waiting for value {value}")
 
     def _advance(self, value: int) -> None:
-        """Raise the value (device or host completion); fires listeners reached by it."""
+        """Raise the value (device or host completion); fires listeners reached by it. ``value`` is
+        checked here, where drivers' ``advance`` lands (one test for an int in range)."""
+        if value.__class__ is not int or value >> 64:  # (nonzero for a negative value too)
+            value = check_u64(value, "semaphore value")
         ready: list[Listener] = []
         with self._lock:
             if value <= self.current_value or self.failure is not None:

@@ -694,8 +694,10 @@ def tensordot(x1, x2, /, *, axes=2) -> Array:
         pair = sequence_of(axes, "tensordot's axes")
         if len(pair) != 2:
             raise InvalidValueError(f"tensordot's axes must be an integer or two sequences of axes, got {axes!r}")
-        a1 = tuple(normalize_axis(a, x1.ndim) for a in sequence_of(pair[0], "tensordot's axes of x1"))
-        a2 = tuple(normalize_axis(a, x2.ndim) for a in sequence_of(pair[1], "tensordot's axes of x2"))
+        # (each side a sequence of axes, or one axis, as numpy takes them)
+        side1, side2 = ([side] if isinstance(side, (int, np.integer)) else side for side in pair)
+        a1 = tuple(normalize_axis(a, x1.ndim) for a in sequence_of(side1, "tensordot's axes of x1"))
+        a2 = tuple(normalize_axis(a, x2.ndim) for a in sequence_of(side2, "tensordot's axes of x2"))
         if len(a1) != len(a2):
             raise InvalidValueError(f"tensordot contracts as many axes of x1 as of x2, got {len(a1)} and {len(a2)}")
     free1 = [a for a in range(x1.ndim) if a not in a1]

@@ -121,6 +121,31 @@ def test_fail_with_exception_is_the_cause(device):
     assert "bad input tensor" in str(info.value)
 
 
+@pytest.mark.parametrize("bad", [None, 1.5, "3", -1, 2**64, object()])
+def test_driver_facing_calls_refuse_bad_arguments_and_leave_the_semaphore_usable(device, bad):
+    """advance / notify_at / cancel_notify / fail_from_device are public names: a wrong argument
+    is an InvalidArgumentError, and the semaphore neither fails nor changes."""
+    sem = device.create_semaphore(1)
+    with pytest.raises(hal.InvalidArgumentError):
+        sem.advance(bad)
+    with pytest.raises(hal.InvalidArgumentError):
+        sem.notify_at(bad, lambda failure: None)
+    with pytest.raises(hal.InvalidArgumentError):
+        sem.notify_at(2, bad)
+    if bad is not None and not isinstance(bad, int):
+        with pytest.raises(hal.InvalidArgumentError):
+            sem.cancel_notify(bad)
+    if not isinstance(bad, str):
+        with pytest.raises(hal.InvalidArgumentError):
+            sem.fail_from_device(bad)
+    assert sem.failure is None and sem.value == 1
+    reached = []
+    token = sem.notify_at(3, reached.append)
+    sem.signal(3)
+    sem.cancel_notify(token)
+    assert reached == [None] and sem.value == 3
+
+
 def test_fail_wakes_a_blocked_waiter(device):
     sem = device.create_semaphore(0)
     errors = []

@@ -28,7 +28,7 @@ from hal.drivers.local.allocator import LocalAllocator, span
 from hal.drivers.local.channel import LocalChannel, LocalCollectives
 from hal.drivers.local.command_buffer import Execution, LocalCommandBuffer
 from hal.drivers.local.executable import NumpyExecutable
-from hal.errors import FailedPreconditionError
+from hal.errors import FailedPreconditionError, InvalidArgumentError
 from hal.executable import ExecutableSpec
 from hal.semaphore import Fence, Semaphore
 from hal.submission import HostSubmissions, QueueGate
@@ -55,6 +55,8 @@ class LocalDevice(Device):
 
     def adopt_channel(self, channel: LocalChannel) -> None:
         """A channel was made on this device: order its queues (once) and fail the channel at close."""
+        if not isinstance(channel, LocalChannel):
+            raise InvalidArgumentError(f"adopt_channel() takes a channel of the CPU drivers, got {channel!r}")
         if self._gates is None:
             self._gates = [QueueGate() for _ in range(self.queue_count)]
         self._channels.add(channel)

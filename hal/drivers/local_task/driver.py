@@ -42,6 +42,8 @@ class LocalTaskDevice(LocalDevice):
 
     def donate_work(self, done: Callable[[], bool]) -> None:
         """Run ready work of every queue on this thread until ``done()`` or none is left to run here."""
+        if not callable(done):
+            raise InvalidArgumentError(f"donate_work() takes a callable, got {done!r}")
         for runner in self._runners:
             runner.donate(done)
 
