@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -99,15 +100,36 @@ def asarray(x, dtype=None, device=None, copy=None) -> Array:
     ctx = context_for(device)
     if hasattr(x, "__dlpack__") and not isinstance(x, (np.ndarray, np.generic)):
         return asarray(from_dlpack(x, device=ctx), dtype=dtype)
-    host, dt = host_data(x)
+    host = None
     if dtype is not None:
         dt = _dt.as_dtype(dtype)
+        host = _exact_integers(x, dt)
+    if host is None:
+        host, inferred = host_data(x)
+        dt = inferred if dtype is None else dt
+    if dtype is not None:
         if host.dtype.kind == "c" and not dt.is_complex and dt is not _dt.bool_:
             raise InvalidTypeError(f"asarray: complex data does not cast to {dt.name} (take its real or imaginary "
                                    "part first)")
     if len(host.shape) > MAX_DIMS:
         raise InvalidValueError(f"at most {MAX_DIMS} dimensions are supported")
     return upload(host, dt, ctx)
+
+
+def _exact_integers(x, dt: _dt.DType) -> np.ndarray | None:
+    """Python data for an integer dtype converted by numpy straight to it, so that integers past
+    float64's precision stay exact (``asarray([0, 2**63 + 1], dtype=uint64)``: numpy infers float64
+    for that list on its own); None where numpy refuses (a value out of the dtype's range, NaN), which
+    then converts as ``astype`` does."""
+    if not dt.is_int or isinstance(x, (np.ndarray, np.generic, Node)):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            host = np.asarray(x, dtype=dt.storage)
+    except (OverflowError, ValueError, TypeError, Warning):
+        return None
+    return host
 
 
 def host_data(x) -> tuple:

@@ -344,6 +344,19 @@ def test_slices_of_odd_bounds_and_ragged_data_give_typed_errors_or_numpy_results
             rt.asarray(ragged, device=dev)
 
 
+def test_python_integers_past_float64_precision_stay_exact_in_uint64_and_int64(dev):
+    """numpy infers float64 for [0, 2**63 + 1] on its own; with the dtype given the values are exact
+    (out-of-range values still convert as astype does, as before)."""
+    big = 2**63 + 1
+    same(rt.asarray(big, dtype=rt.uint64, device=dev), np.asarray(big, dtype=np.uint64))
+    same(rt.asarray([0, big, 2**64 - 1], dtype=rt.uint64, device=dev), np.array([0, big, 2**64 - 1], np.uint64))
+    same(rt.asarray([[-(2**63), 2**63 - 1]], dtype=rt.int64, device=dev), np.array([[-(2**63), 2**63 - 1]], np.int64))
+    same(rt.asarray([-1, 300], dtype=rt.uint8, device=dev), np.array([-1, 300]).astype(np.uint8))
+    same(rt.asarray([1.5, -2.7], dtype=rt.int32, device=dev), np.array([1, -2], np.int32))
+    with pytest.raises(rt.ScalarOverflowError):
+        rt.asarray(big, dtype=rt.int64, device=dev)
+
+
 def test_vecdot_keeps_small_integer_dtypes_and_reshape_takes_shape_by_name(dev):
     xp = rt.array(np.zeros(1), device=dev).__array_namespace__()
     a = np.array([[1, 2, 3], [4, 5, 6]], np.uint8)
