@@ -33,9 +33,10 @@ import hal
 from . import dtypes as _dt
 from . import fft as _fft
 from . import linalg, ops
-from .errors import InvalidTypeError
+from .errors import InvalidTypeError, InvalidValueError
 from .graph import Node, constant, new_node
 from .ops import COMPARE
+from .shapes import index_of, sequence_of
 
 if TYPE_CHECKING:
     from .array import Array
@@ -561,13 +562,19 @@ def resolved(grads: list) -> None:
 
 def value_and_grad(fn: Callable[P, Array], argnums: int | Sequence[int] = 0) -> Callable[P, tuple[Array, Any]]:
     """fn(*args) -> (fn's scalar value, gradient(s) with respect to args[argnums])."""
-    single = isinstance(argnums, int)
-    nums = (argnums,) if single else tuple(argnums)
+    if not callable(fn):
+        raise InvalidTypeError(f"value_and_grad and grad take a function, got {type(fn).__name__}")
+    single = isinstance(argnums, (int, np.integer))
+    nums = (index_of(argnums, "argnums"),) if single else \
+        tuple(index_of(i, "each of argnums") for i in sequence_of(argnums, "argnums"))
 
     def wrapped(*args, **kwargs):
         args = list(args)
         wrt = []
         for i in nums:
+            if not -len(args) <= i < len(args):
+                raise InvalidValueError(f"argnums names argument {i}, but the function was called with {len(args)} "
+                                        "positional arguments")
             a = args[i]
             if not isinstance(a, Node):
                 a = ops.asarray(a)

@@ -15,7 +15,7 @@ import hal
 from . import dtypes as _dt
 from .device import context_for
 from .graph import Node, new_node, upload
-from .shapes import check_shape
+from .shapes import check_shape, index_of
 
 if TYPE_CHECKING:
     from .array import Array
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 def key(seed: int, device=None) -> Array:
     """A key from an integer seed (the seed's low and high 32-bit words)."""
-    seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+    seed = index_of(seed, "a random seed") & 0xFFFFFFFFFFFFFFFF
     words = np.array([seed & 0xFFFFFFFF, seed >> 32], dtype=np.uint32).view(np.int32)
     return upload(words, _dt.int32, context_for(device))
 
@@ -44,7 +44,7 @@ _state = [0]
 
 def seed(value: int) -> None:
     """Reset the implicit key sequence used when no key is given."""
-    _state[0] = int(value)
+    _state[0] = index_of(value, "a random seed")
 
 
 def bits(shape, key: Array | None = None) -> Array:

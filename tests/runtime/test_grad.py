@@ -114,3 +114,30 @@ def test_unused_argument_gets_zeros_and_errors(dev):
     np.testing.assert_array_equal(gx.numpy(), np.full(3, 2.0))
     with pytest.raises(hal.InvalidArgumentError):
         rt.grad(lambda x: x * 2)(x)
+
+
+def test_grad_refuses_bad_functions_and_argnums_with_typed_errors(dev):
+    x = rt.array(np.arange(3, dtype=np.float32), device=dev)
+    f = lambda a, b=None: (a * a).sum()  # noqa: E731
+    for fn in (5, None, "f"):
+        with pytest.raises(rt.InvalidTypeError):
+            rt.grad(fn)
+    for argnums in (1.5, "a", None, [0, 1.5], object()):
+        with pytest.raises(rt.InvalidTypeError):
+            rt.value_and_grad(f, argnums=argnums)
+    for argnums in (1, -2, (0, 3)):
+        with pytest.raises(rt.InvalidValueError):
+            rt.grad(f, argnums=argnums)(x)
+    np.testing.assert_allclose(rt.grad(f, argnums=np.int64(0))(x).numpy(), 2 * np.arange(3))
+    np.testing.assert_allclose(rt.grad(f, argnums=-1)(x).numpy(), 2 * np.arange(3))
+
+
+def test_random_seeds_are_integers(dev):
+    for seed in (1.5, "3", None, object(), (1,)):
+        with pytest.raises(rt.InvalidTypeError):
+            rt.random.key(seed, device=dev)
+        with pytest.raises(rt.InvalidTypeError):
+            rt.random.seed(seed)
+    a = rt.random.uniform((4,), key=rt.random.key(np.int64(7), device=dev)).numpy()
+    b = rt.random.uniform((4,), key=rt.random.key(7, device=dev)).numpy()
+    np.testing.assert_array_equal(a, b)
