@@ -259,8 +259,14 @@ class Array(Node):
         return int(self._scalar())
 
     def __repr__(self) -> str:
-        body = np.array2string(self.numpy(), separator=", ", prefix="rt.Array(")
-        return f"rt.Array({body}, dtype={self.dtype.name}, device={self.ctx.device.info.uri!r})"
+        device = self.ctx.device.info.uri
+        try:
+            values = self.numpy()
+        except hal.HalError as exc:  # (a closed device, failed work: the repr says so rather than raise)
+            return (f"rt.Array(<unavailable: {type(exc).__name__}: {exc}>, shape={self.shape}, "
+                    f"dtype={self.dtype.name}, device={device!r})")
+        body = np.array2string(values, separator=", ", prefix="rt.Array(")
+        return f"rt.Array({body}, dtype={self.dtype.name}, device={device!r})"
 
     def __str__(self) -> str:
         return str(self.numpy())

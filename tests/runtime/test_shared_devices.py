@@ -127,3 +127,20 @@ def test_the_runtime_closes_no_device_it_did_not_open(uri):
                           "works": (rt.arange(2, device=dev) + 1).numpy().tolist()}}))
     """)
     assert got == {"closed": False, "shared": True, "works": [1, 2]}
+
+
+@pytest.mark.parametrize("uri", CPU)
+def test_arrays_of_a_closed_device_raise_typed_errors_and_still_print(uri):
+    device = hal.create_device(uri)
+    x = rt.array(np.ones((2, 2), np.float32), device=device)
+    evaluated, lazy, compiled = x + 1, x * 3, rt.compile(lambda a: a * 2)
+    rt.eval(evaluated)
+    compiled(x).numpy()
+    device.close()
+    for read in (evaluated.numpy, lazy.numpy, lambda: (x + 2).numpy(), lambda: compiled(x).numpy(),
+                 lambda: rt.asarray([1.0], device=device), lambda: rt.grad(lambda a: a.sum())(x).numpy(),
+                 lambda: x[0, 0].item(), lambda: rt.asarray(x, device=hal.open_device(uri)).numpy()):
+        with pytest.raises(hal.FailedPreconditionError):
+            read()
+    text = repr(x)
+    assert "unavailable: FailedPreconditionError" in text and "shape=(2, 2)" in text and "float32" in text
