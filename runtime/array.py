@@ -226,7 +226,7 @@ class Array(Node):
 
     def __len__(self) -> int:
         if not self.shape:
-            raise TypeError("len() of unsized object")
+            raise InvalidTypeError("len() of unsized object (a 0-d array)")
         return self.shape[0]
 
     def __iter__(self) -> Iterator[Array]:

@@ -326,6 +326,8 @@ def test_fill_values_and_scalars_out_of_range_give_typed_errors(dev):
     with pytest.raises(rt.InvalidTypeError):
         operator.index(rt.array(np.array(1.0), device=dev))
     assert operator.index(rt.array(np.array(3), device=dev)) == 3
+    with pytest.raises(rt.InvalidTypeError):
+        len(rt.array(np.array(1.0), device=dev))
 
 
 def test_slices_of_odd_bounds_and_ragged_data_give_typed_errors_or_numpy_results(dev):
