@@ -47,6 +47,7 @@ from .device import context_for
 from .errors import InvalidTypeError, InvalidValueError
 from .graph import PLACEHOLDER, Node, new_node
 from .lowering.key import collect
+from .shapes import sequence_of
 
 if TYPE_CHECKING:
     from .array import Array
@@ -285,7 +286,9 @@ def average_gradients(grads: Sequence[Array], group: Group, bucket_bytes: int = 
     bucket, and out of it into each gradient's own array): each gradient is reduced where it is, by its own
     all-reduce waiting for the whole bucket, so that the bucket's all-reduces share a dependency
     level and go out as one group, which NCCL runs as one launch (PyTorch's coalesced collectives)."""
-    grads = list(grads)
+    if not isinstance(group, Group):  # (checked before the buckets: each gradient's reduce checks it again)
+        raise InvalidValueError(f"average_gradients: group must be an rt.distributed.Group, got {type(group).__name__}")
+    grads = list(sequence_of(grads, "average_gradients' grads"))
     out: list = [None] * len(grads)
     made = _buckets(grads, bucket_bytes, "average_gradients")
     for number, bucket in enumerate(made):

@@ -308,6 +308,16 @@ def test_buckets_follow_the_backward_pass():
         rt.distributed.buckets([rt.arange(3, device=device)])
     with pytest.raises(rt.errors.InvalidTypeError, match="item 0"):
         rt.distributed.readiness([None])
+    for group in (None, 1.5, "g", device):
+        with pytest.raises(rt.errors.InvalidValueError, match="group"):
+            rt.distributed.average_gradients(small, group)
+    group = rt.distributed.init(device, rank=0, size=1)
+    try:
+        for grads in (None, 3, small[0]):
+            with pytest.raises(rt.errors.InvalidTypeError):
+                rt.distributed.average_gradients(grads, group)
+    finally:
+        group.close()
     device.close()
 
 
