@@ -19,6 +19,7 @@ import hal
 
 from . import dtypes as _dt
 from .device import context_for
+from .errors import InvalidTypeError, InvalidValueError
 from .graph import Node, raise_index_errors, upload
 from .host import to_numpy
 
@@ -182,10 +183,17 @@ def from_dlpack(obj, /, *, device=None, copy=None):
     """An Array holding a copy of any DLPack-exporting object (numpy, torch, cupy, another runtime Array)."""
     if isinstance(obj, Node):
         return obj
+    if not hasattr(obj, "__dlpack__"):
+        raise InvalidTypeError(f"from_dlpack takes an object with __dlpack__ (a DLPack producer), got "
+                               f"{type(obj).__name__}")
     ctx = context_for(device)
     dev = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (KDL_CPU, 0)
     if dev[0] in (KDL_CPU, KDL_CUDA_HOST):
-        host = np.from_dlpack(obj)
+        try:
+            host = np.from_dlpack(obj)
+        except (ValueError, TypeError) as exc:  # (BufferError, the protocol's refusal, passes through)
+            raise InvalidValueError(f"{type(obj).__name__}.__dlpack__ did not give a DLPack capsule numpy reads: "
+                                    f"{exc}") from None
     elif hasattr(obj, "cpu"):
         host = np.asarray(obj.cpu())  # torch-like tensors
     elif hasattr(obj, "get"):

@@ -59,6 +59,25 @@ def test_from_dlpack(device):
 
 
 @pytest.mark.parametrize("device", CPU)
+def test_from_dlpack_refuses_what_is_not_a_producer(device):
+    class NotACapsule:
+        def __dlpack__(self, **kwargs):
+            return 5
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    for obj in (None, 1.5, "x", object(), [1, 2]):
+        with pytest.raises(rt.InvalidTypeError):
+            rt.from_dlpack(obj, device=device)
+    with pytest.raises(rt.InvalidValueError):
+        rt.from_dlpack(NotACapsule(), device=device)
+    with pytest.raises(BufferError):  # the protocol's own refusal, from the producer
+        rt.from_dlpack(np.array(["a"]), device=device)
+    np.testing.assert_array_equal(rt.from_dlpack(np.ones(2), device=device).numpy(), np.ones(2))
+
+
+@pytest.mark.parametrize("device", CPU)
 def test_no_cuda_array_interface_off_cuda(device):
     x = rt.array(np.ones(2, np.float32), device=device)
     assert not hasattr(x, "__cuda_array_interface__")
