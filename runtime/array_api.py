@@ -236,7 +236,6 @@ def permute_dims(x, /, axes) -> Array:
     return ops.transpose(_arr(x), tuple(index_of(a, "an axis") for a in sequence_of(axes, "permute_dims axes")))
 
 
-
 def matrix_transpose(x, /) -> Array:
     x = _arr(x)
     if x.ndim < 2:

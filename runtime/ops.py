@@ -797,8 +797,6 @@ def full(shape, fill_value, dtype=None, device=None) -> Array:
         src = broadcast_to(constant(value, dt, ctx), shape)
         return new_node("copy", (src,), dt, shape, dt, ctx)
     else:
-        if isinstance(fill_value, complex):
-            raise InvalidTypeError(f"a complex fill value for {dt.name}")
         value = float(fill_value)
     ctx.check_fits(shape, dt)
     bits = fill_bits(value, dt)

@@ -35,9 +35,9 @@ def index_of(value, what: str) -> int:
 
 
 def sequence_of(values, what: str) -> list:
-    """``values`` (a list, tuple or other iterable that is not an array or a string) as a list;
+    """``values`` (a list, tuple, array or other iterable that is not a string) as a list;
     InvalidTypeError naming ``what`` for anything else."""
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__") or hasattr(values, "__array_namespace__"):
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise InvalidTypeError(f"{what} must be a sequence, got {type(values).__name__}")
     return list(values)
 
