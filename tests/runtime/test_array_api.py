@@ -296,6 +296,10 @@ def test_shapes_axes_counts_and_sequences_must_be_integers_and_sequences(dev):
     # the same calls with what numpy takes
     same(rt.broadcast_to(X[:1], (2, 3, 4)), np.broadcast_to(x[:1], (2, 3, 4)))
     same(rt.permute_dims(X, [np.int64(1), 0]), x.T)
+    same(rt.permute_dims(X, np.array([1, 0])), x.T)
+    same(rt.permute_dims(X, rt.array(np.array([1, 0]), device=dev)), x.T)
+    same(rt.tile(X, np.array([2, 1])), np.tile(x, (2, 1)))
+    same(rt.stack(X), np.stack(x))
     same(rt.tile(X, 2), np.tile(x, 2))
     same(rt.tile(X, (np.int32(2), 1)), np.tile(x, (2, 1)))
     same(rt.roll(X, np.int64(5), axis=1), np.roll(x, 5, axis=1))
