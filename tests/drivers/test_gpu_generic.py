@@ -121,6 +121,17 @@ def test_device_options_are_validated(fake_driver):
             fake_driver.create_device(**bad)
 
 
+def test_a_queue_stream_for_interop_takes_a_queue_index(fake_driver):
+    device = fake_driver.create_device(queue_count=2)
+    try:
+        assert device.stream(0) is not None and device.stream(np.int64(1)) is not device.stream(0)
+        for bad in (2, -1, 1.5, None, "0", 2**70):
+            with pytest.raises(hal.InvalidArgumentError):
+                device.stream(bad)
+    finally:
+        device.close()
+
+
 # -- command buffers ---------------------------------------------------------------------------------
 
 def test_mode_selection(fake_driver):

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hal.buffer import Buffer
+from hal.checks import check_queue
 from hal.command_buffer import Binding, CommandBuffer
 from hal.device import Device
 from hal.drivers.gpu.allocator import DEVICE_MEMORY, Allocation, GpuAllocator, wants_host_memory
@@ -147,8 +148,9 @@ class GpuDevice(Device):
         return self.gpu.closed_for_good
 
     def stream(self, queue: int) -> Any:
-        """The stream of queue ``queue`` (None once the device is closed)."""
-        return self.queues[queue].stream
+        """The stream of queue ``queue`` (None once the device is closed): for interop, work of other
+        libraries ordered with the queue's."""
+        return self.queues[check_queue(self, queue)].stream
 
     # -- objects -------------------------------------------------------------------------
     def _create_semaphore(self, initial_value: int) -> Semaphore:
