@@ -468,6 +468,12 @@ def take(x, indices, /, *, axis=None, mode="raise") -> Array:
     mid = ops.reshape(idx, idx.shape + (1,) * (x.ndim - axis - 1))
     flat = (o_flat * n + mid) * inner + i_flat
     out_shape = outer + idx.shape + x.shape[axis + 1:]
+    if bad is not None and idx.size and 0 in out_shape:
+        # An empty result of indices computed on the device: nothing gathers, so a checked gather of
+        # the indices alone (from zeros of the axis' length) runs for the result, an empty view of it.
+        probe = gather_flat(ops.zeros((n,), dtype=x.dtype, device=x.ctx), ops.reshape(idx, (-1,)),
+                            ops.reshape(bad, (-1,)))
+        return ops.reshape(probe[0:0], out_shape)
     if bad is not None:
         bad = ops.reshape(bad, idx.shape + (1,) * (x.ndim - axis - 1))
     return gather_flat(x, ops.broadcast_to(flat, out_shape) if isinstance(flat, Node) else flat, bad)

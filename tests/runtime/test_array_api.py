@@ -241,6 +241,16 @@ def test_repeat_and_take_over_empty_axes_give_numpy_shapes(dev, shape):
             same(rt.take(X, rt.array(host, device=dev), axis=axis), np.take(x, host, axis=axis))
 
 
+def test_take_of_an_empty_result_still_checks_device_indices(dev):
+    """numpy raises for an index out of range even where the result is empty (no row to take from)."""
+    X = rt.array(np.zeros((0, 3), np.float32), device=dev)
+    for indices in ([5], [-4], [0, 3]):
+        with pytest.raises(IndexError):
+            rt.take(X, rt.array(np.array(indices), device=dev), axis=1).numpy()
+    same(rt.take(X, rt.array(np.array([2, -1]), device=dev), axis=1), np.take(np.zeros((0, 3), np.float32), [2, -1],
+                                                                             axis=1))
+
+
 def test_repeat_refuses_counts_numpy_refuses_with_typed_errors(dev):
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     X = rt.array(x, device=dev)
