@@ -17,7 +17,7 @@ import numpy as np
 from . import dtypes as _dt
 from . import ops
 from .array_api import gather_flat
-from .errors import InvalidIndexError
+from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
 from .graph import Node
 from .shapes import broadcast_shapes, contiguous_strides, parse_index
 
@@ -267,6 +267,8 @@ class _At:
         key = tuple(np.asarray(k.numpy()) if isinstance(k, Node) else k for k in
                     (self.key if isinstance(self.key, tuple) else (self.key,)))
         val = np.asarray(value.numpy()) if isinstance(value, Node) else np.asarray(value)
+        if val.dtype.kind not in "biufc":
+            raise InvalidTypeError(f"an update value must be numeric data, got {val.dtype}")
         ufunc = {None: None, ops.add: np.add, ops.multiply: np.multiply, ops.minimum: np.minimum,
                  ops.maximum: np.maximum}[combine]
         try:
@@ -276,4 +278,6 @@ class _At:
                 ufunc.at(host, key, val.astype(host.dtype))
         except IndexError as exc:
             raise InvalidIndexError(str(exc)) from None
+        except ValueError as exc:  # values that do not broadcast to what the indices select
+            raise InvalidValueError(str(exc)) from None
         return ops.asarray(host, dtype=x.dtype, device=x.ctx)

@@ -134,6 +134,12 @@ def test_functional_updates(data):
     same(X.at[X > 3].set(0), want)
     with pytest.raises(TypeError, match="at"):
         X[0] = 1
+    # values that do not broadcast to what array indices select, or are not numbers: typed errors
+    for value, error in ((np.ones(5), rt.InvalidValueError), ("s", rt.InvalidTypeError)):
+        for update in ("set", "add", "max"):
+            with pytest.raises(error):
+                getattr(X.at[[0, 1]], update)(value)
+    same(X.at[[0, 1]].set(np.zeros(4, np.float32)), np.zeros_like(x))  # (and the device stays usable)
 
 
 def test_manipulation(data):
