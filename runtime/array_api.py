@@ -569,6 +569,9 @@ def prod(x, /, *, axis=None, dtype=None, keepdims=False) -> Array:
 
 def var(x, /, *, axis=None, correction=0.0, keepdims=False) -> Array:
     x = _arr(x)
+    if not isinstance(correction, (int, float, np.integer, np.floating)):
+        raise InvalidTypeError(f"var and std take a real correction (degrees of freedom), got {correction!r}")
+    correction = float(correction)  # (a Python number: a numpy scalar would promote the result, NEP 50)
     if not x.dtype.is_float:
         x = ops.astype(x, _dt.float_result(x.dtype))
     axes = normalize_axes(axis, x.ndim)
@@ -633,8 +636,11 @@ def diff(x, /, *, axis=-1, n=1, prepend=None, append=None) -> Array:
     parts = [p for p in (prepend, x, append) if p is not None]
     if len(parts) > 1:
         x = concat([_arr(p) for p in parts], axis=axis)
+    n = index_of(n, "diff's order n")
+    if n < 0:
+        raise InvalidValueError(f"diff's order n must be non-negative, got {n}")
     pre = (slice(None),) * axis
-    for _ in range(n):
+    for _ in range(builtins.min(n, x.shape[axis])):  # (past the axis' length the result stays empty)
         a, b = x[pre + (slice(1, None),)], x[pre + (slice(None, -1),)]
         x = ops.not_equal(a, b) if x.dtype is _dt.bool_ else a - b
     return x

@@ -508,6 +508,8 @@ def where(cond, x, y) -> Array:
 def reduction(op: str, x, axis, keepdims: bool) -> Array:
     if not isinstance(x, Node):
         x = asarray(x)
+    if keepdims.__class__ is not bool:  # (numpy takes any truth value; the memo's key needs a bool)
+        keepdims = builtins.bool(keepdims)
     # Memoized for None and int axes only: a tuple may hold anything (an array, kept alive here).
     key = (op, x.shape, x.dtype, axis, keepdims) if axis is None or type(axis) is int else None
     sig = _reductions.get(key) if key is not None else None

@@ -379,6 +379,23 @@ def test_python_integers_past_float64_precision_stay_exact_in_uint64_and_int64(d
         rt.asarray(big, dtype=rt.int64, device=dev)
 
 
+def test_diff_orders_corrections_and_keepdims_as_numpy_takes_them(dev):
+    x = np.arange(8.0, dtype=np.float32).reshape(2, 4) ** 2
+    X = rt.array(x, device=dev)
+    for n in (0, 1, 3, 4, 9, 2**70):  # (an order past the axis' length: empty, without building 2**70 nodes)
+        same(rt.diff(X, n=n), np.diff(x, n=min(n, 9)))
+    for n, error in ((-1, rt.InvalidValueError), (1.5, rt.InvalidTypeError), ("2", rt.InvalidTypeError)):
+        with pytest.raises(error):
+            rt.diff(X, n=n)
+    same(rt.var(X, correction=np.int64(1)), np.var(x, ddof=1))
+    same(rt.std(X, axis=1, correction=0.5), np.std(x, axis=1, ddof=0.5))
+    for correction in ("a", None, [1]):
+        with pytest.raises(rt.InvalidTypeError):
+            rt.var(X, correction=correction)
+    same(rt.sum(X, axis=1, keepdims=[0, 1]), np.sum(x, axis=1, keepdims=True))  # any truth value, as numpy
+    same(rt.max(X, axis=0, keepdims=np.bool_(False)), np.max(x, axis=0))
+
+
 def test_vecdot_keeps_small_integer_dtypes_and_reshape_takes_shape_by_name(dev):
     xp = rt.array(np.zeros(1), device=dev).__array_namespace__()
     a = np.array([[1, 2, 3], [4, 5, 6]], np.uint8)
