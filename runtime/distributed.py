@@ -288,6 +288,8 @@ def average_gradients(grads: Sequence[Array], group: Group, bucket_bytes: int = 
     level and go out as one group, which NCCL runs as one launch (PyTorch's coalesced collectives)."""
     if not isinstance(group, Group):  # (checked before the buckets: each gradient's reduce checks it again)
         raise InvalidValueError(f"average_gradients: group must be an rt.distributed.Group, got {type(group).__name__}")
+    if isinstance(grads, Node):
+        raise InvalidTypeError("average_gradients takes a sequence of gradients, not one array")
     grads = list(sequence_of(grads, "average_gradients' grads"))
     out: list = [None] * len(grads)
     made = _buckets(grads, bucket_bytes, "average_gradients")
