@@ -11,7 +11,6 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
-import hal
 from hal import tracing
 
 from .. import graph_cache
@@ -46,7 +45,10 @@ def evaluate(arrays: tuple | list) -> None:
         st = r.storage
         if st is None:
             if r.op == PLACEHOLDER:
-                raise hal.FailedPreconditionError("cannot evaluate a traced placeholder outside rt.compile")
+                raise TracingError(  # (a FailedPreconditionError too)
+                    "this array stands for an argument of a function rt.compile traces: its value is not known "
+                    "while tracing (Python control flow on array values, bool(), float(), .item(), .numpy(), "
+                    "cannot be compiled; select with rt.where), nor after the trace (each call has its own)")
             by_ctx.setdefault(r.ctx, []).append(r)
         elif st.ctx is not None and st.ready > st.ctx.flushed:  # a queued replay computes it: start it now
             st.ctx.flush()

@@ -169,6 +169,12 @@ def test_control_flow_inside_compile_names_the_op(dev):
         f(rt.array(np.ones(3, np.float32), device=dev))
     with pytest.raises(TypeError):
         rt.compile(lambda x: float(x.max()))(rt.array(np.ones(3, np.float32), device=dev))
+    # reading an argument itself while tracing, or after the trace through a leaked reference
+    leaked = []
+    with pytest.raises(rt.TracingError, match="argument of a function rt.compile traces"):
+        rt.compile(lambda x: leaked.append(x) or x.numpy())(rt.array(np.ones(3, np.float32), device=dev))
+    with pytest.raises(rt.TracingError):
+        leaked[0].numpy()
     g = rt.compile(lambda x: x + 1)
     same(g(rt.array(np.ones(2, np.float32), device=dev)), np.full(2, 2, np.float32))
 
