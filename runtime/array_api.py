@@ -344,10 +344,11 @@ def tile(x, repetitions, /) -> Array:
     nd = builtins.max(len(reps), x.ndim)
     reps = (1,) * (nd - len(reps)) + reps
     shape = (1,) * (nd - x.ndim) + x.shape
-    x.ctx.check_fits(tuple(r * d for r, d in zip(reps, shape)), x.dtype)
+    out_shape = tuple(r * d for r, d in zip(reps, shape))
+    x.ctx.check_fits(out_shape, x.dtype)
     expanded = ops.reshape(x, tuple(v for d in shape for v in (1, d)))
     target = tuple(v for r, d in zip(reps, shape) for v in (r, d))
-    return ops.reshape(ops.contiguous(ops.broadcast_to(expanded, target)), tuple(r * d for r, d in zip(reps, shape)))
+    return ops.reshape(ops.contiguous(ops.broadcast_to(expanded, target)), out_shape)
 
 
 def _repeat_counts(repeats, n: int) -> int | np.ndarray:
@@ -365,11 +366,7 @@ def _repeat_counts(repeats, n: int) -> int | np.ndarray:
         if np.any(counts < 0):
             raise InvalidValueError("repeats must be non-negative")
         return int(counts.reshape(-1)[0]) if counts.size == 1 else counts  # (one count: as for an int)
-    try:
-        count = operator.index(repeats)
-    except TypeError:
-        raise InvalidTypeError(f"repeats must be an integer or an array of integers, got {type(repeats).__name__}") \
-            from None
+    count = index_of(repeats, "repeats (an integer or an array of integers)")
     if count < 0:
         raise InvalidValueError("repeats must be non-negative")
     return count

@@ -100,14 +100,13 @@ def asarray(x, dtype=None, device=None, copy=None) -> Array:
     ctx = context_for(device)
     if hasattr(x, "__dlpack__") and not isinstance(x, (np.ndarray, np.generic)):
         return asarray(from_dlpack(x, device=ctx), dtype=dtype)
-    host = None
-    if dtype is not None:
+    if dtype is None:
+        host, dt = host_data(x)
+    else:
         dt = _dt.as_dtype(dtype)
         host = _exact_integers(x, dt)
-    if host is None:
-        host, inferred = host_data(x)
-        dt = inferred if dtype is None else dt
-    if dtype is not None:
+        if host is None:
+            host = host_data(x)[0]
         if host.dtype.kind == "c" and not dt.is_complex and dt is not _dt.bool_:
             raise InvalidTypeError(f"asarray: complex data does not cast to {dt.name} (take its real or imaginary "
                                    "part first)")
