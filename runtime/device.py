@@ -14,6 +14,13 @@ from .buffer_cache import BufferCache
 from .errors import ArrayTooLargeError
 from .graph_cache import GraphCache
 
+#: The most elements an array may have on any device. The kernels (CUDA C on the GPU drivers, their
+#: numpy functions on the CPU drivers) take sizes, strides and offsets as 32-bit dispatch constants:
+#: in an array of more elements, or a view into one, a stride would wrap and the kernel read outside
+#: its buffer (a fault on a GPU, a crash of the process on a CPU). Within the limit every element of
+#: an array, and of any view of it, lies at a position the constants hold.
+MAX_ELEMENTS = 2**31 - 1
+
 MAX_IN_FLIGHT = env.integer("RUNTIME_MAX_IN_FLIGHT", 4, minimum=1)  # submissions handed over before the host waits
 #: Replays of compiled functions queued into one submission at most (1: each submitted on its own).
 #: Batching is what MLX's command encoder does with its ops: the submission's fixed host cost (fences,
@@ -60,13 +67,19 @@ class DeviceContext:
         self.failed: dict = {}
 
     def check_fits(self, shape: tuple, dtype) -> None:
-        """ArrayTooLargeError for an array no buffer of this device can hold, views included (whatever
-        reads a view of that size computes a result as large, or reads that many elements).
+        """ArrayTooLargeError for an array no buffer of this device can hold, or of more elements than the
+        kernels address (MAX_ELEMENTS), views included (whatever reads a view of that size computes a
+        result as large, or reads that many elements).
 
         Called where an op can make an array larger than its inputs (creation, broadcasting, products),
         so that the error comes when the op is built, not later from the evaluation it would poison.
         """
-        n = dtype.itemsize * prod(shape)
+        count = prod(shape)
+        if count > MAX_ELEMENTS:
+            raise ArrayTooLargeError(
+                f"an array of shape {shape} has {count} elements, more than the {MAX_ELEMENTS} (2**31 - 1) the "
+                "runtime's kernels address (their sizes, strides and offsets are 32-bit)")
+        n = dtype.itemsize * count
         if n > self.max_array_bytes:
             raise ArrayTooLargeError(
                 f"an array of shape {shape} and dtype {dtype.name} needs {n} bytes, more than the largest "

@@ -23,8 +23,9 @@ class InvalidTypeError(hal.InvalidArgumentError, TypeError):
 
 
 class ArrayTooLargeError(hal.ResourceExhaustedError):
-    """An array larger than the device's largest allocation, raised when the op making it is built (out of
-    memory, as the allocation would have been)."""
+    """An array larger than the device's largest allocation (out of memory, as the allocation would have
+    been), or of more than 2**31 - 1 elements (the most the runtime's kernels address), raised when the op
+    making it is built."""
 
 
 class ScalarOverflowError(hal.InvalidArgumentError, OverflowError):

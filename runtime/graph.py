@@ -165,6 +165,7 @@ def root_of(a: Node) -> Node:
 def upload(data: np.ndarray, dtype: _dt.DType, ctx: DeviceContext) -> Array:
     """Copy host data into a fresh device buffer (synchronous; the buffer is idle)."""
     shape = tuple(data.shape)
+    ctx.check_fits(shape, dtype)  # (before the host copy: the data may be a broadcast view)
     host = np.ascontiguousarray(_dt.convert_host(data, dtype))
     nbytes = host.nbytes
     buf, bucket = ctx.buffers.acquire(nbytes)
