@@ -288,7 +288,10 @@ def clear_graph_cache(device: Any = None) -> None:
     """Drop the recordings of every graph (of one device, if given)."""
     ctxs = [context_for(device)] if device is not None else contexts()
     for ctx in ctxs:
-        ctx.graphs.clear()
+        # Under the lock an evaluation holds from its cache pick to its submission: a recording it
+        # picked is not dropped under it (it raised "this computation's recording was released").
+        with ctx.lock:
+            ctx.graphs.clear()
 
 
 def synchronize(device: Any = None) -> None:

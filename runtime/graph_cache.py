@@ -65,8 +65,8 @@ class GraphCache:
 
     def _evict(self) -> None:
         while self._entries and (len(self._entries) > self.max_entries or self.bytes > self.max_bytes):
-            if len(self._entries) == 1 and len(self._entries) <= self.max_entries:
-                break  # the newest entry always stays, even when alone it exceeds max_bytes
+            if len(self._entries) == 1:
+                break  # the newest entry always stays, alone beyond either limit: its evaluation runs it
             _, victim = self._entries.popitem(last=False)
             if victim is self._newest:
                 self._newest = None

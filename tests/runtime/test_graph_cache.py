@@ -123,6 +123,13 @@ def test_eviction_by_entries_and_bytes(dev):
         cache.max_bytes = 1
         rt.eval(x + rt.full((5,), 99.0, device=dev))
         assert len(cache) == 1
+        # No room at all (RUNTIME_GRAPH_CACHE_ENTRIES=0): each evaluation still runs the recording it
+        # made, which stays alone (it was dropped on insertion, and the evaluation failed).
+        cache.max_entries = 0
+        for k in range(3):
+            np.testing.assert_allclose((x * float(k + 2) + rt.full((5,), float(k), device=dev)).numpy(),
+                                       np.full(5, 2.0 + 2 * k))
+            assert len(cache) == 1
     finally:
         cache.max_entries, cache.max_bytes = old_entries, old_bytes
 
@@ -510,3 +517,42 @@ def test_compiled_replays_submit_prepared_executions(dev, monkeypatch):
     np.testing.assert_allclose(w.numpy(), expected, rtol=1e-6)
     assert all(n > 1 for n in prepared), prepared  # only batches of queued replays, each prepared once
     assert len(prepared) <= 3, prepared
+
+
+def test_clearing_from_another_thread_waits_for_an_evaluation_in_progress(dev, monkeypatch):
+    """rt.clear_graph_cache() landing between an evaluation's cache pick and its submission used to
+    drop the recording under it: the evaluation raised that its recording was released."""
+    import threading
+    import time
+
+    from runtime.graph_cache import GraphCache
+
+    x = rt.array(np.arange(6, dtype=np.float32), device=dev)
+    rt.eval(model(x.reshape(2, 3), rt.ones((3, 2), device=dev)))  # the graph is cached
+    picked, cleared = threading.Event(), threading.Event()
+    real_get = GraphCache.get
+
+    def get_then_pause(self, graph_key):
+        entry = real_get(self, graph_key)
+        if entry is not None and threading.current_thread() is threading.main_thread() and not picked.is_set():
+            picked.set()
+            time.sleep(0.1)  # the clearing thread runs meanwhile
+        return entry
+
+    def clear():
+        picked.wait(10)
+        rt.clear_graph_cache(dev)
+        cleared.set()
+
+    monkeypatch.setattr(GraphCache, "get", get_then_pause)
+    clearer = threading.Thread(target=clear)
+    clearer.start()
+    y = model(x.reshape(2, 3), rt.ones((3, 2), device=dev))
+    rt.eval(y)
+    clearer.join(10)
+    assert picked.is_set() and cleared.is_set()
+    host = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_allclose(y.numpy(), np.tanh(host @ np.ones((3, 2)) + 1.0).sum(axis=0), rtol=1e-5)
+    assert len(context_for(dev).graphs) == 0
+    # and the next evaluation records the graph again
+    np.testing.assert_allclose(model(x.reshape(2, 3), rt.ones((3, 2), device=dev)).numpy(), y.numpy())
