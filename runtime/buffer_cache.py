@@ -10,6 +10,11 @@ remembers the fence of the last submission that touched it:
   runs after the work that last read it; the host never waits for that.
 - host use (`host=True`: a synchronous upload writes the buffer from the host):
   only buffers whose fence the timeline has reached.
+
+A buffer goes back to the device (beyond the cache's limit, or trimmed) only once the submission
+its fence names was handed to the device (``handed_over``): rt.compile's replays queue in the
+runtime before they are submitted (``DeviceContext.submit``), and a queued replay still binds the
+buffers it was recorded with.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ def bucket_size(nbytes: int) -> int:
 
 
 class BufferCache:
-    __slots__ = ("_device", "_free", "free_bytes", "limit_bytes", "allocated_bytes", "hits", "misses", "completed")
+    __slots__ = ("_device", "_free", "free_bytes", "limit_bytes", "allocated_bytes", "hits", "misses", "completed",
+                 "handed_over")
 
     def __init__(self, device: hal.Device, limit_bytes: int | None = None) -> None:
         self._device = device
@@ -50,6 +56,7 @@ class BufferCache:
         self.hits = 0
         self.misses = 0
         self.completed = 0  # the timeline value known reached (host use needs fence <= completed)
+        self.handed_over = 0  # the timeline value through which submissions reached the device
 
     def acquire(self, nbytes: int, prefer: hal.Buffer | None = None, host: bool = True) -> tuple[hal.Buffer, int]:
         """A buffer of at least nbytes (see the module doc for `host`); returns (buffer, bucket)."""
@@ -112,10 +119,12 @@ class BufferCache:
         """Give a buffer back; `fence` is the last submission that touches it."""
         if self.free_bytes + bucket > self.limit_bytes:
             self.trim(max(0, self.limit_bytes - bucket))
-            if self.free_bytes + bucket > self.limit_bytes:
+            if self.free_bytes + bucket > self.limit_bytes and fence <= self.handed_over:
                 self.allocated_bytes -= bucket
                 buffer.release()  # drivers free memory only once the work queued before has completed
                 return
+            # (else a replay queued in the runtime binds it: cached beyond the limit until a trim
+            # after the hand-over)
         self._free.setdefault(bucket, {})[id(buffer)] = (buffer, fence)
         self.free_bytes += bucket
 
@@ -125,11 +134,17 @@ class BufferCache:
             self.completed = completed
 
     def trim(self, keep_bytes: int = 0) -> None:
-        """Release free buffers until at most `keep_bytes` stay cached (largest first)."""
+        """Release free buffers until at most `keep_bytes` stay cached (largest first), but none that a
+        replay still queued in the runtime binds (its fence not handed over)."""
+        handed_over = self.handed_over
         for bucket in sorted(self._free, reverse=True):
             lst = self._free[bucket]
-            while lst and self.free_bytes > keep_bytes:
-                buf, _ = lst.popitem()[1]
+            for key, (buf, fence) in list(lst.items()):
+                if self.free_bytes <= keep_bytes:
+                    return
+                if fence > handed_over:
+                    continue
+                del lst[key]
                 buf.release()
                 self.free_bytes -= bucket
                 self.allocated_bytes -= bucket

@@ -161,7 +161,7 @@ class DeviceContext:
             raise
         if queued:
             self.queued = []
-        self.flushed = value
+        self.flushed = self.buffers.handed_over = value
         self.in_flight.append(value)
 
     def forget_batches(self) -> None:

@@ -157,7 +157,7 @@ def submit(ctx: DeviceContext, rec: Recording, ext: list, queue: bool = False) -
     except BaseException:
         release = ctx.buffers.release
         for bucket, buf in zip(rec.buckets, table[rec.n_ext:]):
-            release(buf, bucket)
+            release(buf, bucket, ctx.submitted)  # (a replay queued earlier may bind a buffer taken again)
         raise
     if rec.temps:
         release = ctx.buffers.release

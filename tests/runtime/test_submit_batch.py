@@ -191,3 +191,24 @@ def test_queued_replays_of_a_closed_device_fail_instead_of_waiting(uri):
     with pytest.raises(hal.HalError):  # a call after the close is refused at once, not queued
         step(first, b)
     assert not ctx.queued
+
+
+def test_a_full_buffer_cache_frees_no_buffer_a_queued_replay_binds(dev, submissions, monkeypatch):
+    """A buffer given back beyond the cache's limit went to the device at once, though a replay
+    queued in the runtime still bound it: handing the batch over then raised that a binding-table
+    buffer had been released. It now waits in the cache until its replay was handed over."""
+    cache = context_for(dev).buffers
+    monkeypatch.setattr(cache, "limit_bytes", 0)  # RUNTIME_BUFFER_CACHE_BYTES=0: nothing stays cached
+    w_np, b_np, w, b = _inputs(dev, seed=4)
+    step = rt.compile(affine)
+    rt.synchronize(dev)
+    submissions.clear()
+    # Each argument is an eager array that dies as the call returns, while the replay reading it
+    # waits in the queue (the eager evaluation keeps the device busy).
+    outs = [step(w + float(k), b) for k in range(12)]
+    for k, out in enumerate(outs):
+        np.testing.assert_allclose(out.numpy(), reference(w_np + np.float32(k), b_np, 1)[0], rtol=1e-5, atol=1e-6)
+    assert max(submissions) > 1  # replays were queued and batched
+    rt.synchronize(dev)
+    cache.trim(0)
+    assert cache.free_bytes == 0  # once handed over, every buffer kept beyond the limit goes back
