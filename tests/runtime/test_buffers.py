@@ -204,3 +204,23 @@ def test_a_failed_timeline_raises_for_its_work_and_the_context_goes_on() -> None
         assert (a - 1.0).numpy().tolist() == [-1, 0, 1, 2]
     finally:
         device.close()
+
+
+def test_a_long_lazy_chain_evaluates_in_memory_linear_in_its_length(dev):
+    """Each dispatch of a CPU driver's reusable command buffer kept a copy of the whole binding table
+    (one slot per array of the graph): a chain of n pending ops held n copies of n slots, 800 MB
+    for 10,000 ops, and 100,000 ran out of memory."""
+    import tracemalloc
+
+    x = rt.ones(4, device=dev)
+    for _ in range(6000):
+        x = x + 1.0
+    tracemalloc.start()
+    try:
+        x.eval()
+        values = x.numpy()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(values, np.full(4, 6001.0))
+    assert peak < 64 << 20, f"{peak / 1e6:.0f} MB traced while evaluating the chain"
