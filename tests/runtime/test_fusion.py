@@ -42,6 +42,31 @@ def test_chain_is_one_dispatch(gpu_like, recordings):
     assert len(rec.fresh) == 1, "only the result gets a buffer"
 
 
+def test_a_long_chain_is_cut_into_kernels_of_at_most_max_fused_ops(gpu_like, recordings, monkeypatch):
+    """A fused kernel of every op of a long chain took NVRTC minutes (time superlinear in its ops:
+    94 s for 400 `sin(x) + 1` steps): the chain is cut, and its alike segments share one kernel."""
+    monkeypatch.setattr(fusion, "MAX_FUSED_OPS", 8)
+    specs = []
+    real = fused.fused_source
+
+    def spy(spec):
+        specs.append(spec)
+        return real(spec)
+
+    monkeypatch.setattr(fused, "fused_source", spy)
+    a = np.linspace(-2, 2, 257, dtype=np.float32)
+    x = rt.array(a, device=gpu_like)
+    expected = a.copy()
+    for _ in range(20):  # 40 ops
+        x = rt.sin(x) + 1.0
+        expected = (np.sin(expected) + np.float32(1.0)).astype(np.float32)
+    np.testing.assert_allclose(x.numpy(), expected, rtol=1e-5, atol=1e-5)
+    rec = recordings[-1]
+    assert rec.fused == rec.dispatches == 5  # 40 ops, 8 a kernel
+    assert specs and max(len(spec.members) for spec in specs) <= 8
+    assert len({spec.key for spec in specs}) <= 3  # the first segment, the alike middle ones, the last
+
+
 @pytest.mark.parametrize("n", [4096, 4099])  # vectors of 4 and, unaligned, single elements
 def test_costly_chains_loop_over_a_capped_grid(gpu_like, monkeypatch, n):
     """A chain of two or more costly ops (roots, library math) runs at most LOOPING_GRID workgroups,
