@@ -30,6 +30,7 @@ from hal import env
 
 from .. import distributed
 from ..kernels import concat, elementwise, fft, gather, linalg, matmul, pad, random, reduce
+from ..kernels import fused as fused_kernels
 from ..kernels import rows as row_kernels
 from ..kernels.fused import FUSABLE_DTYPES, FusedSpec
 from ..kernels.fused import plan as plan_fused
@@ -40,11 +41,6 @@ from . import epilogues, row_groups
 #: RUNTIME_FUSION=0: every elementwise node its own kernel on GPUs. Read once, at import: every eval
 #: asks (an environment look-up was a twentieth of a one-op eval's bytecodes).
 ENABLED = env.switch("RUNTIME_FUSION", True)
-#: The most elementwise ops one fused kernel computes: a longer chain is cut into kernels of this
-#: many, each output written and read once more. NVRTC's time grows faster than the kernel: a chain
-#: of `sin(x) + 1` compiled (sm_90, on a CI-class CPU) in 1.9 s at 32 ops, 5.1 s at 64, 14 s at 100
-#: and 94 s at 400; the cut segments of a chain are alike, so one kernel serves each of them.
-MAX_FUSED_OPS = 64
 
 
 def enabled(ctx) -> bool:
@@ -289,7 +285,7 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
 def _pick_group(candidates, node, srcs: list, variants: list, order: list, unit_of: list, ready: list,
                 n: int) -> Unit | None:
     """A fused group of n elements `node` can join without running later than the group does (and
-    with room: MAX_FUSED_OPS).
+    with room: ``kernels.fused.MAX_OPS``).
 
     Every input that is not a member read element for element must be ready before the
     group's level. Groups `node` reads element for element come first (their values stay
@@ -297,7 +293,7 @@ def _pick_group(candidates, node, srcs: list, variants: list, order: list, unit_
     """
     best = None
     for group in candidates:
-        if len(group.members) >= MAX_FUSED_OPS:
+        if len(group.members) >= fused_kernels.MAX_OPS:
             continue
         ext = 0
         connected = False

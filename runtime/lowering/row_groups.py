@@ -26,7 +26,7 @@ outside the group reads stay on chip; the others are the program's outputs.
 from __future__ import annotations
 
 from .. import dtypes as _dt
-from ..kernels import rows
+from ..kernels import fused, rows
 from ..ops import ELEMENTWISE
 from ..shapes import broadcast_strides, collapse, contiguous_strides, size_of
 
@@ -134,7 +134,9 @@ class _Search:
         return out
 
     def add(self, G: RowGroup, i: int, full: bool) -> bool:
-        """Add node i to G if it is readable there and G stays valid."""
+        """Add node i to G if it is readable there, G has room (``kernels.fused.MAX_OPS``) and stays valid."""
+        if len(G.full) >= fused.MAX_OPS:
+            return False
         ops = self.operands(i, G, full)
         if ops is None:
             return False
@@ -157,28 +159,34 @@ class _Search:
         return False
 
     def pull(self, G: RowGroup, j) -> None:
-        """Take the elementwise node j producing a full operand of G into G, then its own producers."""
-        if j is None or j in self.skip or j in self.group_of or j in G.full:
-            return
-        node = self.order[j]
-        if not _elementwise(node) or node.size != G.O * G.N:
-            return
-        # Only a producer read element for element by its reader in G joins (checked by the caller).
-        if not self.add(G, j, True):
-            return
-        for inp in node.inputs:
-            p = self.index.get(id(inp.root))
-            if p is None or p in G.full:
+        """Take the elementwise node j producing a full operand of G into G, then its own producers,
+        depth first (a stack, not recursion: a chain of thousands of ops raised RecursionError)."""
+        stack = [j]
+        while stack:
+            j = stack.pop()
+            if j is None or j in self.skip or j in self.group_of or j in G.full:
                 continue
-            producer = self.order[p]
-            layout = _layout(inp, node.shape, G.O, G.N, True)
-            if layout is not None and producer.size == G.O * G.N and _identity(layout, G):
-                self.pull(G, p)
+            node = self.order[j]
+            if not _elementwise(node) or node.size != G.O * G.N:
+                continue
+            # Only a producer read element for element by its reader in G joins (checked where pushed).
+            if not self.add(G, j, True):
+                continue
+            producers = []
+            for inp in node.inputs:
+                p = self.index.get(id(inp.root))
+                if p is None or p in G.full:
+                    continue
+                producer = self.order[p]
+                layout = _layout(inp, node.shape, G.O, G.N, True)
+                if layout is not None and producer.size == G.O * G.N and _identity(layout, G):
+                    producers.append(p)
+            stack.extend(reversed(producers))  # the first input's producers first, as recursion would
 
     def merge(self, groups: list):
         """One group of every group in `groups` (of one space), or None if they cannot be one."""
         G = groups[0]
-        if any((H.O, H.N) != (G.O, G.N) for H in groups[1:]):
+        if any((H.O, H.N) != (G.O, G.N) for H in groups[1:]) or sum(len(H.full) for H in groups) > fused.MAX_OPS:
             return None
         M = RowGroup(G.O, G.N)
         for H in groups:

@@ -42,10 +42,10 @@ def test_chain_is_one_dispatch(gpu_like, recordings):
     assert len(rec.fresh) == 1, "only the result gets a buffer"
 
 
-def test_a_long_chain_is_cut_into_kernels_of_at_most_max_fused_ops(gpu_like, recordings, monkeypatch):
+def test_a_long_chain_is_cut_into_kernels_of_at_most_max_ops(gpu_like, recordings, monkeypatch):
     """A fused kernel of every op of a long chain took NVRTC minutes (time superlinear in its ops:
     94 s for 400 `sin(x) + 1` steps): the chain is cut, and its alike segments share one kernel."""
-    monkeypatch.setattr(fusion, "MAX_FUSED_OPS", 8)
+    monkeypatch.setattr(fused, "MAX_OPS", 8)
     specs = []
     real = fused.fused_source
 

@@ -36,6 +36,31 @@ def fresh_plans():
 
 
 
+def test_a_long_chain_into_a_reduction_is_cut_at_max_ops(gpu_like, recordings, monkeypatch):
+    """The row group took in the whole chain feeding its reduction, recursively: 1,500 ops raised
+    RecursionError, and a program of hundreds of ops took NVRTC minutes. Now at most MAX_OPS ops a
+    program; the rest of the chain runs as fused kernels of its own."""
+    from runtime.kernels import fused
+
+    monkeypatch.setattr(fused, "MAX_OPS", 16)
+    specs = []
+    real = rows.rows_source
+
+    def spy(spec, config):
+        specs.append(spec)
+        return real(spec, config)
+
+    monkeypatch.setattr(rows, "rows_source", spy)
+    h = np.linspace(-1, 1, 8 * 40, dtype=np.float32).reshape(8, 40)
+    x = rt.array(h, device=gpu_like)
+    for _ in range(1500):
+        x = x * 0.999 + 0.001
+        h = (h * np.float32(0.999) + np.float32(0.001)).astype(np.float32)
+    y = x - x.max(axis=-1, keepdims=True)
+    np.testing.assert_allclose(y.numpy(), h - h.max(axis=-1, keepdims=True), rtol=1e-5, atol=1e-6)
+    assert specs and max(len(spec.members) for spec in specs) <= 16
+
+
 # ---- the compositions, on runtime arrays and on numpy (float64) --------------------------------
 
 def softmax(x, xp=rt):
