@@ -17,8 +17,8 @@ from .graph_cache import GraphCache
 #: The most elements an array may have on any device. The kernels (CUDA C on the GPU drivers, their
 #: numpy functions on the CPU drivers) take sizes, strides and offsets as 32-bit dispatch constants:
 #: in an array of more elements, or a view into one, a stride would wrap and the kernel read outside
-#: its buffer (a fault on a GPU, a crash of the process on a CPU). Within the limit every element of
-#: an array, and of any view of it, lies at a position the constants hold.
+#: its buffer (wrong values or a fault on a GPU, a crash of the process on a CPU). Within the limit
+#: every element of an array, and of any view of it, lies at a position the constants hold.
 MAX_ELEMENTS = 2**31 - 1
 
 MAX_IN_FLIGHT = env.integer("RUNTIME_MAX_IN_FLIGHT", 4, minimum=1)  # submissions handed over before the host waits
