@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from hal import interrupts
 from hal.driver import DeviceInfo
 from hal.drivers.local.device import LocalDevice
 from hal.drivers.local.driver import LocalDriver
@@ -33,6 +34,9 @@ class LocalTaskDevice(LocalDevice):
     def __init__(self, driver, info, *, queue_count: int = 1) -> None:
         super().__init__(driver, info, queue_count=queue_count)
         self._runners = [QueueRunner(f"hal-local-task-q{i}") for i in range(queue_count)]
+        # A device dropped without close() ends its workers (nothing can wait for its work any more:
+        # a semaphore holds its device). Not joined: the collector may run this on any thread.
+        interrupts.finalize(self, _stop_runners, self._runners)
 
     def _create_semaphore(self, initial_value: int) -> Semaphore:
         return _DonatingSemaphore(self, initial_value)
@@ -54,6 +58,11 @@ class LocalTaskDevice(LocalDevice):
     def _close(self) -> None:
         for runner in self._runners:
             runner.stop()
+
+
+def _stop_runners(runners: list[QueueRunner]) -> None:
+    for runner in runners:
+        runner.stop(join=False)
 
 
 class LocalTaskDriver(LocalDriver):

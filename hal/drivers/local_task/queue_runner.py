@@ -86,13 +86,13 @@ class QueueRunner:
         """Whether nothing is ready or running."""
         return not self._ready and not self._running
 
-    def stop(self) -> None:
-        """Let the worker finish what is ready, then end; joins it unless called from it."""
+    def stop(self, join: bool = True) -> None:
+        """Let the worker finish what is ready, then end; joins it (``join``) unless called from it."""
         with self._lock:
             self._stopping = True
             self._parked = False
         self._wake_up.put(True)  # also cut a poll short
-        if self._thread is not threading.current_thread():
+        if join and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 
     def _loop(self) -> None:
