@@ -348,6 +348,11 @@ def _default_context() -> DeviceContext:
 def _context_of_device(device: hal.Device) -> DeviceContext:
     ctx = _contexts.get(id(device))
     if ctx is None or ctx.device is not device:
+        # The contexts of devices closed since are dropped here (each held its device, caches and
+        # recordings: a program that makes and closes devices in turn grew by one a device).
+        # Arrays of a closed device keep their own context.
+        for key in [key for key, known in _contexts.items() if known.device.closed]:
+            del _contexts[key]
         ctx = DeviceContext(device)
         _contexts[id(device)] = ctx
     return ctx

@@ -17,7 +17,7 @@ CPU = [uri for uri in DEVICES if uri != "cuda"]
 def _restore_default():
     before = rt.default_device()
     yield
-    rt.set_default_device(before)
+    rt.set_default_device(before.info.uri if before.closed else before)  # (a closed device is refused)
 
 
 @pytest.mark.parametrize("uri", CPU)
@@ -62,6 +62,17 @@ def test_a_runtime_device_closed_by_its_user_is_opened_anew(uri):
     np.testing.assert_array_equal(rt.arange(3).numpy(), [0, 1, 2])
     assert rt.default_device() is not dev and not rt.default_device().closed
     np.testing.assert_array_equal(rt.ones((2,), device=uri).numpy(), [1, 1])
+
+
+def test_a_closed_device_is_refused_as_the_default_and_for_new_arrays():
+    device = hal.create_device("local-task")
+    device.close()
+    rt.ones(2, device="local-task").numpy()  # another device is registered meanwhile
+    with pytest.raises(hal.FailedPreconditionError, match="closed"):
+        rt.set_default_device(device)
+    with pytest.raises(hal.FailedPreconditionError, match="closed"):
+        rt.ones(2, device=device)
+    np.testing.assert_array_equal(rt.arange(2).numpy(), [0, 1])
 
 
 @pytest.mark.parametrize("bad", [42, 1.5, b"local-task", object()])

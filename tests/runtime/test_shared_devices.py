@@ -144,3 +144,15 @@ def test_arrays_of_a_closed_device_raise_typed_errors_and_still_print(uri):
             read()
     text = repr(x)
     assert "unavailable: FailedPreconditionError" in text and "shape=(2, 2)" in text and "float32" in text
+
+
+def test_contexts_of_closed_devices_are_dropped():
+    """The runtime kept the context of every device it was given, closed or not (its caches and
+    recordings with it): a program making and closing devices in turn grew by one each time."""
+    from runtime.device import contexts
+
+    for k in range(30):
+        device = hal.create_device("local-task")
+        assert float((rt.ones(8, device=device) * k).sum()) == 8 * k
+        device.close()
+    assert sum(ctx.device.closed for ctx in contexts()) <= 1  # (the last, until another device is used)
