@@ -35,8 +35,9 @@ class LocalTaskDevice(LocalDevice):
         super().__init__(driver, info, queue_count=queue_count)
         self._runners = [QueueRunner(f"hal-local-task-q{i}") for i in range(queue_count)]
         # A device dropped without close() ends its workers (nothing can wait for its work any more:
-        # a semaphore holds its device). Not joined: the collector may run this on any thread.
-        interrupts.finalize(self, _stop_runners, self._runners)
+        # a semaphore holds its device). Not joined: the collector may run this on any thread. (At
+        # exit the daemon workers end with the process, as before.)
+        interrupts.finalize(self, _stop_runners, self._runners).atexit = False
 
     def _create_semaphore(self, initial_value: int) -> Semaphore:
         return _DonatingSemaphore(self, initial_value)
