@@ -166,6 +166,8 @@ def as_dtype(dtype) -> DType:
         npd = np.dtype(dtype)
     except (TypeError, ValueError) as exc:
         raise InvalidTypeError(f"unsupported dtype {dtype!r}") from exc
+    if not npd.isnative:  # big-endian data (files, network formats): the same values, converted on upload
+        npd = npd.newbyteorder("=")
     bf = numpy_bfloat16()
     if bf is not None and npd == bf:
         return bfloat16

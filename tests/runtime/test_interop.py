@@ -168,3 +168,15 @@ def test_a_gpu_array_exports_to_the_host_as_a_copy_when_asked():
                 x.__dlpack__(dl_device=(2, 1))
     finally:
         device.close()
+
+
+@pytest.mark.parametrize("dtype", [">f4", ">f2", ">i8", ">u8", ">c16", ">i2"])
+def test_big_endian_numpy_data_converts_as_numpy_reads_it(dev, dtype):
+    """Data of a non-native byte order (files and network formats) was refused as an unsupported
+    dtype; it is the same values, stored natively on the device (as JAX and CuPy do)."""
+    host = (np.arange(12) * 3 + 1).reshape(3, 4).astype(dtype)
+    x = rt.asarray(host, device=dev)
+    assert x.dtype.name == np.dtype(dtype).newbyteorder("=").name
+    np.testing.assert_array_equal(x.numpy(), host)
+    np.testing.assert_array_equal((x + x).numpy(), host + host)
+    assert rt.zeros(2, dtype=np.dtype(dtype), device=dev).dtype == x.dtype
