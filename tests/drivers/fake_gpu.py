@@ -331,8 +331,11 @@ class FakeGpuApi:
         if stream.destroyed:
             self._destroyed("cuStreamSynchronize", stream)
         event = self.event_create()
-        self.event_record(event, stream)
-        self.event_synchronize(event)
+        try:
+            self.event_record(event, stream)
+            self.event_synchronize(event)
+        finally:
+            self.event_destroy(event)
 
     def event_create(self) -> _Event:
         self._check("cuEventCreate")
@@ -663,7 +666,7 @@ class FakeExecutableCache(ExecutableCache):
         numpy_exe = NumpyExecutable(device, spec)
         functions = [FakeFunction(fn, e.bindings, e.constants) for fn, e in zip(numpy_exe.functions, spec.exports)]
         module = device.api.load_numpy_module(spec)
-        device.register_module(module)
+        device.modules.register(module)
         return GpuExecutable(device, spec, module, functions)
 
     def indirect_functions(self, device, executable) -> tuple:

@@ -270,3 +270,47 @@ def test_gpu_fault_loses_the_device_without_hanging():
     assert "later work aborted: True" in out
     assert "allocate: DeviceLostError" in out
     assert "closed" in out
+
+
+def test_dropped_devices_give_back_their_memory_threads_and_modules():
+    """Devices made, used (memory never released, kernels loaded, a graph with a cuBLASLt call
+    where the library is installed) and dropped without close() give everything back once
+    collected: free device memory and the process's threads return to where they were."""
+    import gc
+    import threading
+    import time
+    import weakref
+
+    def use_and_drop() -> weakref.ref:
+        device = hal.create_device("cuda")
+        exe = device.load_executable(hal.ExecutableSpec("cuda-c", ADD, [ADD_EXPORT]))
+        a = upload(device, np.zeros(1 << 16, np.uint32))
+        upload(device, np.zeros(64 << 20, np.uint8))  # 64 MiB the program never releases
+        cb = device.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=3)
+        with cb.record():
+            cb.dispatch(exe, "add", ((1 << 16) // 64, 1, 1), [1 << 16, 1], [a, a])
+            if "library" in device.executable_formats:
+                gemm = device.load_executable(hal.library_spec({"gemm": hal.Gemm("float32")}))
+                cb.dispatch(gemm, "gemm", constants=hal.Gemm.constants_for(64, 64, 64),
+                            bindings=[hal.Slot(0), hal.Slot(1), hal.Slot(2)])
+        operands = [device.allocator.allocate(64 * 64 * 4) for _ in range(3)]
+        sem = device.create_semaphore(0)
+        device.queue_execute([cb], signal=[(sem, 1)], binding_tables=[operands])
+        sem.wait(1, timeout=60)
+        assert np.frombuffer(device.read(a), np.uint32)[0] == 1
+        return weakref.ref(device)
+
+    with hal.create_device("cuda") as probe:
+        threads = set(threading.enumerate())
+        gc.collect()
+        free_before = probe.api.memory_info()[0]
+        for _ in range(8):
+            ref = use_and_drop()
+            gc.collect()
+            assert ref() is None, "a dropped device was not collected"
+        deadline = time.monotonic() + 60
+        while set(threading.enumerate()) - threads or probe.api.memory_info()[0] < free_before - (32 << 20):
+            assert time.monotonic() < deadline, (
+                f"threads left: {set(threading.enumerate()) - threads}; "
+                f"free memory {probe.api.memory_info()[0] >> 20} MiB, was {free_before >> 20} MiB")
+            time.sleep(0.05)

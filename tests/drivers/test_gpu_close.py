@@ -9,8 +9,11 @@ are rejected with ``FailedPreconditionError`` or their signals complete or fail.
 
 from __future__ import annotations
 
+import gc
 import random
 import threading
+import time
+import weakref
 
 import numpy as np
 import pytest
@@ -163,3 +166,98 @@ def race_close_once(driver, mode: str, rng: random.Random) -> None:
     assert errors == []
     for sem, value in signals:
         assert settled(sem, value), "a signal neither completed nor failed"
+
+
+# -- a device dropped without close() ------------------------------------------------------------
+
+def counting_streams_and_events(api) -> dict[str, int]:
+    """Wrap the API's stream and event creation and destruction with counts (live = made - destroyed)."""
+    counts = {"streams": 0, "events": 0}
+    for kind, make, destroy in (("streams", "stream_create", "stream_destroy"),
+                                ("events", "event_create", "event_destroy")):
+        def made(*args, _make=getattr(api, make), _kind=kind):
+            handle = _make(*args)
+            counts[_kind] += 1
+            return handle
+
+        def destroyed(handle, _destroy=getattr(api, destroy), _kind=kind):
+            _destroy(handle)
+            counts[_kind] -= 1
+
+        setattr(api, make, made)
+        setattr(api, destroy, destroyed)
+    return counts
+
+
+def use_and_drop(driver, slow: bool = False) -> weakref.ref:
+    """Make a device, use every part that holds driver objects, drop it (``slow``: with its last
+    submission still running), and return a weak reference to it."""
+    dev = driver.create_device()
+    exe = kernels(dev) if not slow else dev.load_executable(hal.ExecutableSpec(
+        "numpy", {"add_one": lambda w, b, c: (time.sleep(0.3), add_one(w, b, c))}, EXPORTS))
+    gemm = dev.load_executable(hal.library_spec({"gemm": hal.Gemm("float32")}))
+    buf = dev.allocator.allocate(256)
+    dev.allocator.allocate(64, memory_type=hal.MemoryType.HOST_VISIBLE)  # never released by the program
+    operands = [dev.allocator.allocate(4 * 4 * 4) for _ in range(3)]
+    dev.write(buf, bytes(256))
+    graph = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE, binding_capacity=3)
+    with graph.record():
+        graph.dispatch(exe, "add_one", 1, [16], [buf])
+        graph.update_buffer(b"abcd", (buf, 128, 4))
+        graph.dispatch(gemm, "gemm", constants=hal.Gemm.constants_for(4, 4, 4),
+                       bindings=[hal.Slot(0), hal.Slot(1), hal.Slot(2)])
+    stream = dev.create_command_buffer(hal.CommandBufferMode.ONE_SHOT)
+    with stream.record():
+        stream.update_buffer(b"efgh", (buf, 132, 4))
+    sem = dev.create_semaphore(0)
+    dev.queue_execute([stream], signal=[(sem, 1)])
+    dev.queue_execute([graph], wait=[(sem, 1)], signal=[(sem, 2)], binding_tables=[operands])
+    if not slow:
+        sem.wait(2, timeout=30)
+        assert np.frombuffer(dev.read(buf), np.uint32)[0] == 1
+    return weakref.ref(dev)
+
+
+def wait_for(condition, seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.mark.parametrize("slow", [False, True], ids=["idle", "in-flight"])
+def test_dropped_device_releases_its_threads_streams_events_memory_and_modules(fake_driver, slow):
+    """A device dropped without close() is collected (its executables' finalizers do not keep it)
+    and then released as close() would; in flight, its last submission keeps it until it retires."""
+    api = fake_driver.api
+    counts = counting_streams_and_events(api)
+    threads = set(threading.enumerate())
+    memory, modules = api.live_allocations, len(api.modules)
+    for _ in range(3):
+        ref = use_and_drop(fake_driver, slow)
+        gc.collect()
+        if slow:
+            assert ref() is not None, "collected while its work ran"
+        assert wait_for(lambda ref=ref: gc.collect() >= 0 and ref() is None), "a dropped device was never collected"
+    assert wait_for(lambda: set(threading.enumerate()) <= threads), \
+        f"threads left: {set(threading.enumerate()) - threads}"
+    assert api.live_allocations == memory
+    assert len(api.modules) == modules
+    assert counts == {"streams": 0, "events": 0}
+    assert api.use_after_destroy == []
+
+
+def test_closed_device_is_not_released_again_when_dropped(fake_driver):
+    api = fake_driver.api
+    counts = counting_streams_and_events(api)
+    threads = set(threading.enumerate())
+    dev = fake_driver.create_device()
+    kernels(dev)
+    dev.close()
+    assert counts == {"streams": 0, "events": 0}
+    del dev
+    gc.collect()
+    assert wait_for(lambda: set(threading.enumerate()) <= threads)
+    assert counts == {"streams": 0, "events": 0} and api.use_after_destroy == []

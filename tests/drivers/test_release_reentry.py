@@ -88,7 +88,7 @@ def test_update_payload_released_inside_its_lock(device):
             lock, held = device.staging._lock, lambda: sum(map(len, device.staging._free.values()))
             gained = 1  # the block is back in the pool
         else:
-            lock, held = device.allocator._live_lock, lambda: len(device.allocator._live)
+            lock, held = device.allocator.memory.lock, lambda: len(device.allocator.memory)
             gained = -1  # the payload memory is freed
         before = held()
         with lock:

@@ -70,57 +70,28 @@ def wants_host_memory(memory_type: MemoryType) -> bool:
     return bool(memory_type & _HOST_BITS)
 
 
-class GpuAllocator(Allocator):
-    """Device-local memory unless the request asks for host-visible memory (then pinned host memory)."""
+class LiveMemory:
+    """The driver allocations of one device not freed yet, and their freeing: one at a time
+    (``free_now``) or all at once when the device closes (``free_all``). Kept apart from the
+    allocator, which holds the device, so that a dropped device's finalizer can free them."""
 
-    def __init__(self, device: Device, context: GpuContext, completion: Completion,
-                 device_memory_bytes: int) -> None:
-        super().__init__(device)
+    def __init__(self, context: GpuContext) -> None:
         self.context = context
-        self.completion = completion
-        self.max_allocation_size = max(device_memory_bytes, physical_memory_bytes())
         self._live: set[Allocation] = set()
         # Re-entrant: finalizers free memory (free_now) and may run on a thread inside this lock
         # (the cycle collector runs at allocations); a plain lock would wait for itself.
-        self._live_lock = threading.RLock()
+        self.lock = threading.RLock()
 
-    def _allocate(self, size: int, memory_type: MemoryType, usage: BufferUsage) -> tuple[Allocation, MemoryType]:
-        context = self.context
-        context.check_usable()
-        context.make_current()
-        api = context.api
-        if wants_host_memory(memory_type):
-            host = api.host_alloc(size)
-            allocation = Allocation(api.host_device_pointer(host), size, Allocation.HOST, host=host)
-            actual = HOST_MEMORY
-        else:
-            allocation = Allocation(api.mem_alloc(size), size, Allocation.DEVICE)
-            actual = DEVICE_MEMORY
-        self.track(allocation)
-        return allocation, actual
-
-    def adopt(self, ptr: int, size: int, release: Callable[[], None]) -> Buffer:
-        """A device-local buffer over ``size`` bytes at ``ptr`` that another library allocated (a
-        collective library's symmetric memory); its release calls ``release()`` once the work
-        submitted before it is done, with the context current."""
-        allocation = Allocation(ptr, size, Allocation.ADOPTED, release=release)
-        self.track(allocation)
-        return self.wrap(allocation, size, DEVICE_MEMORY, BufferUsage.DEFAULT)
+    def __len__(self) -> int:
+        return len(self._live)
 
     def track(self, allocation: Allocation) -> None:
-        with self._live_lock:
+        with self.lock:
             self._live.add(allocation)
-
-    def _free(self, allocation: Allocation) -> None:
-        if allocation.free_stream is not None:
-            self.free_now(allocation, allocation.free_stream)
-            return
-        # Work submitted before the release may still read or write the memory.
-        self.completion.defer_release(lambda: self.free_now(allocation))
 
     def free_now(self, allocation: Allocation, stream: Any = None) -> None:
         """Give the memory back to the driver (``stream``: stream-ordered, for pool memory)."""
-        with self._live_lock:
+        with self.lock:
             if allocation.freed:
                 return
             allocation.freed = True
@@ -145,13 +116,61 @@ class GpuAllocator(Allocator):
 
     def free_all(self) -> None:
         """Free every allocation still live (device close)."""
-        with self._live_lock:
+        with self.lock:
             live = list(self._live)
         for allocation in live:
             try:
                 self.free_now(allocation)
             except Exception:
                 pass
+
+
+class GpuAllocator(Allocator):
+    """Device-local memory unless the request asks for host-visible memory (then pinned host memory)."""
+
+    def __init__(self, device: Device, memory: LiveMemory, completion: Completion,
+                 device_memory_bytes: int) -> None:
+        super().__init__(device)
+        self.context = memory.context
+        self.memory = memory
+        self.completion = completion
+        self.max_allocation_size = max(device_memory_bytes, physical_memory_bytes())
+        #: Tracks a driver allocation until it is freed (``LiveMemory.track``).
+        self.track = memory.track
+        #: Frees a driver allocation now (``LiveMemory.free_now``).
+        self.free_now = memory.free_now
+
+    def _allocate(self, size: int, memory_type: MemoryType, usage: BufferUsage) -> tuple[Allocation, MemoryType]:
+        context = self.context
+        context.check_usable()
+        context.make_current()
+        api = context.api
+        if wants_host_memory(memory_type):
+            host = api.host_alloc(size)
+            allocation = Allocation(api.host_device_pointer(host), size, Allocation.HOST, host=host)
+            actual = HOST_MEMORY
+        else:
+            allocation = Allocation(api.mem_alloc(size), size, Allocation.DEVICE)
+            actual = DEVICE_MEMORY
+        self.track(allocation)
+        return allocation, actual
+
+    def adopt(self, ptr: int, size: int, release: Callable[[], None]) -> Buffer:
+        """A device-local buffer over ``size`` bytes at ``ptr`` that another library allocated (a
+        collective library's symmetric memory); its release calls ``release()`` once the work
+        submitted before it is done, with the context current."""
+        allocation = Allocation(ptr, size, Allocation.ADOPTED, release=release)
+        self.track(allocation)
+        return self.wrap(allocation, size, DEVICE_MEMORY, BufferUsage.DEFAULT)
+
+    def _free(self, allocation: Allocation) -> None:
+        if allocation.free_stream is not None:
+            self.free_now(allocation, allocation.free_stream)
+            return
+        # Work submitted before the release may still read or write the memory. (The release holds
+        # the live memory, not the allocator: a deferred release does not keep the device alive.)
+        free_now = self.free_now
+        self.completion.defer_release(lambda: free_now(allocation))
 
     def _device_address(self, allocation: Allocation) -> int:
         return allocation.ptr

@@ -8,7 +8,9 @@ needs it and is woken only when something does: a host listener on a semaphore
 (``hal.wait_any``), a deferred free, or ``WAKE_INFLIGHT`` submissions in
 flight on a queue. A thread that submits and waits in a loop therefore never wakes it:
 measured on an H100 host, waking it each round trip (a system call and a GIL
-hand-over) cost more than the rest of the round trip's bookkeeping.
+hand-over) cost more than the rest of the round trip's bookkeeping. Asleep, it looks
+on its own once every ``IDLE_RECHECK`` seconds, so work nothing ever waits for
+retires all the same.
 
 ``outstanding`` holds every submission made and not yet retired (parked ones
 too), for ``defer`` and ``wait_idle``.
@@ -40,6 +42,10 @@ WAKE_INFLIGHT = 32
 #: How long the completion thread leaves in-flight work to host waiters before retiring it itself:
 #: waiters retire their own work at once; the thread mostly releases what nobody waits for.
 RETIRE_DELAY = 1e-3
+#: Seconds the sleeping thread lets pass before it looks for in-flight work nobody woke it for:
+#: work never waited for (a device's last submission before the program dropped it) retires
+#: within this time, and releases what it holds (the device itself, for one dropped).
+IDLE_RECHECK = 1.0
 
 
 class Completion:
@@ -221,7 +227,13 @@ class Completion:
                     with self._wake_lock:
                         self.idle = False
                     continue
-                if not inbox.get() or self._stopping:
+                try:
+                    token = inbox.get(timeout=IDLE_RECHECK)
+                except queue_module.Empty:
+                    with self._wake_lock:  # (a token a waker put meanwhile costs a spare wake-up)
+                        self.idle = False
+                    continue
+                if not token or self._stopping:
                     return
                 continue
             time.sleep(RETIRE_DELAY)

@@ -8,7 +8,10 @@
   signalled yet (wait-before-signal), issued by whichever thread reaches them;
 - ``completion.Completion``: retiring a submission (signals advance or fail,
   resources released), deferred frees, ``wait_idle`` and the completion thread;
-- ``event_pool.EventPool``, ``staging.StagingPool``, ``allocator.GpuAllocator``;
+- ``event_pool.EventPool``, ``staging.StagingPool``, ``allocator.GpuAllocator``
+  (``allocator.LiveMemory``: the allocations not freed yet), ``modules.LoadedModules``;
+- ``teardown.DeviceTeardown``: releasing all of the above, at close or, for a device
+  dropped without close, from its finalizer;
 - ``event_semaphore.EventSemaphore``: timeline semaphores with device timepoints.
 
 Submission path (``queue_execute``, ``queue_barrier``, ``queue_alloca``,
@@ -24,16 +27,16 @@ semaphores with the same ``DeviceLostError``, so nothing waits forever.
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+from hal import interrupts
 from hal.buffer import Buffer
 from hal.checks import check_queue
 from hal.command_buffer import Binding, CommandBuffer
 from hal.device import Device
-from hal.drivers.gpu.allocator import DEVICE_MEMORY, Allocation, GpuAllocator, wants_host_memory
+from hal.drivers.gpu.allocator import DEVICE_MEMORY, Allocation, GpuAllocator, LiveMemory, wants_host_memory
 from hal.drivers.gpu.api import GpuApi
 from hal.drivers.gpu.completion import Completion
 from hal.drivers.gpu.context import GpuContext
@@ -44,11 +47,13 @@ from hal.drivers.gpu.execution import GpuExecution
 from hal.drivers.gpu.graph_command_buffer import INDIRECT_AFTER_REBINDS, JOIN_KINDS, GraphCommandBuffer
 from hal.drivers.gpu.library import Capturer
 from hal.drivers.gpu.library import prepare as prepare_library
+from hal.drivers.gpu.modules import LoadedModules
 from hal.drivers.gpu.pending_queue import PendingQueue
 from hal.drivers.gpu.queue import GpuQueue
 from hal.drivers.gpu.staging import StagingPool
 from hal.drivers.gpu.stream_command_buffer import StreamCommandBuffer
-from hal.errors import FailedPreconditionError, HalError, InvalidArgumentError
+from hal.drivers.gpu.teardown import DeviceTeardown
+from hal.errors import FailedPreconditionError, InvalidArgumentError
 from hal.executable import Executable, ExecutableSpec
 from hal.semaphore import Fence, Semaphore
 from hal.types import BufferUsage, CommandBufferMode, MemoryType
@@ -111,22 +116,30 @@ class GpuDevice(Device):
         self.events = EventPool(api)
         self.staging = StagingPool(api)
         self.completion = Completion(self.gpu)
-        self.allocator = GpuAllocator(self, self.gpu, self.completion, memory_bytes)
+        memory = LiveMemory(self.gpu)
+        self.allocator = GpuAllocator(self, memory, self.completion, memory_bytes)
         self.memory_pools = memory_pools
         if memory_pools:
             api.configure_memory_pool(handle, POOL_RELEASE_THRESHOLD)
         self.pending = PendingQueue(self.completion)
         self.queues = [GpuQueue(self.gpu, self.completion, self.events, i) for i in range(self.queue_count)]
         self.completion.queues = self.queues
-        #: Loaded modules not unloaded yet, by id (an executable's are unloaded when it is collected).
-        self._modules: dict[int, Any] = {}
-        self._modules_lock = threading.RLock()  # (re-entrant: a finalizer may run while it is held)
+        #: Loaded modules not unloaded yet (an executable's are unloaded when it is collected).
+        self.modules = LoadedModules(self.gpu)
         self._kept: list[Executable] = []  # executables the device itself uses for its whole life
         self._join_function: Any = None
         #: Captures library calls into graphs for graph command buffers (hal/drivers/gpu/library.py).
-        self.capturer = Capturer(self)
+        self.capturer = Capturer(self.gpu)
         #: Graph command buffers' device objects, released at close if still alive.
         self.graph_resources: weakref.WeakSet = weakref.WeakSet()
+        #: Releases the parts' driver objects, at close or, for a device dropped without close,
+        #: from its finalizer (``hal/drivers/gpu/teardown.py``).
+        self.teardown = DeviceTeardown(
+            self.gpu, completion=self.completion, pending=self.pending, queues=self.queues, events=self.events,
+            staging=self.staging, memory=memory, capturer=self.capturer, modules=self.modules,
+            graph_resources=self.graph_resources)
+        self._dropped = interrupts.finalize(self, self.teardown.run_apart)
+        self._dropped.atexit = False  # (the process's end frees everything)
         self.completion.start()
 
     # -- context (the parts above the GpuContext: command buffers, executables, library calls) ----------
@@ -308,59 +321,11 @@ class GpuDevice(Device):
         self.gpu.release_later(fn, *args)
 
     # -- close ------------------------------------------------------------------------------------
-    def register_module(self, module: Any) -> None:
-        """Note a loaded module: unloaded by ``unload_modules`` or, at the latest, by close."""
-        with self._modules_lock:
-            self._modules[id(module)] = module
-
-    def unload_modules(self, modules: list[Any]) -> None:
-        """Unload the modules of a collected executable (its finalizer, on any thread); those a close
-        already unloaded are skipped."""
-        with self._modules_lock:
-            loaded = [m for m in modules if self._modules.pop(id(m), None) is not None]
-        modules.clear()
-        for module in loaded:
-            self.release_later(self.api.module_unload, module)
-
-    def loaded_modules(self) -> int:
-        """How many modules the device has loaded and not unloaded."""
-        return len(self._modules)
-
     def keep_loaded(self, executable: Executable) -> None:
         """Keep an executable the device uses itself (the join kernel) loaded until it closes."""
         self._kept.append(executable)
 
     def _close(self) -> None:
-        self.pending.close(FailedPreconditionError(f"device {self.info.uri} was closed"))
-        self.completion.stop()
-        api = self.api
-        try:
-            self.make_current()
-        except HalError:
-            pass
-        for q in self.queues:  # no more issues; wait for the streams, retire what ran
-            q.drain()
-        for fn in self.completion.take_deferred():
-            self._quietly(fn)
-        for resources in list(self.graph_resources):
-            self._quietly(resources.release)
-        self._quietly(self.capturer.release)
-        self.allocator.free_all()  # pool memory is freed in stream order: before the streams go
-        for q in self.queues:
-            q.destroy()
-        self.staging.close()
-        self.events.close()
-        with self._modules_lock:
-            modules = list(self._modules.values())
-            self._modules.clear()
-        for module in modules:
-            self._quietly(lambda module=module: api.module_unload(module))
+        self._dropped.detach()
+        self.teardown.run(FailedPreconditionError(f"device {self.info.uri} was closed"))
         self._kept = []
-        self.gpu.closed_for_good = True
-
-    @staticmethod
-    def _quietly(fn: Callable[[], Any]) -> None:
-        try:
-            fn()
-        except Exception:  # close releases what it can; a lost context frees the rest itself
-            pass

@@ -27,7 +27,7 @@ class GpuExecutable(Executable):
     Its modules (its own, and its indirect-binding variants' once loaded) are unloaded when it is
     collected: command buffers that recorded a dispatch of it hold it (and so does a submission
     of them until it retires), the device's executable cache holds the recently loaded ones. A
-    device closed first has unloaded them already (``GpuDevice.unload_modules``).
+    device closed first has unloaded them already (``LoadedModules.unload_all``).
     """
 
     def __init__(self, device: GpuDevice, spec: ExecutableSpec, module: Any, functions: list[Any]) -> None:
@@ -39,7 +39,7 @@ class GpuExecutable(Executable):
         self.indirect: Any = None
         #: The modules to unload with it (the finalizer holds this list, not the executable).
         self.modules: list[Any] = [] if module is None else [module]
-        interrupts.finalize(self, device.unload_modules, self.modules).atexit = False  # (exit frees them all)
+        interrupts.finalize(self, device.modules.unload, self.modules).atexit = False  # (exit frees them all)
 
 
 #: The no-op kernel that joins graph levels when a barrier is lowered to a kernel node (CUDA and HIP C).
@@ -79,7 +79,7 @@ class ExecutableCache:
         api = device.api
         device.make_current()
         module = api.module_load(image)
-        device.register_module(module)
+        device.modules.register(module)
         executable.modules.append(module)
         return tuple(api.module_function(module, indirect_name(export.name)) if export.bindings else None
                      for export in executable.spec.exports)
@@ -94,7 +94,7 @@ class ExecutableCache:
         except BaseException:
             api.module_unload(module)
             raise
-        device.register_module(module)
+        device.modules.register(module)
         return GpuExecutable(device, spec, module, functions)
 
     def join_function(self, device: GpuDevice) -> Any:

@@ -385,7 +385,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         if call.empty:  # writes nothing, whatever the table
             return _Node(call, api.graph_add_empty_node(graph, deps), None, "library", enabled=False)
         capturer = self.device.capturer
-        child = capturer.capture(call, table)
+        child = capturer.capture(self.device, call, table)
         try:
             handle = api.graph_add_child_graph_node(graph, deps, child)  # (the node holds a copy)
         except UnimplementedError:
@@ -775,7 +775,7 @@ class GraphCommandBuffer(RecordingCommandBuffer):
         """Capture a library call again with the new operands and set it on its node in place."""
         api = self.device.api
         capturer = self.device.capturer
-        child = capturer.capture(node.command, table)  # type: ignore[arg-type]
+        child = capturer.capture(self.device, node.command, table)  # type: ignore[arg-type]
         try:
             updated = api.exec_set_child_graph(graph_exec, node.handle, child)
         except UnimplementedError:  # (as in _library_node: memory allocated while captured)

@@ -34,6 +34,7 @@ from hal.library import Routine
 from hal.log import driver_logger
 
 if TYPE_CHECKING:
+    from hal.drivers.gpu.context import GpuContext
     from hal.drivers.gpu.device import GpuDevice
     from hal.drivers.gpu.recording import Target
 
@@ -328,10 +329,12 @@ class LibraryCall:
 
 
 class Capturer:
-    """Captures library calls into graphs on one private stream per device (one capture at a time)."""
+    """Captures library calls into graphs on one private stream per device (one capture at a time).
+    It holds the device's context, not the device: the device's close, or its finalizer, destroys
+    the stream (``release``)."""
 
-    def __init__(self, device: GpuDevice) -> None:
-        self.device = device
+    def __init__(self, context: GpuContext) -> None:
+        self.context = context
         self._lock = threading.Lock()
         self._stream: Any = None
         #: Routines whose capture a graph could not hold as a child node (see ``refuse``).
@@ -346,12 +349,12 @@ class Capturer:
         captured): its routine is issued on the stream from now on, on this device."""
         self._refused.add(call.routine)
 
-    def capture(self, call: LibraryCall, table: Sequence[Binding] | None) -> Any:
+    def capture(self, device: GpuDevice, call: LibraryCall, table: Sequence[Binding] | None) -> Any:
         """A new graph holding ``call`` with operands from ``table`` (the caller destroys it)."""
-        device = self.device
-        api = device.api
+        context = self.context
+        api = context.api
         with self._lock:
-            device.make_current()
+            context.make_current()
             prepared = call.prepare(device, table)
             if self._stream is None:
                 self._stream = api.stream_create()
@@ -367,4 +370,4 @@ class Capturer:
     def release(self) -> None:
         stream, self._stream = self._stream, None
         if stream is not None:
-            self.device.api.stream_destroy(stream)
+            self.context.api.stream_destroy(stream)
