@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from forking import in_forked_child, needs_fork
 
 import hal
 from hal.drivers.local_task import queue_runner
@@ -177,3 +178,36 @@ def test_a_device_dropped_without_close_ends_its_workers():
         gc.collect()  # (a device whose work is still queued is collected once its worker ran it)
         time.sleep(0.01)
     assert workers() <= before
+
+
+@needs_fork
+def test_a_forked_child_runs_the_work_nobody_waits_for_and_timed_waits():
+    """A process forked from one with a local-task device has none of its worker threads: work
+    queued in the child never ran unless an untimed wait ran it itself (a timed wait timed out)."""
+    device = hal.create_device("local-task", queue_count=2)
+    buffer = device.allocator.allocate(64)
+    sem = device.create_semaphore(0)
+    cb = device.create_command_buffer(hal.CommandBufferMode.REUSABLE)
+    with cb.record():
+        cb.fill_buffer(buffer, 0x5A, 1)
+    device.queue_execute([cb], signal=[(sem, 1)])
+    sem.wait(1, timeout=30)
+
+    def child() -> tuple:
+        device.queue_execute([cb], signal=[(sem, 2)])
+        sem.wait(2, timeout=10)  # a timed wait leaves the work to the worker
+        device.queue_execute([cb], signal=[(sem, 3)], queue=1)
+        deadline = time.monotonic() + 10
+        while sem.value < 3 and time.monotonic() < deadline:  # nobody waits: the worker runs it
+            time.sleep(0.01)
+        value = sem.value
+        data = device.read(buffer)
+        device.close()
+        return value, data
+
+    try:
+        assert in_forked_child(child) == (3, b"\x5a" * 64)
+        device.queue_execute([cb], signal=[(sem, 2)])  # the parent's device goes on as before
+        sem.wait(2, timeout=30)
+    finally:
+        device.close()

@@ -21,13 +21,19 @@ it doubles the time to its next look from ``_POLL_S`` up to ``_MAX_POLL_S``; a
 look that finds work resets it. Work nobody waits for starts at most
 ``_POLL_S`` late while the worker is running the queue's work, at most
 ``_MAX_POLL_S`` late on a queue whose waiters ran everything before it.
+
+A process forked from one with a ``local-task`` device has none of its threads: every live
+runner starts a new worker in the child (``os.register_at_fork``), with new locks (the parent's
+worker may have held one at the fork), so work queued in the child runs as in the parent.
 """
 
 from __future__ import annotations
 
+import os
 import queue as queue_module
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 
@@ -49,6 +55,7 @@ class QueueRunner:
         self._wake_up: queue_module.SimpleQueue = queue_module.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+        _runners.add(self)
 
     def put(self, run: Callable[[], None]) -> None:
         """Queue a submission whose waits are reached."""
@@ -95,6 +102,19 @@ class QueueRunner:
         if join and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
 
+    def restart_in_child(self) -> None:
+        """This process was forked: start a worker of its own, with new locks (one the parent's
+        worker held at the fork would stay held here). A submission that was running on the
+        parent's worker at the fork does not run here; what was ready runs."""
+        self._lock = threading.Lock()
+        self._wake_up = queue_module.SimpleQueue()
+        self._running = False
+        self._parked = False
+        if self._stopping:
+            return
+        self._thread = threading.Thread(target=self._loop, name=self._thread.name, daemon=True)
+        self._thread.start()
+
     def _loop(self) -> None:
         lock, ready, wake_up = self._lock, self._ready, self._wake_up
         interval = _POLL_S  # until the next look for work (doubled while looks find nothing)
@@ -122,3 +142,15 @@ class QueueRunner:
             finally:
                 with lock:
                     self._running = False
+
+
+#: Every live runner: a forked child restarts their workers.
+_runners: weakref.WeakSet[QueueRunner] = weakref.WeakSet()
+
+
+def _restart_runners_in_child() -> None:
+    for runner in list(_runners):
+        runner.restart_in_child()
+
+
+os.register_at_fork(after_in_child=_restart_runners_in_child)
