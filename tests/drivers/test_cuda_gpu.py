@@ -320,3 +320,34 @@ def test_dropped_devices_give_back_their_memory_threads_and_modules():
             time.sleep(0.05)
         assert not extra_threads and lost_mib <= 32, (
             f"after 8 devices of 64 MiB dropped: threads left {extra_threads}, {lost_mib} MiB not given back")
+
+
+def test_a_forked_child_gets_typed_errors_and_the_parent_goes_on(dev):
+    """CUDA does not survive fork(): in the child, the parent's device refuses every use with a
+    FailedPreconditionError saying so, and a new device fails with a HalError (never a crash or a
+    hang); the parent's device works on."""
+    from forking import in_forked_child
+
+    buf = upload(dev, np.arange(16, dtype=np.uint32))
+
+    def child() -> list:
+        outcomes = []
+        for use in (lambda: dev.read(buf), lambda: dev.allocator.allocate(64)):
+            try:
+                use()
+                outcomes.append("ran")
+            except hal.FailedPreconditionError as exc:
+                outcomes.append("fork()" in str(exc))
+        try:
+            with hal.create_device("cuda") as fresh:
+                fresh.allocator.allocate(64)
+            outcomes.append("ran")
+        except hal.HalError as exc:
+            outcomes.append(type(exc).__name__ + ": " + str(exc)[:300])
+        return outcomes
+
+    outcomes = in_forked_child(child)
+    print(outcomes)
+    assert outcomes[:2] == [True, True]
+    assert outcomes[2] != "ran" and not isinstance(outcomes[2], bool) and "raised" not in outcomes, outcomes
+    np.testing.assert_array_equal(np.frombuffer(dev.read(buf), np.uint32), np.arange(16))

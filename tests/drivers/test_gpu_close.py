@@ -17,6 +17,7 @@ import weakref
 
 import numpy as np
 import pytest
+from forking import in_forked_child, needs_fork
 
 import hal
 
@@ -261,3 +262,49 @@ def test_closed_device_is_not_released_again_when_dropped(fake_driver):
     gc.collect()
     assert wait_for(lambda: set(threading.enumerate()) <= threads)
     assert counts == {"streams": 0, "events": 0} and api.use_after_destroy == []
+
+
+# -- a forked child ------------------------------------------------------------------------------
+
+@needs_fork
+def test_devices_of_the_parent_refuse_every_use_in_a_forked_child(fake_driver):
+    """A GPU context does not survive fork(): in the child every use of a device made before the
+    fork fails with a FailedPreconditionError that says so, before any driver call (a real
+    driver fails inside, and the child has no completion thread); the parent goes on."""
+    dev = fake_driver.create_device()
+    exe = kernels(dev)
+    buf = dev.allocator.allocate(64)
+    dev.write(buf, bytes(64))
+    cb = dev.create_command_buffer(hal.CommandBufferMode.REUSABLE)
+    with cb.record():
+        cb.dispatch(exe, "add_one", 1, [16], [buf])
+    sem = dev.create_semaphore(0)
+    dev.queue_execute([cb], signal=[(sem, 1)])
+    sem.wait(1, timeout=30)
+
+    def child() -> list:
+        calls = dict(dev.api.calls)
+        outcomes = []
+        for use in (lambda: dev.allocator.allocate(64), lambda: dev.read(buf), lambda: dev.write(buf, bytes(64))):
+            try:
+                use()
+                outcomes.append("ran")
+            except hal.FailedPreconditionError as exc:
+                outcomes.append("fork()" in str(exc))
+        dev.queue_execute([cb], signal=[(sem, 2)])  # its semaphore fails with the same reason
+        try:
+            sem.wait(2, timeout=10)
+            outcomes.append("ran")
+        except hal.AbortedError as exc:
+            outcomes.append("fork()" in str(exc))
+        dev.close()
+        outcomes.append({k: v - calls.get(k, 0) for k, v in dev.api.calls.items() if v != calls.get(k, 0)})
+        return outcomes
+
+    try:
+        assert in_forked_child(child) == [True, True, True, True, {}]
+        dev.queue_execute([cb], signal=[(sem, 2)])
+        sem.wait(2, timeout=30)
+        assert np.frombuffer(dev.read(buf), np.uint32)[0] == 2
+    finally:
+        dev.close()

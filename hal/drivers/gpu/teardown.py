@@ -52,8 +52,11 @@ class DeviceTeardown:
 
     def run(self, cause: BaseException) -> None:
         """Fail parked work with ``cause``, stop the completion thread, wait for the streams and
-        retire what ran, then release every driver object of the device."""
+        retire what ran, then release every driver object of the device. In a forked child the
+        objects are the parent's: only the parked work fails."""
         self.pending.close(cause)
+        if self.gpu.forked:
+            return
         self.completion.stop()
         try:
             self.gpu.make_current()
