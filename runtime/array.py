@@ -124,6 +124,14 @@ class Array(Node):
     def __divmod__(self, other: ArrayLike) -> tuple[Array, Array]:
         return binary("floor_divide", self, other), binary("remainder", self, other)
 
+    def __round__(self, ndigits: int | None = None) -> Array:
+        """``round(x)``: half to even, as numpy's; ``round(x, n)``: to ``n`` decimals (``ops.round_to``)."""
+        return ops.round(self) if ndigits is None else ops.round_to(self, ndigits)
+
+    def __contains__(self, value: Any) -> bool:
+        """``value in x``: whether any element equals ``value`` (numpy's meaning)."""
+        return bool(array_api.any(self == value))
+
     __hash__ = object.__hash__  # (by identity: __eq__ is elementwise)
 
     def __getitem__(self, key: Any) -> Array: return getitem(self, key)
@@ -191,10 +199,7 @@ class Array(Node):
         if axis is None:
             return array_api.take(ops.reshape(self, (-1,)), indices, axis=0)
         return array_api.take(self, indices, axis=axis)
-    def round(self, decimals: int = 0) -> Array:
-        if decimals != 0:
-            raise InvalidTypeError("round(decimals != 0) is not supported")
-        return ops.round(self)
+    def round(self, decimals: int = 0) -> Array: return ops.round_to(self, decimals)
 
     def to_device(self, device: Any, /, *, stream: Any = None) -> Array:
         return ops.asarray(self, device=device)
@@ -230,10 +235,9 @@ class Array(Node):
         return self.shape[0]
 
     def __iter__(self) -> Iterator[Array]:
-        if not self.shape:
-            raise TypeError("iteration over a 0-d array")
-        for i in range(self.shape[0]):
-            yield self[i]
+        if not self.shape:  # (at iter(), as numpy: not at the first next())
+            raise InvalidTypeError("iteration over a 0-d array")
+        return (self[i] for i in range(self.shape[0]))
 
     def __bool__(self) -> bool:
         if self.size != 1:

@@ -7,6 +7,7 @@ numpy functions without a runtime counterpart raise numpy's TypeError naming the
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -119,8 +120,8 @@ _FUNCTIONS = {
     np.zeros_like: lambda a, dtype=None, **kw: ops.zeros_like(a, dtype=dtype),
     np.ones_like: lambda a, dtype=None, **kw: ops.ones_like(a, dtype=dtype),
     np.full_like: lambda a, fill_value, dtype=None, **kw: ops.full_like(a, fill_value, dtype=dtype),
-    np.round: lambda a, decimals=0, out=None: ops.round(a) if decimals == 0 else NotImplemented,
-    np.around: lambda a, decimals=0, out=None: ops.round(a) if decimals == 0 else NotImplemented,
+    np.round: lambda a, decimals=0, out=None: ops.round_to(a, decimals),
+    np.around: lambda a, decimals=0, out=None: ops.round_to(a, decimals),
     np.nonzero: lambda a: array_api.nonzero(a),
     np.count_nonzero: lambda a, axis=None, keepdims=False: array_api.count_nonzero(a, axis=axis,
                                                                                     keepdims=keepdims),
@@ -171,10 +172,29 @@ def _isclose(a, b, rtol, atol, equal_nan) -> Array:
     return close
 
 
+def _out_positions(functions: dict) -> dict:
+    """Per numpy function whose implementation takes numpy's ``out``, the position of ``out``."""
+    positions = {}
+    for func, fn in functions.items():
+        params = list(inspect.signature(fn).parameters)
+        if "out" in params:
+            positions[func] = params.index("out")
+    return positions
+
+
+#: Where each function takes ``out``: given (by name or by position), it is refused, as by the
+#: ufuncs (arrays are immutable; ignoring it would leave the caller's array unwritten).
+_OUT_AT = _out_positions(_FUNCTIONS)
+
+
 def array_function(self: Array, func, types, args, kwargs):
     fn = _FUNCTIONS.get(func)
     if fn is None:
         return NotImplemented
     if not all(issubclass(t, (Node, np.ndarray)) for t in types):
         return NotImplemented
+    at = _OUT_AT.get(func)
+    if at is not None and (kwargs.get("out") is not None or (len(args) > at and args[at] is not None)):
+        name = f"{func.__module__.replace('numpy', 'np', 1)}.{func.__name__}"
+        raise InvalidTypeError(f"{name}(..., out=...) is not supported: runtime arrays are immutable")
     return fn(*args, **kwargs)

@@ -446,6 +446,25 @@ def trunc(x: ArrayLike) -> Array: return rounding("trunc", x)
 def round(x: ArrayLike) -> Array: return rounding("round", x)  # noqa: A001
 
 
+def round_to(x: ArrayLike, decimals: int) -> Array:
+    """``x`` rounded half to even to ``decimals`` decimals (negative: tens, hundreds, ...), as numpy's
+    ``round(x, decimals)`` computes it (scale, round, scale back; integers keep their dtype)."""
+    if isinstance(decimals, bool) or not isinstance(decimals, (int, np.integer)):
+        raise InvalidTypeError(f"round() takes an int number of decimals (digits), got {type(decimals).__name__}")
+    if not isinstance(x, Node):
+        x = asarray(x)
+    inexact = x.dtype.is_float or x.dtype.is_complex
+    if decimals == 0 or (decimals > 0 and not inexact):
+        return round(x)
+    if x.dtype.kind == "b":  # (numpy refuses it too: a bool holds no tens)
+        raise InvalidTypeError(f"round() of a bool array to {decimals} digits")
+    scale = 10.0 ** builtins.abs(int(decimals))
+    if decimals > 0:
+        return round(x * scale) / scale
+    rounded = round(x / scale) * scale
+    return rounded if inexact else astype(rounded, x.dtype)
+
+
 neg = negative
 abs = absolute  # noqa: A001
 

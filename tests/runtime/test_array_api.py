@@ -211,6 +211,61 @@ def test_rounding_integers_and_bools_is_the_identity(dev):
     same(rt.round(rt.array(f, device=dev)), np.round(f))
 
 
+def test_builtin_round_and_in_as_numpy(dev):
+    """round(x), round(x, n) and ``v in x`` raised TypeError (no __round__) and the ambiguous truth
+    value error (``in`` fell back to iterating rows); iterating a 0-d array raised a plain TypeError."""
+    f = np.array([[1.25, -2.5, 3.5], [0.5, 1.5, 1234.5678]], np.float32)
+    F = rt.array(f, device=dev)
+    same(round(F), np.round(f))
+    for digits in (0, 1, 2, -1, -2, np.int64(1)):
+        same(round(F, digits), np.round(f, digits), rtol=1e-6, atol=1e-4)
+    for dtype in (np.int64, np.int32, np.uint8):
+        i = np.array([15, 25, 35, 124], dtype)
+        for digits in (None, 1, -1, -2):
+            same(round(rt.array(i, device=dev), digits), np.round(i, digits or 0))
+    c = np.array([1.25 + 2.55j, -2.5 - 0.15j], np.complex64)
+    np.testing.assert_allclose(round(rt.array(c, device=dev), 1).numpy(), np.round(c, 1), atol=1e-6)
+    for bad in (1.5, True, "2", None.__class__):
+        with pytest.raises(rt.InvalidTypeError, match="digits"):
+            round(F, bad)
+    with pytest.raises(rt.InvalidTypeError, match="bool"):
+        round(rt.array(np.array([True, False]), device=dev), -1)  # numpy refuses it too
+    assert 1.5 in F and -2.5 in F and 7.0 not in F and [0.5, 1.5, 1234.5678] in F
+    assert 3 in rt.array(np.arange(5), device=dev) and 9 not in rt.array(np.arange(5), device=dev)
+    with pytest.raises(rt.InvalidTypeError, match="0-d"):
+        iter(rt.array(1.0, device=dev))
+    same(F + 1, f + 1)  # the device goes on
+
+
+def test_numpy_functions_given_out_refuse_it_instead_of_ignoring_it(dev):
+    """np.dot, np.clip, np.stack, np.concatenate, np.cumsum, np.take, np.round and np.fft.fft returned
+    a new array and left the caller's ``out`` unwritten (a silent wrong result); by name or by
+    position, ``out`` is refused as the ufuncs refuse it."""
+    a = rt.array(np.ones((2, 2), np.float32), device=dev)
+    out = np.zeros((2, 2), np.float32)
+    calls = {
+        "np.dot": lambda: np.dot(a, a, out=out), "np.dot ": lambda: np.dot(a, a, out),
+        "np.clip": lambda: np.clip(a, 0, 1, out=out), "np.clip ": lambda: np.clip(a, 0, 1, out),
+        "np.stack": lambda: np.stack([a, a], out=np.zeros((2, 2, 2), np.float32)),
+        "np.concatenate": lambda: np.concatenate([a, a], out=np.zeros((4, 2), np.float32)),
+        "np.cumsum": lambda: np.cumsum(a, axis=0, out=out), "np.take": lambda: np.take(a, [0], out=out[0, :1]),
+        "np.round": lambda: np.round(a, 1, out), "np.sum": lambda: np.sum(a, out=out[0, 0]),
+        "np.fft.fft": lambda: np.fft.fft(a, out=np.zeros((2, 2), np.complex64)),
+        "np.matmul": lambda: np.matmul(a, a, out=out),
+    }
+    for name, call in calls.items():
+        with pytest.raises(rt.InvalidTypeError, match=rf"{name.strip()}\(\.\.\., out=\.\.\.\)"):
+            call()
+    assert not out.any()
+    same(np.dot(a, a, out=None), np.full((2, 2), 2, np.float32))  # (out=None is no out)
+    f = np.array([1.2345, -2.5, 1234.5678], np.float32)
+    F = rt.array(f, device=dev)
+    for decimals in (0, 2, -1):
+        same(np.round(F, decimals), np.round(f, decimals), atol=1e-4)
+        same(np.around(F, decimals), np.around(f, decimals), atol=1e-4)
+        same(F.round(decimals), f.round(decimals), atol=1e-4)
+
+
 def test_zero_d_boolean_arrays_index_as_masks(data):
     x, X = data
     for mask in (True, False):
