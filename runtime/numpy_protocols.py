@@ -14,7 +14,7 @@ import numpy as np
 
 from . import array_api, ops
 from . import fft as _fft
-from .errors import InvalidTypeError
+from .errors import InvalidTypeError, InvalidValueError
 from .graph import Node
 
 if TYPE_CHECKING:
@@ -94,9 +94,11 @@ _FUNCTIONS = {
     np.argmin: lambda a, axis=None, out=None, keepdims=False: ops.argmin(a, axis, keepdims),
     np.concatenate: lambda arrays, axis=0, out=None, dtype=None, casting="same_kind": array_api.concat(
         arrays if dtype is None else [ops.astype(ops.asarray(a), dtype) for a in arrays], axis=axis),
-    np.stack: lambda arrays, axis=0, out=None, **kw: array_api.stack(arrays, axis=axis),
+    np.stack: lambda arrays, axis=0, out=None, *, dtype=None, casting="same_kind": array_api.stack(
+        arrays if dtype is None else [ops.astype(ops.asarray(a), dtype) for a in arrays], axis=axis),
     np.where: lambda cond, x=None, y=None: ops.where(cond, x, y) if x is not None else array_api.nonzero(cond),
-    np.reshape: lambda a, shape=None, order="C", **kw: ops.reshape(a, shape if shape is not None else kw["newshape"]),
+    np.reshape: lambda a, shape=None, order="C", **kw: _reshape(a, shape if shape is not None else kw.get("newshape"),
+                                                                order),
     np.transpose: lambda a, axes=None: ops.transpose(a, axes),
     np.squeeze: lambda a, axis=None: ops.squeeze(a, axis),
     np.expand_dims: lambda a, axis: ops.expand_dims(a, axis),
@@ -117,16 +119,18 @@ _FUNCTIONS = {
         a if axis is not None else ops.reshape(a, (-1,)), axis=axis if axis is not None else 0, dtype=dtype),
     np.matmul: lambda a, b, out=None, **kw: ops.matmul(a, b),
     np.dot: lambda a, b, out=None: ops.matmul(a, b) if a.ndim and b.ndim else ops.multiply(a, b),
-    np.zeros_like: lambda a, dtype=None, **kw: ops.zeros_like(a, dtype=dtype),
-    np.ones_like: lambda a, dtype=None, **kw: ops.ones_like(a, dtype=dtype),
-    np.full_like: lambda a, fill_value, dtype=None, **kw: ops.full_like(a, fill_value, dtype=dtype),
+    np.zeros_like: lambda a, dtype=None, order="K", subok=True, shape=None, **kw: _filled_like(a, 0, dtype, shape),
+    np.ones_like: lambda a, dtype=None, order="K", subok=True, shape=None, **kw: _filled_like(a, 1, dtype, shape),
+    np.full_like: lambda a, fill_value, dtype=None, order="K", subok=True, shape=None, **kw: _filled_like(
+        a, fill_value, dtype, shape),
     np.round: lambda a, decimals=0, out=None: ops.round_to(a, decimals),
     np.around: lambda a, decimals=0, out=None: ops.round_to(a, decimals),
     np.nonzero: lambda a: array_api.nonzero(a),
     np.count_nonzero: lambda a, axis=None, keepdims=False: array_api.count_nonzero(a, axis=axis,
                                                                                     keepdims=keepdims),
-    np.diff: lambda a, n=1, axis=-1, prepend=None, append=None: array_api.diff(a, n=n, axis=axis, prepend=prepend,
-                                                                                 append=append),
+    np.diff: lambda a, n=1, axis=-1, prepend=None, append=None: array_api.diff(a, n=n, axis=axis,
+                                                                                 prepend=_diff_edge(a, prepend, axis),
+                                                                                 append=_diff_edge(a, append, axis)),
     np.unique: lambda ar, **kw: array_api.unique_values(ar) if not kw else NotImplemented,
     np.tensordot: lambda a, b, axes=2: array_api.tensordot(a, b, axes=axes),
     np.shape: lambda a: a.shape, np.ndim: lambda a: a.ndim, np.size: lambda a, axis=None: a.size if axis is None
@@ -162,6 +166,40 @@ _FUNCTIONS.update({getattr(np.fft, name + "2"): _fftn(getattr(_fft, name + "n"),
                    for name in ("fft", "ifft", "rfft", "irfft")})
 _FUNCTIONS.update({np.fft.fftshift: lambda x, axes=None: _fft.fftshift(x, axes=axes),
                    np.fft.ifftshift: lambda x, axes=None: _fft.ifftshift(x, axes=axes)})
+
+
+def _reshape(a, shape, order: str) -> Array:
+    """numpy's reshape: ``order="F"`` reads and fills in column-major order (the reversed axes'
+    row-major order); "A" is "C" (a runtime array has no memory order of its own to follow)."""
+    if shape is None:
+        raise InvalidTypeError("np.reshape() needs a shape")
+    if order in ("C", "A"):
+        return ops.reshape(a, shape)
+    if order != "F":
+        raise InvalidValueError(f"np.reshape() order must be 'C', 'F' or 'A', got {order!r}")
+    reversed_shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)[::-1]
+    return ops.transpose(ops.reshape(ops.transpose(ops.asarray(a)), reversed_shape))
+
+
+def _filled_like(a, fill_value, dtype, shape) -> Array:
+    """numpy's ``*_like(a, dtype=, shape=)``: ``a``'s dtype and device, its shape unless ``shape``."""
+    a = ops.asarray(a)
+    if shape is None:
+        return ops.full_like(a, fill_value, dtype=dtype)
+    return ops.full(shape, fill_value, dtype or a.dtype, a.ctx)
+
+
+def _diff_edge(a, edge, axis: int):
+    """np.diff's ``prepend``/``append``: a scalar is broadcast to ``a``'s shape with one element
+    along ``axis``, as numpy does (the standard's ``diff`` takes arrays of that shape only)."""
+    if edge is None or (isinstance(edge, (Node, np.ndarray)) and edge.ndim):
+        return edge
+    a = ops.asarray(a)
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -a.ndim <= axis < a.ndim:
+        return edge  # (a 0-d array or a bad axis: the standard's error, from diff)
+    shape = list(a.shape)
+    shape[axis] = 1
+    return ops.broadcast_to(ops.asarray(edge), tuple(shape))
 
 
 def _isclose(a, b, rtol, atol, equal_nan) -> Array:

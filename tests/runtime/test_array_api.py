@@ -266,6 +266,29 @@ def test_numpy_functions_given_out_refuse_it_instead_of_ignoring_it(dev):
         same(F.round(decimals), f.round(decimals), atol=1e-4)
 
 
+def test_numpy_function_arguments_that_were_ignored_take_effect(dev):
+    """np.reshape(order="F") gave the row-major result, np.stack(dtype=) and np.*_like(shape=) were
+    ignored (wrong dtype, wrong shape), np.diff refused numpy's scalar prepend/append."""
+    h = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    a = rt.array(h, device=dev)
+    for shape in ((4, 6), (-1,), 24, (2, 2, 6), (3, -1, 2)):
+        for order in ("C", "F", "A"):
+            same(np.reshape(a, shape, order=order), np.reshape(h, shape, order=order))
+    with pytest.raises(rt.InvalidValueError, match="order"):
+        np.reshape(a, (4, 6), order="K")
+    same(np.stack([a, a], dtype=np.float64), np.stack([h, h], dtype=np.float64))
+    same(np.zeros_like(a, shape=(5,)), np.zeros_like(h, shape=(5,)))
+    same(np.ones_like(a, shape=(2, 2), dtype=np.int32), np.ones_like(h, shape=(2, 2), dtype=np.int32))
+    same(np.full_like(a, 7, shape=(3,)), np.full_like(h, 7, shape=(3,)))
+    same(np.zeros_like(a), np.zeros_like(h))
+    same(np.diff(a, prepend=0), np.diff(h, prepend=0))
+    same(np.diff(a, axis=0, append=np.float32(2.5)), np.diff(h, axis=0, append=np.float32(2.5)))
+    same(np.diff(a, n=2, axis=1, prepend=1, append=np.array(2.0)), np.diff(h, n=2, axis=1, prepend=1,
+                                                                           append=np.array(2.0)))
+    with pytest.raises(hal.InvalidArgumentError, match="axis 5"):
+        np.diff(a, axis=5, prepend=0)
+
+
 def test_zero_d_boolean_arrays_index_as_masks(data):
     x, X = data
     for mask in (True, False):
