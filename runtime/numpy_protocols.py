@@ -64,7 +64,9 @@ def array_ufunc(self: Array, ufunc, method: str, *inputs, **kwargs):
 
 def _reduction(fn):
     def call(a, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
-        if out is not None or kwargs.get("where", True) is not True:
+        # ``initial=`` and a ``where=`` mask have no runtime counterpart: numpy's TypeError naming
+        # the function, not a result that ignored them.
+        if out is not None or kwargs.get("where", True) is not True or set(kwargs) - {"where"}:
             return NotImplemented
         x = a if isinstance(a, Node) else ops.asarray(a)
         if dtype is not None:
@@ -75,8 +77,11 @@ def _reduction(fn):
 
 def _std(fn):
     def call(a, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
-        if out is not None:
+        if out is not None or kwargs.get("where", True) is not True or kwargs.get("mean") is not None \
+                or set(kwargs) - {"where", "mean", "correction"}:
             return NotImplemented
+        if kwargs.get("correction") is not None:
+            ddof = kwargs["correction"]
         x = a if dtype is None else ops.astype(a, dtype)
         return fn(x, axis=axis, correction=ddof, keepdims=keepdims)
     return call
@@ -105,8 +110,7 @@ _FUNCTIONS = {
     np.broadcast_to: lambda array, shape, subok=False: ops.broadcast_to(array, shape),
     np.swapaxes: lambda a, axis1, axis2: ops.swapaxes(a, axis1, axis2),
     np.moveaxis: lambda a, source, destination: array_api.moveaxis(a, source, destination),
-    np.clip: lambda a, a_min=None, a_max=None, out=None, **kw: array_api.clip(a, kw.get("min", a_min),
-                                                                              kw.get("max", a_max)),
+    np.clip: lambda a, a_min=None, a_max=None, out=None, **kw: _clip(a, kw.pop("min", a_min), kw.pop("max", a_max), kw),
     np.flip: lambda m, axis=None: array_api.flip(m, axis=axis),
     np.roll: lambda a, shift, axis=None: array_api.roll(a, shift, axis=axis),
     np.tile: lambda A, reps: array_api.tile(A, reps if isinstance(reps, (tuple, list)) else (reps,)),
@@ -166,6 +170,16 @@ _FUNCTIONS.update({getattr(np.fft, name + "2"): _fftn(getattr(_fft, name + "n"),
                    for name in ("fft", "ifft", "rfft", "irfft")})
 _FUNCTIONS.update({np.fft.fftshift: lambda x, axes=None: _fft.fftshift(x, axes=axes),
                    np.fft.ifftshift: lambda x, axes=None: _fft.ifftshift(x, axes=axes)})
+
+
+def _clip(a, low, high, kwargs: dict):
+    """np.clip: ``dtype=`` computes in that dtype; other ufunc arguments (``where=``) have no
+    counterpart (numpy's TypeError, not a result that ignored them)."""
+    dtype = kwargs.pop("dtype", None)
+    kwargs.pop("casting", None)
+    if kwargs:
+        return NotImplemented
+    return array_api.clip(a if dtype is None else ops.astype(ops.asarray(a), dtype), low, high)
 
 
 def _reshape(a, shape, order: str) -> Array:

@@ -289,6 +289,24 @@ def test_numpy_function_arguments_that_were_ignored_take_effect(dev):
         np.diff(a, axis=5, prepend=0)
 
 
+def test_numpy_reduction_arguments_without_a_counterpart_are_refused_not_ignored(dev):
+    """np.sum(initial=), np.max(initial=) gave the result without the initial value, np.clip(dtype=)
+    the input's dtype: each is now numpy's TypeError naming the function, or takes effect."""
+    h = np.arange(6, dtype=np.float32).reshape(2, 3)
+    a = rt.array(h, device=dev)
+    for call in (lambda x: np.sum(x, initial=5), lambda x: np.max(x, axis=0, initial=4),
+                 lambda x: np.prod(x, where=np.array([True, False, True])),
+                 lambda x: np.std(x, mean=np.zeros((1, 1), np.float32)),
+                 lambda x: np.clip(x, 1, 3, where=np.array([True, False, True]))):
+        call(h)  # numpy takes it
+        with pytest.raises(TypeError, match="no implementation found"):
+            call(a)
+    same(np.clip(a, 1, 3, dtype=np.float64), np.clip(h, 1, 3, dtype=np.float64))
+    same(np.clip(a, min=1, max=3), np.clip(h, min=1, max=3))
+    same(np.std(a, correction=1), np.std(h, correction=1), rtol=1e-5)
+    same(np.sum(a, axis=1, dtype=np.float64), np.sum(h, axis=1, dtype=np.float64))
+
+
 def test_zero_d_boolean_arrays_index_as_masks(data):
     x, X = data
     for mask in (True, False):
