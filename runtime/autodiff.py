@@ -37,6 +37,7 @@ from .errors import InvalidTypeError, InvalidValueError
 from .graph import Node, constant, new_node
 from .ops import COMPARE
 from .shapes import index_of, sequence_of
+from .trees import flatten, unflatten
 
 if TYPE_CHECKING:
     from .array import Array
@@ -570,21 +571,35 @@ def value_and_grad(fn: Callable[P, Array], argnums: int | Sequence[int] = 0) -> 
 
     def wrapped(*args, **kwargs):
         args = list(args)
-        wrt = []
+        wrt: list = []
+        #: Per argnum: the structure of its tree of arrays (trees.flatten), or None for one array.
+        specs: list = []
         for i in nums:
             if not -len(args) <= i < len(args):
                 raise InvalidValueError(f"argnums names argument {i}, but the function was called with {len(args)} "
                                         "positional arguments")
             a = args[i]
-            if not isinstance(a, Node):
-                a = ops.asarray(a)
-            if not (a.dtype.is_float or a.dtype.is_complex):
-                raise InvalidTypeError(
-                    f"grad with respect to argument {i} of dtype {a.dtype.name}: only float and complex arrays "
-                    "are differentiable (cast with .astype(rt.float32) first)")
-            m = ops.alias(a)
-            args[i] = m
-            wrt.append(m)
+            leaves: list = []
+            # A tree of arrays (a dict, namedtuple, list or tuple holding runtime arrays: a model's
+            # parameters) is differentiated leaf by leaf and its gradient is the same tree; other
+            # data (numpy arrays, numbers, nested lists of numbers) is one array, as before.
+            spec = flatten(a, leaves) if isinstance(a, (dict, list, tuple)) else None
+            if spec is not None and not leaves:
+                if isinstance(a, dict):
+                    raise InvalidTypeError(f"grad with respect to argument {i}: a dict holding no runtime array")
+                spec = None
+            if spec is None:
+                leaves = [a if isinstance(a, Node) else ops.asarray(a)]
+            aliases = []
+            for leaf in leaves:
+                if not (leaf.dtype.is_float or leaf.dtype.is_complex):
+                    raise InvalidTypeError(
+                        f"grad with respect to argument {i} of dtype {leaf.dtype.name}: only float and complex "
+                        "arrays are differentiable (cast with .astype(rt.float32) first)")
+                aliases.append(ops.alias(leaf))
+            args[i] = aliases[0] if spec is None else unflatten(spec, aliases)
+            specs.append((spec, len(wrt), len(aliases)))
+            wrt.extend(aliases)
         out = fn(*args, **kwargs)
         if not isinstance(out, Node):
             raise hal.InvalidArgumentError("the differentiated function must return an Array")
@@ -596,7 +611,9 @@ def value_and_grad(fn: Callable[P, Array], argnums: int | Sequence[int] = 0) -> 
         with _handed_lock:
             for g in grads:
                 _handed_out[id(g)] = weakref.ref(g)
-        return out, (grads[0] if single else tuple(grads))
+        per_arg = tuple(grads[start] if spec is None else unflatten(spec, grads[start:start + n], constants=False)
+                        for spec, start, n in specs)
+        return out, (per_arg[0] if single else per_arg)
 
     wrapped.__name__ = f"value_and_grad({getattr(fn, '__name__', 'fn')})"
     return wrapped

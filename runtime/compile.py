@@ -36,12 +36,14 @@ from hal import env, interrupts, tracing
 from .array import Array
 from .autodiff import GRAD, materialize, resolved
 from .device import Storage
+from .errors import InvalidTypeError
 from .graph import PLACEHOLDER, merge_checks, new_evaluated, new_node
 from .lowering.evaluate import evaluate
 from .lowering.execute import MAX_VARIANTS, Variants, held_free, hold, replay_held, submit
 from .lowering.key import collect, graph_key
 from .lowering.record import record
 from .ops import contiguous
+from .trees import check_result, flatten, unflatten
 
 #: Output bytes up to which a compiled function's recording keeps its outputs for its next replay
 #: (lowering.execute.hold): a replay whose previous outputs were dropped then hands the same arrays out
@@ -52,31 +54,6 @@ from .ops import contiguous
 HOLD_BYTES = env.integer("RUNTIME_COMPILE_HOLD_BYTES", 16 << 20, minimum=0)
 
 
-def _flatten(tree, leaves: list):
-    """Structure of nested tuples/lists/dicts with Array leaves replaced by their index."""
-    if type(tree) is Array:
-        leaves.append(tree)
-        return len(leaves) - 1
-    if isinstance(tree, tuple):
-        return ("t", tuple(_flatten(t, leaves) for t in tree))
-    if isinstance(tree, list):
-        return ("l", tuple(_flatten(t, leaves) for t in tree))
-    if isinstance(tree, dict):
-        return ("d", tuple((k, _flatten(v, leaves)) for k, v in tree.items()))
-    return ("c", tree)
-
-
-def _unflatten(spec, leaves: list):
-    if isinstance(spec, int):
-        return leaves[spec]
-    kind, body = spec
-    if kind == "t":
-        return tuple(_unflatten(s, leaves) for s in body)
-    if kind == "l":
-        return [_unflatten(s, leaves) for s in body]
-    if kind == "d":
-        return {k: _unflatten(s, leaves) for k, s in body}
-    return body
 
 
 class _Traced:
@@ -88,12 +65,13 @@ class _Traced:
     def __init__(self, fn, args: list, kwargs: dict, ctx) -> None:
         self.ctx = ctx
         leaves: list = []
-        spec_in = _flatten((tuple(args), kwargs), leaves)
+        spec_in = flatten((tuple(args), kwargs), leaves)
         placeholders = [new_node(PLACEHOLDER, (), i, a.shape, a.dtype, a.ctx) for i, a in enumerate(leaves)]
-        t_args, t_kwargs = _unflatten(spec_in, placeholders)
+        t_args, t_kwargs = unflatten(spec_in, placeholders)
         result = fn(*t_args, **t_kwargs)
         out_leaves: list = []
-        self.out_spec = _flatten(result, out_leaves)
+        self.out_spec = flatten(result, out_leaves)
+        check_result(self.out_spec)
         roots = [o.root for o in out_leaves if o.root.storage is None and o.root.op != PLACEHOLDER]
         order = collect(roots)
         grads = [n for n in order if n.op == GRAD]
@@ -159,7 +137,7 @@ class _Traced:
         elif isinstance(spec, tuple) and spec[0] == "t" and spec[1] == tuple(range(len(out_leaves))):
             self.structure = tuple
         else:
-            self.structure = functools.partial(_unflatten, spec)
+            self.structure = functools.partial(unflatten, spec)
 
     def release(self) -> None:
         if self.variants is not None:
@@ -292,6 +270,8 @@ class Compiled(Protocol[P, R]):
 
 def compile(fn: Callable[P, R]) -> Compiled[P, R]:  # noqa: A001 - mirrors mx.compile / jax.jit
     """Trace `fn` once per input signature into a reusable recording; later calls rebind and replay."""
+    if not callable(fn):
+        raise InvalidTypeError(f"rt.compile takes a function, got {type(fn).__name__}")
     traced: dict = {}
     stats = {"traces": 0, "calls": 0}
 
@@ -311,7 +291,7 @@ def compile(fn: Callable[P, R]) -> Compiled[P, R]:  # noqa: A001 - mirrors mx.co
                     except AttributeError:  # an argument is still pending: the general path evaluates it
                         pass
         leaves: list = []
-        spec = _flatten((args, kwargs), leaves)
+        spec = flatten((args, kwargs), leaves)
         ctx = None
         for a in leaves:
             if ctx is None:
@@ -342,7 +322,7 @@ def compile(fn: Callable[P, R]) -> Compiled[P, R]:  # noqa: A001 - mirrors mx.co
                 "(pass numpy data through rt.array)") from None
         if entry is None:
             with ctx.lock:
-                t_args, t_kwargs = _unflatten(spec, leaves)
+                t_args, t_kwargs = unflatten(spec, leaves)
                 entry = _Traced(fn, list(t_args), t_kwargs, ctx)
             traced[key] = entry
             stats["traces"] += 1

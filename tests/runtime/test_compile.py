@@ -255,3 +255,34 @@ def test_a_view_of_a_gradient_inside_a_compiled_function(dev):
     for _ in range(2):  # traced, then replayed
         np.testing.assert_array_equal(flat(W).numpy(), 4 * w.ravel())
         np.testing.assert_allclose(mixed(W).numpy(), 2 * w[0] + (3 * w ** 2)[:, 1].sum())
+
+
+def test_namedtuples_in_and_out_and_results_that_would_leak_placeholders(dev):
+    """A namedtuple argument reached the function as a plain tuple (its fields missing) and a
+    namedtuple result came back as one; a result holding arrays in a set or an object, or a
+    generator, handed out the trace's placeholders (unusable arrays) at every call."""
+    import collections
+    import dataclasses
+
+    Pair = collections.namedtuple("Pair", "u v")
+    x = rt.array(np.arange(6, dtype=np.float32), device=dev)
+    swap = rt.compile(lambda p: Pair(p.v * 2, p.u + 1))
+    for k in range(3):
+        out = swap(Pair(x, x * k))
+        assert type(out) is Pair
+        np.testing.assert_allclose(out.u.numpy(), np.arange(6) * k * 2)
+        np.testing.assert_allclose(out.v.numpy(), np.arange(6) + 1)
+    assert swap.stats["traces"] == 1
+
+    @dataclasses.dataclass
+    class Box:
+        value: object
+
+    for result in (lambda a: {a}, lambda a: (a, frozenset([a * 2])), lambda a: (v for v in [a]),
+                   lambda a: map(abs, [a]), lambda a: [Box(a)]):
+        with pytest.raises(rt.InvalidTypeError, match="rt.compile"):
+            rt.compile(result)(x)
+    assert rt.compile(lambda a: (a * 1, {1, 2}))(x)[1] == {1, 2}  # no array in it: kept
+    for not_a_function in (3, "f", None):
+        with pytest.raises(rt.InvalidTypeError, match="takes a function"):
+            rt.compile(not_a_function)

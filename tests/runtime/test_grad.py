@@ -141,3 +141,45 @@ def test_random_seeds_are_integers(dev):
     a = rt.random.uniform((4,), key=rt.random.key(np.int64(7), device=dev)).numpy()
     b = rt.random.uniform((4,), key=rt.random.key(7, device=dev)).numpy()
     np.testing.assert_array_equal(a, b)
+
+
+def test_grad_over_trees_of_parameters(dev):
+    """A model's parameters as a dict, a namedtuple or a list of arrays: the gradient is the same
+    tree (None where the tree held no array), eagerly and under rt.compile. A dict was refused, a
+    namedtuple stacked into one array (its fields then missing), a list of arrays stacked."""
+    import collections
+
+    Layer = collections.namedtuple("Layer", "w b")
+    rng = np.random.default_rng(0)
+    hw, hb, hx = (rng.standard_normal(s).astype(np.float32) for s in ((3, 4), (4,), (5, 3)))
+    w, b, x = (rt.array(a, device=dev) for a in (hw, hb, hx))
+
+    def loss(params, inputs):
+        layer = params["layer"]
+        return ((inputs @ layer.w + layer.b) ** 2).sum() * params["scale"][0]
+
+    def np_loss(hw_, hb_):
+        return float(((hx.astype(np.float64) @ hw_ + hb_) ** 2).sum() * 0.5)
+
+    params = {"layer": Layer(w, b), "scale": [rt.array(np.float32(0.5), device=dev), "a label"], "steps": 3}
+    want_w = numeric_grad(lambda v: np_loss(v, hb), hw)
+    want_b = numeric_grad(lambda v: np_loss(hw, v), hb)
+    for grad_fn in (rt.grad(loss), rt.compile(rt.grad(loss))):
+        for _ in range(2):  # (compiled: traced, then replayed)
+            g = grad_fn(params, x)
+            assert set(g) == {"layer", "scale", "steps"} and type(g["layer"]) is Layer
+            np.testing.assert_allclose(g["layer"].w.numpy(), want_w, rtol=1e-3, atol=1e-3)
+            np.testing.assert_allclose(g["layer"].b.numpy(), want_b, rtol=1e-3, atol=1e-3)
+            assert g["scale"][1] is None and g["steps"] is None
+            np.testing.assert_allclose(float(g["scale"][0]), np_loss(hw, hb) * 2, rtol=1e-4)
+    value, (gp, gx) = rt.value_and_grad(loss, argnums=(0, 1))(params, x)
+    assert float(value) == pytest.approx(np_loss(hw, hb), rel=1e-4)
+    assert gx.shape == x.shape and type(gp["layer"]) is Layer
+    grads = rt.grad(lambda ps: (ps[0] * ps[1]).sum())([w, w])  # a list of arrays: one gradient each
+    assert isinstance(grads, list) and len(grads) == 2
+    np.testing.assert_allclose(grads[0].numpy(), hw)
+    np.testing.assert_allclose(rt.grad(lambda p: (p ** 2).sum())([1.0, 2.0]).numpy(), [2.0, 4.0])  # numbers: one array
+    with pytest.raises(rt.InvalidTypeError, match="no runtime array"):
+        rt.grad(lambda p: x.sum())({"lr": 0.1})
+    with pytest.raises(rt.InvalidTypeError, match="int64"):
+        rt.grad(lambda p: p["n"].sum())({"n": rt.array(np.arange(3), device=dev)})
