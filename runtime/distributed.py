@@ -48,6 +48,7 @@ from .errors import InvalidTypeError, InvalidValueError
 from .graph import PLACEHOLDER, Node, new_node
 from .lowering.key import collect
 from .shapes import sequence_of
+from .trees import constants, flatten, unflatten
 
 if TYPE_CHECKING:
     from .array import Array
@@ -272,8 +273,10 @@ def broadcast(x: Array, group: Group, root: int = 0) -> Array:
     return new_node("collective", (x,), ("broadcast", None, group.id, root), x.shape, x.dtype, x.ctx)
 
 
-def average_gradients(grads: Sequence[Array], group: Group, bucket_bytes: int = BUCKET_BYTES) -> list[Array]:
-    """``grads`` averaged over ``group``, in ``grads``' order: one NCCL group of all-reduces a bucket.
+def average_gradients(grads: Any, group: Group, bucket_bytes: int = BUCKET_BYTES) -> Any:
+    """``grads`` averaged over ``group``: one NCCL group of all-reduces a bucket. ``grads`` is a list
+    of gradients, or any tree of them (``rt.grad``'s gradient of a dict or namedtuple of parameters,
+    None where the parameters held no array); the result has the same structure.
 
     Buckets hold up to ``bucket_bytes`` of one element type, filled in the order the gradients
     become ready (``readiness``: their depth in the pending graph; the last gradient first among
@@ -290,7 +293,17 @@ def average_gradients(grads: Sequence[Array], group: Group, bucket_bytes: int = 
         raise InvalidValueError(f"average_gradients: group must be an rt.distributed.Group, got {type(group).__name__}")
     if isinstance(grads, Node):
         raise InvalidTypeError("average_gradients takes a sequence of gradients, not one array")
-    grads = list(sequence_of(grads, "average_gradients' grads"))
+    if isinstance(grads, (list, tuple, dict)):
+        grads_given: list = []
+        structure = flatten(grads, grads_given)
+        grads = grads_given
+        for value in constants(structure):  # (None: a parameter tree's place without an array)
+            if value is not None:
+                raise InvalidTypeError(f"average_gradients: a {type(value).__name__} where a gradient (a float "
+                                       "rt.Array) or None was expected")
+    else:
+        structure = None
+        grads = list(sequence_of(grads, "average_gradients' grads"))
     out: list = [None] * len(grads)
     made = _buckets(grads, bucket_bytes, "average_gradients")
     for number, bucket in enumerate(made):
@@ -302,7 +315,7 @@ def average_gradients(grads: Sequence[Array], group: Group, bucket_bytes: int = 
                 out[i] = _reduce(grads[i], on, "avg", "average_gradients", after=others)
             else:  # NCCL's symmetric kernels sum but do not average: the division fuses into the consumer
                 out[i] = _reduce(grads[i], on, "sum", "average_gradients", after=others) / on.size
-    return out
+    return out if structure is None else unflatten(structure, out)
 
 
 def buckets(grads: Sequence[Array], bucket_bytes: int = BUCKET_BYTES) -> list[list[int]]:

@@ -49,6 +49,20 @@ def unflatten(spec, leaves: list, constants: bool = True):
     return body if constants else None
 
 
+def constants(spec) -> list:
+    """The values of ``spec`` that are not arrays, in order (what ``flatten`` kept as constants)."""
+    if isinstance(spec, int):
+        return []
+    kind, body = spec
+    if kind in ("t", "l"):
+        return [c for s in body for c in constants(s)]
+    if kind == "d":
+        return [c for _, s in body for c in constants(s)]
+    if kind == "n":
+        return [c for s in body[1] for c in constants(s)]
+    return [body]
+
+
 def check_result(spec) -> None:
     """A result holds its arrays in tuples, lists, dicts and namedtuples: an array anywhere else (a
     set, an object's attribute) would hand every call the trace's placeholders, and a generator or

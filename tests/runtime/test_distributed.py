@@ -402,3 +402,29 @@ def test_closing_a_group_releases_its_recordings(ranks):
         with pytest.raises(hal.FailedPreconditionError):
             f(x).numpy()
         assert (rt.array(np.ones(2, np.float32), device=device) + 1).numpy().tolist() == [2.0, 2.0]
+
+
+def test_gradients_of_a_parameter_tree_average_as_the_same_tree(ranks):
+    """rt.grad of a dict/namedtuple of parameters is the same tree; average_gradients takes it and
+    gives it back averaged, None kept where the parameters held no array; anything else refused."""
+    import collections
+
+    Layer = collections.namedtuple("Layer", "w b")
+    devices, groups = ranks
+    count = len(devices)
+
+    def rank_step(rank):
+        device, group = devices[rank], groups[rank]
+        x = rt.array(np.full((2, 3), rank + 1, np.float32), device=device)
+        params = {"layer": Layer(rt.ones((3, 4), device=device), rt.zeros((4,), device=device)), "name": "mlp"}
+        grads = rt.grad(lambda p: (x @ p["layer"].w + p["layer"].b).sum())(params)
+        averaged = rt.distributed.average_gradients(grads, group)
+        assert type(averaged["layer"]) is Layer and averaged["name"] is None
+        with pytest.raises(rt.errors.InvalidTypeError, match="str where a gradient"):
+            rt.distributed.average_gradients({"g": grads["layer"].w, "name": "mlp"}, group)
+        return averaged["layer"].w.numpy(), averaged["layer"].b.numpy()
+
+    mean_rows = sum(2 * (r + 1) for r in range(count)) / count  # x's column sums, averaged over ranks
+    for w, b in run_ranks(devices, rank_step):
+        np.testing.assert_allclose(w, np.full((3, 4), mean_rows))
+        np.testing.assert_allclose(b, np.full(4, 2.0))
