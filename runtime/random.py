@@ -13,7 +13,9 @@ import numpy as np
 import hal
 
 from . import dtypes as _dt
+from . import ops
 from .device import context_for
+from .errors import InvalidTypeError, InvalidValueError
 from .graph import Node, new_node, upload
 from .shapes import check_shape, index_of
 
@@ -60,6 +62,9 @@ def split(key: Array, num: int = 2) -> Array:
 
 
 def uniform(shape=(), key: Array | None = None, dtype=_dt.float32, low=0.0, high=1.0) -> Array:
+    """Uniform values in [low, high) of ``shape`` (``low`` and ``high`` numbers or arrays that
+    broadcast to it). The half-open bound holds in ``dtype`` too: a value that the scaling rounds
+    up to ``high`` (bfloat16 in [1, 2) does) is the largest one below it instead."""
     dt = _dt.as_dtype(dtype)
     if not dt.is_float:
         raise hal.InvalidArgumentError("uniform needs a float dtype")
@@ -67,12 +72,26 @@ def uniform(shape=(), key: Array | None = None, dtype=_dt.float32, low=0.0, high
     shape = check_shape(shape)
     k.ctx.check_fits(shape, dt)
     u = new_node("random", (k,), "uniform", shape, dt, k.ctx)
-    if low != 0.0 or high != 1.0:
-        u = u * (high - low) + low
-    return u
+    if not (_given(low, 0.0) or _given(high, 1.0)):
+        return u  # (the kernel's values are below 1 in every dtype)
+    if isinstance(low, (Node, np.ndarray)) or isinstance(high, (Node, np.ndarray)):
+        low, high = (ops.astype(ops.asarray(v, device=k.ctx.device), dt) for v in (low, high))
+        bound = ops.nextafter(high, low)
+        scaled = u * (high - low) + low
+        return _shaped(ops.where(high >= low, ops.minimum(scaled, bound), ops.maximum(scaled, bound)), shape,
+                       "low and high")
+    for name, value in (("low", low), ("high", high)):
+        if not isinstance(value, (int, float, np.integer, np.floating)):
+            raise InvalidTypeError(f"uniform: {name} must be a real number or an array, got {type(value).__name__}")
+    low, high = float(low), float(high)
+    bound = _next_toward(high, low, dt)
+    scaled = u * (high - low) + low
+    return ops.minimum(scaled, bound) if high >= low else ops.maximum(scaled, bound)
 
 
 def normal(shape=(), key: Array | None = None, dtype=_dt.float32, loc=0.0, scale=1.0) -> Array:
+    """Normal values of mean ``loc`` and standard deviation ``scale`` (numbers or arrays that
+    broadcast to ``shape``)."""
     dt = _dt.as_dtype(dtype)
     if not dt.is_float:
         raise hal.InvalidArgumentError("normal needs a float dtype")
@@ -80,8 +99,37 @@ def normal(shape=(), key: Array | None = None, dtype=_dt.float32, loc=0.0, scale
     shape = check_shape(shape)
     k.ctx.check_fits(shape, dt)
     z = new_node("random", (k,), "normal", shape, dt, k.ctx)
-    if scale != 1.0:
-        z = z * scale
-    if loc != 0.0:
-        z = z + loc
+    if _given(scale, 1.0):
+        z = _shaped(z * ops.astype(ops.asarray(scale, device=k.ctx.device), dt), shape, "scale")
+    if _given(loc, 0.0):
+        z = _shaped(z + ops.astype(ops.asarray(loc, device=k.ctx.device), dt), shape, "loc")
     return z
+
+
+def _next_toward(value: float, toward: float, dt) -> float:
+    """The value of ``dt`` next to ``value`` (rounded to ``dt``) in the direction of ``toward``: the
+    bound that keeps ``uniform``'s interval half-open after the scaling rounds."""
+    if dt is _dt.bfloat16:  # (the top half of a float32: step its 16 bits, rounded to nearest even)
+        bits = int(np.array(value, np.float32).view(np.uint32))
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+        rounded = float(np.array(bits << 16, np.uint32).view(np.float32))
+        if rounded == toward or rounded != rounded:
+            return rounded
+        if rounded == 0.0:
+            bits = 0x0001 | (0x8000 if toward < 0 else 0)
+        else:
+            bits += 1 if (toward > rounded) == (rounded > 0) else -1
+        return float(np.array(bits << 16, np.uint32).view(np.float32))
+    host = np.dtype(dt.storage) if dt is not _dt.bfloat16 else np.dtype(np.float32)
+    return float(np.nextafter(host.type(value), host.type(toward)))
+
+
+def _given(value, default: float) -> bool:
+    """Whether a parameter differs from its default (an array always does: no truth value asked)."""
+    return isinstance(value, (Node, np.ndarray)) or value != default
+
+
+def _shaped(values: Array, shape: tuple, what: str) -> Array:
+    if values.shape != shape:
+        raise InvalidValueError(f"{what} of shape broadcasting to {values.shape} do not fit the sample shape {shape}")
+    return values

@@ -163,6 +163,30 @@ def test_float16_uniform_never_returns_one(dev):
         assert host.max() < 1.0 and host.min() >= 0.0, dtype
 
 
+def test_uniform_bounds_stay_half_open_and_take_arrays(dev):
+    """uniform(low=1, high=2) in bfloat16 returned 2.0 (the scaling rounded up to high); array
+    bounds and an array loc/scale of normal raised the ambiguous truth value error."""
+    key = rt.random.key(3, device=dev)
+    for dtype in (rt.float16, rt.bfloat16, rt.float32, rt.float64):
+        for low, high in ((1, 2), (2.0, 1.0), (-3.5, 100.0), (np.float32(0.25), np.int64(4))):
+            host = rt.random.uniform((1 << 16,), key=key, dtype=dtype, low=low, high=high).astype(rt.float64).numpy()
+            lo, hi = min(low, high), max(low, high)
+            assert lo <= host.min() and host.max() <= hi, (dtype, low, high)
+            assert (host < high).all() if high > low else (host > high).all(), (dtype, low, high)
+    low = rt.array(np.array([0.0, 10.0, -5.0], np.float32), device=dev)
+    high = rt.array(np.array([1.0, 20.0, -4.0], np.float32), device=dev)
+    host = rt.random.uniform((1000, 3), key=key, low=low, high=high).numpy()
+    assert ((host >= low.numpy()) & (host < high.numpy())).all()
+    z = rt.random.normal((20000, 2), key=key, loc=np.array([100.0, -100.0]), scale=rt.array(
+        np.array([1.0, 0.0], np.float32), device=dev)).numpy()
+    assert abs(z[:, 0].mean() - 100) < 0.1 and (z[:, 1] == -100).all()
+    with pytest.raises(rt.InvalidValueError, match="sample shape"):
+        rt.random.uniform((3,), key=key, low=np.zeros((2, 3)))
+    for bad in ("0", 1j, None):
+        with pytest.raises(rt.InvalidTypeError):
+            rt.random.uniform((3,), key=key, low=bad)
+
+
 def test_control_flow_inside_compile_names_the_op(dev):
     f = rt.compile(lambda x: x * 2 if (x.sum() > 0) else x)
     with pytest.raises(rt.TracingError, match="gt"):
