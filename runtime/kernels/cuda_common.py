@@ -141,6 +141,23 @@ template <typename T> RT_DEV T rt_ipow(T base, T e) {
   }
 RT_FLOAT_DIVMOD(float, f)
 RT_FLOAT_DIVMOD(double, )
+// nextafter in a 16-bit float format (float16: 10 mantissa bits, emin -14; bfloat16: 7 and -126)
+// over its values held in float: nextafterf would step a float's last bit, which the store rounds
+// away. The spacing at |a| is 2^(max(exponent, emin) - mantissa bits), half that going toward zero
+// from a power of two above the subnormals.
+RT_DEV float rt_nextafter16(float a, float b, int mant, int emin, float max_finite) {
+  if (a != a || b != b) return a + b;
+  if (a == b) return b;
+  if (a == 0.0f) return copysignf(ldexpf(1.0f, emin - mant), b);
+  if (fabsf(a) == __int_as_float(0x7f800000)) return copysignf(max_finite, a);
+  int e;
+  frexpf(fabsf(a), &e);
+  int ea = e - 1 < emin ? emin : e - 1;
+  float ulp = ldexpf(1.0f, ea - mant);
+  bool away = (b > a) == (a > 0.0f);
+  if (!away && fabsf(a) == ldexpf(1.0f, ea) && ea > emin) ulp *= 0.5f;
+  return away ? a + copysignf(ulp, a) : a - copysignf(ulp, a);
+}
 // GELU in its tanh form (the GEMM libraries' GELU epilogue), and its derivative times g.
 #define RT_GELU(T, S) \
   RT_DEV T rt_gelu(T x) { \

@@ -274,3 +274,50 @@ def test_sign_of_zeros_and_nan(gpu_like):
         got = rt.sign(rt.array(x, device=gpu_like)).numpy()
         np.testing.assert_array_equal(got, np.sign(x))
         assert not np.signbit(got[0]), dtype
+
+
+NEXTAFTER_A = [2.0, 1.0, 0.0, -0.0, -1.0, 65504.0, np.inf, -np.inf, 2.0 ** -14, 2.0 ** -24, np.nan, 3.0, 1.5]
+NEXTAFTER_B = [1.0, 2.0, 1.0, -1.0, -2.0, np.inf, 0.0, 0.0, 0.0, 0.0, 1.0, 3.0, np.nan]
+
+
+def nextafter_16(a: np.ndarray, b: np.ndarray, mant: int, emin: int, max_finite: float) -> np.ndarray:
+    """An independent nextafter of a 16-bit format by its bit patterns (float32's top 16 bits for
+    bfloat16; numpy's own float16): the neighbour of a toward b."""
+    if mant == 10:
+        with np.errstate(over="ignore"):
+            return np.nextafter(a.astype(np.float16), b.astype(np.float16)).astype(np.float64)
+    out = []
+    for x, y in zip(a.astype(np.float32), b.astype(np.float32)):
+        if np.isnan(x) or np.isnan(y):
+            out.append(np.nan)
+            continue
+        if x == y:
+            out.append(float(y))
+            continue
+        bits = int(np.array(x, np.float32).view(np.uint32)) >> 16
+        if x == 0:
+            bits = 0x0001 | (0x8000 if y < 0 else 0)
+        else:
+            bits += 1 if (y > x) == (x > 0) else -1
+        out.append(float(np.array(bits << 16, np.uint32).view(np.float32)))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("dtype, mant", [("float16", 10), ("bfloat16", 7)])
+def test_nextafter_steps_in_the_16_bit_format(gpu_like, dtype, mant):
+    """nextafter of float16 (on GPUs) and bfloat16 (everywhere) returned its first operand: the step
+    was a float32 one, which the 16-bit store rounded away."""
+    a = np.array(NEXTAFTER_A, np.float32)
+    b = np.array(NEXTAFTER_B, np.float32)
+    want = nextafter_16(rt.astype(rt.array(a), getattr(rt, dtype)).astype(rt.float32).numpy().astype(np.float64),
+                        rt.astype(rt.array(b), getattr(rt, dtype)).astype(rt.float32).numpy().astype(np.float64),
+                        mant, 0, 0)
+    cpu = hal.create_device("local-task")
+    try:
+        for device in (gpu_like, cpu):
+            A = rt.astype(rt.array(a, device=device), getattr(rt, dtype))
+            B = rt.astype(rt.array(b, device=device), getattr(rt, dtype))
+            got = rt.nextafter(A, B).astype(rt.float64).numpy()
+            np.testing.assert_array_equal(got, want, err_msg=f"{dtype} on {device.info.uri}")
+    finally:
+        cpu.close()
