@@ -54,8 +54,6 @@ from .trees import check_result, flatten, unflatten
 HOLD_BYTES = env.integer("RUNTIME_COMPILE_HOLD_BYTES", 16 << 20, minimum=0)
 
 
-
-
 class _Traced:
     """One signature's recordings and how to bind its inputs and make its outputs."""
 
