@@ -156,7 +156,8 @@ class Array(Node):
             raise InvalidValueError("mT needs an array of at least 2 dimensions")
         return ops.swapaxes(self, -1, -2)
 
-    def reshape(self, *shape: Any) -> Array: return ops.reshape(self, shape[0] if len(shape) == 1 else shape)
+    def reshape(self, *shape: Any, order: str = "C") -> Array:
+        return ops.reshape_in_order(self, shape[0] if len(shape) == 1 else shape, order)
     def transpose(self, *axes: Any) -> Array: return ops.transpose(self, axes or None)
     def swapaxes(self, a: int, b: int) -> Array: return ops.swapaxes(self, a, b)
     def broadcast_to(self, shape: tuple) -> Array: return ops.broadcast_to(self, shape)

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import array_api, ops
 from . import fft as _fft
-from .errors import InvalidTypeError, InvalidValueError
+from .errors import InvalidTypeError
 from .graph import Node
 
 if TYPE_CHECKING:
@@ -45,14 +45,28 @@ _REDUCE = {"add": ops.sum, "multiply": lambda x, axis, keepdims: array_api.prod(
            "logical_and": lambda x, axis, keepdims: array_api.all(x, axis=axis, keepdims=keepdims)}
 
 
+#: Ufuncs whose result is bool (numpy's ``dtype=`` names the result's dtype there, which is bool).
+_BOOL_RESULTS = frozenset(("equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "isnan",
+                           "isinf", "isfinite", "signbit", "logical_and", "logical_or", "logical_xor",
+                           "logical_not"))
+
+
 def array_ufunc(self: Array, ufunc, method: str, *inputs, **kwargs):
     if kwargs.get("out") is not None:
         raise InvalidTypeError(f"np.{ufunc.__name__}(..., out=...) is not supported: runtime arrays are immutable")
     kwargs.pop("out", None)
     if method == "__call__":
         fn = _UFUNCS.get(ufunc.__name__)
-        if fn is None or kwargs:
+        if fn is None:
             return NotImplemented
+        dtype = kwargs.pop("dtype", None)
+        if kwargs:  # (where=, casting=, order=, signature=: ignoring one would change the result)
+            raise InvalidTypeError(f"np.{ufunc.__name__}(..., {', '.join(f'{k}=...' for k in kwargs)}) is not "
+                                   "supported on runtime arrays")
+        if dtype is not None:  # numpy's loop dtype: the operands cast to it first
+            if ufunc.__name__ in _BOOL_RESULTS:
+                raise InvalidTypeError(f"np.{ufunc.__name__}(..., dtype=...) is not supported: its result is bool")
+            inputs = tuple(ops.astype(ops.asarray(x), dtype) for x in inputs)
         return fn(*inputs)
     if method == "reduce" and len(inputs) == 1:
         fn = _REDUCE.get(ufunc.__name__)
@@ -102,8 +116,8 @@ _FUNCTIONS = {
     np.stack: lambda arrays, axis=0, out=None, *, dtype=None, casting="same_kind": array_api.stack(
         arrays if dtype is None else [ops.astype(ops.asarray(a), dtype) for a in arrays], axis=axis),
     np.where: lambda cond, x=None, y=None: ops.where(cond, x, y) if x is not None else array_api.nonzero(cond),
-    np.reshape: lambda a, shape=None, order="C", **kw: _reshape(a, shape if shape is not None else kw.get("newshape"),
-                                                                order),
+    np.reshape: lambda a, shape=None, order="C", **kw: ops.reshape_in_order(
+        a, shape if shape is not None else kw.get("newshape"), order),
     np.transpose: lambda a, axes=None: ops.transpose(a, axes),
     np.squeeze: lambda a, axis=None: ops.squeeze(a, axis),
     np.expand_dims: lambda a, axis: ops.expand_dims(a, axis),
@@ -180,19 +194,6 @@ def _clip(a, low, high, kwargs: dict):
     if kwargs:
         return NotImplemented
     return array_api.clip(a if dtype is None else ops.astype(ops.asarray(a), dtype), low, high)
-
-
-def _reshape(a, shape, order: str) -> Array:
-    """numpy's reshape: ``order="F"`` reads and fills in column-major order (the reversed axes'
-    row-major order); "A" is "C" (a runtime array has no memory order of its own to follow)."""
-    if shape is None:
-        raise InvalidTypeError("np.reshape() needs a shape")
-    if order in ("C", "A"):
-        return ops.reshape(a, shape)
-    if order != "F":
-        raise InvalidValueError(f"np.reshape() order must be 'C', 'F' or 'A', got {order!r}")
-    reversed_shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)[::-1]
-    return ops.transpose(ops.reshape(ops.transpose(ops.asarray(a)), reversed_shape))
 
 
 def _filled_like(a, fill_value, dtype, shape) -> Array:

@@ -649,6 +649,19 @@ _view_strides: dict = {}  # (shape, strides, target shape) -> reshape_strides' a
 _UNKNOWN = object()
 
 
+def reshape_in_order(x, shape, order: str = "C") -> Array:
+    """numpy's reshape with ``order``: "F" reads and fills in column-major order (the reversed axes'
+    row-major order); "A" is "C" (a runtime array has no memory order of its own to follow)."""
+    if shape is None:
+        raise InvalidTypeError("reshape() needs a shape")
+    if order in ("C", "A"):
+        return reshape(x, shape)
+    if order != "F":
+        raise InvalidValueError(f"reshape() order must be 'C', 'F' or 'A', got {order!r}")
+    reversed_shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)[::-1]
+    return transpose(reshape(transpose(x if isinstance(x, Node) else asarray(x)), reversed_shape))
+
+
 def reshape(x, /, shape, *, copy=None) -> Array:
     if copy is False and isinstance(x, Node) and x.strides is not None and x.size and reshape_strides(
             x.shape, x.layout()[0], reshape_target(x.shape, shape, x.size)) is None:

@@ -307,6 +307,24 @@ def test_numpy_reduction_arguments_without_a_counterpart_are_refused_not_ignored
     same(np.sum(a, axis=1, dtype=np.float64), np.sum(h, axis=1, dtype=np.float64))
 
 
+def test_ufunc_dtype_takes_effect_and_other_ufunc_keywords_are_refused(dev):
+    """np.add(x, 1, dtype=) and the like raised numpy's dispatch TypeError, as did where=/casting=
+    (a HalError now, naming them); x.reshape(..., order="F") had no order."""
+    h = np.arange(12, dtype=np.float32).reshape(3, 4)
+    a = rt.array(h, device=dev)
+    same(np.add(a, 1, dtype=np.float64), np.add(h, 1, dtype=np.float64))
+    same(np.matmul(a, a.T, dtype=np.float64), np.matmul(h, h.T, dtype=np.float64))
+    for call, word in ((lambda: np.add(a, 1, where=h > 2), "where"), (lambda: np.exp(a, casting="unsafe"), "casting"),
+                       (lambda: np.less(a, 3, dtype=np.float64), "bool")):  # (numpy refuses the last too)
+        with pytest.raises(rt.InvalidTypeError, match=word):
+            call()
+    for order in ("C", "F", "A"):
+        same(a.reshape(4, 3, order=order), h.reshape(4, 3, order=order))
+        same(a.reshape((2, 6), order=order), h.reshape((2, 6), order=order))
+    with pytest.raises(rt.InvalidValueError, match="order"):
+        a.reshape(12, order="K")
+
+
 def test_zero_d_boolean_arrays_index_as_masks(data):
     x, X = data
     for mask in (True, False):
