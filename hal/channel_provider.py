@@ -118,10 +118,14 @@ class EnvironmentProvider:
         self.rank = environment.rank
         self.count = environment.count
         self.address = environment.master_addr or DEFAULT_MASTER_ADDR
+        source = "the port argument"
         if port is None:
-            port = _int_variable(environ, "HAL_CHANNEL_PORT")
+            port, source = _int_variable(environ, "HAL_CHANNEL_PORT"), "HAL_CHANNEL_PORT"
         if port is None and environment.master_port is not None:
-            port = environment.master_port + 1
+            port, source = environment.master_port + 1, "MASTER_PORT + 1"
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535):
+            raise InvalidArgumentError(f"{source} = {port!r} is not a TCP port (1-65535): the channel id is served "
+                                       "there (set HAL_CHANNEL_PORT)")
         self.port = port
 
     def share_id(self, make_id: Callable[[], bytes], timeout: float | None) -> bytes:

@@ -66,6 +66,23 @@ def test_the_port_comes_from_hal_channel_port_or_next_to_the_master_port():
     assert alone.share_id(lambda: b"only", 1.0) == b"only"
 
 
+def test_a_port_outside_tcps_range_is_refused_when_the_provider_is_made():
+    """MASTER_PORT=70000 (or 65535, whose next port is the channel's) ended in socket's untyped
+    OverflowError at the rank-0 bind."""
+    for master, source in (("70000", "MASTER_PORT"), ("65535", "MASTER_PORT"), ("-3", "MASTER_PORT")):
+        env = launch_environment({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": master})
+        with pytest.raises(hal.InvalidArgumentError, match=source):
+            EnvironmentProvider(env, environ={})
+    env = launch_environment({"RANK": "0", "WORLD_SIZE": "2"})
+    for value in ("0", "65536"):
+        with pytest.raises(hal.InvalidArgumentError, match="HAL_CHANNEL_PORT"):
+            EnvironmentProvider(env, environ={"HAL_CHANNEL_PORT": value})
+    for port in (True, 2.5, 0, 1 << 16):
+        with pytest.raises(hal.InvalidArgumentError, match="port argument"):
+            EnvironmentProvider(env, port=port, environ={})
+    assert EnvironmentProvider(env, environ={"HAL_CHANNEL_PORT": "65535"}).port == 65535
+
+
 def _providers(count: int, port: int) -> list[EnvironmentProvider]:
     return [EnvironmentProvider(LaunchEnvironment("test", rank, count, rank, count, "127.0.0.1", None), port=port)
             for rank in range(count)]
