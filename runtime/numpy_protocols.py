@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import array_api, ops
+from . import dtypes as _dt
 from . import fft as _fft
-from .errors import InvalidTypeError
+from .errors import InvalidTypeError, InvalidValueError
 from .graph import Node
 
 if TYPE_CHECKING:
@@ -112,9 +113,9 @@ _FUNCTIONS = {
     np.argmax: lambda a, axis=None, out=None, keepdims=False: ops.argmax(a, axis, keepdims),
     np.argmin: lambda a, axis=None, out=None, keepdims=False: ops.argmin(a, axis, keepdims),
     np.concatenate: lambda arrays, axis=0, out=None, dtype=None, casting="same_kind": array_api.concat(
-        arrays if dtype is None else [ops.astype(ops.asarray(a), dtype) for a in arrays], axis=axis),
+        _cast_to_join(arrays, dtype, casting, "concatenate"), axis=axis),
     np.stack: lambda arrays, axis=0, out=None, *, dtype=None, casting="same_kind": array_api.stack(
-        arrays if dtype is None else [ops.astype(ops.asarray(a), dtype) for a in arrays], axis=axis),
+        _cast_to_join(arrays, dtype, casting, "stack"), axis=axis),
     np.where: lambda cond, x=None, y=None: ops.where(cond, x, y) if x is not None else array_api.nonzero(cond),
     np.reshape: lambda a, shape=None, order="C", **kw: ops.reshape_in_order(
         a, shape if shape is not None else kw.get("newshape"), order),
@@ -184,6 +185,36 @@ _FUNCTIONS.update({getattr(np.fft, name + "2"): _fftn(getattr(_fft, name + "n"),
                    for name in ("fft", "ifft", "rfft", "irfft")})
 _FUNCTIONS.update({np.fft.fftshift: lambda x, axes=None: _fft.fftshift(x, axes=axes),
                    np.fft.ifftshift: lambda x, axes=None: _fft.ifftshift(x, axes=axes)})
+
+
+def _cast_to_join(arrays, dtype, casting: str, name: str) -> list:
+    """np.concatenate's and np.stack's arrays cast to ``dtype`` (else their result type), each cast
+    allowed by numpy's ``casting`` rule (numpy's TypeError where it refuses one)."""
+    arrays = [a if isinstance(a, Node) else ops.asarray(a) for a in arrays]
+    if not arrays:
+        return arrays  # (the standard's error for no arrays)
+    target = _dt.as_dtype(dtype) if dtype is not None else array_api.result_type(*arrays)
+    for a in arrays:
+        if not _castable(a.dtype, target, casting):
+            raise InvalidTypeError(f"np.{name}: cannot cast {a.dtype.name} to {target.name} with casting={casting!r}")
+    return arrays if dtype is None else [ops.astype(a, target) for a in arrays]
+
+
+def _castable(source, target, casting: str) -> bool:
+    """numpy's casting rules over runtime dtypes (bfloat16 taking float32's kind, the array API's
+    ``can_cast`` as "safe")."""
+    if casting == "unsafe":
+        return True
+    if casting in ("no", "equiv"):
+        return source is target
+    if casting not in ("safe", "same_kind"):
+        raise InvalidValueError(f"casting must be 'no', 'equiv', 'safe', 'same_kind' or 'unsafe', got {casting!r}")
+    if array_api.can_cast(source, target):
+        return True
+    if casting == "safe":
+        return False
+    stand_in = {_dt.bfloat16: np.dtype(np.float32)}
+    return bool(np.can_cast(stand_in.get(source, source.storage), stand_in.get(target, target.storage), "same_kind"))
 
 
 def _clip(a, low, high, kwargs: dict):

@@ -325,6 +325,30 @@ def test_ufunc_dtype_takes_effect_and_other_ufunc_keywords_are_refused(dev):
         a.reshape(12, order="K")
 
 
+def test_concatenate_and_stack_follow_numpys_casting_rules(dev):
+    """np.concatenate/np.stack cast whatever dtype= and casting= said (float32 to int32 under
+    "same_kind", float32 with float64 under "no"), where numpy refuses."""
+    f, d = np.ones((2, 2), np.float32), np.ones((2, 2))
+    F, D = rt.array(f, device=dev), rt.array(d, device=dev)
+    for join in (np.concatenate, np.stack):
+        refused = [dict(casting="no"), dict(casting="equiv"), dict(dtype=np.int32),
+                   dict(dtype=np.float32, casting="safe")]
+        for kwargs in refused:
+            with pytest.raises(TypeError):
+                join([f, d], **kwargs)  # numpy refuses
+            with pytest.raises(rt.InvalidTypeError, match="cannot cast"):
+                join([F, D], **kwargs)
+        for kwargs in (dict(), dict(dtype=np.float32), dict(dtype=np.int32, casting="unsafe"), dict(casting="safe")):
+            same(join([F, D], **kwargs), join([f, d], **kwargs))
+        same(join([F, F], casting="no"), join([f, f], casting="no"))
+        with pytest.raises(rt.InvalidValueError, match="casting"):
+            join([F, F], casting="bogus")
+    bf = rt.astype(F, rt.bfloat16)
+    same(np.concatenate([bf, bf], dtype=np.float32), np.concatenate([f, f]))
+    with pytest.raises(rt.InvalidTypeError, match="cannot cast"):
+        np.concatenate([F, F], dtype=rt.bfloat16, casting="safe")
+
+
 def test_zero_d_boolean_arrays_index_as_masks(data):
     x, X = data
     for mask in (True, False):
