@@ -347,7 +347,6 @@ def test_a_forked_child_gets_typed_errors_and_the_parent_goes_on(dev):
         return outcomes
 
     outcomes = in_forked_child(child)
-    print(outcomes)
     assert outcomes[:2] == [True, True]
     assert outcomes[2] != "ran" and not isinstance(outcomes[2], bool) and "raised" not in outcomes, outcomes
     np.testing.assert_array_equal(np.frombuffer(dev.read(buf), np.uint32), np.arange(16))
