@@ -74,8 +74,7 @@ def _collect_devices(driver_name: str | None, device_key: str | None) -> tuple[l
         try:
             found = get_driver(info.name).query_devices()
             if device_key is not None:
-                found = [d for d in found
-                         if d.id == device_key or (device_key.isdigit() and d.ordinal == int(device_key))]
+                found = [d for d in found if d.selected_by(device_key)]
                 if not found:
                     raise NotFoundError(f"driver {info.name!r} has no device {device_key!r}")
             for device in found:

@@ -38,6 +38,12 @@ class DeviceInfo:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def selected_by(self, key: str) -> bool:
+        """Whether a URI's device part names this device: its id, or its ordinal in ASCII digits
+        (``str.isdigit`` also takes superscripts and other scripts' digits, which ``int`` refuses
+        or reads as another number)."""
+        return key == self.id or (key.isascii() and key.isdigit() and int(key) == self.ordinal)
+
 
 _T = TypeVar("_T")
 
@@ -120,7 +126,7 @@ class Driver(abc.ABC):
             info = devices[0]
         else:
             key = str(device)
-            matches = [d for d in devices if (key.isdigit() and d.ordinal == int(key)) or d.id == key]
+            matches = [d for d in devices if d.selected_by(key)]
             if not matches:
                 known = ", ".join(f"{d.ordinal} ({d.id})" for d in devices)
                 raise NotFoundError(f"driver {self.name!r} has no device {key!r}; devices: {known}")

@@ -191,3 +191,7 @@ def test_driver_uri_of_a_missing_device_is_not_found(capsys):
     code, out, err = run_cli(capsys, "--dump-devices", "--driver", "local-sync://7")
     assert code == cli.EXIT_ERROR and out == ""
     assert err.strip() == "hal: NOT_FOUND: driver 'local-sync' has no device '7'"
+    for key in ("\u00b2", "\u0966"):  # a superscript two (int() refused it: a traceback), a Devanagari zero
+        code, out, err = run_cli(capsys, "--dump-devices", "--driver", f"local-sync://{key}")
+        assert code == cli.EXIT_ERROR and out == ""
+        assert err.strip() == f"hal: NOT_FOUND: driver 'local-sync' has no device {key!r}"

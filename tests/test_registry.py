@@ -76,6 +76,13 @@ def test_unknown_device_of_known_driver():
     with pytest.raises(hal.NotFoundError) as info:
         hal.create_device("local-task://7")
     assert "7" in str(info.value)
+    # An ordinal is ASCII digits: a superscript two raised int()'s untyped ValueError, a Devanagari
+    # zero named device 0.
+    for key in ("\u00b2", "\u0966", "\uff10"):
+        with pytest.raises(hal.NotFoundError, match="has no device"):
+            hal.create_device(f"local-task://{key}")
+    with hal.create_device("local-task://00") as device:  # (leading zeros: still ordinal 0)
+        assert device.info.ordinal == 0
 
 
 def test_unavailable_driver_raises_with_reason():
