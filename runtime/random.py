@@ -17,6 +17,7 @@ from . import ops
 from .device import context_for
 from .errors import InvalidTypeError, InvalidValueError
 from .graph import Node, new_node, upload
+from .kernels.elementwise import np_nextafter16
 from .shapes import check_shape, index_of
 
 if TYPE_CHECKING:
@@ -109,19 +110,11 @@ def normal(shape=(), key: Array | None = None, dtype=_dt.float32, loc=0.0, scale
 def _next_toward(value: float, toward: float, dt) -> float:
     """The value of ``dt`` next to ``value`` (rounded to ``dt``) in the direction of ``toward``: the
     bound that keeps ``uniform``'s interval half-open after the scaling rounds."""
-    if dt is _dt.bfloat16:  # (the top half of a float32: step its 16 bits, rounded to nearest even)
-        bits = int(np.array(value, np.float32).view(np.uint32))
-        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
-        rounded = float(np.array(bits << 16, np.uint32).view(np.float32))
-        if rounded == toward or rounded != rounded:
-            return rounded
-        if rounded == 0.0:
-            bits = 0x0001 | (0x8000 if toward < 0 else 0)
-        else:
-            bits += 1 if (toward > rounded) == (rounded > 0) else -1
-        return float(np.array(bits << 16, np.uint32).view(np.float32))
-    host = np.dtype(dt.storage) if dt is not _dt.bfloat16 else np.dtype(np.float32)
-    return float(np.nextafter(host.type(value), host.type(toward)))
+    if dt is _dt.bfloat16:  # (numpy has no bfloat16: its values in float32, stepped in its format)
+        rounded = _dt.from_bfloat16_bits(_dt.to_bfloat16_bits(np.array([value], np.float32)))
+        return float(np_nextafter16(rounded, np.float32(toward))[0])
+    host = np.dtype(dt.storage).type
+    return float(np.nextafter(host(value), host(toward)))
 
 
 def _given(value, default: float) -> bool:

@@ -157,29 +157,28 @@ _NP_UFUNC = {
     "conj": np.conjugate, "real": np.real, "imag": np.imag, "gelu": np_gelu, "gelu_grad": np_gelu_grad,
 }
 #: Per 16-bit float dtype computed in float: (mantissa bits, least normal exponent, largest finite
-#: value), for nextafter's steps in that format (rt_nextafter16 in cuda_common, _np_nextafter16 here).
-_NEXTAFTER16 = {_dt.float16: (10, -14, 65504.0), _dt.bfloat16: (7, -126, 3.3895313892515355e38)}
+#: value), for nextafter's steps in that format (rt_nextafter16 in cuda_common, np_nextafter16 here).
+NEXTAFTER16 = {_dt.float16: (10, -14, 65504.0), _dt.bfloat16: (7, -126, 3.3895313892515355e38)}
 
 
-def _np_nextafter16(mant: int, emin: int, max_finite: float):
-    """numpy's form of rt_nextafter16 over float32 values of a 16-bit format (numpy has no
-    bfloat16: its values are computed in float32, where np.nextafter would step a float32's bit)."""
+def np_nextafter16(a, b, dtype=_dt.bfloat16) -> np.ndarray:
+    """numpy's form of rt_nextafter16: the neighbour of ``a`` toward ``b`` in ``dtype``'s 16-bit
+    format, over float32 values (numpy has no bfloat16: its values are computed in float32, where
+    np.nextafter would step a float32's bit)."""
+    mant, emin, max_finite = NEXTAFTER16[dtype]
     one = np.float32(1)
-
-    def nextafter(a, b):
-        a, b = np.broadcast_arrays(np.asarray(a, np.float32), np.asarray(b, np.float32))
-        with np.errstate(all="ignore"):
-            _, e = np.frexp(np.abs(a))
-            ea = np.maximum(e - 1, emin)
-            ulp = np.ldexp(one, ea - mant).astype(np.float32)
-            away = (b > a) == (a > 0)
-            ulp = np.where(~away & (np.abs(a) == np.ldexp(one, ea)) & (ea > emin), ulp / 2, ulp)
-            r = np.where(away, a + np.copysign(ulp, a), a - np.copysign(ulp, a)).astype(np.float32)
-        r = np.where(np.isinf(a), np.copysign(np.float32(max_finite), a), r)
-        r = np.where(a == 0, np.copysign(np.ldexp(one, emin - mant), b), r)
-        r = np.where(a == b, b, r)
-        return np.where(np.isnan(a) | np.isnan(b), a + b, r).astype(np.float32)
-    return nextafter
+    a, b = np.broadcast_arrays(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    with np.errstate(all="ignore"):
+        _, e = np.frexp(np.abs(a))
+        ea = np.maximum(e - 1, emin)
+        ulp = np.ldexp(one, ea - mant).astype(np.float32)
+        away = (b > a) == (a > 0)
+        ulp = np.where(~away & (np.abs(a) == np.ldexp(one, ea)) & (ea > emin), ulp / 2, ulp)
+        r = np.where(away, a + np.copysign(ulp, a), a - np.copysign(ulp, a)).astype(np.float32)
+    r = np.where(np.isinf(a), np.copysign(np.float32(max_finite), a), r)
+    r = np.where(a == 0, np.copysign(np.ldexp(one, emin - mant), b), r)
+    r = np.where(a == b, b, r)
+    return np.where(np.isnan(a) | np.isnan(b), a + b, r).astype(np.float32)
 
 
 def _np_csign(z):
@@ -269,8 +268,8 @@ def c_expr(op: str, cdt) -> str:
         raise InvalidTypeError(f"{op} is not supported for {cdt.name}") from None
     if cdt.kind == "u":
         expr = {"abs": "a", "sign": "(a > 0)"}.get(op, expr)
-    if op == "nextafter" and cdt in _NEXTAFTER16:
-        expr = "rt_nextafter16(a, b, {}, {}, {!r}f)".format(*_NEXTAFTER16[cdt])
+    if op == "nextafter" and cdt in NEXTAFTER16:
+        expr = "rt_nextafter16(a, b, {}, {}, {!r}f)".format(*NEXTAFTER16[cdt])
     return _for_double(expr) if cdt is _dt.float64 else expr
 
 
@@ -636,7 +635,7 @@ def _numpy(op, in_dts, out_dt, cdt) -> dict:
                 return
             fn = _BOOL_UFUNC.get(op) if cdt is _dt.bool_ else int_fn
             if op == "nextafter" and cdt is _dt.bfloat16:
-                fn = _np_nextafter16(*_NEXTAFTER16[cdt])
+                fn = np_nextafter16
             fn = fn or _NP_UFUNC[op]
             if native_out and (out.dtype == compute or op in PREDICATES) and isinstance(fn, np.ufunc):
                 fn(*vals, out=out)
