@@ -10,11 +10,15 @@ from .numpy_util import ERRSTATE
 
 
 def acc_dtype(op: str, dt):
-    """The type partial results are kept in (float32 for the narrow floats, 64 bits for integer sums)."""
+    """The type partial results are kept in (float32 for the narrow floats, 64 bits for integer sums;
+    a mean of 64-bit integers in float64, as numpy's: an integer sum of nanosecond timestamps wraps
+    past 2**63 after six of them)."""
     if dt is _dt.float64 or dt.is_complex:
         return dt
     if dt.is_float:
         return _dt.float32
+    if op == "mean" and dt.kind in "iu" and dt.itemsize == 8:
+        return _dt.float64
     if op in ("sum", "mean", "prod"):
         return _dt.uint64 if dt.kind == "u" else _dt.int64
     if dt.kind == "b":

@@ -321,3 +321,27 @@ def test_nextafter_steps_in_the_16_bit_format(gpu_like, dtype, mant):
             np.testing.assert_array_equal(got, want, err_msg=f"{dtype} on {device.info.uri}")
     finally:
         cpu.close()
+
+
+@pytest.mark.parametrize("dtype", ["int64", "uint64"])
+def test_mean_of_64_bit_integers_does_not_wrap(gpu_like, dtype):
+    """A mean of 64-bit integers summed in their own type wrapped past 2**63: the mean of seven
+    nanosecond timestamps of 2023 came out negative. numpy sums them in float64; so does the runtime."""
+    stamps = np.array([1_700_000_000_000_000_000 + i * 1_000_003 for i in range(7)], dtype)
+    wide = (np.arange(3 * 300, dtype=np.uint64).reshape(3, 300) * np.uint64(2**62 // 300)).astype(dtype)
+    cpu = hal.create_device("local-task")
+    try:
+        for device in (gpu_like, cpu):
+            where = f"{dtype} on {device.info.uri}"
+            got = rt.array(stamps, device=device).mean()
+            assert got.dtype == rt.float64, where
+            np.testing.assert_allclose(got.numpy(), stamps.mean(), rtol=1e-15, err_msg=where)
+            w = rt.array(wide, device=device)
+            for axis in (0, 1, None):
+                np.testing.assert_allclose(rt.mean(w, axis=axis).numpy(), wide.mean(axis=axis), rtol=1e-15,
+                                           err_msg=f"{where}, axis {axis}")
+            # fused with the elementwise op that feeds it (a row program on GPUs)
+            np.testing.assert_allclose(rt.mean(w + 3, axis=-1, keepdims=True).numpy(),
+                                       (wide + 3).mean(axis=-1, keepdims=True), rtol=1e-15, err_msg=where)
+    finally:
+        cpu.close()
