@@ -156,7 +156,8 @@ RT_DEV float rt_nextafter16(float a, float b, int mant, int emin, float max_fini
   float ulp = ldexpf(1.0f, ea - mant);
   bool away = (b > a) == (a > 0.0f);
   if (!away && fabsf(a) == ldexpf(1.0f, ea) && ea > emin) ulp *= 0.5f;
-  return away ? a + copysignf(ulp, a) : a - copysignf(ulp, a);
+  // The magnitude steps, the sign stays: the smallest negative subnormal steps to -0, not +0.
+  return copysignf(away ? fabsf(a) + ulp : fabsf(a) - ulp, a);
 }
 // GELU in its tanh form (the GEMM libraries' GELU epilogue), and its derivative times g.
 #define RT_GELU(T, S) \

@@ -174,7 +174,7 @@ def np_nextafter16(a, b, dtype=_dt.bfloat16) -> np.ndarray:
         ulp = np.ldexp(one, ea - mant).astype(np.float32)
         away = (b > a) == (a > 0)
         ulp = np.where(~away & (np.abs(a) == np.ldexp(one, ea)) & (ea > emin), ulp / 2, ulp)
-        r = np.where(away, a + np.copysign(ulp, a), a - np.copysign(ulp, a)).astype(np.float32)
+        r = np.copysign(np.where(away, np.abs(a) + ulp, np.abs(a) - ulp), a).astype(np.float32)
     r = np.where(np.isinf(a), np.copysign(np.float32(max_finite), a), r)
     r = np.where(a == 0, np.copysign(np.ldexp(one, emin - mant), b), r)
     r = np.where(a == b, b, r)

@@ -276,8 +276,10 @@ def test_sign_of_zeros_and_nan(gpu_like):
         assert not np.signbit(got[0]), dtype
 
 
-NEXTAFTER_A = [2.0, 1.0, 0.0, -0.0, -1.0, 65504.0, np.inf, -np.inf, 2.0 ** -14, 2.0 ** -24, np.nan, 3.0, 1.5]
-NEXTAFTER_B = [1.0, 2.0, 1.0, -1.0, -2.0, np.inf, 0.0, 0.0, 0.0, 0.0, 1.0, 3.0, np.nan]
+# The smallest negative subnormals of float16 (2**-24) and bfloat16 (2**-133) step to -0 toward zero.
+NEXTAFTER_A = [2.0, 1.0, 0.0, -0.0, -1.0, 65504.0, np.inf, -np.inf, 2.0 ** -14, 2.0 ** -24, np.nan, 3.0, 1.5,
+               -(2.0 ** -24), -(2.0 ** -24), -(2.0 ** -133)]
+NEXTAFTER_B = [1.0, 2.0, 1.0, -1.0, -2.0, np.inf, 0.0, 0.0, 0.0, 0.0, 1.0, 3.0, np.nan, 0.0, 1.0, 1.0]
 
 
 def nextafter_16(a: np.ndarray, b: np.ndarray, mant: int, emin: int, max_finite: float) -> np.ndarray:
@@ -319,6 +321,7 @@ def test_nextafter_steps_in_the_16_bit_format(gpu_like, dtype, mant):
             B = rt.astype(rt.array(b, device=device), getattr(rt, dtype))
             got = rt.nextafter(A, B).astype(rt.float64).numpy()
             np.testing.assert_array_equal(got, want, err_msg=f"{dtype} on {device.info.uri}")
+            np.testing.assert_array_equal(np.signbit(got), np.signbit(want), err_msg=f"{dtype} on {device.info.uri}")
     finally:
         cpu.close()
 
