@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+import hal
+
 from . import dtypes as _dt
 from . import ops
 from .device import context_for
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
-from .graph import Node, keep_constant, merge_checks, new_node, upload
+from .graph import Node, differentiated, keep_constant, merge_checks, new_node, upload
 from .shapes import broadcast_shapes, index_of, normalize_axes, normalize_axis, sequence_of
 
 if TYPE_CHECKING:
@@ -586,7 +588,13 @@ def std(x, /, *, axis=None, correction=0.0, keepdims=False) -> Array:
     return ops.sqrt(var(x, axis=axis, correction=correction, keepdims=keepdims))
 
 
-def _cumulative(fn, x, axis, dtype, include_initial, identity, op) -> Array:
+def _cumulative(combine, x, axis, dtype, include_initial, identity) -> Array:
+    """The inclusive scan of `combine` (add or multiply) along `axis` as Hillis and Steele's: after the
+    step of shift s each element holds the combination of the 2s elements ending at it, so log2(n)
+    steps of ops the gradient rules know (a slice, a concatenation, the combine) scan the axis on the
+    device, differentiable. (Computed on the host, the result was a constant: a gradient through it
+    came out zero, and each call sent the array through the host.) Integer results wrap as numpy's
+    running sum does; float results round in a tree order, within a few ulp of numpy's loop."""
     x = _arr(x)
     if axis is None:
         if x.ndim > 1:
@@ -594,21 +602,30 @@ def _cumulative(fn, x, axis, dtype, include_initial, identity, op) -> Array:
         axis = 0
     axis = normalize_axis(axis, builtins.max(x.ndim, 1))
     dt = _out_dtype(x, dtype, "sum")
-    host = np.asarray(x.numpy()).astype(dt.numpy)
-    res = fn(host, axis=axis, dtype=dt.numpy) if host.ndim else host
-    if include_initial:
-        pad = [(0, 0)] * res.ndim
-        pad[axis] = (1, 0)
-        res = np.pad(res, pad, constant_values=identity)
-    return _on_host(x, np.asarray(res, dt.numpy), dt)
+    if x.dtype is not dt:
+        x = ops.astype(x, dt)
+    if x.ndim == 0:
+        return ops.copy_array(x)
+    n = x.shape[axis]
+
+    def head(count: int) -> Array:  # `count` identities along the axis
+        return ops.full(x.shape[:axis] + (count,) + x.shape[axis + 1:], identity, dtype=dt, device=x.ctx)
+
+    y = x
+    shift = 1
+    while shift < n:
+        kept = (slice(None),) * axis + (slice(0, n - shift),)
+        y = combine(y, concat([head(shift), y[kept]], axis=axis))
+        shift *= 2
+    return concat([head(1), y], axis=axis) if include_initial else y
 
 
 def cumulative_sum(x, /, *, axis=None, dtype=None, include_initial=False) -> Array:
-    return _cumulative(np.cumsum, x, axis, dtype, include_initial, 0, "sum")
+    return _cumulative(ops.add, x, axis, dtype, include_initial, 0)
 
 
 def cumulative_prod(x, /, *, axis=None, dtype=None, include_initial=False) -> Array:
-    return _cumulative(np.cumprod, x, axis, dtype, include_initial, 1, "prod")
+    return _cumulative(ops.multiply, x, axis, dtype, include_initial, 1)
 
 
 def all(x, /, *, axis=None, keepdims=False) -> Array:  # noqa: A001
@@ -742,35 +759,37 @@ def searchsorted(x1, x2, /, *, side="left", sorter=None) -> Array:
     return _on_host(x2, np.searchsorted(a, v, side=side, sorter=srt).astype(np.int64), _dt.int64)
 
 
-def sort(x, /, *, axis=-1, descending=False, stable=True) -> Array:
-    x = _arr(x)
+def _order(x: Array, axis: int, descending: bool) -> np.ndarray:
+    """The stable order of x's elements along `axis` (numpy's, on the host), descending: equal
+    elements keep their order."""
     host = np.asarray(x.numpy())
+    if descending:
+        n = host.shape[axis]
+        return (n - 1 - np.flip(np.argsort(np.flip(host, axis), axis=axis, kind="stable"), axis)).astype(np.int64)
+    return np.argsort(host, axis=axis, kind="stable").astype(np.int64)
+
+
+def sort(x, /, *, axis=-1, descending=False, stable=True) -> Array:
+    """x's elements gathered in argsort's order: the gradient goes back to where each came from."""
+    x = _arr(x)
     if x.ndim == 0:
         return ops.copy_array(x)
     axis = normalize_axis(axis, x.ndim)
-    if descending:
-        res = np.flip(np.sort(np.flip(host, axis), axis=axis, kind="stable"), axis)
-    else:
-        res = np.sort(host, axis=axis, kind="stable")
-    return _on_host(x, res, x.dtype)
+    return take_along_axis(x, _order(x, axis, descending), axis=axis)
 
 
 def argsort(x, /, *, axis=-1, descending=False, stable=True) -> Array:
     x = _arr(x)
-    host = np.asarray(x.numpy())
     if x.ndim == 0:
         return _on_host(x, np.zeros((), np.int64), _dt.int64)
-    axis = normalize_axis(axis, x.ndim)
-    if descending:
-        n = host.shape[axis]
-        res = n - 1 - np.flip(np.argsort(np.flip(host, axis), axis=axis, kind="stable"), axis)
-    else:
-        res = np.argsort(host, axis=axis, kind="stable")
-    return _on_host(x, res.astype(np.int64), _dt.int64)
+    return _on_host(x, _order(x, normalize_axis(axis, x.ndim), descending), _dt.int64)
 
 
 def _unique(x):
     x = _arr(x)
+    if differentiated(x):
+        raise hal.UnimplementedError("the unique functions have no gradient: their values are found on the host, "
+                                     "which cuts the gradient off (differentiate before them, or sort and compare)")
     host = np.asarray(x.numpy()).reshape(-1)
     values, index, inverse, counts = np.unique(host, return_index=True, return_inverse=True, return_counts=True,
                                                equal_nan=False)

@@ -34,7 +34,7 @@ from . import dtypes as _dt
 from . import fft as _fft
 from . import linalg, ops
 from .errors import InvalidTypeError, InvalidValueError
-from .graph import Node, constant, new_node
+from .graph import DIFFERENTIATING, Node, constant, new_node
 from .ops import COMPARE
 from .shapes import index_of, sequence_of
 from .trees import flatten, unflatten
@@ -364,6 +364,15 @@ def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
             return None
         # every rank's output reads every rank's input: the cotangents summed (averaged) the same way
         return new_node("collective", (ops.contiguous(g),), node.params, g.shape, g.dtype, g.ctx)
+    if op == "gather":  # each value read goes back where it was read from (indices may repeat)
+        if k:
+            return None  # (the indices and a checked gather's status word)
+        src = node.inputs[0]
+        return ops.reshape(ops.scatter_add(g, node.inputs[1], src.size), src.shape)
+    if op == "scatter_add":  # the transpose of a scatter is the gather of the same indices
+        if k:
+            return None
+        return new_node("gather", (ops.contiguous(g), node.inputs[1]), None, node.inputs[1].shape, g.dtype, g.ctx)
     if op == "fft":  # the transposed transform (runtime/fft.py)
         return _fft.vjp(node, g)
     if op == "linalg_result":
@@ -600,7 +609,12 @@ def value_and_grad(fn: Callable[P, Array], argnums: int | Sequence[int] = 0) -> 
             args[i] = aliases[0] if spec is None else unflatten(spec, aliases)
             specs.append((spec, len(wrt), len(aliases)))
             wrt.extend(aliases)
-        out = fn(*args, **kwargs)
+        token = object()
+        DIFFERENTIATING[id(token)] = frozenset(map(id, wrt))
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            del DIFFERENTIATING[id(token)]
         if not isinstance(out, Node):
             raise hal.InvalidArgumentError("the differentiated function must return an Array")
         if out.shape != () and out.size != 1:

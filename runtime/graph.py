@@ -27,6 +27,34 @@ if TYPE_CHECKING:
 #: The op of a traced placeholder (rt.compile's inputs): no storage, and nothing computes it.
 PLACEHOLDER = "placeholder"
 
+#: The functions rt.grad and rt.value_and_grad are running now (on any thread): a token each, mapped to
+#: the ids of the arrays it differentiates with respect to. While one runs, an eval keeps the graph of
+#: the nodes it computes (``lowering.execute.attach``): a value the function evaluates on its way (one
+#: it prints or logs, or that an op computing on the host reads) stays differentiable, where clearing
+#: its inputs would have cut the gradient off and given zeros silently.
+DIFFERENTIATING: dict[int, frozenset] = {}
+
+
+def differentiated(x: Node) -> bool:
+    """Whether a function rt.grad is running differentiates through `x` (its graph reaches one of the
+    function's differentiated arguments): an op without a gradient rule refuses such an `x`."""
+    if not DIFFERENTIATING or not (x.dtype.is_float or x.dtype.is_complex):
+        return False
+    targets = frozenset().union(*list(DIFFERENTIATING.values()))
+    seen: set = set()
+    stack = [x]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if id(node) in targets:
+            return True
+        stack.extend(node.inputs)
+        if node.base is not None:
+            stack.append(node.base)
+    return False
+
 
 class Node:
     """The fields of an array (see the module); instances are always of its subclass ``Array``.

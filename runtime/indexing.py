@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+import hal
+
 from . import dtypes as _dt
 from . import ops
 from .array_api import gather_flat
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
-from .graph import Node
+from .graph import Node, differentiated
 from .shapes import broadcast_shapes, contiguous_strides, parse_index
 
 if TYPE_CHECKING:
@@ -261,8 +263,12 @@ class _At:
         return ops.where(mask, placed, x)
 
     def _update_on_host(self, value, combine) -> Array:
-        """Array indices (which may repeat) updated as numpy's ufunc.at does, on host data."""
+        """Array indices (which may repeat) updated as numpy's ufunc.at does, on host data (no gradient:
+        refused inside a differentiated function rather than cutting the gradient off)."""
         x = self.x
+        if differentiated(x) or (isinstance(value, Node) and differentiated(value)):
+            raise hal.UnimplementedError("x.at[...] with integer-array or boolean indices has no gradient: the update "
+                                         "runs on the host (basic indices and slices are differentiable)")
         host = np.array(np.asarray(x.numpy()))
         key = tuple(np.asarray(k.numpy()) if isinstance(k, Node) else k for k in
                     (self.key if isinstance(self.key, tuple) else (self.key,)))

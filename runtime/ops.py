@@ -504,6 +504,20 @@ def contiguous(x: Array) -> Array:
     return new_node("copy", (x,), x.dtype, x.shape, x.dtype, x.ctx)
 
 
+def scatter_add(values: Array, flat: Array, size: int) -> Array:
+    """A 1-D array of `size` zeros with each of `values` added at its flat index in `flat` (int64, of
+    `values`' shape; indices may repeat): the transpose of a gather (``kernels/scatter.py``). float32
+    and float64 values add in their type, narrower floats in float32, complex values part by part."""
+    if values.dtype.is_complex:
+        return add(scatter_add(real(values), flat, size), multiply(scatter_add(imag(values), flat, size), 1j))
+    if not values.dtype.is_float:
+        raise InvalidTypeError(f"scatter_add adds floating-point values, got {values.dtype.name}")
+    dt = values.dtype if values.dtype in (_dt.float32, _dt.float64) else _dt.float32
+    v = contiguous(reshape(astype(values, dt, copy=False), (-1,)))
+    idx = contiguous(reshape(astype(flat, _dt.int64, copy=False), (-1,)))
+    return new_node("scatter_add", (v, idx), (size,), (size,), dt, values.ctx)
+
+
 def where(cond, x, y) -> Array:
     ctx = ctx_of(cond, x, y)
     if ctx is None:

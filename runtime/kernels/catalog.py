@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import dtypes as _dt
 from .. import ops
-from . import concat, elementwise, gather, linalg, matmul, pad, random, reduce, reduce_columns, rows
+from . import concat, elementwise, gather, linalg, matmul, pad, random, reduce, reduce_columns, rows, scatter
 
 
 def _signature(fn, *args):
@@ -59,6 +59,8 @@ def all_sources() -> list:
         out.append(matmul.matmul_source(d))
         out.append(pad.pad_source(d))
         out.append(gather.gather_source(d))
+    for d in scatter.DTYPES:
+        out.append(scatter.scatter_source(d))
     for d in _dt.FLOATS:
         out.append(random.random_source("uniform", d))
         out.append(random.random_source("normal", d))

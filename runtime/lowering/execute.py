@@ -18,6 +18,7 @@ import hal
 from hal import env
 
 from ..device import Storage
+from ..graph import DIFFERENTIATING
 from .record import Recording
 
 if TYPE_CHECKING:
@@ -185,7 +186,12 @@ def _execute(ctx: DeviceContext, rec: Recording, ext: list, table: list, queue: 
 
 def attach(ctx: DeviceContext, rec: Recording, order: list, table: list, value: int) -> None:
     """Hand the materialized nodes of an eval their buffers; nodes fused away keep their inputs
-    (they are garbage unless referenced)."""
+    (they are garbage unless referenced). While a differentiated function runs (``DIFFERENTIATING``)
+    the materialized nodes keep theirs too: the gradient is taken through them afterwards."""
+    if DIFFERENTIATING:
+        for pos, (i, bucket, nb) in enumerate(rec.fresh, rec.n_ext):
+            order[i].storage = Storage(table[pos], bucket, ctx, value, nb)
+        return
     for pos, (i, bucket, nb) in enumerate(rec.fresh, rec.n_ext):
         node = order[i]
         node.storage = Storage(table[pos], bucket, ctx, value, nb)

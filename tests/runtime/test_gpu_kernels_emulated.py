@@ -348,3 +348,41 @@ def test_mean_of_64_bit_integers_does_not_wrap(gpu_like, dtype):
                                        (wide + 3).mean(axis=-1, keepdims=True), rtol=1e-15, err_msg=where)
     finally:
         cpu.close()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_scatter_add_sums_repeated_indices(gpu_like, dtype):
+    """The gradient of a gather: values added at their indices (repeats summed) into zeros, indices past
+    either end clamped as the unchecked gather clamps them."""
+    rng = np.random.default_rng(11)
+    values = rng.standard_normal(3000).astype(dtype)
+    idx = rng.integers(-5, 105, 3000)
+    want = np.zeros(100, dtype)
+    np.add.at(want, np.clip(idx, 0, 99), values)
+    got = rt.ops.scatter_add(rt.array(values, device=gpu_like), rt.array(idx, device=gpu_like), 100).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-4)
+    empty = rt.ops.scatter_add(rt.array(values[:0], device=gpu_like), rt.array(idx[:0], device=gpu_like), 7)
+    np.testing.assert_array_equal(empty.numpy(), np.zeros(7, dtype))
+
+
+def test_gradients_through_gathers_sort_and_scans_on_gpu_kernels(gpu_like):
+    """The gradients of an embedding lookup, a sort and a cumulative sum, lowered as on a GPU."""
+    rng = np.random.default_rng(12)
+    table = rng.standard_normal((50, 8)).astype(np.float32)
+    ids = rng.integers(0, 50, 300)
+    w = rng.standard_normal((300, 8)).astype(np.float32)
+    want = np.zeros_like(table)
+    np.add.at(want, ids, w)
+    t = rt.array(table, device=gpu_like)
+    g = rt.grad(lambda t: (t[rt.array(ids, device=gpu_like)] * rt.array(w, device=gpu_like)).sum())(t)
+    np.testing.assert_allclose(g.numpy(), want, rtol=1e-5, atol=1e-5)
+    x = rng.standard_normal((4, 300)).astype(np.float32)
+    v = rng.standard_normal((4, 300)).astype(np.float32)
+    xs, vs = rt.array(x, device=gpu_like), rt.array(v, device=gpu_like)
+    order = np.argsort(x, axis=1, kind="stable")
+    want = np.zeros_like(x)
+    np.put_along_axis(want, order, v, axis=1)
+    np.testing.assert_allclose(rt.grad(lambda a: (rt.sort(a, axis=1) * vs).sum())(xs).numpy(), want, rtol=1e-6)
+    want = np.flip(np.cumsum(np.flip(v, 1), axis=1), 1)  # the reverse running sum of the cotangent
+    np.testing.assert_allclose(rt.grad(lambda a: (rt.cumulative_sum(a, axis=1) * vs).sum())(xs).numpy(), want,
+                               rtol=1e-4, atol=1e-4)

@@ -25,8 +25,40 @@ def sig(z):
     return 1 / (1 + np.exp(-z))
 
 
+_W = np.arange(12.0).reshape(3, 4) / 4 + 1  # weights that tell each output position apart
+
+
+def _w() -> rt.Array:
+    return rt.asarray(_W.astype(np.float32))
+
+
+def _evaluated_inside(x):
+    """A function that evaluates an intermediate on its way (as one that logs it does)."""
+    y = rt.exp(x) * 0.5
+    rt.eval(y)
+    y.numpy()
+    scale = float(y.sum())  # read on the host: a constant to the gradient (PyTorch's .item())
+    return (y * x).sum() + 0.0 * scale
+
+
 # (runtime fn, numpy float64 fn, input shape, positive input)
 CASES = {
+    "evaluated_inside": (_evaluated_inside, lambda x: (0.5 * np.exp(x) * x).sum(), (3, 4), False),
+    "take_repeated": (lambda x: (rt.take(x, rt.asarray([3, 0, 0, 2])) * rt.asarray([1.0, 2.0, 5.0, 7.0])).sum(),
+                      lambda x: (np.take(x, [3, 0, 0, 2]) * np.array([1.0, 2.0, 5.0, 7.0])).sum(), (5,), False),
+    "integer_array_index": (lambda x: (x[rt.asarray([2, 0, 2])] * _w()).sum(), lambda x: (x[[2, 0, 2]] * _W).sum(),
+                            (3, 4), False),
+    "boolean_mask": (lambda x: (x[x > 0] ** 2).sum(), lambda x: (x[x > 0] ** 2).sum(), (3, 4), False),
+    "take_along_axis": (lambda x: (rt.take_along_axis(x, rt.asarray([[1, 1, 0, 3]] * 3), axis=1) * _w()).sum(),
+                        lambda x: (np.take_along_axis(x, np.array([[1, 1, 0, 3]] * 3), axis=1) * _W).sum(),
+                        (3, 4), False),
+    "sort": (lambda x: (rt.sort(x, axis=0) * _w()).sum(), lambda x: (np.sort(x, axis=0) * _W).sum(), (3, 4), False),
+    "sort_descending": (lambda x: (rt.sort(x, descending=True) * _w()).sum(),
+                        lambda x: (np.flip(np.sort(x, axis=-1), -1) * _W).sum(), (3, 4), False),
+    "cumulative_sum": (lambda x: (rt.cumulative_sum(x, axis=1) * _w()).sum(),
+                       lambda x: (np.cumsum(x, axis=1) * _W).sum(), (3, 4), False),
+    "cumulative_prod": (lambda x: (rt.cumulative_prod(x, axis=0, include_initial=True)[1:] * _w()).sum(),
+                        lambda x: (np.cumprod(x, axis=0) * _W).sum(), (3, 4), False),
     "add_broadcast": (lambda x: (x + rt.ones((3, 1))).sum(), lambda x: (x + np.ones((3, 1))).sum(), (4,), False),
     "mul_sub_div": (lambda x: ((x * x - x) / (x * x + 1)).sum(), lambda x: ((x * x - x) / (x * x + 1)).sum(),
                     (2, 3), False),
@@ -183,3 +215,34 @@ def test_grad_over_trees_of_parameters(dev):
         rt.grad(lambda p: x.sum())({"lr": 0.1})
     with pytest.raises(rt.InvalidTypeError, match="int64"):
         rt.grad(lambda p: p["n"].sum())({"n": rt.array(np.arange(3), device=dev)})
+
+
+def test_functions_computed_on_the_host_refuse_to_be_differentiated(dev):
+    """unique_values and x.at[array indices] compute on the host: inside a differentiated function they
+    raise a typed error where they gave a zero gradient silently; outside, they work as before."""
+    x = rt.array(np.array([1.0, 2.0, 2.0], np.float32), device=dev)
+    for fn in (lambda a: rt.unique_values(a).sum(), lambda a: rt.unique_counts(a).values.sum(),
+               lambda a: a.at[rt.asarray([0, 0])].add(1.0).sum(),
+               lambda a: rt.zeros(3).at[[0, 1]].set(a[:2]).sum()):
+        with pytest.raises(hal.UnimplementedError, match="no gradient"):
+            rt.grad(fn)(x)
+    np.testing.assert_array_equal(rt.unique_values(x).numpy(), [1.0, 2.0])
+    np.testing.assert_array_equal(x.at[rt.asarray([0, 0])].add(1.0).numpy(), [3.0, 2.0, 2.0])
+    np.testing.assert_array_equal(rt.grad(lambda a: (a * 2).sum())(x).numpy(), [2.0, 2.0, 2.0])  # (still usable)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64", "complex64"])
+def test_gather_gradients_add_up_repeated_indices(dev, dtype):
+    """An embedding lookup's gradient: each row's cotangents summed over every time it was read."""
+    rng = np.random.default_rng(3)
+    table = rng.standard_normal((6, 3))
+    ids = np.array([4, 1, 4, 4, 0])
+    weights = rng.standard_normal((5, 3))
+    want = np.zeros((6, 3))
+    np.add.at(want, ids, weights)
+    x = rt.astype(rt.array(table, device=dev), getattr(rt, dtype))
+    w = rt.array(weights, device=dev)
+    g = rt.grad(lambda t: (rt.real(t[rt.asarray(ids)]).astype(rt.float64) * w).sum())(x)
+    assert g.dtype == getattr(rt, dtype)
+    tol = {"float16": 1e-2, "bfloat16": 5e-2}.get(dtype, 1e-6)
+    np.testing.assert_allclose(np.asarray(rt.real(g).astype(rt.float64).numpy()), want, rtol=tol, atol=tol)

@@ -1,0 +1,67 @@
+"""`scatter_add`: out[idx[i]] += g[i] over flat element indices, into zeros (the gradient of a gather:
+``take``, ``take_along_axis``, integer-array and boolean indexing, and ``sort``, which gathers).
+
+The output is zero-filled, then one thread per value adds it at its index with an atomic add, so
+indices may repeat (a row of an embedding looked up twice gets both cotangents). The order of the
+additions is the device's: a sum over repeated indices may round differently from run to run (as
+PyTorch's ``index_add_`` and JAX's scatter-add on GPUs). Indices are clamped to the output as the
+unchecked gather clamps them, so each value lands where the gather read it. float32 and float64
+only: the gradient rule accumulates narrower floats in float32 and complex values part by part.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import hal
+
+from .. import dtypes as _dt
+from .source import WORKGROUP, KernelSource, grid_1d, source
+
+_NCONST = 4  # n, value offset, index offset, output elements
+DTYPES = (_dt.float32, _dt.float64)
+
+
+def scatter_source(dt) -> KernelSource:
+    key = ("scatter_add", dt.name)
+    name = f"scatter_add_{dt.code}"
+    return source(key, lambda: KernelSource(key, [hal.Export(name, (WORKGROUP, 1, 1), 3, _NCONST)],
+                                            lambda: _cuda(dt, name), lambda: {name: _numpy_fn(dt)}))
+
+
+def _cuda(dt, name) -> str:
+    t = dt.c_storage
+    return f"""
+extern "C" __global__ void {name}({t}* __restrict__ out, const {t}* __restrict__ g,
+                                  const long long* __restrict__ idx, u32 n, u32 goff, u32 ioff, u32 m) {{
+  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)blockDim.x * gridDim.x) {{
+    long long j = idx[ioff + i];
+    j = j < 0 ? 0 : (j >= (long long)m ? (long long)m - 1 : j);
+    atomicAdd(out + j, g[goff + i]);
+  }}
+}}
+"""
+
+
+def _numpy_fn(dt):
+    def run(wg, bindings, c):
+        n, goff, ioff, m = c
+        out = np.frombuffer(bindings[0], dtype=dt.storage, count=m)
+        g = np.frombuffer(bindings[1], dtype=dt.storage, count=n, offset=goff * dt.itemsize)
+        idx = np.frombuffer(bindings[2], dtype=np.int64, count=n, offset=ioff * 8)
+        np.add.at(out, np.clip(idx, 0, m - 1), g)
+    return run
+
+
+def plan(node, layouts: list, ctx) -> list:
+    (m,) = node.params
+    if m == 0:
+        return []
+    n = node.inputs[0].size
+    fill = ("fill", ("out",), 0, 4)  # (zero is all-zero bits in float32 and float64 alike)
+    if n == 0:
+        return [fill]
+    (_, _, goff), (_, _, ioff) = layouts[:2]
+    src = scatter_source(node.dtype)
+    return [fill, ("barrier",), ("dispatch", src, f"scatter_add_{node.dtype.code}", (grid_1d(n), 1, 1),
+                                 [n, goff, ioff, m], [("out",), ("in", 0), ("in", 1)])]
