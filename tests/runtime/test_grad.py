@@ -41,6 +41,10 @@ def _evaluated_inside(x):
     return (y * x).sum() + 0.0 * scale
 
 
+# Cases whose graph depends on the data (a boolean mask's result has as many elements as it selects):
+# each step records its own graph.
+DATA_SHAPED = {"boolean_mask"}
+
 # (runtime fn, numpy float64 fn, input shape, positive input)
 CASES = {
     "evaluated_inside": (_evaluated_inside, lambda x: (0.5 * np.exp(x) * x).sum(), (3, 4), False),
