@@ -30,6 +30,7 @@ import numpy as np
 
 import hal
 
+from . import array_api as _api
 from . import dtypes as _dt
 from . import fft as _fft
 from . import linalg, ops
@@ -235,6 +236,22 @@ def _keepdims_shape(x_shape: tuple, axes: tuple) -> tuple:
     return tuple(1 if i in axes else d for i, d in enumerate(x_shape))
 
 
+def _product_of_others(x: Array, axes: tuple) -> Array:
+    """Per element of x, the product of the others over `axes` (prod's derivative): the running
+    products from either end, exclusive, multiplied. No division by the element, so a zero factor
+    gets the product of the rest, where prod / x gave 0 / 0 (NaN)."""
+    kept = [a for a in range(x.ndim) if a not in axes]
+    moved = ops.transpose(x, tuple(kept) + tuple(axes))
+    rows = ops.reshape(moved, tuple(x.shape[a] for a in kept) + (-1,))
+    before = _api.cumulative_prod(rows, axis=-1, include_initial=True)[..., :-1]
+    after = _api.cumulative_prod(rows[..., ::-1], axis=-1, include_initial=True)[..., -2::-1]
+    others = ops.reshape(before * after, moved.shape)
+    inverse = [0] * x.ndim
+    for i, a in enumerate(tuple(kept) + tuple(axes)):
+        inverse[a] = i
+    return ops.transpose(others, tuple(inverse))
+
+
 def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
     """Cotangent contribution of `node`'s output cotangent g to its input k (`memo`: nodes shared
     within one backward pass)."""
@@ -352,7 +369,7 @@ def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
     if op == "prod":
         axes, keepdims = node.params
         kshape = _keepdims_shape(x.shape, axes)
-        return ops.broadcast_to(ops.reshape(g, kshape) * ops.reshape(node, kshape), x.shape) / x
+        return ops.broadcast_to(ops.reshape(g, kshape), x.shape) * _product_of_others(x, axes)
     if op == "concat":  # the input's window of the cotangent
         (axis,) = node.params
         start = sum(inp.shape[axis] for inp in node.inputs[:k])

@@ -250,3 +250,15 @@ def test_gather_gradients_add_up_repeated_indices(dev, dtype):
     assert g.dtype == getattr(rt, dtype)
     tol = {"float16": 1e-2, "bfloat16": 5e-2}.get(dtype, 1e-6)
     np.testing.assert_allclose(np.asarray(rt.real(g).astype(rt.float64).numpy()), want, rtol=tol, atol=tol)
+
+
+def test_prod_gradient_with_zero_factors(dev):
+    """prod's gradient is the product of the other factors: one zero among them gives its neighbours'
+    product (the rule g * prod / x gave 0 / 0, NaN), two zeros give zeros; second derivatives too."""
+    x = rt.array(np.array([[0.0, 2.0, 3.0], [1.0, 2.0, 4.0], [0.0, 0.0, 5.0]], np.float32), device=dev)
+    np.testing.assert_array_equal(rt.grad(lambda a: rt.prod(a, axis=1).sum())(x).numpy(),
+                                  [[6, 0, 0], [8, 4, 2], [0, 0, 0]])
+    np.testing.assert_array_equal(rt.grad(lambda a: rt.prod(a, axis=0).sum())(x).numpy(),
+                                  [[0, 0, 20], [0, 0, 15], [0, 4, 12]])
+    y = rt.array(np.array([1.0, 2.0, 3.0], np.float32), device=dev)
+    np.testing.assert_array_equal(rt.grad(lambda a: rt.grad(lambda b: rt.prod(b))(a).sum())(y).numpy(), [5, 4, 3])
