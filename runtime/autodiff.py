@@ -627,7 +627,7 @@ def value_and_grad(fn: Callable[P, Array], argnums: int | Sequence[int] = 0) -> 
             specs.append((spec, len(wrt), len(aliases)))
             wrt.extend(aliases)
         token = object()
-        DIFFERENTIATING[id(token)] = frozenset(map(id, wrt))
+        DIFFERENTIATING[id(token)] = (threading.get_ident(), frozenset(map(id, wrt)))
         try:
             out = fn(*args, **kwargs)
         finally:

@@ -11,6 +11,7 @@ importing the class whose methods call into them.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,20 +28,37 @@ if TYPE_CHECKING:
 #: The op of a traced placeholder (rt.compile's inputs): no storage, and nothing computes it.
 PLACEHOLDER = "placeholder"
 
-#: The functions rt.grad and rt.value_and_grad are running now (on any thread): a token each, mapped to
-#: the ids of the arrays it differentiates with respect to. While one runs, an eval keeps the graph of
-#: the nodes it computes (``lowering.execute.attach``): a value the function evaluates on its way (one
-#: it prints or logs, or that an op computing on the host reads) stays differentiable, where clearing
-#: its inputs would have cut the gradient off and given zeros silently.
-DIFFERENTIATING: dict[int, frozenset] = {}
+#: The functions rt.grad and rt.value_and_grad are running now: a token each, mapped to the thread
+#: running it and the ids of the arrays it differentiates with respect to. While one runs, an eval on
+#: its thread keeps the graph of the nodes it computes (``lowering.execute.attach``): a value the
+#: function evaluates on its way (one it prints or logs, or that an op computing on the host reads)
+#: stays differentiable, where clearing its inputs would have cut the gradient off and given zeros
+#: silently. (Other threads' evals clear as ever: a loop there keeps no chain of its past values.)
+DIFFERENTIATING: dict[int, tuple[int, frozenset]] = {}
+
+
+def _targets_here() -> frozenset | None:
+    """The ids the functions being differentiated on this thread differentiate with respect to (None:
+    no such function runs here)."""
+    here = threading.get_ident()
+    found = [ids for thread, ids in list(DIFFERENTIATING.values()) if thread == here]
+    return frozenset().union(*found) if found else None
+
+
+def keeps_graph() -> bool:
+    """Whether an eval on this thread keeps its nodes' graph (a differentiated function runs here)."""
+    return _targets_here() is not None
 
 
 def differentiated(x: Node) -> bool:
-    """Whether a function rt.grad is running differentiates through `x` (its graph reaches one of the
-    function's differentiated arguments): an op without a gradient rule refuses such an `x`."""
+    """Whether a function rt.grad is running on this thread differentiates through `x` (its graph
+    reaches one of the function's differentiated arguments): an op without a gradient rule refuses
+    such an `x`."""
     if not DIFFERENTIATING or not (x.dtype.is_float or x.dtype.is_complex):
         return False
-    targets = frozenset().union(*list(DIFFERENTIATING.values()))
+    targets = _targets_here()
+    if targets is None:
+        return False
     seen: set = set()
     stack = [x]
     while stack:

@@ -18,7 +18,7 @@ import hal
 from hal import env
 
 from ..device import Storage
-from ..graph import DIFFERENTIATING
+from ..graph import DIFFERENTIATING, keeps_graph
 from .record import Recording
 
 if TYPE_CHECKING:
@@ -186,9 +186,9 @@ def _execute(ctx: DeviceContext, rec: Recording, ext: list, table: list, queue: 
 
 def attach(ctx: DeviceContext, rec: Recording, order: list, table: list, value: int) -> None:
     """Hand the materialized nodes of an eval their buffers; nodes fused away keep their inputs
-    (they are garbage unless referenced). While a differentiated function runs (``DIFFERENTIATING``)
-    the materialized nodes keep theirs too: the gradient is taken through them afterwards."""
-    if DIFFERENTIATING:
+    (they are garbage unless referenced). While a differentiated function runs on this thread
+    (``DIFFERENTIATING``) the materialized nodes keep theirs too: the gradient is taken through them afterwards."""
+    if DIFFERENTIATING and keeps_graph():
         for pos, (i, bucket, nb) in enumerate(rec.fresh, rec.n_ext):
             order[i].storage = Storage(table[pos], bucket, ctx, value, nb)
         return

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
+
 import numpy as np
 import pytest
 
@@ -262,3 +265,37 @@ def test_prod_gradient_with_zero_factors(dev):
                                   [[0, 0, 20], [0, 0, 15], [0, 4, 12]])
     y = rt.array(np.array([1.0, 2.0, 3.0], np.float32), device=dev)
     np.testing.assert_array_equal(rt.grad(lambda a: rt.grad(lambda b: rt.prod(b))(a).sum())(y).numpy(), [5, 4, 3])
+
+
+def test_only_the_differentiating_thread_keeps_evaluated_graphs(dev):
+    """While one thread runs a differentiated function, another thread's evals free their inputs as
+    ever: its loops keep no chain of past values (and its gradient inside stays right)."""
+    inside, release = threading.Event(), threading.Event()
+    result = {}
+
+    def differentiated(a):
+        y = a * 3
+        rt.eval(y)
+        inside.set()
+        release.wait(10)
+        return (y * y).sum()
+
+    def worker():
+        result["grad"] = rt.grad(differentiated)(rt.array(np.array([1.0, 2.0], np.float32), device=dev)).numpy()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        x = rt.array(np.ones(4, np.float32), device=dev)
+        middle = x * 2
+        last = middle + 1
+        rt.eval(last)
+        gone = weakref.ref(middle)
+        del middle
+        assert gone() is None  # the evaluated array no longer holds what it was computed from
+        np.testing.assert_array_equal(last.numpy(), 3.0)
+    finally:
+        release.set()
+        thread.join(10)
+    np.testing.assert_array_equal(result["grad"], [18.0, 36.0])
