@@ -118,17 +118,37 @@ def asarray(x, dtype=None, device=None, copy=None) -> Array:
 def _exact_integers(x, dt: _dt.DType) -> np.ndarray | None:
     """Python data for an integer dtype converted by numpy straight to it, so that integers past
     float64's precision stay exact (``asarray([0, 2**63 + 1], dtype=uint64)``: numpy infers float64
-    for that list on its own); None where numpy refuses (a value out of the dtype's range, NaN), which
-    then converts as ``astype`` does."""
+    for that list on its own); None where numpy refuses a float (NaN, infinity, out of range), which
+    then converts as ``astype`` does. A Python integer the dtype cannot hold raises ScalarOverflowError,
+    as numpy, PyTorch and JAX refuse it (wrapped, ``asarray([300], dtype=int8)`` was 44)."""
     if not dt.is_int or isinstance(x, (np.ndarray, np.generic, Node)):
         return None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             host = np.asarray(x, dtype=dt.storage)
-    except (OverflowError, ValueError, TypeError, Warning):
+    except OverflowError:
+        info = np.iinfo(dt.storage)
+        value = _int_outside(x, int(info.min), int(info.max))
+        if value is not None:
+            raise ScalarOverflowError(f"asarray: Python integer {value} out of bounds for {dt.name}") from None
+        return None
+    except (ValueError, TypeError, Warning):
         return None
     return host
+
+
+def _int_outside(x, low: int, high: int) -> int | None:
+    """The first Python integer (not bool) in nested sequences `x` outside [low, high], or None."""
+    stack = [x]
+    while stack:
+        item = stack.pop()
+        if type(item) is int:
+            if not low <= item <= high:
+                return item
+        elif isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+    return None
 
 
 def host_data(x) -> tuple:

@@ -505,16 +505,19 @@ def test_slices_of_odd_bounds_and_ragged_data_give_typed_errors_or_numpy_results
 
 
 def test_python_integers_past_float64_precision_stay_exact_in_uint64_and_int64(dev):
-    """numpy infers float64 for [0, 2**63 + 1] on its own; with the dtype given the values are exact
-    (out-of-range values still convert as astype does, as before)."""
+    """numpy infers float64 for [0, 2**63 + 1] on its own; with the dtype given the values are exact.
+    A Python integer the dtype cannot hold is refused, as numpy, PyTorch and JAX refuse it (it wrapped:
+    300 as uint8 was 44); floats convert as astype does."""
     big = 2**63 + 1
     same(rt.asarray(big, dtype=rt.uint64, device=dev), np.asarray(big, dtype=np.uint64))
     same(rt.asarray([0, big, 2**64 - 1], dtype=rt.uint64, device=dev), np.array([0, big, 2**64 - 1], np.uint64))
     same(rt.asarray([[-(2**63), 2**63 - 1]], dtype=rt.int64, device=dev), np.array([[-(2**63), 2**63 - 1]], np.int64))
-    same(rt.asarray([-1, 300], dtype=rt.uint8, device=dev), np.array([-1, 300]).astype(np.uint8))
     same(rt.asarray([1.5, -2.7], dtype=rt.int32, device=dev), np.array([1, -2], np.int32))
-    with pytest.raises(rt.ScalarOverflowError):
-        rt.asarray(big, dtype=rt.int64, device=dev)
+    same(rt.asarray([np.inf, -1e300], dtype=rt.int8, device=dev), np.array([127, -128], np.int8))  # (saturated)
+    for value, dtype in ((big, rt.int64), ([-1, 300], rt.uint8), ([np.int8(1), 300], rt.int8), (-1, rt.uint64),
+                         ([[1], [2**70]], rt.int64)):
+        with pytest.raises(rt.ScalarOverflowError, match="out of bounds"):
+            rt.asarray(value, dtype=dtype, device=dev)
 
 
 def test_diff_orders_corrections_and_keepdims_as_numpy_takes_them(dev):
