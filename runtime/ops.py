@@ -281,6 +281,30 @@ def binary_signature(op: str, dt: _dt.DType) -> tuple:
     return out, cdt
 
 
+_COMPARE_OPS = frozenset(COMPARE)
+_MIRRORED = {"eq": "eq", "ne": "ne", "lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}  # (v op x) is (x mirrored v)
+
+
+def _compared_past_range(op: str, a, b) -> Array | None:
+    """An integer array compared with a Python integer its dtype cannot hold: every element is on the
+    same side of it, so the answer is known (numpy 2's: ``uint8_image < -1`` is all False, where
+    converting -1 to uint8 would raise); None for any other comparison."""
+    if type(b) is int and isinstance(a, Node):
+        array, value = a, b
+    elif type(a) is int and isinstance(b, Node):
+        array, value, op = b, a, _MIRRORED[op]
+    else:
+        return None
+    if array.dtype.kind not in "iu":
+        return None
+    low, high = _dt.int_range(array.dtype)
+    if low <= value <= high:
+        return None
+    above = value > high  # the value is above every element (else below every one)
+    answer = {"eq": False, "ne": True, "lt": above, "le": above, "gt": not above, "ge": not above}[op]
+    return full(array.shape, answer, dtype=_dt.bool_, device=array.ctx)
+
+
 _SIGNATURES: dict = {}  # (op, promoted dtype) -> binary_signature's answer
 _BINARY: dict = {}  # (op, dtype, dtype) -> (result dtype, compute dtype)
 _UNARY_SIGNATURES: dict = {}
@@ -293,6 +317,10 @@ def binary(op: str, a: ArrayLike, b: ArrayLike) -> Array:
         if op == "pow" and isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b < 0 \
                 and isinstance(a, Node) and a.dtype.kind in "iub":
             raise InvalidValueError("Integers to negative integer powers are not allowed.")
+        if op in _COMPARE_OPS and (type(a) is int or type(b) is int):
+            decided = _compared_past_range(op, a, b)
+            if decided is not None:
+                return decided
         a, b, _ = operands(a, b)
     da, db = a.dtype, b.dtype
     sig = _BINARY.get((op, da, db))

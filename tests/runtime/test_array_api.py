@@ -549,3 +549,21 @@ def test_dlpack_of_unsigned_arrays(dev):
         pytest.skip("numpy imports host (CPU) DLPack capsules only")
     a = np.array([1, 200, 255], np.uint8)
     np.testing.assert_array_equal(np.from_dlpack(rt.array(a, device=dev)), a)
+
+
+def test_comparisons_with_python_integers_past_the_dtype_answer_as_numpy(dev):
+    """An integer array compared with a Python integer its dtype cannot hold: every element lies on one
+    side of it, and the answer is numpy 2's (it raised ScalarOverflowError: ``uint8_image < -1``)."""
+    ops = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal, ">": np.greater,
+           ">=": np.greater_equal}
+    for dtype in ("int8", "uint8", "uint32", "int64", "uint64"):
+        info = np.iinfo(dtype)
+        x = np.array([info.min, 0, 1, info.max], dtype)
+        X = rt.asarray(x, device=dev)
+        for value in (int(info.max) + 1, int(info.min) - 1, 2**70, -(2**70)):
+            for symbol, ufunc in ops.items():
+                same(eval(f"X {symbol} value"), eval(f"x {symbol} value"))
+                same(eval(f"value {symbol} X"), eval(f"value {symbol} x"))
+                same(getattr(rt, ufunc.__name__)(X, value), ufunc(x, value))
+    with pytest.raises(rt.ScalarOverflowError):  # (arithmetic still refuses the value)
+        rt.asarray(np.ones(2, np.uint8), device=dev) + 300
