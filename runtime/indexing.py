@@ -134,6 +134,17 @@ def _expand(x: Array, key: tuple) -> list:
 def _advanced(x: Array, key: tuple) -> Array:
     """Integer-array indexing (numpy's rules): the index arrays broadcast together; their dims replace the
     indexed axes where those are adjacent, else lead the result."""
+    y, flat, bad, out_shape = _advanced_flat(x, key)
+    if flat is None:
+        return ops.zeros(out_shape, dtype=x.dtype, device=x.ctx)
+    return gather_flat(y, flat, bad)
+
+
+def _advanced_flat(x: Array, key: tuple) -> tuple:
+    """(y, flat, bad, shape) of integer-array indexing: y the view of x that the key's basic items
+    select, flat the int64 array (of the result's shape) of each selected element's position in
+    y's elements in order, bad None or True where an index computed on the device is out of range;
+    flat None for an empty result."""
     items = _expand(x, key)
     adv = [i for i, k in enumerate(items) if isinstance(k, (np.ndarray, Node)) or
            (k is not None and not isinstance(k, slice))]
@@ -199,11 +210,11 @@ def _advanced(x: Array, key: tuple) -> Array:
         pos[oa] = y.shape[a]
         flat = flat + ops.reshape(ops.arange(y.shape[a], dtype=_dt.int64, device=x.ctx), tuple(pos)) * strides[a]
     if 0 in out_shape:
-        return ops.zeros(out_shape, dtype=x.dtype, device=x.ctx)
+        return y, None, None, out_shape
     if bad is not None:  # over the broadcast index dims, placed as they are in the output
         bad = ops.reshape(ops.broadcast_to(bad, bshape),
                           (1,) * nb_lead + bshape + (1,) * (len(out_shape) - nb_lead - nb))
-    return gather_flat(y, ops.broadcast_to(flat, out_shape), bad)
+    return y, ops.broadcast_to(flat, out_shape), bad, out_shape
 
 
 # ---- functional updates -------------------------------------------------------------------------
@@ -249,6 +260,11 @@ class _At:
         x = self.x
         key = self.key if isinstance(self.key, tuple) else (self.key,)
         if any(_is_array_index(k) or _is_bool_scalar(k) for k in key):
+            if combine is ops.add and (x.dtype.is_float or x.dtype.is_complex) and \
+                    not any(_is_bool_scalar(k) for k in key):
+                added = self._added_on_device(key, value)
+                if added is not None:
+                    return added
             return self._update_on_host(value, combine)
         key = tuple(operator.index(k) if isinstance(k, Node) else k for k in key)
         view = ops.getitem(x, key)
@@ -261,6 +277,30 @@ class _At:
         placed = ops.pad_slice(ops.reshape(ops.contiguous(v), kept), x.shape, info)
         mask = ops.pad_slice(ops.full(kept, True, device=x.ctx), x.shape, info)
         return ops.where(mask, placed, x)
+
+    def _added_on_device(self, key: tuple, value) -> Array | None:
+        """``x.at[key].add(value)`` with array indices as a scatter-add on the device (repeated indices
+        add up, as numpy's ``add.at``), differentiable in x and value; indices computed on the device
+        are checked there (reading the result raises IndexError if one was out of range). None where
+        the key's basic items select a view other than x itself (the host then does it)."""
+        x = self.x
+        y, flat, bad, shape = _advanced_flat(x, key)
+        if y is not x and not (y.shape == x.shape and y.layout() == x.layout() and y.root is x.root):
+            return None
+        if flat is None:
+            return x
+        v = value if isinstance(value, Node) else ops.asarray(value, device=x.ctx)
+        if v.ctx is not x.ctx:
+            raise InvalidValueError("x.at[...].add: the value is on another device than x")
+        try:
+            v = ops.broadcast_to(v, shape)
+        except hal.InvalidArgumentError:
+            raise InvalidValueError(f"x.at[...].add: a value of shape {v.shape} does not broadcast to the "
+                                    f"{shape} elements the indices select") from None
+        if bad is not None:
+            bad = ops.broadcast_to(bad, shape)
+        added = ops.reshape(ops.scatter_add(ops.astype(v, x.dtype), flat, x.size, bad), x.shape)
+        return ops.add(x, ops.astype(added, x.dtype))
 
     def _update_on_host(self, value, combine) -> Array:
         """Array indices (which may repeat) updated as numpy's ufunc.at does, on host data (no gradient:

@@ -12,7 +12,7 @@ import numpy as np
 from . import dtypes as _dt
 from .device import context_for
 from .errors import InvalidTypeError, InvalidValueError, ScalarOverflowError
-from .graph import Node, constant, keep_constant, new_node, new_view, upload
+from .graph import Node, constant, keep_constant, merge_checks, new_node, new_view, upload
 from .interop import from_dlpack
 from .kernels.matmul import matmul_precision
 from .shapes import (
@@ -552,18 +552,28 @@ def contiguous(x: Array) -> Array:
     return new_node("copy", (x,), x.dtype, x.shape, x.dtype, x.ctx)
 
 
-def scatter_add(values: Array, flat: Array, size: int) -> Array:
+def scatter_add(values: Array, flat: Array, size: int, bad: Array | None = None) -> Array:
     """A 1-D array of `size` zeros with each of `values` added at its flat index in `flat` (int64, of
     `values`' shape; indices may repeat): the transpose of a gather (``kernels/scatter.py``). float32
-    and float64 values add in their type, narrower floats in float32, complex values part by part."""
+    and float64 values add in their type, narrower floats in float32, complex values part by part.
+    `bad`: None (indices trusted, clamped), or True where an index is out of range: those values are
+    dropped and reading the result raises IndexError, as a checked gather's does."""
     if values.dtype.is_complex:
-        return add(scatter_add(real(values), flat, size), multiply(scatter_add(imag(values), flat, size), 1j))
+        return add(scatter_add(real(values), flat, size, bad),
+                   multiply(scatter_add(imag(values), flat, size, bad), 1j))
     if not values.dtype.is_float:
         raise InvalidTypeError(f"scatter_add adds floating-point values, got {values.dtype.name}")
     dt = values.dtype if values.dtype in (_dt.float32, _dt.float64) else _dt.float32
     v = contiguous(reshape(astype(values, dt, copy=False), (-1,)))
-    idx = contiguous(reshape(astype(flat, _dt.int64, copy=False), (-1,)))
-    return new_node("scatter_add", (v, idx), (size,), (size,), dt, values.ctx)
+    flat = astype(flat, _dt.int64, copy=False)
+    if bad is None or v.size == 0:
+        idx = contiguous(reshape(flat, (-1,)))
+        return new_node("scatter_add", (v, idx), (size, None), (size,), dt, values.ctx)
+    idx = contiguous(reshape(where(bad, -1, flat), (-1,)))
+    status = new_node("full", (), (0, 4), (1,), _dt.uint32, values.ctx)  # the kernel's status word
+    out = new_node("scatter_add", (v, idx, status), (size, "raise"), (size,), dt, values.ctx)
+    out.checks = (status,) if out.checks is None else merge_checks(out.checks, (status,))
+    return out
 
 
 def where(cond, x, y) -> Array:

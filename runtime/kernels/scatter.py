@@ -5,8 +5,11 @@ The output is zero-filled, then one thread per value adds it at its index with a
 indices may repeat (a row of an embedding looked up twice gets both cotangents). The order of the
 additions is the device's: a sum over repeated indices may round differently from run to run (as
 PyTorch's ``index_add_`` and JAX's scatter-add on GPUs). Indices are clamped to the output as the
-unchecked gather clamps them, so each value lands where the gather read it. float32 and float64
-only: the gradient rule accumulates narrower floats in float32 and complex values part by part.
+unchecked gather clamps them, so each value lands where the gather read it; a *checked* scatter
+(``params[1] == "raise"``: indices computed on the device, ``x.at[i].add(v)``) skips an index out of
+range and sets its status word (a fourth binding), as the checked gather does, so reading the result
+raises IndexError. float32 and float64 only: narrower floats accumulate in float32 and complex
+values part by part (``ops.scatter_add``).
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ DTYPES = (_dt.float32, _dt.float64)
 def scatter_source(dt) -> KernelSource:
     key = ("scatter_add", dt.name)
     name = f"scatter_add_{dt.code}"
-    return source(key, lambda: KernelSource(key, [hal.Export(name, (WORKGROUP, 1, 1), 3, _NCONST)],
-                                            lambda: _cuda(dt, name), lambda: {name: _numpy_fn(dt)}))
+    checked = f"scatter_add_checked_{dt.code}"
+    return source(key, lambda: KernelSource(
+        key, [hal.Export(name, (WORKGROUP, 1, 1), 3, _NCONST), hal.Export(checked, (WORKGROUP, 1, 1), 4, _NCONST)],
+        lambda: _cuda(dt, name, checked), lambda: {name: _numpy_fn(dt, False), checked: _numpy_fn(dt, True)}))
 
 
-def _cuda(dt, name) -> str:
+def _cuda(dt, name, checked) -> str:
     t = dt.c_storage
     return f"""
 extern "C" __global__ void {name}({t}* __restrict__ out, const {t}* __restrict__ g,
@@ -40,21 +45,41 @@ extern "C" __global__ void {name}({t}* __restrict__ out, const {t}* __restrict__
     atomicAdd(out + j, g[goff + i]);
   }}
 }}
+
+extern "C" __global__ void {checked}({t}* __restrict__ out, const {t}* __restrict__ g,
+                                     const long long* __restrict__ idx, unsigned int* __restrict__ status,
+                                     u32 n, u32 goff, u32 ioff, u32 m) {{
+  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)blockDim.x * gridDim.x) {{
+    const long long j = idx[ioff + i];
+    if (j < 0 || j >= (long long)m) {{
+      status[0] = 1u;
+      continue;
+    }}
+    atomicAdd(out + j, g[goff + i]);
+  }}
+}}
 """
 
 
-def _numpy_fn(dt):
+def _numpy_fn(dt, checked: bool):
     def run(wg, bindings, c):
         n, goff, ioff, m = c
         out = np.frombuffer(bindings[0], dtype=dt.storage, count=m)
         g = np.frombuffer(bindings[1], dtype=dt.storage, count=n, offset=goff * dt.itemsize)
         idx = np.frombuffer(bindings[2], dtype=np.int64, count=n, offset=ioff * 8)
+        if checked:
+            good = (idx >= 0) & (idx < m)
+            if not good.all():
+                np.frombuffer(bindings[3], dtype=np.uint32, count=1)[0] = 1
+                idx, g = idx[good], g[good]
+            np.add.at(out, idx, g)
+            return
         np.add.at(out, np.clip(idx, 0, m - 1), g)
     return run
 
 
 def plan(node, layouts: list, ctx) -> list:
-    (m,) = node.params
+    m, mode = node.params
     if m == 0:
         return []
     n = node.inputs[0].size
@@ -63,5 +88,8 @@ def plan(node, layouts: list, ctx) -> list:
         return [fill]
     (_, _, goff), (_, _, ioff) = layouts[:2]
     src = scatter_source(node.dtype)
+    if mode == "raise":
+        return [fill, ("barrier",), ("dispatch", src, f"scatter_add_checked_{node.dtype.code}", (grid_1d(n), 1, 1),
+                                     [n, goff, ioff, m], [("out",), ("in", 0), ("in", 1), ("in", 2)])]
     return [fill, ("barrier",), ("dispatch", src, f"scatter_add_{node.dtype.code}", (grid_1d(n), 1, 1),
                                  [n, goff, ioff, m], [("out",), ("in", 0), ("in", 1)])]

@@ -363,6 +363,17 @@ def test_scatter_add_sums_repeated_indices(gpu_like, dtype):
     np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-4)
     empty = rt.ops.scatter_add(rt.array(values[:0], device=gpu_like), rt.array(idx[:0], device=gpu_like), 7)
     np.testing.assert_array_equal(empty.numpy(), np.zeros(7, dtype))
+    # checked: the values at indices out of range are dropped, and reading the result raises IndexError
+    inside = (idx >= 0) & (idx < 100)
+    want = np.zeros(100, dtype)
+    np.add.at(want, idx[inside], values[inside])
+    fine = rt.ops.scatter_add(rt.array(values[inside], device=gpu_like), rt.array(idx[inside], device=gpu_like), 100,
+                              rt.array(np.zeros(int(inside.sum()), bool), device=gpu_like))
+    np.testing.assert_allclose(fine.numpy(), want, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-4)
+    checked = rt.ops.scatter_add(rt.array(values, device=gpu_like), rt.array(idx, device=gpu_like), 100,
+                                 rt.array(~inside, device=gpu_like))
+    with pytest.raises(IndexError):
+        checked.numpy()
 
 
 def test_gradients_through_gathers_sort_and_scans_on_gpu_kernels(gpu_like):

@@ -225,16 +225,17 @@ def test_grad_over_trees_of_parameters(dev):
 
 
 def test_functions_computed_on_the_host_refuse_to_be_differentiated(dev):
-    """unique_values and x.at[array indices] compute on the host: inside a differentiated function they
-    raise a typed error where they gave a zero gradient silently; outside, they work as before."""
+    """unique_values and x.at[array indices].set/multiply/min/max compute on the host: inside a
+    differentiated function they raise a typed error where they gave a zero gradient silently;
+    outside, they work as before."""
     x = rt.array(np.array([1.0, 2.0, 2.0], np.float32), device=dev)
     for fn in (lambda a: rt.unique_values(a).sum(), lambda a: rt.unique_counts(a).values.sum(),
-               lambda a: a.at[rt.asarray([0, 0])].add(1.0).sum(),
+               lambda a: a.at[rt.asarray([0, 0])].multiply(2.0).sum(),
                lambda a: rt.zeros(3).at[[0, 1]].set(a[:2]).sum()):
         with pytest.raises(hal.UnimplementedError, match="no gradient"):
             rt.grad(fn)(x)
     np.testing.assert_array_equal(rt.unique_values(x).numpy(), [1.0, 2.0])
-    np.testing.assert_array_equal(x.at[rt.asarray([0, 0])].add(1.0).numpy(), [3.0, 2.0, 2.0])
+    np.testing.assert_array_equal(x.at[rt.asarray([0, 0])].multiply(2.0).numpy(), [4.0, 2.0, 2.0])
     np.testing.assert_array_equal(rt.grad(lambda a: (a * 2).sum())(x).numpy(), [2.0, 2.0, 2.0])  # (still usable)
 
 
@@ -299,3 +300,35 @@ def test_only_the_differentiating_thread_keeps_evaluated_graphs(dev):
         release.set()
         thread.join(10)
     np.testing.assert_array_equal(result["grad"], [18.0, 36.0])
+
+
+def test_at_add_with_array_indices_scatters_on_the_device_and_is_differentiable(dev):
+    """x.at[indices].add(v): numpy's add.at (repeated indices add up) for every kind of key, its
+    gradient (1 for x, the cotangent gathered back for v), and an index computed on the device that is
+    out of range raises IndexError when the result is read (the device stays usable)."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    X = rt.array(x, device=dev)
+    keys = [(np.array([0, 2, 0]), 1.5), (np.array([[1, 1], [4, 0]]), rng.standard_normal((2, 2, 3))),
+            ((np.array([0, 0, 4]), np.array([2, 2, 1])), np.array([1.0, 2.0, 3.0])),
+            ((slice(None), np.array([2, 2])), 5.0), (x > 0.5, 10.0), ((Ellipsis, np.array([0, 0])), 2.0),
+            ((np.array([-1, -5]),), 1.0), ((1, np.array([0, 0, 2])), 7.0), ((slice(1, 3), np.array([0, 0])), 3.0)]
+    for key, value in keys:
+        want = x.copy()
+        np.add.at(want, key, np.asarray(value, np.float32))
+        for on_device in (False, True):
+            k = tuple(rt.asarray(i, device=dev) if on_device and isinstance(i, np.ndarray) else i
+                      for i in (key if isinstance(key, tuple) else (key,)))
+            v = rt.asarray(value, device=dev) if isinstance(value, np.ndarray) else value
+            np.testing.assert_allclose(X.at[k].add(v).numpy(), want, rtol=1e-6, atol=1e-6, err_msg=str(key))
+    ids = rt.asarray(np.array([0, 2, 0, 4]), device=dev)
+    w = rng.standard_normal((5, 3)).astype(np.float32)
+    vals = rt.array(rng.standard_normal((4, 3)).astype(np.float32), device=dev)
+    gx, gv = rt.grad(lambda a, v: (a.at[ids].add(v) * rt.asarray(w, device=dev)).sum(), argnums=(0, 1))(X, vals)
+    np.testing.assert_allclose(gx.numpy(), w)
+    np.testing.assert_allclose(gv.numpy(), w[[0, 2, 0, 4]])
+    histogram = rt.zeros(6, dtype=rt.float32, device=dev).at[rt.asarray(np.array([1, 1, 5, 1]), device=dev)].add(1.0)
+    np.testing.assert_array_equal(histogram.numpy(), [0, 3, 0, 0, 0, 1])
+    with pytest.raises(IndexError):
+        X.at[rt.asarray(np.array([1, 7]), device=dev)].add(1.0).numpy()
+    np.testing.assert_allclose(X.at[rt.asarray(np.array([1]), device=dev)].add(1.0).numpy()[1], x[1] + 1)
