@@ -13,23 +13,16 @@ from __future__ import annotations
 
 import numpy as np
 
-import hal
-
 from ..shapes import size_of
 from .complex import SOURCE as COMPLEX_SOURCE
 from .cuda_common import load_expr, store_expr
-from .source import WORKGROUP, KernelSource, grid_1d, source
+from .source import KernelSource, checked_pair, grid_1d
 
 _NCONST = 4  # n, source offset, index offset, source elements
 
 
 def gather_source(dt) -> KernelSource:
-    key = ("gather", dt.name)
-    name = f"gather_{dt.code}"
-    checked = f"gather_checked_{dt.code}"
-    return source(key, lambda: KernelSource(
-        key, [hal.Export(name, (WORKGROUP, 1, 1), 3, _NCONST), hal.Export(checked, (WORKGROUP, 1, 1), 4, _NCONST)],
-        lambda: _cuda(dt, name, checked), lambda: {name: _numpy_fn(dt, False), checked: _numpy_fn(dt, True)}))
+    return checked_pair("gather", dt, _NCONST, _cuda, _numpy_fn)
 
 
 def _cuda(dt, name, checked) -> str:

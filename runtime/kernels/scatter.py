@@ -16,22 +16,15 @@ from __future__ import annotations
 
 import numpy as np
 
-import hal
-
 from .. import dtypes as _dt
-from .source import WORKGROUP, KernelSource, grid_1d, source
+from .source import KernelSource, checked_pair, grid_1d
 
 _NCONST = 4  # n, value offset, index offset, output elements
 DTYPES = (_dt.float32, _dt.float64)
 
 
 def scatter_source(dt) -> KernelSource:
-    key = ("scatter_add", dt.name)
-    name = f"scatter_add_{dt.code}"
-    checked = f"scatter_add_checked_{dt.code}"
-    return source(key, lambda: KernelSource(
-        key, [hal.Export(name, (WORKGROUP, 1, 1), 3, _NCONST), hal.Export(checked, (WORKGROUP, 1, 1), 4, _NCONST)],
-        lambda: _cuda(dt, name, checked), lambda: {name: _numpy_fn(dt, False), checked: _numpy_fn(dt, True)}))
+    return checked_pair("scatter_add", dt, _NCONST, _cuda, _numpy_fn)
 
 
 def _cuda(dt, name, checked) -> str:

@@ -102,6 +102,18 @@ class ZeroedScratch(int):
     __slots__ = ()
 
 
+def checked_pair(op: str, dt, nconst: int, cuda, numpy_fn) -> KernelSource:
+    """The family of an op that reads flat element indices (gather, scatter_add), in two exports:
+    ``{op}_{code}`` binds the output, the values and the indices, which it clamps (checked on the host);
+    ``{op}_checked_{code}`` binds a fourth, the status word it sets for an index out of range (computed on
+    the device). ``cuda(dt, name, checked)`` gives their C, ``numpy_fn(dt, checked)`` each one's numpy form."""
+    key = (op, dt.name)
+    name, checked = f"{op}_{dt.code}", f"{op}_checked_{dt.code}"
+    return source(key, lambda: KernelSource(
+        key, [hal.Export(name, (WORKGROUP, 1, 1), 3, nconst), hal.Export(checked, (WORKGROUP, 1, 1), 4, nconst)],
+        lambda: cuda(dt, name, checked), lambda: {name: numpy_fn(dt, False), checked: numpy_fn(dt, True)}))
+
+
 def grid_1d(n: int) -> int:
     """Workgroups for a grid-stride loop over n items."""
     return min((n + WORKGROUP - 1) // WORKGROUP, 65535 * 16)
