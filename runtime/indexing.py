@@ -162,7 +162,10 @@ def _advanced_flat(x: Array, key: tuple) -> tuple:
             if k is not None and not isinstance(k, slice):
                 continue
             ax += 1
-    y = ops.getitem(x, tuple(basic))
+    # (a key of array indices and whole axes reads x itself: a view of all of it would make the gather
+    # copy x first, and its gradient pad the cotangent back into x's shape, each a pass over all of x)
+    whole = len(basic) == x.ndim and all(type(k) is slice and k == slice(None) for k in basic)
+    y = x if whole else ops.getitem(x, tuple(basic))
     dims = {}
     arrays = []
     bad = None  # True where an index computed on the device is out of range
