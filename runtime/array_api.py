@@ -24,6 +24,7 @@ from . import ops
 from .device import context_for
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
 from .graph import Node, differentiated, keep_constant, merge_checks, new_node, upload
+from .kernels import scan
 from .shapes import broadcast_shapes, index_of, normalize_axes, normalize_axis, sequence_of
 
 if TYPE_CHECKING:
@@ -589,12 +590,14 @@ def std(x, /, *, axis=None, correction=0.0, keepdims=False) -> Array:
 
 
 def _cumulative(combine, x, axis, dtype, include_initial, identity) -> Array:
-    """The inclusive scan of `combine` (add or multiply) along `axis` as Hillis and Steele's: after the
-    step of shift s each element holds the combination of the 2s elements ending at it, so log2(n)
-    steps of ops the gradient rules know (a slice, a concatenation, the combine) scan the axis on the
-    device, differentiable. (Computed on the host, the result was a constant: a gradient through it
-    came out zero, and each call sent the array through the host.) Integer results wrap as numpy's
-    running sum does; float results round in a tree order, within a few ulp of numpy's loop."""
+    """The inclusive scan of `combine` (add or multiply) along `axis`, on the device and differentiable
+    (computed on the host, the result was a constant: a gradient through it came out zero, and each
+    call sent the array through the host). A sum of real values is the scan kernel's
+    (``kernels/scan.py``: one pass over the rows); the rest (products, complex sums, a few very long
+    rows) is Hillis and Steele's: after the step of shift s each element holds the combination of the
+    2s elements ending at it, so log2(n) steps of ops the gradient rules know (a slice, a
+    concatenation, the combine). Integer results wrap as numpy's running sum does; float results
+    round within a few ulp of numpy's loop."""
     x = _arr(x)
     if axis is None:
         if x.ndim > 1:
@@ -611,6 +614,10 @@ def _cumulative(combine, x, axis, dtype, include_initial, identity) -> Array:
     def head(count: int) -> Array:  # `count` identities along the axis
         return ops.full(x.shape[:axis] + (count,) + x.shape[axis + 1:], identity, dtype=dt, device=x.ctx)
 
+    if combine is ops.add and scan.takes(x.size // builtins.max(n, 1), n, dt):  # the scan kernel
+        rows = ops.contiguous(moveaxis(x, axis, -1))
+        y = moveaxis(new_node("cumsum", (rows,), None, rows.shape, dt, x.ctx), -1, axis)
+        return concat([head(1), y], axis=axis) if include_initial else y
     y = x
     shift = 1
     while shift < n:

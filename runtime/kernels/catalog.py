@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import dtypes as _dt
 from .. import ops
-from . import concat, elementwise, gather, linalg, matmul, pad, random, reduce, reduce_columns, rows, scatter
+from . import concat, elementwise, gather, linalg, matmul, pad, random, reduce, reduce_columns, rows, scan, scatter
 
 
 def _signature(fn, *args):
@@ -61,6 +61,8 @@ def all_sources() -> list:
         out.append(gather.gather_source(d))
     for d in scatter.DTYPES:
         out.append(scatter.scatter_source(d))
+    for d in scan.DTYPES:
+        out.append(scan.scan_source(d))
     for d in _dt.FLOATS:
         out.append(random.random_source("uniform", d))
         out.append(random.random_source("normal", d))

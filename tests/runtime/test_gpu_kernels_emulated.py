@@ -397,3 +397,46 @@ def test_gradients_through_gathers_sort_and_scans_on_gpu_kernels(gpu_like):
     want = np.flip(np.cumsum(np.flip(v, 1), axis=1), 1)  # the reverse running sum of the cotangent
     np.testing.assert_allclose(rt.grad(lambda a: (rt.cumulative_sum(a, axis=1) * vs).sum())(xs).numpy(), want,
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int8", "int64", "uint8", "uint64",
+                                   "bool", "complex64"])
+def test_cumulative_sum_scans_every_dtype_and_axis(gpu_like, dtype):
+    """The scan kernel (real dtypes; bool and complex take the log-step composition) against numpy's
+    running sum: rows of one tile and of several, every axis, include_initial, empty axes; integers
+    wrap as numpy's sum in the dtype does."""
+    rng = np.random.default_rng(13)
+    for shape, axis in (((5, 700), 1), ((700, 5), 0), ((3, 4, 300), 2), ((3, 300, 4), 1), ((257,), 0),
+                        ((0, 5), 1), ((4, 0), 1)):
+        if dtype == "bool":
+            x = rng.random(shape) < 0.5
+        elif dtype == "complex64":
+            x = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+        elif dtype in ("float16", "bfloat16", "float32", "float64"):
+            x = rng.standard_normal(shape).astype(np.float32 if dtype == "bfloat16" else dtype)
+        else:
+            x = rng.integers(-200, 200, shape).astype(dtype)
+        X = rt.astype(rt.array(x, device=gpu_like), getattr(rt, dtype))
+        host = X.astype(rt.float64).numpy() if dtype in ("float16", "bfloat16") else x
+        for initial in (False, True):
+            want = np.cumsum(host, axis=axis)
+            if initial:
+                want = np.concatenate([np.zeros_like(want.take([0], axis=axis)) if want.shape[axis] else
+                                       np.zeros(want.shape[:axis] + (1,) + want.shape[axis + 1:], want.dtype), want],
+                                      axis=axis)
+            got = rt.cumulative_sum(X, axis=axis, include_initial=initial)
+            where = f"{dtype} {shape} axis {axis} initial {initial}"
+            if dtype in ("float16", "bfloat16"):
+                tol = 2e-2 if dtype == "float16" else 5e-2
+                np.testing.assert_allclose(got.astype(rt.float64).numpy(), want, rtol=tol,
+                                           atol=tol * max(1.0, float(np.abs(want).max()) if want.size else 1.0),
+                                           err_msg=where)
+            elif dtype in ("float32", "float64", "complex64"):
+                tol = 1e-12 if dtype == "float64" else 1e-4
+                np.testing.assert_allclose(got.numpy(), want, rtol=tol, atol=tol * 10, err_msg=where)
+            else:
+                assert got.dtype == want.dtype, where
+                np.testing.assert_array_equal(got.numpy(), want, err_msg=where)
+    if dtype == "int8":  # the running sum in the dtype itself wraps as numpy's
+        y = rt.array(np.array([[100, 100, 100, -128]], np.int8), device=gpu_like)
+        np.testing.assert_array_equal(rt.cumulative_sum(y, axis=1, dtype=rt.int8).numpy(), [[100, -56, 44, -84]])
