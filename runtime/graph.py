@@ -47,7 +47,8 @@ def _targets_here() -> frozenset | None:
 
 def keeps_graph() -> bool:
     """Whether an eval on this thread keeps its nodes' graph (a differentiated function runs here)."""
-    return _targets_here() is not None
+    here = threading.get_ident()
+    return any(thread == here for thread, _ in list(DIFFERENTIATING.values()))
 
 
 def differentiated(x: Node) -> bool:
