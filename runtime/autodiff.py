@@ -596,6 +596,8 @@ def value_and_grad(fn: Callable[P, Array], argnums: int | Sequence[int] = 0) -> 
     single = isinstance(argnums, (int, np.integer))
     nums = (index_of(argnums, "argnums"),) if single else \
         tuple(index_of(i, "each of argnums") for i in sequence_of(argnums, "argnums"))
+    if isinstance(argnums, (bool, np.bool_)) or (not single and any(isinstance(i, (bool, np.bool_)) for i in argnums)):
+        raise InvalidTypeError("argnums are argument positions (integers), not booleans")
 
     def wrapped(*args, **kwargs):
         args = list(args)
@@ -606,6 +608,9 @@ def value_and_grad(fn: Callable[P, Array], argnums: int | Sequence[int] = 0) -> 
             if not -len(args) <= i < len(args):
                 raise InvalidValueError(f"argnums names argument {i}, but the function was called with {len(args)} "
                                         "positional arguments")
+        if len({i % len(args) for i in nums}) != len(nums):  # (the second alias would hide the first: zeros)
+            raise InvalidValueError(f"argnums {nums} names an argument twice")
+        for i in nums:
             a = args[i]
             leaves: list = []
             # A tree of arrays (a dict, namedtuple, list or tuple holding runtime arrays: a model's

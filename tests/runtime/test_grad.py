@@ -161,12 +161,17 @@ def test_grad_refuses_bad_functions_and_argnums_with_typed_errors(dev):
     for fn in (5, None, "f"):
         with pytest.raises(rt.InvalidTypeError):
             rt.grad(fn)
-    for argnums in (1.5, "a", None, [0, 1.5], object()):
+    for argnums in (1.5, "a", None, [0, 1.5], object(), True, (False,), [0, np.bool_(True)]):
         with pytest.raises(rt.InvalidTypeError):
             rt.value_and_grad(f, argnums=argnums)
     for argnums in (1, -2, (0, 3)):
         with pytest.raises(rt.InvalidValueError):
             rt.grad(f, argnums=argnums)(x)
+    # An argument named twice gave zeros for its first gradient (the second alias hid the first).
+    g = lambda a, b: (a * 2).sum() + (b * 3).sum()  # noqa: E731
+    for argnums in ((0, 0), (1, -1), [0, -2, 1]):
+        with pytest.raises(rt.InvalidValueError, match="twice"):
+            rt.grad(g, argnums=argnums)(x, x)
     np.testing.assert_allclose(rt.grad(f, argnums=np.int64(0))(x).numpy(), 2 * np.arange(3))
     np.testing.assert_allclose(rt.grad(f, argnums=-1)(x).numpy(), 2 * np.arange(3))
 
