@@ -128,8 +128,7 @@ def _exact_integers(x, dt: _dt.DType) -> np.ndarray | None:
             warnings.simplefilter("error")
             host = np.asarray(x, dtype=dt.storage)
     except OverflowError:
-        info = np.iinfo(dt.storage)
-        value = _int_outside(x, int(info.min), int(info.max))
+        value = _int_outside(x, *_dt.int_range(dt))
         if value is not None:
             raise ScalarOverflowError(f"asarray: Python integer {value} out of bounds for {dt.name}") from None
         return None
