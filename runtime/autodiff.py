@@ -593,11 +593,11 @@ def value_and_grad(fn: Callable[P, Array], argnums: int | Sequence[int] = 0) -> 
     """fn(*args) -> (fn's scalar value, gradient(s) with respect to args[argnums])."""
     if not callable(fn):
         raise InvalidTypeError(f"value_and_grad and grad take a function, got {type(fn).__name__}")
-    single = isinstance(argnums, (int, np.integer))
-    nums = (index_of(argnums, "argnums"),) if single else \
-        tuple(index_of(i, "each of argnums") for i in sequence_of(argnums, "argnums"))
-    if isinstance(argnums, (bool, np.bool_)) or (not single and any(isinstance(i, (bool, np.bool_)) for i in argnums)):
+    single = isinstance(argnums, (int, np.integer, np.bool_))
+    items = [argnums] if single else sequence_of(argnums, "argnums")
+    if any(isinstance(i, (bool, np.bool_)) for i in items):
         raise InvalidTypeError("argnums are argument positions (integers), not booleans")
+    nums = tuple(index_of(i, "argnums" if single else "each of argnums") for i in items)
 
     def wrapped(*args, **kwargs):
         args = list(args)
