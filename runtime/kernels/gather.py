@@ -16,7 +16,7 @@ import numpy as np
 from ..shapes import size_of
 from .complex import SOURCE as COMPLEX_SOURCE
 from .cuda_common import load_expr, store_expr
-from .source import KernelSource, checked_pair, grid_1d
+from .source import KernelSource, checked_pair, checked_pair_dispatch
 
 _NCONST = 4  # n, source offset, index offset, source elements
 
@@ -74,9 +74,5 @@ def plan(node, layouts: list, ctx) -> list:
     if n == 0:
         return []
     (sshape, _, soff), (_, _, ioff) = layouts[:2]
-    src = gather_source(node.dtype)
-    if node.params == "raise":
-        return [("dispatch", src, f"gather_checked_{node.dtype.code}", (grid_1d(n), 1, 1),
-                 [n, soff, ioff, size_of(sshape)], [("out",), ("in", 0), ("in", 1), ("in", 2)])]
-    return [("dispatch", src, f"gather_{node.dtype.code}", (grid_1d(n), 1, 1),
-             [n, soff, ioff, size_of(sshape)], [("out",), ("in", 0), ("in", 1)])]
+    return [checked_pair_dispatch(gather_source(node.dtype), "gather", node.dtype, node.params == "raise", n,
+                                  [n, soff, ioff, size_of(sshape)])]

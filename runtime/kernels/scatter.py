@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import dtypes as _dt
-from .source import KernelSource, checked_pair, grid_1d
+from .source import KernelSource, checked_pair, checked_pair_dispatch
 
 _NCONST = 4  # n, value offset, index offset, output elements
 DTYPES = (_dt.float32, _dt.float64)
@@ -80,9 +80,5 @@ def plan(node, layouts: list, ctx) -> list:
     if n == 0:
         return [fill]
     (_, _, goff), (_, _, ioff) = layouts[:2]
-    src = scatter_source(node.dtype)
-    if mode == "raise":
-        return [fill, ("barrier",), ("dispatch", src, f"scatter_add_checked_{node.dtype.code}", (grid_1d(n), 1, 1),
-                                     [n, goff, ioff, m], [("out",), ("in", 0), ("in", 1), ("in", 2)])]
-    return [fill, ("barrier",), ("dispatch", src, f"scatter_add_{node.dtype.code}", (grid_1d(n), 1, 1),
-                                 [n, goff, ioff, m], [("out",), ("in", 0), ("in", 1)])]
+    return [fill, ("barrier",), checked_pair_dispatch(scatter_source(node.dtype), "scatter_add", node.dtype,
+                                                      mode == "raise", n, [n, goff, ioff, m])]

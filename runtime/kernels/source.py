@@ -108,10 +108,21 @@ def checked_pair(op: str, dt, nconst: int, cuda, numpy_fn) -> KernelSource:
     ``{op}_checked_{code}`` binds a fourth, the status word it sets for an index out of range (computed on
     the device). ``cuda(dt, name, checked)`` gives their C, ``numpy_fn(dt, checked)`` each one's numpy form."""
     key = (op, dt.name)
-    name, checked = f"{op}_{dt.code}", f"{op}_checked_{dt.code}"
+    name, checked = _pair_name(op, dt, False), _pair_name(op, dt, True)
     return source(key, lambda: KernelSource(
         key, [hal.Export(name, (WORKGROUP, 1, 1), 3, nconst), hal.Export(checked, (WORKGROUP, 1, 1), 4, nconst)],
         lambda: cuda(dt, name, checked), lambda: {name: numpy_fn(dt, False), checked: numpy_fn(dt, True)}))
+
+
+def _pair_name(op: str, dt, checked: bool) -> str:
+    return f"{op}_checked_{dt.code}" if checked else f"{op}_{dt.code}"
+
+
+def checked_pair_dispatch(src: KernelSource, op: str, dt, checked: bool, n: int, constants: list) -> tuple:
+    """A plan's dispatch of one of ``checked_pair``'s exports over `n` items: the output, inputs 0 and 1,
+    and the checked one's status word (input 2)."""
+    roles = [("out",), ("in", 0), ("in", 1), ("in", 2)] if checked else [("out",), ("in", 0), ("in", 1)]
+    return ("dispatch", src, _pair_name(op, dt, checked), (grid_1d(n), 1, 1), constants, roles)
 
 
 def grid_1d(n: int) -> int:
