@@ -25,6 +25,7 @@ from .device import context_for
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
 from .graph import Node, differentiated, keep_constant, merge_checks, new_node, upload
 from .kernels import scan
+from .kernels import sort as sort_kernels
 from .shapes import broadcast_shapes, index_of, normalize_axes, normalize_axis, sequence_of
 
 if TYPE_CHECKING:
@@ -744,7 +745,9 @@ def tensordot(x1, x2, /, *, axes=2) -> Array:
     return ops.reshape(ops.matmul(a, b), tuple(x1.shape[i] for i in free1) + tuple(x2.shape[i] for i in free2))
 
 
-# ---- searching, sorting, sets (host computation, results uploaded to the array's device) ---------
+# ---- searching, sorting, sets -----------------------------------------------------------------
+# Sorting and searchsorted of real dtypes run on the device; nonzero, unique and complex sorts on the
+# host, their results uploaded to the array's device.
 
 def nonzero(x, /) -> tuple:
     x = _arr(x)
@@ -754,21 +757,34 @@ def nonzero(x, /) -> tuple:
 
 
 def searchsorted(x1, x2, /, *, side="left", sorter=None) -> Array:
+    """Insertion points of x2's values in the sorted 1-D x1 (numpy's, NaNs last), a binary search on the
+    device for real dtypes (``kernels/sort.py``); complex values are searched on the host."""
     x1, x2 = _arr(x1), _arr(x2)
     if x1.ndim != 1:
         raise InvalidValueError(f"searchsorted needs a 1-D x1, got {x1.ndim} dimensions")
     if side not in ("left", "right"):
         raise InvalidValueError(f"side must be 'left' or 'right', got {side!r}")
-    srt = None if sorter is None else np.asarray(_arr(sorter).numpy())
     dt = _dt.promote(x1.dtype, x2.dtype)
-    a = np.asarray(x1.astype(dt).numpy())
-    v = np.asarray(x2.astype(dt).numpy())
-    return _on_host(x2, np.searchsorted(a, v, side=side, sorter=srt).astype(np.int64), _dt.int64)
+    if sorter is not None:
+        sorter = _arr(sorter)
+        if not sorter.dtype.is_int or sorter.shape != x1.shape:
+            raise InvalidValueError(f"searchsorted's sorter must be integer indices of x1's shape {x1.shape}, "
+                                    f"got {sorter.dtype.name} of shape {sorter.shape}")
+    if not sort_kernels.takes(dt, builtins.max(x1.size, x2.size)):
+        a = np.asarray(x1.astype(dt).numpy())
+        v = np.asarray(x2.astype(dt).numpy())
+        srt = None if sorter is None else np.asarray(sorter.numpy())
+        return _on_host(x2, np.searchsorted(a, v, side=side, sorter=srt).astype(np.int64), _dt.int64)
+    a = ops.astype(x1, dt)
+    if sorter is not None:
+        a = take(a, sorter)
+    values = ops.contiguous(ops.astype(x2, dt))
+    return new_node("searchsorted", (ops.contiguous(a), values), side == "right", x2.shape, _dt.int64, x1.ctx)
 
 
 def _order(x: Array, axis: int, descending: bool) -> np.ndarray:
     """The stable order of x's elements along `axis` (numpy's, on the host), descending: equal
-    elements keep their order."""
+    elements keep their order. For complex values, which the device does not sort."""
     host = np.asarray(x.numpy())
     if descending:
         n = host.shape[axis]
@@ -776,20 +792,38 @@ def _order(x: Array, axis: int, descending: bool) -> np.ndarray:
     return np.argsort(host, axis=axis, kind="stable").astype(np.int64)
 
 
+def _sorted_rows(op: str, x: Array, axis: int, descending: bool) -> Array:
+    """The "sort" or "argsort" node over x's rows along `axis` (``kernels/sort.py``), moved back."""
+    last = axis == x.ndim - 1
+    rows = ops.contiguous(x if last else moveaxis(x, axis, -1))
+    dt = _dt.int64 if op == "argsort" else x.dtype
+    y = new_node(op, (rows,), bool(descending), rows.shape, dt, x.ctx)
+    return y if last else moveaxis(y, -1, axis)
+
+
 def sort(x, /, *, axis=-1, descending=False, stable=True) -> Array:
-    """x's elements gathered in argsort's order: the gradient goes back to where each came from."""
+    """x sorted along `axis` (stable; NaNs last, first when descending), on the device for real dtypes.
+    Under a gradient, x gathered in argsort's order: the gradient goes back to where each came from."""
     x = _arr(x)
     if x.ndim == 0:
         return ops.copy_array(x)
     axis = normalize_axis(axis, x.ndim)
-    return take_along_axis(x, _order(x, axis, descending), axis=axis)
+    if not sort_kernels.takes(x.dtype, x.shape[axis]):
+        return take_along_axis(x, _order(x, axis, descending), axis=axis)
+    if differentiated(x):
+        return take_along_axis(x, _sorted_rows("argsort", x, axis, descending), axis=axis)
+    return _sorted_rows("sort", x, axis, descending)
 
 
 def argsort(x, /, *, axis=-1, descending=False, stable=True) -> Array:
+    """The positions that sort x along `axis` (numpy's stable order), on the device for real dtypes."""
     x = _arr(x)
     if x.ndim == 0:
         return _on_host(x, np.zeros((), np.int64), _dt.int64)
-    return _on_host(x, _order(x, normalize_axis(axis, x.ndim), descending), _dt.int64)
+    axis = normalize_axis(axis, x.ndim)
+    if not sort_kernels.takes(x.dtype, x.shape[axis]):
+        return _on_host(x, _order(x, axis, descending), _dt.int64)
+    return _sorted_rows("argsort", x, axis, descending)
 
 
 def _unique(x):

@@ -4,7 +4,21 @@ from __future__ import annotations
 
 from .. import dtypes as _dt
 from .. import ops
-from . import concat, elementwise, gather, linalg, matmul, pad, random, reduce, reduce_columns, rows, scan, scatter
+from . import (
+    concat,
+    elementwise,
+    gather,
+    linalg,
+    matmul,
+    pad,
+    random,
+    reduce,
+    reduce_columns,
+    rows,
+    scan,
+    scatter,
+    sort,
+)
 
 
 def _signature(fn, *args):
@@ -63,6 +77,8 @@ def all_sources() -> list:
         out.append(scatter.scatter_source(d))
     for d in scan.DTYPES:
         out.append(scan.scan_source(d))
+    for d in sort.DTYPES:
+        out.append(sort.sort_source(d))
     for d in _dt.FLOATS:
         out.append(random.random_source("uniform", d))
         out.append(random.random_source("normal", d))
