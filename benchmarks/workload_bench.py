@@ -9,7 +9,8 @@ function: the eager call builds and keys its graph's nodes each time, which on a
 longer than the one fused kernel), and, with no target, the same two over 1024 rows of 32768, softmax
 over 2048 rows of 16384 and over 8 rows of 4194304 (split across workgroups), and layer norm in
 bfloat16; the column sum of 8192×8192; a transposed copy of 8192×8192; an 8-op elementwise chain
-over 64M floats; a 2-layer MLP training step (batch 512, 1024→4096→1024,
+over 64M floats; with no target, sorts (2**20 floats, each row of 4096×4096, argsort of each row of
+65536×64, against PyTorch's stable sort); a 2-layer MLP training step (batch 512, 1024→4096→1024,
 float32), eager and under rt.compile. Each runs against PyTorch eager and torch.compile of the same composition (where
 torch with CUDA imports) and reports its time (median and spread over interleaved rounds), its
 TFLOP/s or GB/s, the device-to-device copy bandwidth measured beside the bandwidth-bound cases, the
@@ -47,7 +48,8 @@ GPU_CASES = [
     "matmul_256_float32", "softmax_8192x4096", "layer_norm_8192x4096", "softmax_1024x32768",
     "layer_norm_1024x32768", "softmax_2048x16384", "softmax_8x4194304", "layer_norm_bfloat16_8192x4096",
     "column_sum_8192x8192",
-    "transposed_copy_8192x8192", "concat_8192x4096", "elementwise_chain_64M", "mlp_step",
+    "transposed_copy_8192x8192", "concat_8192x4096", "elementwise_chain_64M", "sort_1048576", "sort_rows_4096x4096",
+    "argsort_65536x64", "mlp_step",
 ]
 CPU_CASES = ["matmul_1024_float32", "mlp_step"]
 ALL_CASES = [*BY_NAME, "mlp_step"]

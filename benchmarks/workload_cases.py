@@ -182,6 +182,25 @@ def chain_torch(x):
     return chain(x, lambda t: t.sqrt(), lambda t: t.tanh())
 
 
+# ---- sorting (a merge sort on the device; PyTorch's is a radix sort) ------------------------------
+
+def vector_make(rng, quick):
+    return [normal(rng, (1 << 12) if quick else (1 << 20))]
+
+
+def sort_rows_make(rng, quick):
+    return [normal(rng, *((64, 512) if quick else (4096, 4096)))]
+
+
+def short_rows_make(rng, quick):
+    return [normal(rng, *((1024, 64) if quick else (65536, 64)))]
+
+
+def sort_case(name: str, title: str, make) -> Case:
+    return Case(name, title, make, lambda x: rt.sort(x, axis=-1), lambda x: x.sort(dim=-1, stable=True).values,
+                lambda x: np.sort(x, axis=-1, kind="stable"), bandwidth_bound=True, tolerance=0.0)
+
+
 def softmax_case(rows: int, n: int, make) -> Case:
     return Case(f"softmax_{rows}x{n}", f"softmax over rows of {rows}×{n}, composed ops", make, softmax_rt,
                 softmax_torch, softmax_np, bandwidth_bound=True, compiled=True)
@@ -218,6 +237,11 @@ CASES = [
     Case("elementwise_chain_64M", "8-op elementwise chain over 64M float32", chain_make,
          lambda x: chain(x, rt.sqrt, rt.tanh), chain_torch, lambda x: chain(x, np.sqrt, np.tanh),
          bandwidth_bound=True),
+    sort_case("sort_1048576", "sort of 2**20 float32", vector_make),
+    sort_case("sort_rows_4096x4096", "sort of each row of 4096×4096 float32", sort_rows_make),
+    Case("argsort_65536x64", "argsort of each row of 65536×64 float32", short_rows_make,
+         lambda x: rt.argsort(x, axis=-1), lambda x: x.argsort(dim=-1, stable=True),
+         lambda x: np.argsort(x, axis=-1, kind="stable"), bandwidth_bound=True, tolerance=0.0),
     # A CPU driver's product: numpy's BLAS on both sides.
     matmul_case("matmul_1024_float32", 1024, 128, "float32", 1e-4),
 ]
