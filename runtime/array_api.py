@@ -24,7 +24,7 @@ from . import ops
 from .device import context_for
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
 from .graph import Node, differentiated, keep_constant, merge_checks, new_node, upload
-from .kernels import scan
+from .kernels import compact, scan
 from .kernels import sort as sort_kernels
 from .shapes import broadcast_shapes, index_of, normalize_axes, normalize_axis, sequence_of
 
@@ -749,11 +749,41 @@ def tensordot(x1, x2, /, *, axes=2) -> Array:
 # Sorting and searchsorted of real dtypes run on the device; nonzero, unique and complex sorts on the
 # host, their results uploaded to the array's device.
 
+def flat_nonzero(mask: Array) -> Array:
+    """The int64 positions of the True elements of the boolean array `mask` (flattened, in order),
+    compacted on the device (``kernels/compact.py``). The count is read on the host, as the result's
+    shape depends on it."""
+    m = ops.contiguous(ops.reshape(mask, (-1,)))
+    n = m.size
+    if n == 0:
+        return ops.zeros((0,), dtype=_dt.int64, device=mask.ctx)
+    if n > compact.MAX_N:
+        return _on_host(mask, np.flatnonzero(np.asarray(m.numpy())).astype(np.int64), _dt.int64)
+    counts = new_node("mask_count", (m,), None, (compact.tiles(n),), _dt.int64, mask.ctx)
+    ends = cumulative_sum(counts)  # each tile's last output, plus one
+    total = int(np.asarray(ends[-1].numpy()))
+    return new_node("compact", (m, ends), None, (total,), _dt.int64, mask.ctx)
+
+
+def unravel(flat: Array, shape: tuple) -> tuple:
+    """The per-axis indices of C-order positions `flat` in an array of `shape`."""
+    if len(shape) == 1:
+        return (flat,)
+    out = []
+    stride = 1
+    for d in reversed(shape):
+        out.append(ops.remainder(ops.floor_divide(flat, stride), d) if stride > 1 else ops.remainder(flat, d))
+        stride *= d
+    return tuple(reversed(out))
+
+
 def nonzero(x, /) -> tuple:
+    """The indices of x's nonzero elements, one int64 array an axis, found on the device."""
     x = _arr(x)
     if x.ndim == 0:
         raise InvalidValueError("nonzero is not defined for 0-d arrays")
-    return tuple(_on_host(x, i.astype(np.int64), _dt.int64) for i in np.nonzero(np.asarray(x.numpy())))
+    mask = x if x.dtype is _dt.bool_ else ops.not_equal(x, 0)
+    return unravel(flat_nonzero(mask), x.shape)
 
 
 def searchsorted(x1, x2, /, *, side="left", sorter=None) -> Array:
@@ -826,20 +856,51 @@ def argsort(x, /, *, axis=-1, descending=False, stable=True) -> Array:
     return _sorted_rows("argsort", x, axis, descending)
 
 
-def _unique(x):
+class _Unique(NamedTuple):
+    """What the unique functions return, as device arrays: the distinct values in ascending order
+    (every NaN distinct, as the standard asks), the first position of each in x (flattened), each
+    element's value's place among them (x's shape), and how many times each occurs."""
+
+    values: Array
+    indices: Array
+    inverse: Array
+    counts: Array
+
+
+def _unique(x) -> _Unique:
+    """x's distinct values, on the device for real dtypes: a stable sort of the flattened x, the
+    positions where the sorted value changes (compacted: their count is read on the host, as it sizes
+    the results), the values, first positions and counts there, and each element's place (the running
+    count of changes) put back in x's order by the inverse permutation. Complex values (ordered
+    lexicographically) on the host."""
     x = _arr(x)
     if differentiated(x):
-        raise hal.UnimplementedError("the unique functions have no gradient: their values are found on the host, "
-                                     "which cuts the gradient off (differentiate before them, or sort and compare)")
-    host = np.asarray(x.numpy()).reshape(-1)
-    values, index, inverse, counts = np.unique(host, return_index=True, return_inverse=True, return_counts=True,
-                                               equal_nan=False)
-    return x, values, index, inverse.reshape(x.shape), counts
+        raise hal.UnimplementedError("the unique functions have no gradient (their results are selections found "
+                                     "by comparing values): differentiate before them, or sort and compare")
+    flat = ops.reshape(x, (-1,))
+    n = flat.size
+    if not (sort_kernels.takes(x.dtype, n) and n <= compact.MAX_N):
+        values, index, inverse, counts = np.unique(np.asarray(flat.numpy()), return_index=True,
+                                                   return_inverse=True, return_counts=True, equal_nan=False)
+        return _Unique(_on_host(x, values, x.dtype), _on_host(x, index.astype(np.int64), _dt.int64),
+                       _on_host(x, inverse.reshape(x.shape).astype(np.int64), _dt.int64),
+                       _on_host(x, counts.astype(np.int64), _dt.int64))
+    if n == 0:
+        empty = ops.zeros((0,), dtype=_dt.int64, device=x.ctx)
+        return _Unique(ops.zeros((0,), dtype=x.dtype, device=x.ctx), empty, ops.reshape(empty, x.shape), empty)
+    order = argsort(flat)
+    ordered = gather_flat(flat, order)
+    changes = concat([ops.full((1,), True, dtype=_dt.bool_, device=x.ctx),
+                      ops.not_equal(ordered[1:], ordered[:-1])])  # (NaN != NaN: each NaN its own value)
+    starts = flat_nonzero(changes)
+    ends = concat([starts[1:], ops.full((1,), n, dtype=_dt.int64, device=x.ctx)])
+    place = ops.subtract(cumulative_sum(ops.astype(changes, _dt.int64)), 1)  # each sorted element's value's place
+    inverse = ops.reshape(gather_flat(place, argsort(order)), x.shape)
+    return _Unique(gather_flat(ordered, starts), gather_flat(order, starts), inverse, ops.subtract(ends, starts))
 
 
 def unique_values(x, /) -> Array:
-    x, values, _, _, _ = _unique(x)
-    return _on_host(x, values, x.dtype)
+    return _unique(x).values
 
 
 class UniqueCountsResult(NamedTuple):
@@ -860,19 +921,18 @@ class UniqueAllResult(NamedTuple):
 
 
 def unique_counts(x, /) -> UniqueCountsResult:
-    x, values, _, _, counts = _unique(x)
-    return UniqueCountsResult(_on_host(x, values, x.dtype), _on_host(x, counts.astype(np.int64), _dt.int64))
+    u = _unique(x)
+    return UniqueCountsResult(u.values, u.counts)
 
 
 def unique_inverse(x, /) -> UniqueInverseResult:
-    x, values, _, inverse, _ = _unique(x)
-    return UniqueInverseResult(_on_host(x, values, x.dtype), _on_host(x, inverse.astype(np.int64), _dt.int64))
+    u = _unique(x)
+    return UniqueInverseResult(u.values, u.inverse)
 
 
 def unique_all(x, /) -> UniqueAllResult:
-    x, values, index, inverse, counts = _unique(x)
-    return UniqueAllResult(_on_host(x, values, x.dtype), _on_host(x, index.astype(np.int64), _dt.int64),
-                  _on_host(x, inverse.astype(np.int64), _dt.int64), _on_host(x, counts.astype(np.int64), _dt.int64))
+    u = _unique(x)
+    return UniqueAllResult(u.values, u.indices, u.inverse, u.counts)
 
 
 # ---- inspection ---------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import hal
 
 from . import dtypes as _dt
 from . import ops
-from .array_api import gather_flat
+from .array_api import flat_nonzero, gather_flat, unravel
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
 from .graph import Node, differentiated
 from .shapes import broadcast_shapes, contiguous_strides, parse_index
@@ -86,7 +86,7 @@ def _is_bool_array(k) -> bool:
 
 def _expand(x: Array, key: tuple) -> list:
     """The key with its ellipsis expanded and boolean arrays replaced by integer arrays (one per
-    masked axis; the mask is evaluated on the host)."""
+    masked axis; a device mask's positions are found on the device, only their count read)."""
     n_used = 0
     for k in key:
         if k is None or k is Ellipsis:
@@ -112,12 +112,15 @@ def _expand(x: Array, key: tuple) -> list:
             host = None if isinstance(k, Node) else np.asarray(k)
             is_bool = (k.dtype is _dt.bool_) if host is None else host.dtype == np.bool_
             if is_bool:
-                mask = np.asarray(k.numpy()) if host is None else host
-                if mask.shape != x.shape[axis:axis + mask.ndim]:
-                    raise InvalidIndexError(f"boolean index of shape {mask.shape} does not match the indexed "
-                                            f"dimensions {x.shape[axis:axis + mask.ndim]}")
-                out += [np.asarray(i, np.int64) for i in np.nonzero(mask)]
-                axis += mask.ndim
+                shape = host.shape if host is not None else k.shape
+                if shape != x.shape[axis:axis + len(shape)]:
+                    raise InvalidIndexError(f"boolean index of shape {shape} does not match the indexed "
+                                            f"dimensions {x.shape[axis:axis + len(shape)]}")
+                if host is not None:
+                    out += [np.asarray(i, np.int64) for i in np.nonzero(host)]
+                else:  # compacted on the device (only the count comes to the host)
+                    out += list(unravel(flat_nonzero(k), shape))
+                axis += len(shape)
                 continue
             if host is not None and host.size and host.dtype.kind not in "iu":
                 raise InvalidIndexError(f"arrays used as indices must be of integer type, got {host.dtype}")

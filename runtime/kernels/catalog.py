@@ -5,6 +5,7 @@ from __future__ import annotations
 from .. import dtypes as _dt
 from .. import ops
 from . import (
+    compact,
     concat,
     elementwise,
     gather,
@@ -79,6 +80,7 @@ def all_sources() -> list:
         out.append(scan.scan_source(d))
     for d in sort.DTYPES:
         out.append(sort.sort_source(d))
+    out.append(compact.compact_source())
     for d in _dt.FLOATS:
         out.append(random.random_source("uniform", d))
         out.append(random.random_source("normal", d))

@@ -29,7 +29,21 @@ import hal
 from hal import env
 
 from .. import distributed
-from ..kernels import concat, elementwise, fft, gather, linalg, matmul, pad, random, reduce, scan, scatter, sort
+from ..kernels import (
+    compact,
+    concat,
+    elementwise,
+    fft,
+    gather,
+    linalg,
+    matmul,
+    pad,
+    random,
+    reduce,
+    scan,
+    scatter,
+    sort,
+)
 from ..kernels import fused as fused_kernels
 from ..kernels import rows as row_kernels
 from ..kernels.fused import FUSABLE_DTYPES, FusedSpec
@@ -57,7 +71,8 @@ def _plan_full(node, layouts, ctx) -> list:
 
 PLANNERS = {"matmul": matmul.plan, "random": random.plan, "pad": pad.plan, "full": _plan_full,
             "gather": gather.plan, "scatter_add": scatter.plan, "cumsum": scan.plan, "fft": fft.plan,
-            "concat": concat.plan, "sort": sort.plan, "argsort": sort.plan, "searchsorted": sort.plan_searchsorted}
+            "concat": concat.plan, "sort": sort.plan, "argsort": sort.plan, "searchsorted": sort.plan_searchsorted,
+            "mask_count": compact.plan_count, "compact": compact.plan_compact}
 PLANNERS.update({op: elementwise.plan for op in ELEMENTWISE})
 PLANNERS.update({op: reduce.plan for op in REDUCTIONS})
 PLANNERS.update(linalg.PLANNERS)

@@ -230,9 +230,9 @@ def test_grad_over_trees_of_parameters(dev):
 
 
 def test_functions_computed_on_the_host_refuse_to_be_differentiated(dev):
-    """unique_values and x.at[array indices].set/multiply/min/max compute on the host: inside a
-    differentiated function they raise a typed error where they gave a zero gradient silently;
-    outside, they work as before."""
+    """The unique functions (selections found by comparing values) and x.at[array indices]'s
+    set/multiply/min/max (computed on the host): inside a differentiated function they raise a typed
+    error where they gave a zero gradient silently; outside, they work as before."""
     x = rt.array(np.array([1.0, 2.0, 2.0], np.float32), device=dev)
     for fn in (lambda a: rt.unique_values(a).sum(), lambda a: rt.unique_counts(a).values.sum(),
                lambda a: a.at[rt.asarray([0, 0])].multiply(2.0).sum(),

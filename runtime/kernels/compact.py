@@ -1,0 +1,133 @@
+"""Stream compaction: the positions of a boolean array's True elements, in order, on the device
+(``nonzero`` and boolean-mask indexing).
+
+Three steps over tiles of TILE elements: ``mask_count`` counts each tile's True elements (one
+workgroup a tile), a running sum of the counts (the scan kernel) gives each tile's first output, and
+``compact`` has each workgroup find its elements' ranks within the tile (each thread's ITEMS
+consecutive elements counted, then a scan of the threads' counts in shared memory) and write their
+positions there. The mask is read twice and each position written once; the count of True elements,
+which sizes the result, is the last running sum (read on the host: the result's shape depends on it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import hal
+
+from .source import KernelSource, source
+
+THREADS = 256
+ITEMS = 8
+TILE = THREADS * ITEMS
+#: Masks at most this long (32-bit positions and counts in the kernels); longer ones are compacted
+#: on the host.
+MAX_N = 1 << 31
+
+
+def tiles(n: int) -> int:
+    return -(-n // TILE)
+
+
+def compact_source() -> KernelSource:
+    key = ("compact", TILE)
+    exports = [hal.Export("mask_count", (THREADS, 1, 1), 2, 2), hal.Export("compact", (THREADS, 1, 1), 3, 3)]
+    return source(key, lambda: KernelSource(key, exports, _cuda, _numpy_fns))
+
+
+def _cuda() -> str:
+    return f"""
+// Each tile's count of nonzero mask bytes, as int64 (the scan kernel's input).
+extern "C" __global__ void mask_count(long long* __restrict__ counts, const unsigned char* __restrict__ mask,
+                                      u32 n, u32 moff) {{
+  __shared__ u32 part[{THREADS}];
+  const u32 tiles = (n + {TILE}u - 1u) / {TILE}u;
+  const u32 t = threadIdx.x;
+  for (u32 b = blockIdx.x; b < tiles; b += gridDim.x) {{
+    u32 mine = 0u;
+    for (u32 q = t; q < {TILE}u; q += blockDim.x) {{
+      const u64 i = (u64)b * {TILE}u + q;
+      mine += i < n && mask[moff + i] != 0;
+    }}
+    part[t] = mine;
+    __syncthreads();
+    for (u32 o = blockDim.x >> 1; o > 0; o >>= 1) {{
+      if (t < o) part[t] += part[t + o];
+      __syncthreads();
+    }}
+    if (t == 0) counts[b] = (long long)part[0];
+    __syncthreads();
+  }}
+}}
+
+// The positions of the nonzero mask bytes, in order: tile b's go from the running sum of the
+// counts before it (ends: the inclusive running sums).
+extern "C" __global__ void compact(long long* __restrict__ out, const unsigned char* __restrict__ mask,
+                                   const long long* __restrict__ ends, u32 n, u32 moff, u32 eoff) {{
+  __shared__ u32 before[{THREADS}];
+  const u32 tiles = (n + {TILE}u - 1u) / {TILE}u;
+  const u32 t = threadIdx.x;
+  for (u32 b = blockIdx.x; b < tiles; b += gridDim.x) {{
+    const u64 first = (u64)b * {TILE}u + (u64)t * {ITEMS}u;
+    bool set[{ITEMS}];
+    u32 mine = 0u;
+#pragma unroll
+    for (u32 e = 0; e < {ITEMS}u; ++e) {{
+      set[e] = first + e < n && mask[moff + first + e] != 0;
+      mine += set[e];
+    }}
+    before[t] = mine;
+    __syncthreads();
+    for (u32 o = 1; o < blockDim.x; o <<= 1) {{  // inclusive scan of the threads' counts
+      const u32 w = t >= o ? before[t - o] : 0u;
+      __syncthreads();
+      before[t] += w;
+      __syncthreads();
+    }}
+    u64 at = (u64)(b ? ends[eoff + b - 1u] : 0ll) + before[t] - mine;
+#pragma unroll
+    for (u32 e = 0; e < {ITEMS}u; ++e)
+      if (set[e]) out[at++] = (long long)(first + e);
+    __syncthreads();
+  }}
+}}
+"""
+
+
+def _numpy_fns() -> dict:
+    def mask_count(wg, bindings, c):
+        n, moff = c
+        mask = np.frombuffer(bindings[1], dtype=np.uint8, count=n, offset=moff) != 0
+        padded = np.zeros(tiles(n) * TILE, bool)
+        padded[:n] = mask
+        np.frombuffer(bindings[0], dtype=np.int64, count=tiles(n))[...] = padded.reshape(-1, TILE).sum(axis=1)
+
+    def compact(wg, bindings, c):
+        n, moff, _ = c
+        where = np.flatnonzero(np.frombuffer(bindings[1], dtype=np.uint8, count=n, offset=moff))
+        np.frombuffer(bindings[0], dtype=np.int64, count=where.size)[...] = where
+
+    return {"mask_count": mask_count, "compact": compact}
+
+
+def _groups(n: int) -> tuple:
+    return (min(tiles(n), 65535 * 16), 1, 1)
+
+
+def plan_count(node, layouts: list, ctx) -> list:
+    """A "mask_count" node: each tile's count of the contiguous boolean input's True elements."""
+    (shape, _, moff), = layouts
+    n = int(np.prod(shape, dtype=np.int64))
+    if n == 0:
+        return []
+    return [("dispatch", compact_source(), "mask_count", _groups(n), [n, moff], [("out",), ("in", 0)])]
+
+
+def plan_compact(node, layouts: list, ctx) -> list:
+    """A "compact" node: the positions of the True elements of input 0 (a contiguous boolean array),
+    input 1 the inclusive running sums of its tiles' counts."""
+    (shape, _, moff), (_, _, eoff) = layouts
+    n = int(np.prod(shape, dtype=np.int64))
+    if node.size == 0:
+        return []
+    return [("dispatch", compact_source(), "compact", _groups(n), [n, moff, eoff], [("out",), ("in", 0), ("in", 1)])]
