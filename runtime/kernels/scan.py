@@ -4,8 +4,9 @@ One workgroup a row: the row is read in tiles of one element a thread (coalesced
 in shared memory and offset by the carry of the tiles before it, so the row is read once and written
 once. Floats accumulate in float32 (float64 for float64: narrower floats round once, at the store,
 rather than at each step as numpy's float16 loop does); integers in 64-bit unsigned arithmetic, whose
-wrap-around truncates to the same values as numpy's running sum in the dtype. Complex and boolean
-scans, and rows too long for one workgroup to carry (few of them), take the log-step composition of
+wrap-around truncates to the same values as numpy's running sum in the dtype. Few long rows are cut
+into chunks scanned as rows of their own and offset by their totals' running sum
+(``array_api._scanned_rows``); complex and boolean scans take the log-step composition of
 ``array_api._cumulative``.
 """
 
@@ -22,15 +23,17 @@ from .source import WORKGROUP, KernelSource, source
 
 _NCONST = 3  # rows, row length, input offset
 DTYPES = tuple(d for d in _dt.ALL if not d.is_complex and d is not _dt.bool_)
-#: Rows longer than this go to the composition when there are fewer rows than SMs of a large GPU
-#: (one workgroup would scan a whole long row alone).
-LONG_ROW = 1 << 16
+#: A workgroup scans its row in steps of WORKGROUP elements, one after another: rows longer than
+#: CHUNK when there are fewer of them than SMs of a large GPU, and any rows longer than LONG_ROW, are
+#: cut into chunks of CHUNK (``array_api._scanned_rows``), each scanned by its own workgroup.
+CHUNK = 1024
+LONG_ROW = 8 * CHUNK
 FEW_ROWS = 132
 
 
 def takes(rows: int, n: int, dt) -> bool:
-    """Whether the kernel scans (rows, n) of `dt` (else the composition does)."""
-    return dt in DTYPES and (n <= LONG_ROW or rows >= FEW_ROWS)
+    """Whether the kernel scans (rows, n) of `dt` in one dispatch, a workgroup a row."""
+    return dt in DTYPES and (n <= CHUNK or (rows >= FEW_ROWS and n <= LONG_ROW))
 
 
 def _acc(dt) -> tuple[str, np.dtype]:
