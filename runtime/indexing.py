@@ -50,6 +50,9 @@ def getitem(x: Array, key) -> Array:
     if any(_is_array_index(k) for k in key):
         if any(np.ndim(k) == 0 for k in key if isinstance(k, Node) or isinstance(k, np.ndarray)):
             key = tuple(_zero_d_mask(k) for k in key)  # a 0-d boolean array masks as True / False
+        if len(key) == 1 and isinstance(key[0], Node) and key[0].dtype is _dt.bool_ and key[0].shape == x.shape \
+                and x.ndim:  # x[mask] over all of x: its elements at the mask's positions, in order
+            return gather_flat(x, flat_nonzero(key[0]))
         if any(_is_array_index(k) for k in key):
             return _advanced(x, key)
     if any(_is_bool_scalar(k) for k in key):
@@ -78,6 +81,16 @@ def _bool_scalars(x: Array, key: tuple) -> Array:
     for p in empties:
         out = out[(slice(None),) * p + (slice(0, 0),)]
     return out
+
+
+class _Found:
+    """An axis's indices found on the device from a boolean mask: in range by construction, so the
+    gather they feed is not checked."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: Array) -> None:
+        self.array = array
 
 
 def _is_bool_array(k) -> bool:
@@ -119,7 +132,7 @@ def _expand(x: Array, key: tuple) -> list:
                 if host is not None:
                     out += [np.asarray(i, np.int64) for i in np.nonzero(host)]
                 else:  # compacted on the device (only the count comes to the host)
-                    out += list(unravel(flat_nonzero(k), shape))
+                    out += [_Found(i) for i in unravel(flat_nonzero(k), shape)]
                 axis += len(shape)
                 continue
             if host is not None and host.size and host.dtype.kind not in "iu":
@@ -149,7 +162,7 @@ def _advanced_flat(x: Array, key: tuple) -> tuple:
     y's elements in order, bad None or True where an index computed on the device is out of range;
     flat None for an empty result."""
     items = _expand(x, key)
-    adv = [i for i, k in enumerate(items) if isinstance(k, (np.ndarray, Node)) or
+    adv = [i for i, k in enumerate(items) if isinstance(k, (np.ndarray, Node, _Found)) or
            (k is not None and not isinstance(k, slice))]
     # basic part first: advanced axes kept whole, then gathered
     basic = []
@@ -179,6 +192,8 @@ def _advanced_flat(x: Array, key: tuple) -> tuple:
             if k.size and (k.min() < -d or k.max() >= d):
                 raise InvalidIndexError(f"index out of bounds for axis with size {d}")
             k = ops.asarray(np.where(k < 0, k + d, k), device=x.ctx)
+        elif isinstance(k, _Found):
+            k = k.array
         elif isinstance(k, Node):  # computed on the device: checked there (gather_flat)
             k = ops.astype(k, _dt.int64)
             k = ops.where(k < 0, k + d, k)

@@ -4,9 +4,10 @@
 Three steps over tiles of TILE elements: ``mask_count`` counts each tile's True elements (one
 workgroup a tile), a running sum of the counts (the scan kernel) gives each tile's first output, and
 ``compact`` has each workgroup find its elements' ranks within the tile (each thread's ITEMS
-consecutive elements counted, then a scan of the threads' counts in shared memory) and write their
-positions there. The mask is read twice and each position written once; the count of True elements,
-which sizes the result, is the last running sum (read on the host: the result's shape depends on it).
+consecutive elements counted, then a scan of the threads' counts in shared memory), gather their
+positions in shared memory in order and write them out together. The mask is read twice and each
+position written once; the count of True elements, which sizes the result, is the last running sum
+(read on the host: the result's shape depends on it).
 """
 
 from __future__ import annotations
@@ -61,21 +62,30 @@ extern "C" __global__ void mask_count(long long* __restrict__ counts, const unsi
 }}
 
 // The positions of the nonzero mask bytes, in order: tile b's go from the running sum of the
-// counts before it (ends: the inclusive running sums).
+// counts before it (ends: the inclusive running sums). Each thread reads its ITEMS consecutive bytes
+// (one 8-byte load where aligned), the threads' counts are scanned in shared memory, the tile's
+// positions gathered there in order and written out together (coalesced).
 extern "C" __global__ void compact(long long* __restrict__ out, const unsigned char* __restrict__ mask,
                                    const long long* __restrict__ ends, u32 n, u32 moff, u32 eoff) {{
   __shared__ u32 before[{THREADS}];
+  __shared__ u32 found[{TILE}];
   const u32 tiles = (n + {TILE}u - 1u) / {TILE}u;
   const u32 t = threadIdx.x;
   for (u32 b = blockIdx.x; b < tiles; b += gridDim.x) {{
-    const u64 first = (u64)b * {TILE}u + (u64)t * {ITEMS}u;
+    const u64 start = (u64)b * {TILE}u;
+    const u32 first = t * {ITEMS}u;
     bool set[{ITEMS}];
+    if ((moff & 7u) == 0u && start + first + {ITEMS}u <= n) {{
+      const u64 bytes = *(const u64*)(mask + moff + start + first);
+#pragma unroll
+      for (u32 e = 0; e < {ITEMS}u; ++e) set[e] = ((bytes >> (8u * e)) & 0xFFu) != 0u;
+    }} else {{
+#pragma unroll
+      for (u32 e = 0; e < {ITEMS}u; ++e) set[e] = start + first + e < n && mask[moff + start + first + e] != 0;
+    }}
     u32 mine = 0u;
 #pragma unroll
-    for (u32 e = 0; e < {ITEMS}u; ++e) {{
-      set[e] = first + e < n && mask[moff + first + e] != 0;
-      mine += set[e];
-    }}
+    for (u32 e = 0; e < {ITEMS}u; ++e) mine += set[e];
     before[t] = mine;
     __syncthreads();
     for (u32 o = 1; o < blockDim.x; o <<= 1) {{  // inclusive scan of the threads' counts
@@ -84,10 +94,14 @@ extern "C" __global__ void compact(long long* __restrict__ out, const unsigned c
       before[t] += w;
       __syncthreads();
     }}
-    u64 at = (u64)(b ? ends[eoff + b - 1u] : 0ll) + before[t] - mine;
+    u32 at = before[t] - mine;
 #pragma unroll
     for (u32 e = 0; e < {ITEMS}u; ++e)
-      if (set[e]) out[at++] = (long long)(first + e);
+      if (set[e]) found[at++] = first + e;
+    __syncthreads();
+    const u32 count = before[blockDim.x - 1u];
+    const u64 to = b ? (u64)ends[eoff + b - 1u] : 0ull;
+    for (u32 q = t; q < count; q += blockDim.x) out[to + q] = (long long)(start + found[q]);
     __syncthreads();
   }}
 }}
