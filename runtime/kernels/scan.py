@@ -19,7 +19,7 @@ import hal
 from .. import dtypes as _dt
 from .cuda_common import load_expr, store_expr
 from .numpy_util import store, to_compute
-from .source import WORKGROUP, KernelSource, source
+from .source import WORKGROUP, KernelSource, rows_of, source
 
 _NCONST = 3  # rows, row length, input offset
 DTYPES = tuple(d for d in _dt.ALL if not d.is_complex and d is not _dt.bool_)
@@ -97,8 +97,6 @@ def _numpy_fn(dt):
 def plan(node, layouts: list, ctx) -> list:
     if node.size == 0:
         return []
-    (shape, _, ioff), = layouts
-    n = shape[-1]
-    rows = node.size // n
+    rows, n, ioff = rows_of(node, layouts)
     return [("dispatch", scan_source(node.dtype), f"cumsum_{node.dtype.code}", (min(rows, 65535 * 16), 1, 1),
              [rows, n, ioff], [("out",), ("in", 0)])]

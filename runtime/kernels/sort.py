@@ -26,7 +26,7 @@ import hal
 
 from .. import dtypes as _dt
 from .numpy_util import to_compute
-from .source import WORKGROUP, KernelSource, grid_1d, source
+from .source import WORKGROUP, KernelSource, grid_1d, rows_of, source
 
 #: Elements a workgroup sorts in shared memory (a power of two); rows longer than this merge runs in
 #: global memory. The tests lower it to reach the merge passes with small rows.
@@ -402,9 +402,7 @@ def plan(node, layouts: list, ctx) -> list:
     """A "sort" or "argsort" node over the rows of its contiguous input (params: descending)."""
     if node.size == 0:
         return []
-    (shape, _, ioff), = layouts
-    n = shape[-1]
-    rows = node.size // n
+    rows, n, ioff = rows_of(node, layouts)
     dt = node.inputs[0].dtype
     src = sort_source(dt)
     code = dt.code

@@ -125,6 +125,14 @@ def checked_pair_dispatch(src: KernelSource, op: str, dt, checked: bool, n: int,
     return ("dispatch", src, _pair_name(op, dt, checked), (grid_1d(n), 1, 1), constants, roles)
 
 
+def rows_of(node, layouts: list) -> tuple[int, int, int]:
+    """(rows, n, offset) of a node computed along the rows of its one contiguous input: n the length of
+    its last axis, offset where its elements start."""
+    (shape, _, offset), = layouts
+    n = shape[-1]
+    return node.size // n, n, offset
+
+
 def grid_1d(n: int) -> int:
     """Workgroups for a grid-stride loop over n items."""
     return min((n + WORKGROUP - 1) // WORKGROUP, 65535 * 16)
