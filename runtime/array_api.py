@@ -22,7 +22,7 @@ import hal
 from . import dtypes as _dt
 from . import ops
 from .device import context_for
-from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
+from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError, TracingError
 from .graph import Node, differentiated, keep_constant, merge_checks, new_node, upload
 from .kernels import compact, scan
 from .kernels import sort as sort_kernels
@@ -780,7 +780,12 @@ def flat_nonzero(mask: Array) -> Array:
         return _on_host(mask, np.flatnonzero(np.asarray(m.numpy())).astype(np.int64), _dt.int64)
     counts = new_node("mask_count", (m,), None, (compact.tiles(n),), _dt.int64, mask.ctx)
     ends = cumulative_sum(counts)  # each tile's last output, plus one
-    total = int(np.asarray(ends[-1].numpy()))
+    try:
+        total = int(np.asarray(ends[-1].numpy()))
+    except TracingError as exc:
+        raise TracingError("nonzero, boolean-mask indexing and the unique functions give arrays whose shape "
+                           "depends on the data, which rt.compile cannot trace: compute the mask in the compiled "
+                           "function and select outside it (or use where)") from exc
     return new_node("compact", (m, ends), None, (total,), _dt.int64, mask.ctx)
 
 

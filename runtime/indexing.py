@@ -51,7 +51,7 @@ def getitem(x: Array, key) -> Array:
         if any(np.ndim(k) == 0 for k in key if isinstance(k, Node) or isinstance(k, np.ndarray)):
             key = tuple(_zero_d_mask(k) for k in key)  # a 0-d boolean array masks as True / False
         if len(key) == 1 and isinstance(key[0], Node) and key[0].dtype is _dt.bool_ and key[0].shape == x.shape \
-                and x.ndim:  # x[mask] over all of x: its elements at the mask's positions, in order
+                and x.ndim and key[0].ctx is x.ctx:  # x[mask] over all of x: its elements at the mask's positions
             return gather_flat(x, flat_nonzero(key[0]))
         if any(_is_array_index(k) for k in key):
             return _advanced(x, key)
@@ -124,6 +124,8 @@ def _expand(x: Array, key: tuple) -> list:
         if _is_array_index(k):
             host = None if isinstance(k, Node) else np.asarray(k)
             is_bool = (k.dtype is _dt.bool_) if host is None else host.dtype == np.bool_
+            if is_bool and host is None and k.ctx is not x.ctx:  # (a mask on another device: through the host)
+                host = np.asarray(k.numpy())
             if is_bool:
                 shape = host.shape if host is not None else k.shape
                 if shape != x.shape[axis:axis + len(shape)]:

@@ -101,3 +101,17 @@ def test_unique_functions_on_the_device(gpu_like, dtype):
     np.testing.assert_array_equal(rt.unique_inverse(X).inverse_indices.numpy(), inverse.reshape(x.shape))
     empty = rt.unique_all(rt.zeros((0, 3), dtype=X.dtype, device=gpu_like))
     assert [a.shape for a in empty] == [(0,), (0,), (0, 3), (0,)]
+
+
+def test_selections_of_data_dependent_shape_refuse_to_be_traced(gpu_like):
+    """Under rt.compile a mask's count cannot be read: a TracingError names the functions and what to
+    do; masks on another device are read through the host; the device stays usable."""
+    x = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+    X = rt.array(x, device=gpu_like)
+    for fn in (lambda v: v[v > 3], rt.nonzero, lambda v: rt.unique_values(v)):
+        with pytest.raises(rt.errors.TracingError, match="depends on the data"):
+            rt.compile(fn)(X)
+    other = rt.array(x > 4, device="local-task")
+    np.testing.assert_array_equal(X[other].numpy(), x[x > 4])
+    np.testing.assert_array_equal(X[rt.array(x[:, 0] > 2, device="local-task"), 1:].numpy(), x[x[:, 0] > 2, 1:])
+    np.testing.assert_array_equal(X[X > 3].numpy(), x[x > 3])
