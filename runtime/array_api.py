@@ -528,6 +528,7 @@ def gather_flat(x: Array, flat, bad=None) -> Array:
     """
     if not isinstance(flat, Node):
         flat = ops.asarray(np.asarray(flat, np.int64), device=x.ctx)
+    ops.ctx_of(x, flat, bad)  # (indices on another device: the usual error, before any work)
     if flat.size and x.size == 0:
         raise InvalidValueError("cannot take elements of an empty array")
     src = ops.contiguous(x)
@@ -824,6 +825,7 @@ def searchsorted(x1, x2, /, *, side="left", sorter=None) -> Array:
         if not sorter.dtype.is_int or sorter.shape != x1.shape:
             raise InvalidValueError(f"searchsorted's sorter must be integer indices of x1's shape {x1.shape}, "
                                     f"got {sorter.dtype.name} of shape {sorter.shape}")
+    ops.ctx_of(x1, x2, sorter)  # (arrays on several devices: the usual error, before any work)
     if not sort_kernels.takes(dt, builtins.max(x1.size, x2.size)):
         a = np.asarray(x1.astype(dt).numpy())
         v = np.asarray(x2.astype(dt).numpy())

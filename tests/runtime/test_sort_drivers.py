@@ -30,3 +30,24 @@ def test_searchsorted_refuses_bad_arguments(device):
     with pytest.raises(rt.errors.InvalidValueError, match="sorter"):
         rt.searchsorted(a, a, sorter=a)
     np.testing.assert_array_equal(rt.searchsorted(a, a).numpy(), np.arange(5))  # still usable
+
+
+def test_arrays_of_another_device_are_refused_before_any_work(device):
+    """searchsorted's and take's arrays on two devices: the usual typed error at the call (not a binding
+    error at submission), and both devices stay usable."""
+    import hal
+
+    other = hal.create_device("local-sync")
+    try:
+        a = rt.asarray(np.arange(5.0, dtype=np.float32), device=device)
+        b = rt.asarray(np.array([1.5, 3.0], np.float32), device=other)
+        sorter = rt.asarray(np.arange(5), device=other)
+        index = rt.asarray(np.array([0, 1]), device=other)
+        for call in (lambda: rt.searchsorted(a, b), lambda: rt.searchsorted(a, a, sorter=sorter),
+                     lambda: rt.take(a, index)):
+            with pytest.raises(rt.errors.InvalidValueError, match="different devices"):
+                call()
+        np.testing.assert_array_equal(rt.searchsorted(a, rt.asarray(b.numpy(), device=device)).numpy(), [2, 3])
+        np.testing.assert_array_equal(rt.sort(b).numpy(), [1.5, 3.0])
+    finally:
+        other.close()
