@@ -814,14 +814,15 @@ def nonzero(x, /) -> tuple:
 def searchsorted(x1, x2, /, *, side="left", sorter=None) -> Array:
     """Insertion points of x2's values in the sorted 1-D x1 (numpy's, NaNs last), a binary search on the
     device for real dtypes (``kernels/sort.py``); complex values are searched on the host."""
-    x1, x2 = _arr(x1), _arr(x2)
+    x1 = _arr(x1)
+    x2 = x2 if isinstance(x2, Node) else ops.asarray(x2, device=x1.ctx)  # (values given on the host: x1's device)
     if x1.ndim != 1:
         raise InvalidValueError(f"searchsorted needs a 1-D x1, got {x1.ndim} dimensions")
     if side not in ("left", "right"):
         raise InvalidValueError(f"side must be 'left' or 'right', got {side!r}")
     dt = _dt.promote(x1.dtype, x2.dtype)
     if sorter is not None:
-        sorter = _arr(sorter)
+        sorter = sorter if isinstance(sorter, Node) else ops.asarray(sorter, device=x1.ctx)
         if not sorter.dtype.is_int or sorter.shape != x1.shape:
             raise InvalidValueError(f"searchsorted's sorter must be integer indices of x1's shape {x1.shape}, "
                                     f"got {sorter.dtype.name} of shape {sorter.shape}")

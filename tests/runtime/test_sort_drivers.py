@@ -34,7 +34,7 @@ def test_searchsorted_refuses_bad_arguments(device):
 
 def test_arrays_of_another_device_are_refused_before_any_work(device):
     """searchsorted's and take's arrays on two devices: the usual typed error at the call (not a binding
-    error at submission), and both devices stay usable."""
+    error at submission), and both devices stay usable; host values go to x1's device."""
     import hal
 
     other = hal.create_device("local-sync")
@@ -49,5 +49,8 @@ def test_arrays_of_another_device_are_refused_before_any_work(device):
                 call()
         np.testing.assert_array_equal(rt.searchsorted(a, rt.asarray(b.numpy(), device=device)).numpy(), [2, 3])
         np.testing.assert_array_equal(rt.sort(b).numpy(), [1.5, 3.0])
+        # values and a sorter given on the host go to x1's device, whichever is the default
+        np.testing.assert_array_equal(rt.searchsorted(b, 2.0).numpy(), 1)
+        np.testing.assert_array_equal(rt.searchsorted(b, [1.5, 4.0], side="right", sorter=[0, 1]).numpy(), [1, 2])
     finally:
         other.close()
