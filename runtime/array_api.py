@@ -766,8 +766,9 @@ def tensordot(x1, x2, /, *, axes=2) -> Array:
 
 
 # ---- searching, sorting, sets -----------------------------------------------------------------
-# Sorting and searchsorted of real dtypes run on the device; nonzero, unique and complex sorts on the
-# host, their results uploaded to the array's device.
+# Sorts, searches, nonzero, boolean masks and unique of real dtypes run on the device (a selection reads
+# its count back); complex values, and rows past the kernels' length limit, on the host, their results
+# uploaded to the array's device.
 
 def flat_nonzero(mask: Array) -> Array:
     """The int64 positions of the True elements of the boolean array `mask` (flattened, in order),
@@ -841,7 +842,7 @@ def searchsorted(x1, x2, /, *, side="left", sorter=None) -> Array:
 
 def _order(x: Array, axis: int, descending: bool) -> np.ndarray:
     """The stable order of x's elements along `axis` (numpy's, on the host), descending: equal
-    elements keep their order. For complex values, which the device does not sort."""
+    elements keep their order. For complex values, and rows past the kernels' length limit."""
     host = np.asarray(x.numpy())
     if descending:
         n = host.shape[axis]
