@@ -383,9 +383,15 @@ def repeat(x, repeats, /, *, axis=None) -> Array:
         axis = 0
     axis = normalize_axis(axis, x.ndim)
     counts = _repeat_counts(repeats, x.shape[axis])
-    if isinstance(counts, np.ndarray):
-        index = np.repeat(np.arange(x.shape[axis]), counts)
-        return take(x, _on_host(x, index, _dt.int64), axis=axis)
+    if isinstance(counts, np.ndarray):  # (read on the host: checked, and the result's length)
+        total = int(counts.sum())
+        if total > sort_kernels.MAX_N:
+            return take(x, _on_host(x, np.repeat(np.arange(x.shape[axis]), counts), _dt.int64), axis=axis)
+        # Output j repeats the element whose running count first passes j: a search on the device, so
+        # that only the n running counts, not the `total` indices, are uploaded.
+        ends = _on_host(x, np.cumsum(counts), _dt.int64)
+        index = searchsorted(ends, ops.arange(total, dtype=_dt.int64, device=x.ctx), side="right")
+        return take(x, index, axis=axis, mode="clip")  # (in range by construction: nothing to check)
     shape = x.shape
     expanded = ops.expand_dims(x, axis + 1)
     target = shape[:axis + 1] + (counts,) + shape[axis + 1:]

@@ -143,3 +143,22 @@ def test_rows_past_the_kernels_limit_sort_on_the_host(gpu_like, monkeypatch):
     ordered = np.sort(host[0], kind="stable")
     np.testing.assert_array_equal(rt.searchsorted(rt.asarray(ordered, device=gpu_like), X[1]).numpy(),
                                   np.searchsorted(ordered, host[1]))
+
+
+def test_repeat_with_counts_finds_its_indices_on_the_device(gpu_like, monkeypatch):
+    """repeat with a count an element: each output's element found by searchsorted over the running
+    counts (zero counts, every axis, counts given as a device array); differentiable; past MAX_N the
+    indices are made on the host, with the same result."""
+    rng = np.random.default_rng(37)
+    x = rng.standard_normal((5, 300)).astype(np.float32)
+    X = rt.array(x, device=gpu_like)
+    for axis, counts in ((0, [0, 3, 1, 0, 2]), (1, rng.integers(0, 4, 300)), (0, [0, 0, 0, 0, 0])):
+        want = np.repeat(x, counts, axis=axis)
+        np.testing.assert_array_equal(rt.repeat(X, counts, axis=axis).numpy(), want)
+        np.testing.assert_array_equal(rt.repeat(X, rt.array(np.asarray(counts), device=gpu_like), axis=axis).numpy(),
+                                      want)
+    counts = [2, 0, 1, 3, 1]
+    g = rt.grad(lambda a: (rt.repeat(a, counts, axis=0) * 2.0).sum())(rt.array(x[:, :4], device=gpu_like)).numpy()
+    np.testing.assert_allclose(g, np.repeat(2.0 * np.asarray(counts, np.float32)[:, None], 4, axis=1))
+    monkeypatch.setattr(sort_kernels, "MAX_N", 10)
+    np.testing.assert_array_equal(rt.repeat(X, [0, 3, 1, 0, 9], axis=0).numpy(), np.repeat(x, [0, 3, 1, 0, 9], axis=0))
