@@ -23,7 +23,7 @@ from . import dtypes as _dt
 from . import ops
 from .device import context_for
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError, TracingError
-from .graph import Node, differentiated, keep_constant, merge_checks, new_node, upload
+from .graph import Node, differentiated, keep_constant, new_node, upload
 from .kernels import compact, scan
 from .kernels import sort as sort_kernels
 from .shapes import broadcast_shapes, index_of, normalize_axes, normalize_axis, sequence_of
@@ -543,10 +543,7 @@ def gather_flat(x: Array, flat, bad=None) -> Array:
         idx = ops.contiguous(flat)
         return ops.new_node("gather", (src, idx), None, idx.shape, x.dtype, x.ctx)
     idx = ops.contiguous(ops.where(bad, -1, flat))
-    status = ops.new_node("full", (), (0, 4), (1,), _dt.uint32, x.ctx)  # the kernel's status word
-    out = ops.new_node("gather", (src, idx, status), "raise", idx.shape, x.dtype, x.ctx)
-    out.checks = (status,) if out.checks is None else merge_checks(out.checks, (status,))
-    return out
+    return ops.checked_node("gather", (src, idx), "raise", idx.shape, x.dtype, x.ctx)
 
 
 # ---- statistics ---------------------------------------------------------------------------------

@@ -569,8 +569,15 @@ def scatter_add(values: Array, flat: Array, size: int, bad: Array | None = None)
         idx = contiguous(reshape(flat, (-1,)))
         return new_node("scatter_add", (v, idx), (size, None), (size,), dt, values.ctx)
     idx = contiguous(reshape(where(bad, -1, flat), (-1,)))
-    status = new_node("full", (), (0, 4), (1,), _dt.uint32, values.ctx)  # the kernel's status word
-    out = new_node("scatter_add", (v, idx, status), (size, "raise"), (size,), dt, values.ctx)
+    return checked_node("scatter_add", (v, idx), (size, "raise"), (size,), dt, values.ctx)
+
+
+def checked_node(op: str, inputs: tuple, params, shape: tuple, dtype: _dt.DType, ctx) -> Array:
+    """A node whose kernel reads indices computed on the device (a checked gather or scatter-add): a
+    zero-filled status word follows `inputs`, the kernel sets it for an index out of range, and reading
+    the result (or any array made from it) raises IndexError then (``graph.Node.checks``)."""
+    status = new_node("full", (), (0, 4), (1,), _dt.uint32, ctx)
+    out = new_node(op, (*inputs, status), params, shape, dtype, ctx)
     out.checks = (status,) if out.checks is None else merge_checks(out.checks, (status,))
     return out
 
