@@ -2,20 +2,21 @@
 
     python benchmarks/workload_bench.py [--device URI] [--quick] [--only CASE ...] [--out FILE]
 
-On a GPU: matmul 4096² in float32 (IEEE on both sides: no TF32), float16 and bfloat16; batched matmul
-64×(512×64 @ 64×512); matmul 256²; softmax and layer norm over the rows of 8192×4096 written as
-composed array ops, eager and under rt.compile (the counterpart of torch.compile of the same
+On a GPU: matmul 4096² in float32 (IEEE on both sides: no TF32), float16 and bfloat16; batched
+matmul 64×(512×64 @ 64×512); matmul 256²; softmax and layer norm over the rows of 8192×4096 written
+as composed array ops, eager and under rt.compile (the counterpart of torch.compile of the same
 function: the eager call builds and keys its graph's nodes each time, which on a fast GPU can take
-longer than the one fused kernel), and, with no target, the same two over 1024 rows of 32768, softmax
-over 2048 rows of 16384 and over 8 rows of 4194304 (split across workgroups), and layer norm in
-bfloat16; the column sum of 8192×8192; a transposed copy of 8192×8192; an 8-op elementwise chain
+longer than the one fused kernel), and, with no target, the same two over 1024 rows of 32768,
+softmax over 2048 rows of 16384 and over 8 rows of 4194304 (split across workgroups), and layer norm
+in bfloat16; the column sum of 8192×8192; a transposed copy of 8192×8192; an 8-op elementwise chain
 over 64M floats; with no target, sorts (2**20 floats, each row of 4096×4096, argsort of each row of
-65536×64, against PyTorch's stable sort); a 2-layer MLP training step (batch 512, 1024→4096→1024,
-float32), eager and under rt.compile. Each runs against PyTorch eager and torch.compile of the same composition (where
-torch with CUDA imports) and reports its time (median and spread over interleaved rounds), its
-TFLOP/s or GB/s, the device-to-device copy bandwidth measured beside the bandwidth-bound cases, the
-ratios (PyTorch's time over the runtime's: >= 1 means as fast), each result's agreement with
-PyTorch's, and the targets of the design's device-side table, met or missed.
+65536×64, against PyTorch's stable sort) and the running sum of 2**24 floats; a 2-layer MLP training
+step (batch 512, 1024→4096→1024, float32), eager and under rt.compile. Each runs against PyTorch
+eager and torch.compile of the same composition (where torch with CUDA imports) and reports its time
+(median and spread over interleaved rounds), its TFLOP/s or GB/s, the device-to-device copy
+bandwidth measured beside the bandwidth-bound cases, the ratios (PyTorch's time over the runtime's:
+>= 1 means as fast), each result's agreement with PyTorch's, and the targets of the design's
+device-side table, met or missed.
 
 On a CPU driver (local-task): the MLP step, eager and compiled, against the step written by hand in
 numpy, and matmul (numpy's BLAS on both sides). ``--quick`` shrinks every shape: seconds on a CPU.
@@ -49,7 +50,7 @@ GPU_CASES = [
     "layer_norm_1024x32768", "softmax_2048x16384", "softmax_8x4194304", "layer_norm_bfloat16_8192x4096",
     "column_sum_8192x8192",
     "transposed_copy_8192x8192", "concat_8192x4096", "elementwise_chain_64M", "sort_1048576", "sort_rows_4096x4096",
-    "argsort_65536x64", "mlp_step",
+    "argsort_65536x64", "cumsum_16777216", "mlp_step",
 ]
 CPU_CASES = ["matmul_1024_float32", "mlp_step"]
 ALL_CASES = [*BY_NAME, "mlp_step"]

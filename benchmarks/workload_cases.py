@@ -201,6 +201,14 @@ def sort_case(name: str, title: str, make) -> Case:
                 lambda x: np.sort(x, axis=-1, kind="stable"), bandwidth_bound=True, tolerance=0.0)
 
 
+# ---- running sums --------------------------------------------------------------------------------
+
+def steps_make(rng, quick):
+    """Steps of -1, 0 or 1 (as float32): every running sum is an integer float32 holds exactly, so any
+    order of the additions gives the same result."""
+    return [rng.integers(-1, 2, (1 << 12) if quick else (1 << 24)).astype(np.float32)]
+
+
 def softmax_case(rows: int, n: int, make) -> Case:
     return Case(f"softmax_{rows}x{n}", f"softmax over rows of {rows}×{n}, composed ops", make, softmax_rt,
                 softmax_torch, softmax_np, bandwidth_bound=True, compiled=True)
@@ -242,6 +250,8 @@ CASES = [
     Case("argsort_65536x64", "argsort of each row of 65536×64 float32", short_rows_make,
          lambda x: rt.argsort(x, axis=-1), lambda x: x.argsort(dim=-1, stable=True),
          lambda x: np.argsort(x, axis=-1, kind="stable"), bandwidth_bound=True, tolerance=0.0),
+    Case("cumsum_16777216", "running sum of 2**24 float32", steps_make, lambda x: rt.cumulative_sum(x),
+         lambda x: x.cumsum(dim=0), lambda x: np.cumsum(x), bandwidth_bound=True, tolerance=0.0),
     # A CPU driver's product: numpy's BLAS on both sides.
     matmul_case("matmul_1024_float32", 1024, 128, "float32", 1e-4),
 ]

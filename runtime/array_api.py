@@ -598,7 +598,7 @@ def _cumulative(combine, x, axis, dtype, include_initial, identity) -> Array:
     """The inclusive scan of `combine` (add or multiply) along `axis`, on the device and differentiable
     (computed on the host, the result was a constant: a gradient through it came out zero, and each
     call sent the array through the host). A sum of real values is the scan kernel's
-    (``kernels/scan.py``: one pass over the rows; few long rows in chunks, ``_scanned_rows``); the
+    (``kernels/scan.py``: one pass over the rows; few long rows in chunks, reduced then scanned); the
     rest (products, complex sums) is Hillis and Steele's: after the step of shift s each element holds
     the combination of the 2s elements ending at it, so log2(n) steps of ops the gradient rules know
     (a slice, a concatenation, the combine). Integer results wrap as numpy's running sum does; float results
@@ -620,7 +620,11 @@ def _cumulative(combine, x, axis, dtype, include_initial, identity) -> Array:
         return ops.full(x.shape[:axis] + (count,) + x.shape[axis + 1:], identity, dtype=dt, device=x.ctx)
 
     if combine is ops.add and dt in scan.DTYPES:  # the scan kernel
-        y = moveaxis(_scanned_rows(ops.contiguous(moveaxis(x, axis, -1))), -1, axis)
+        last = axis == x.ndim - 1  # (the common case, without two transposes' nodes)
+        rows = ops.contiguous(x if last else moveaxis(x, axis, -1))
+        y = new_node("cumsum", (rows,), None, rows.shape, dt, rows.ctx)
+        if not last:
+            y = moveaxis(y, -1, axis)
         return concat([head(1), y], axis=axis) if include_initial else y
     y = x
     shift = 1
@@ -629,26 +633,6 @@ def _cumulative(combine, x, axis, dtype, include_initial, identity) -> Array:
         y = combine(y, concat([head(shift), y[kept]], axis=axis))
         shift *= 2
     return concat([head(1), y], axis=axis) if include_initial else y
-
-
-def _scanned_rows(rows: Array) -> Array:
-    """The running sums along the last axis of the contiguous `rows`, by the scan kernel: a workgroup a
-    row, or, for few long rows (one workgroup would scan each alone), each row cut into chunks of
-    scan.CHUNK scanned as rows of their own, then offset by the running sum of the chunks' totals
-    before them (found the same way)."""
-    n = rows.shape[-1]
-    lead = rows.shape[:-1]
-    count = rows.size // builtins.max(n, 1)
-    if scan.takes(count, n, rows.dtype) or not rows.ctx.is_gpu:  # (a CPU driver scans any row at once)
-        return new_node("cumsum", (rows,), None, rows.shape, rows.dtype, rows.ctx)
-    chunks = -(-n // scan.CHUNK)
-    padded = rows if n % scan.CHUNK == 0 else \
-        concat([rows, ops.zeros(lead + (chunks * scan.CHUNK - n,), dtype=rows.dtype, device=rows.ctx)], axis=-1)
-    parts = _scanned_rows(ops.reshape(padded, lead + (chunks, scan.CHUNK)))
-    totals = ops.contiguous(parts[..., -1])
-    before = ops.subtract(_scanned_rows(totals), totals)  # the chunks' totals before each chunk
-    summed = ops.astype(ops.add(parts, ops.expand_dims(before, -1)), rows.dtype)
-    return ops.reshape(summed, lead + (chunks * scan.CHUNK,))[..., :n]
 
 
 def cumulative_sum(x, /, *, axis=None, dtype=None, include_initial=False) -> Array:

@@ -3,6 +3,7 @@
 CUDA_PRELUDE = r"""
 #define RT_WARP 32
 #define RT_SHFL_DOWN(v, o) __shfl_down_sync(0xffffffffu, (v), (o))
+#define RT_SHFL_UP(v, o) __shfl_up_sync(0xffffffffu, (v), (o))
 __device__ __forceinline__ float f16_to_f32(unsigned short h) {
   float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
 }
@@ -48,6 +49,7 @@ HIP_PRELUDE = r"""
 #endif
 #define RT_WARP 64
 #define RT_SHFL_DOWN(v, o) __shfl_down((v), (o))
+#define RT_SHFL_UP(v, o) __shfl_up((v), (o))
 __device__ __forceinline__ float f16_to_f32(unsigned short h) {
   _Float16 v; __builtin_memcpy(&v, &h, 2); return (float)v;
 }

@@ -1,13 +1,22 @@
 """`cumsum`: the running sum along the rows of a contiguous (rows, n) array (``cumulative_sum``).
 
-One workgroup a row: the row is read in tiles of one element a thread (coalesced), each tile scanned
-in shared memory and offset by the carry of the tiles before it, so the row is read once and written
-once. Floats accumulate in float32 (float64 for float64: narrower floats round once, at the store,
-rather than at each step as numpy's float16 loop does); integers in 64-bit unsigned arithmetic, whose
-wrap-around truncates to the same values as numpy's running sum in the dtype. Few long rows are cut
-into chunks scanned as rows of their own and offset by their totals' running sum
-(``array_api._scanned_rows``); complex and boolean scans take the log-step composition of
-``array_api._cumulative``.
+A workgroup scans a tile of TILE elements at a time: the tile is read coalesced into shared memory,
+each thread scans its ITEMS consecutive elements in registers, the threads' totals are scanned
+across each warp by shuffles, and the warps' totals are added in order by every thread; the tile is
+written back coalesced, offset by the carry of the tiles before it. So a row is read once and
+written once whatever its length.
+
+Many rows (FEW_ROWS or more) take one dispatch, a workgroup a row. Fewer long rows would leave most
+of the GPU idle that way, so they are cut into chunks of CHUNK elements scanned in three dispatches
+(reduce, then scan): each chunk's total, the running sum of the totals along each row (this same
+kernel, on rows of totals), then each chunk's scan started from the totals before it. That reads the
+input twice and writes it once, with every multiprocessor busy, instead of a few workgroups walking
+the rows alone.
+
+Floats accumulate in float32 (float64 for float64: narrower floats round once, at the store, rather
+than at each step as numpy's float16 loop does); integers in 64-bit unsigned arithmetic, whose
+wrap-around truncates to the same values as numpy's running sum in the dtype. Complex and boolean
+scans take the log-step composition of ``array_api._cumulative``.
 """
 
 from __future__ import annotations
@@ -19,84 +28,221 @@ import hal
 from .. import dtypes as _dt
 from .cuda_common import load_expr, store_expr
 from .numpy_util import store, to_compute
-from .source import WORKGROUP, KernelSource, rows_of, source
+from .source import KernelSource, rows_of, source
 
-_NCONST = 3  # rows, row length, input offset
 DTYPES = tuple(d for d in _dt.ALL if not d.is_complex and d is not _dt.bool_)
-#: A workgroup scans its row in steps of WORKGROUP elements, one after another: rows longer than
-#: CHUNK when there are fewer of them than SMs of a large GPU, and any rows longer than LONG_ROW, are
-#: cut into chunks of CHUNK (``array_api._scanned_rows``), each scanned by its own workgroup.
-CHUNK = 1024
-LONG_ROW = 8 * CHUNK
-FEW_ROWS = 132
+#: Elements a workgroup scans at a time, ITEMS a thread (TILE / ITEMS threads a workgroup).
+TILE = 2048
+ITEMS = 8
+#: Tiles a chunk of a long row holds (a chunk is a workgroup's share of it).
+CHUNK_TILES = 2
+#: Rows at which each row is a workgroup's, whatever its length: enough workgroups to fill the GPU.
+FEW_ROWS = 512
+#: A grid's workgroups at most (each kernel loops over the rows or chunks past it).
+MAX_GROUPS = 65535 * 16
 
 
-def takes(rows: int, n: int, dt) -> bool:
-    """Whether the kernel scans (rows, n) of `dt` in one dispatch, a workgroup a row."""
-    return dt in DTYPES and (n <= CHUNK or (rows >= FEW_ROWS and n <= LONG_ROW))
+def chunk() -> int:
+    """Elements of a chunk of a long row, as the kernels are built now."""
+    return TILE * CHUNK_TILES
 
 
-def _acc(dt) -> tuple[str, np.dtype]:
-    """(C type, numpy type) the running sum is kept in."""
+def acc_dtype(dt):
+    """The runtime dtype the running sum is kept in (the chunks' totals are stored in it)."""
     if dt is _dt.float64:
-        return "double", np.dtype(np.float64)
-    if dt.is_float:
-        return "float", np.dtype(np.float32)
-    return "unsigned long long", np.dtype(np.uint64)
+        return _dt.float64
+    return _dt.float32 if dt.is_float else _dt.uint64
 
 
 def scan_source(dt) -> KernelSource:
-    key = ("cumsum", dt.name)
-    name = f"cumsum_{dt.code}"
-    return source(key, lambda: KernelSource(key, [hal.Export(name, (WORKGROUP, 1, 1), 2, _NCONST)],
-                                            lambda: _cuda(dt, name), lambda: {name: _numpy_fn(dt)}))
+    tile, items, chunk_tiles = TILE, ITEMS, CHUNK_TILES  # (as they are now: the source may be built later)
+    threads = tile // items
+    key = ("cumsum", dt.name, tile, items, chunk_tiles)
+    code = dt.code
+    exports = [hal.Export(f"cumsum_{code}", (threads, 1, 1), 2, 3),
+               hal.Export(f"cumsum_totals_{code}", (threads, 1, 1), 2, 4),
+               hal.Export(f"cumsum_chunks_{code}", (threads, 1, 1), 3, 4)]
+    return source(key, lambda: KernelSource(key, exports, lambda: _cuda(dt, tile, items, chunk_tiles),
+                                            lambda: _numpy_fns(dt, tile * chunk_tiles)))
 
 
-def _cuda(dt, name) -> str:
-    acc, _ = _acc(dt)
-    load = f"({acc})({load_expr(dt, 'in[ioff + base + j]')})"
+def _cuda(dt, tile: int, items: int, chunk_tiles: int) -> str:
+    acc = acc_dtype(dt).c_storage
+    st = dt.c_storage
+    code = dt.code
+    load = f"({acc})({load_expr(dt, 'in[base + i]')})"
     return f"""
-extern "C" __global__ void {name}({dt.c_storage}* __restrict__ out, const {dt.c_storage}* __restrict__ in,
-                                  u32 rows, u32 n, u32 ioff) {{
-  __shared__ {acc} part[{WORKGROUP}];
-  const u32 t = threadIdx.x;
-  for (u32 r = blockIdx.x; r < rows; r += gridDim.x) {{
-    const u64 base = (u64)r * n;
-    {acc} carry = ({acc})0;
-    for (u32 start = 0; start < n; start += blockDim.x) {{
-      const u32 j = start + t;
-      part[t] = j < n ? {load} : ({acc})0;
-      __syncthreads();
-      for (u32 o = 1; o < blockDim.x; o <<= 1) {{  // the tile's inclusive scan
-        const {acc} w = t >= o ? part[t - o] : ({acc})0;
-        __syncthreads();
-        part[t] += w;
-        __syncthreads();
-      }}
-      if (j < n) out[base + j] = {store_expr(dt, "carry + part[t]")};
-      carry += part[blockDim.x - 1];
-      __syncthreads();  // (every thread has read the tile's total before the next tile is written)
+#define SP(i) ((i) + ((i) >> 5))  // a padded slot: a thread's {items} consecutive slots fall on distinct banks
+
+// Scans the tile in buf (padded slots) in place, each slot becoming carry + its inclusive running sum;
+// returns carry + the tile's total (in every thread). wsum holds a value a warp.
+__device__ {acc} cumsum_tile_{code}({acc}* buf, {acc}* wsum, {acc} carry) {{
+  const u32 t = threadIdx.x, lane = t % RT_WARP, w = t / RT_WARP, warps = (blockDim.x + RT_WARP - 1) / RT_WARP;
+  {acc} v[{items}];
+  {acc} s = ({acc})0;
+  #pragma unroll
+  for (u32 e = 0; e < {items}u; ++e) {{ s += buf[SP(t * {items}u + e)]; v[e] = s; }}
+  {acc} ws = s;  // the warp's inclusive scan of the threads' totals
+  for (u32 o = 1; o < RT_WARP; o <<= 1) {{
+    const {acc} u = RT_SHFL_UP(ws, o);
+    if (lane >= o) ws += u;
+  }}
+  {acc} before = RT_SHFL_UP(ws, 1);
+  if (lane == 0) before = ({acc})0;
+  if (lane == RT_WARP - 1 || t == blockDim.x - 1) wsum[w] = ws;
+  __syncthreads();
+  {acc} pre = carry, total = carry;
+  for (u32 k = 0; k < warps; ++k) {{
+    if (k < w) pre += wsum[k];
+    total += wsum[k];
+  }}
+  pre += before;
+  #pragma unroll
+  for (u32 e = 0; e < {items}u; ++e) buf[SP(t * {items}u + e)] = pre + v[e];
+  __syncthreads();
+  return total;
+}}
+
+// The running sums of in[base, base + len) into out[base, ...), from `carry`, a tile at a time.
+__device__ void cumsum_span_{code}({st}* __restrict__ out, const {st}* __restrict__ in, u64 base, u32 len,
+                                   {acc} carry, {acc}* buf, {acc}* wsum) {{
+  const u32 t = threadIdx.x, T = blockDim.x;
+  for (u32 start = 0; start < len; start += {tile}u) {{
+    #pragma unroll
+    for (u32 e = 0; e < {items}u; ++e) {{
+      const u32 i = start + e * T + t;
+      buf[SP(e * T + t)] = i < len ? {load} : ({acc})0;
     }}
+    __syncthreads();
+    carry = cumsum_tile_{code}(buf, wsum, carry);
+    #pragma unroll
+    for (u32 e = 0; e < {items}u; ++e) {{
+      const u32 i = start + e * T + t;
+      if (i < len) out[base + i] = {store_expr(dt, "buf[SP(e * T + t)]")};
+    }}
+    __syncthreads();  // (every slot is stored before the next tile is loaded over it)
+  }}
+}}
+
+// A workgroup a row: rows of n elements from in[ioff].
+extern "C" __global__ void cumsum_{code}({st}* __restrict__ out, const {st}* __restrict__ in,
+                                         u32 rows, u32 n, u32 ioff) {{
+  __shared__ {acc} buf[{tile} + {tile} / 32];
+  __shared__ {acc} wsum[{tile // items} / 32 + 1];
+  for (u32 r = blockIdx.x; r < rows; r += gridDim.x)
+    cumsum_span_{code}(out, in + ioff, (u64)r * n, n, ({acc})0, buf, wsum);
+}}
+
+// Each chunk's total: tot[r * chunks + c] of row r's elements [c * CHUNK, (c + 1) * CHUNK).
+extern "C" __global__ void cumsum_totals_{code}({acc}* __restrict__ tot, const {st}* __restrict__ in,
+                                                u32 rows, u32 n, u32 ioff, u32 chunks) {{
+  __shared__ {acc} wsum[{tile // items} / 32 + 1];
+  const u32 t = threadIdx.x, T = blockDim.x, lane = t % RT_WARP, w = t / RT_WARP;
+  const u32 warps = (T + RT_WARP - 1) / RT_WARP;
+  in += ioff;
+  for (u32 b = blockIdx.x; b < rows * chunks; b += gridDim.x) {{
+    const u32 r = b / chunks, c = b % chunks;
+    const u32 first = c * {tile * chunk_tiles}u;
+    const u32 len = min({tile * chunk_tiles}u, n - first);
+    const u64 base = (u64)r * n + first;
+    {acc} s = ({acc})0;
+    for (u32 start = 0; start < len; start += {tile}u) {{
+      #pragma unroll
+      for (u32 e = 0; e < {items}u; ++e) {{
+        const u32 i = start + e * T + t;
+        if (i < len) s += {load};
+      }}
+    }}
+    for (u32 o = RT_WARP / 2; o > 0; o >>= 1) {{
+      const {acc} u = RT_SHFL_DOWN(s, o);
+      if (lane + o < RT_WARP && t + o < T) s += u;
+    }}
+    if (lane == 0) wsum[w] = s;
+    __syncthreads();
+    if (t == 0) {{
+      {acc} total = ({acc})0;
+      for (u32 k = 0; k < warps; ++k) total += wsum[k];
+      tot[b] = total;
+    }}
+    __syncthreads();  // (wsum is read before the next chunk writes it)
+  }}
+}}
+
+// Each chunk's running sums, from the running sum of the row's chunk totals before it (scanned: the
+// inclusive running sums of tot along each row).
+extern "C" __global__ void cumsum_chunks_{code}({st}* __restrict__ out, const {st}* __restrict__ in,
+                                                const {acc}* __restrict__ scanned, u32 rows, u32 n, u32 ioff,
+                                                u32 chunks) {{
+  __shared__ {acc} buf[{tile} + {tile} / 32];
+  __shared__ {acc} wsum[{tile // items} / 32 + 1];
+  for (u32 b = blockIdx.x; b < rows * chunks; b += gridDim.x) {{
+    const u32 r = b / chunks, c = b % chunks;
+    const u32 first = c * {tile * chunk_tiles}u;
+    const {acc} carry = c ? scanned[b - 1] : ({acc})0;
+    cumsum_span_{code}(out, in + ioff, (u64)r * n + first, min({tile * chunk_tiles}u, n - first), carry, buf, wsum);
   }}
 }}
 """
 
 
-def _numpy_fn(dt):
-    _, acc = _acc(dt)
+def _numpy_fns(dt, chunk_len: int) -> dict:
+    acc = np.dtype(acc_dtype(dt).storage)
+    code = dt.code
 
-    def run(wg, bindings, c):
+    def rows_in(bindings, k: int, rows: int, n: int, ioff: int) -> np.ndarray:
+        x = to_compute(np.frombuffer(bindings[k], dtype=dt.storage, count=rows * n, offset=ioff * dt.itemsize), dt)
+        return x.reshape(rows, n).astype(acc)
+
+    def scan_rows(wg, bindings, c):
         rows, n, ioff = c
-        x = to_compute(np.frombuffer(bindings[1], dtype=dt.storage, count=rows * n, offset=ioff * dt.itemsize), dt)
         with np.errstate(over="ignore", invalid="ignore"):
-            sums = np.cumsum(x.reshape(rows, n).astype(acc), axis=1, dtype=acc)
+            sums = np.cumsum(rows_in(bindings, 1, rows, n, ioff), axis=1, dtype=acc)
         store(np.frombuffer(bindings[0], dtype=dt.storage, count=rows * n).reshape(rows, n), sums, dt)
-    return run
+
+    def totals(wg, bindings, c):
+        rows, n, ioff, chunks = c
+        x = rows_in(bindings, 1, rows, n, ioff)
+        padded = np.zeros((rows, chunks * chunk_len), acc)
+        padded[:, :n] = x
+        with np.errstate(over="ignore", invalid="ignore"):
+            sums = padded.reshape(rows, chunks, chunk_len).sum(axis=2, dtype=acc)
+        np.frombuffer(bindings[0], dtype=acc, count=rows * chunks)[:] = sums.ravel()
+
+    def chunked(wg, bindings, c):
+        rows, n, ioff, chunks = c
+        x = rows_in(bindings, 1, rows, n, ioff)
+        scanned = np.frombuffer(bindings[2], dtype=acc, count=rows * chunks).reshape(rows, chunks)
+        carries = np.repeat(np.concatenate([np.zeros((rows, 1), acc), scanned[:, :-1]], axis=1), chunk_len,
+                            axis=1)[:, :n]
+        padded = np.zeros((rows, chunks * chunk_len), acc)
+        padded[:, :n] = x
+        with np.errstate(over="ignore", invalid="ignore"):
+            sums = np.cumsum(padded.reshape(rows, chunks, chunk_len), axis=2, dtype=acc).reshape(rows, -1)[:, :n]
+            sums = sums + carries
+        store(np.frombuffer(bindings[0], dtype=dt.storage, count=rows * n).reshape(rows, n), sums, dt)
+
+    return {f"cumsum_{code}": scan_rows, f"cumsum_totals_{code}": totals, f"cumsum_chunks_{code}": chunked}
 
 
 def plan(node, layouts: list, ctx) -> list:
     if node.size == 0:
         return []
     rows, n, ioff = rows_of(node, layouts)
-    return [("dispatch", scan_source(node.dtype), f"cumsum_{node.dtype.code}", (min(rows, 65535 * 16), 1, 1),
-             [rows, n, ioff], [("out",), ("in", 0)])]
+    dt = node.dtype
+    src = scan_source(dt)
+    code = dt.code
+    size = chunk()
+    if n <= size or rows >= FEW_ROWS or not ctx.is_gpu:  # (a CPU driver scans any row at once)
+        return [("dispatch", src, f"cumsum_{code}", (min(rows, MAX_GROUPS), 1, 1), [rows, n, ioff],
+                 [("out",), ("in", 0)])]
+    chunks = -(-n // size)
+    groups = (min(rows * chunks, MAX_GROUPS), 1, 1)
+    acc = acc_dtype(dt)
+    totals, scanned = ("tmp", 0), ("tmp", 1)
+    return [("temps", [rows * chunks * acc.itemsize] * 2),
+            ("dispatch", src, f"cumsum_totals_{code}", groups, [rows, n, ioff, chunks], [totals, ("in", 0)]),
+            ("barrier",),
+            ("dispatch", scan_source(acc), f"cumsum_{acc.code}", (min(rows, MAX_GROUPS), 1, 1), [rows, chunks, 0],
+             [scanned, totals]),
+            ("barrier",),
+            ("dispatch", src, f"cumsum_chunks_{code}", groups, [rows, n, ioff, chunks], [("out",), ("in", 0), scanned])]

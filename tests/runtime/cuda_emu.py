@@ -111,6 +111,15 @@ extern "C" uint64_t rt_emu_shfl_down(uint64_t bits, int o) {
   wait_at(At::warp);
   return r;
 }
+extern "C" uint64_t rt_emu_shfl_up(uint64_t bits, int o) {
+  Launch* l = rt_launch_now;
+  const unsigned t = l->current, lane = t % 32;
+  l->slots[t] = bits;
+  wait_at(At::warp);
+  const uint64_t r = lane >= (unsigned)o ? l->slots[t - o] : bits;
+  wait_at(At::warp);
+  return r;
+}
 extern "C" void rt_emu_launch(void (*body)(void*), void* args, const unsigned* grid, const unsigned* block) {
   Launch l;
   Launch* outer = rt_launch_now;
@@ -154,6 +163,7 @@ struct rt_dim3 { unsigned x, y, z; };
 extern __thread rt_dim3 threadIdx, blockIdx, blockDim, gridDim;
 extern "C" void rt_emu_syncthreads();
 extern "C" uint64_t rt_emu_shfl_down(uint64_t bits, int o);
+extern "C" uint64_t rt_emu_shfl_up(uint64_t bits, int o);
 extern "C" void rt_emu_launch(void (*body)(void*), void* args, const unsigned* grid, const unsigned* block);
 #define __global__
 #define __device__
@@ -170,6 +180,13 @@ template <typename T> static T rt_shfl_down(T v, int o) {
   T r; std::memcpy(&r, &bits, sizeof(T)); return r;
 }
 #define RT_SHFL_DOWN(v, o) rt_shfl_down((v), (o))
+template <typename T> static T rt_shfl_up(T v, int o) {
+  static_assert(sizeof(T) <= 8);
+  uint64_t bits = 0; std::memcpy(&bits, &v, sizeof(T));
+  bits = rt_emu_shfl_up(bits, o);
+  T r; std::memcpy(&r, &bits, sizeof(T)); return r;
+}
+#define RT_SHFL_UP(v, o) rt_shfl_up((v), (o))
 static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 static inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }

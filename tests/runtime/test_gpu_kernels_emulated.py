@@ -444,15 +444,21 @@ def test_cumulative_sum_scans_every_dtype_and_axis(gpu_like, dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "int64", "int8", "float16"])
 def test_cumulative_sum_of_few_long_rows_in_chunks(gpu_like, monkeypatch, dtype):
-    """Few rows longer than the scan kernel takes at once (bounds lowered here) are scanned in chunks
-    offset by their totals' running sum, recursively (the totals are long rows too), each row's
-    length a multiple of the chunk or not; integers wrap as numpy's running sum."""
+    """Few rows longer than a chunk (sizes lowered here: tiles of 256, 4 a thread, two warps; chunks
+    of two tiles) are reduced then scanned: the chunks' totals, their running sum along each row (a
+    long one itself for the longest row), each chunk's scan from the totals before it; each row's
+    length a multiple of the chunk or not; many rows stay one workgroup's each; integers wrap as
+    numpy's running sum."""
     from runtime.kernels import scan
 
-    monkeypatch.setattr(scan, "CHUNK", 16)
-    monkeypatch.setattr(scan, "LONG_ROW", 64)
+    monkeypatch.setattr(scan, "TILE", 256)
+    monkeypatch.setattr(scan, "ITEMS", 4)
+    monkeypatch.setattr(scan, "CHUNK_TILES", 2)
+    monkeypatch.setattr(scan, "FEW_ROWS", 8)
+    rt.clear_graph_cache()
     rng = np.random.default_rng(14)
-    for shape, axis in (((3, 1000), 1), ((1024,), 0), ((777, 2), 0), ((2, 5000), 1), ((200, 100), 1)):
+    for shape, axis in (((3, 1000), 1), ((1024,), 0), ((777, 2), 0), ((2, 5000), 1), ((200, 100), 1),
+                        ((5, 500), 1), ((9, 700), 1), ((70000,), 0)):
         if dtype == "float16":  # steps of -1, 0, 1: the running sums stay small integers, exact in float16
             x = rng.integers(-1, 2, shape).astype(np.float32)
             X = rt.astype(rt.array(x, device=gpu_like), rt.float16)
