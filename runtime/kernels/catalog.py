@@ -12,6 +12,7 @@ from . import (
     linalg,
     matmul,
     pad,
+    radix,
     random,
     reduce,
     reduce_columns,
@@ -80,6 +81,7 @@ def all_sources() -> list:
         out.append(scan.scan_source(d))
     for d in sort.DTYPES:
         out.append(sort.sort_source(d))
+        out.append(radix.radix_source(d))
     out.append(compact.compact_source())
     for d in _dt.FLOATS:
         out.append(random.random_source("uniform", d))

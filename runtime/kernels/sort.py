@@ -1,9 +1,9 @@
 """`sort` and `argsort` along the rows of a contiguous (rows, n) array, and `searchsorted`, on the device.
 
-Elements are compared by an order-preserving unsigned key made from their bits (integers with the
-sign bit flipped; floats by sign and magnitude, -0.0 as 0.0, every NaN above +inf as numpy sorts
-them), the key inverted for a descending sort, and ties broken by position: every pair compares
-strictly, so the order is numpy's stable one (a descending sort keeps equal elements in their
+Elements are compared by an order-preserving unsigned key made from their bits (``sort_keys.py``:
+integers with the sign bit flipped; floats by sign and magnitude, -0.0 as 0.0, every NaN above +inf as
+numpy sorts them), the key inverted for a descending sort, and ties broken by position: every pair
+compares strictly, so the order is numpy's stable one (a descending sort keeps equal elements in their
 order and puts NaNs first, as reversing a stable ascending sort of the flipped row does).
 
 The sort is a merge sort. A workgroup sorts a tile of TILE elements in shared memory (a block merge
@@ -11,8 +11,10 @@ sort: ITEMS elements a thread sorted in registers, then merge levels on the merg
 TILE elements sort in that one dispatch, a tile holding TILE / n' rows (n' the power of two at or above
 n). Longer rows sort their tiles into scratch, then each pass merges pairs of sorted runs (TILE, 2 TILE,
 ...) from one scratch pair of keys and positions into the other, each workgroup writing TILE outputs of
-a pair; the last pass writes positions (argsort) or the elements at them (sort). A row of 2**20 floats
-takes 1 + 9 dispatches, each reading and writing the keys and positions once.
+a pair; the last pass writes positions (argsort) or the elements at them (sort). A row of 2**15 floats
+takes 1 + 4 dispatches, each reading and writing the keys and positions once. One row of
+``radix.MIN_N`` elements or more is radix sorted instead (``radix.py``: a pass a byte of the key,
+whatever the length).
 
 ``searchsorted`` finds each value's insertion point in a sorted 1-D array by binary search over the
 same keys (NaNs last, as numpy's).
@@ -25,7 +27,9 @@ import numpy as np
 import hal
 
 from .. import dtypes as _dt
+from . import radix
 from .numpy_util import to_compute
+from .sort_keys import key_c, stable_order
 from .source import WORKGROUP, KernelSource, grid_1d, rows_of, source
 
 #: Elements a workgroup sorts in shared memory (a power of two); rows longer than this merge runs in
@@ -38,43 +42,9 @@ DTYPES = tuple(d for d in _dt.ALL if not d.is_complex)
 #: for a run's end past the row. Longer ones are sorted on the host.
 MAX_N = 1 << 31
 
-_BITS_TYPE = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
-#: (exponent mask, mantissa mask) of each float's bits.
-_FLOAT_MASKS = {"float16": (0x7C00, 0x03FF), "bfloat16": (0x7F80, 0x007F), "float32": (0x7F800000, 0x007FFFFF),
-                "float64": (0x7FF0000000000000, 0x000FFFFFFFFFFFFF)}
-
-
 def takes(x_dtype, n: int) -> bool:
     """Whether the device sorts (or searches) rows of `n` elements of `x_dtype`."""
     return x_dtype in DTYPES and n <= MAX_N
-
-
-def _key_c(dt) -> str:
-    """C of ``rt_key(bits, desc)``: the order-preserving key of an element's bits."""
-    width = dt.itemsize * 8
-    ones = f"(sort_key)0x{(1 << width) - 1:X}ull"
-    sign = f"(sort_key)0x{1 << (width - 1):X}ull"
-    if dt is _dt.bool_:
-        body = "sort_key k = bits != 0;"
-    elif dt.kind == "u":
-        body = "sort_key k = (sort_key)bits;"
-    elif dt.kind == "i":
-        body = f"sort_key k = (sort_key)bits ^ {sign};"
-    else:
-        exp, mant = (f"(sort_key){m:#x}ull" for m in _FLOAT_MASKS[dt.name])
-        body = f"""sort_key b = (sort_key)bits, k;
-  if ((b & {exp}) == {exp} && (b & {mant})) k = {ones};  // NaN, whatever its sign
-  else {{
-    if (b == {sign}) b = 0;  // -0.0 sorts as 0.0
-    k = (b & {sign}) ? (~b & {ones}) : (b | {sign});
-  }}"""
-    return f"""typedef {"u64" if width == 64 else "u32"} sort_key;
-typedef {_BITS_TYPE[dt.itemsize]} sort_bits;
-__device__ __forceinline__ sort_key rt_key(sort_bits bits, u32 desc) {{
-  {body}
-  return desc ? (sort_key)(k ^ {ones}) : k;
-}}
-"""
 
 
 #: Elements a thread of the shared-memory sort holds (TILE / ITEMS threads a workgroup).
@@ -262,7 +232,7 @@ extern "C" __global__ void {name}({params}, const u32* __restrict__ splits,
 """
 
     ins = "const sort_key* __restrict__ keys, const u32* __restrict__ idx"
-    return _key_c(dt) + _tile_sort_c(tile) + f"""
+    return key_c(dt) + _tile_sort_c(tile) + f"""
 extern "C" __global__ void sort_rows_{code}({storage}* __restrict__ out, const sort_bits* __restrict__ in,
                                             u32 rows, u32 n, u32 ioff, u32 lseg, u32 desc) {{
   const {storage}* values = (const {storage}*)in;{rows_head}
@@ -330,14 +300,6 @@ extern "C" __global__ void searchsorted_{code}(long long* __restrict__ out, cons
 
 # ---- numpy forms (the CPU drivers): numpy's stable argsort, the same order --------------------------
 
-def _order(x: np.ndarray, desc: bool) -> np.ndarray:
-    """The stable order of each row of x (2-D); descending keeps equal elements in order, NaNs first."""
-    if desc:
-        n = x.shape[1]
-        return n - 1 - np.flip(np.argsort(np.flip(x, 1), axis=1, kind="stable"), 1)
-    return np.argsort(x, axis=1, kind="stable")
-
-
 def _numpy_fns(dt) -> dict:
     code = dt.code
 
@@ -348,13 +310,13 @@ def _numpy_fns(dt) -> dict:
     def sort_rows(wg, bindings, c):
         rows, n, ioff, _, desc = c
         raw = rows_input(bindings, 1, rows, n, ioff)
-        order = _order(to_compute(raw, dt), bool(desc))
+        order = stable_order(to_compute(raw, dt), bool(desc))
         np.frombuffer(bindings[0], dtype=dt.storage, count=rows * n).reshape(rows, n)[...] = \
             np.take_along_axis(raw, order, axis=1)
 
     def argsort_rows(wg, bindings, c):
         rows, n, ioff, _, desc = c
-        order = _order(to_compute(rows_input(bindings, 1, rows, n, ioff), dt), bool(desc))
+        order = stable_order(to_compute(rows_input(bindings, 1, rows, n, ioff), dt), bool(desc))
         np.frombuffer(bindings[0], dtype=np.int64, count=rows * n).reshape(rows, n)[...] = order
 
     def searchsorted(wg, bindings, c):
@@ -372,7 +334,7 @@ def _numpy_fns(dt) -> dict:
 
     def sort_tiles(wg, bindings, c):
         rows, n, ioff, _, desc = c
-        positions(bindings, 1, rows, n)[...] = _order(to_compute(rows_input(bindings, 2, rows, n, ioff), dt),
+        positions(bindings, 1, rows, n)[...] = stable_order(to_compute(rows_input(bindings, 2, rows, n, ioff), dt),
                                                       bool(desc))
 
     def merge(wg, bindings, c):
@@ -415,6 +377,8 @@ def plan(node, layouts: list, ctx) -> list:
         workgroups = min(-(-rows // per), 65535 * 16)
         return [("dispatch", src, f"{what}_rows_{code}", (workgroups, 1, 1), [rows, n, ioff, lseg, desc],
                  [("out",), ("in", 0)])]
+    if radix.takes(rows, n):
+        return radix.plan(what, dt, n, ioff, desc)
     key_bytes = 8 if dt.itemsize == 8 else 4
     tiles = -(-n // tile)
     groups = (min(rows * tiles, 65535 * 16), 1, 1)

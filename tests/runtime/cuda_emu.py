@@ -120,6 +120,17 @@ extern "C" uint64_t rt_emu_shfl_up(uint64_t bits, int o) {
   wait_at(At::warp);
   return r;
 }
+extern "C" unsigned rt_emu_ballot(int p) {
+  Launch* l = rt_launch_now;
+  const unsigned t = l->current, w0 = t - t % 32;
+  l->slots[t] = p != 0;
+  wait_at(At::warp);
+  unsigned m = 0;
+  for (unsigned k = 0; k < 32 && w0 + k < l->fibers.size(); ++k) m |= (unsigned)l->slots[w0 + k] << k;
+  wait_at(At::warp);
+  return m;
+}
+extern "C" void rt_emu_syncwarp() { wait_at(At::warp); }
 extern "C" void rt_emu_launch(void (*body)(void*), void* args, const unsigned* grid, const unsigned* block) {
   Launch l;
   Launch* outer = rt_launch_now;
@@ -164,6 +175,8 @@ extern __thread rt_dim3 threadIdx, blockIdx, blockDim, gridDim;
 extern "C" void rt_emu_syncthreads();
 extern "C" uint64_t rt_emu_shfl_down(uint64_t bits, int o);
 extern "C" uint64_t rt_emu_shfl_up(uint64_t bits, int o);
+extern "C" void rt_emu_syncwarp();
+extern "C" unsigned rt_emu_ballot(int p);
 extern "C" void rt_emu_launch(void (*body)(void*), void* args, const unsigned* grid, const unsigned* block);
 #define __global__
 #define __device__
@@ -187,6 +200,10 @@ template <typename T> static T rt_shfl_up(T v, int o) {
   T r; std::memcpy(&r, &bits, sizeof(T)); return r;
 }
 #define RT_SHFL_UP(v, o) rt_shfl_up((v), (o))
+typedef unsigned rt_lanes;
+#define RT_POPC(m) __builtin_popcount(m)
+#define RT_SYNCWARP() rt_emu_syncwarp()
+#define RT_BALLOT(p) rt_emu_ballot((p))
 static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 static inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import runtime as rt
+from runtime.kernels import radix
 from runtime.kernels import sort as sort_kernels
 
 REAL = ["float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
@@ -91,6 +92,48 @@ def test_sorts_at_the_real_tile_size(gpu_like, dtype):
     for shape in ((3, 2048), (2, 2049), (1, 5000), (700, 5), (33, 64)):
         X, host = on_device(sample(rng, dtype, shape), dtype, gpu_like)
         check_sorts(X, host, 1, f"{dtype} {shape}")
+
+
+@pytest.fixture
+def small_radix(monkeypatch):
+    """The radix sort from rows of 300 (one row), tiles of 256 elements (one a thread), at most 4
+    workgroups (each walks several tiles)."""
+    monkeypatch.setattr(radix, "MIN_N", 300)
+    monkeypatch.setattr(radix, "ITEMS", 1)
+    monkeypatch.setattr(radix, "BLOCKS", 4)
+    rt.clear_graph_cache()
+    yield
+    rt.clear_graph_cache()
+
+
+@pytest.mark.parametrize("dtype", REAL)
+def test_radix_sorts_one_long_row_like_numpy(gpu_like, small_tiles, small_radix, dtype):
+    """One row from MIN_N on: a pass a byte of the key (1 for bool and int8, 8 for int64), the row
+    a whole number of tiles or not, fewer tiles than workgroups or more; stable, NaNs last (first
+    descending), -0.0 and 0.0 in their order."""
+    rng = np.random.default_rng(36)
+    for n in (300, 512, 1000, 2345):
+        X, host = on_device(sample(rng, dtype, (n,)), dtype, gpu_like)
+        check_sorts(X, host, 0, f"{dtype} ({n},)")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_radix_sort_scans_many_workgroups_counts(gpu_like, small_tiles, small_radix, monkeypatch, dtype):
+    """Past SERIAL_SCAN workgroups, a workgroup scans each digit's counts (and 40 workgroups of 2
+    tiles each here)."""
+    monkeypatch.setattr(radix, "BLOCKS", 40)
+    rng = np.random.default_rng(38)
+    X, host = on_device(sample(rng, dtype, (20000,)), dtype, gpu_like)
+    check_sorts(X, host, 0, f"{dtype} (20000,)")
+
+
+def test_radix_sort_traces_under_compile(gpu_like, small_tiles, small_radix):
+    """A long row's passes are one node's dispatches: rt.compile replays them with new inputs."""
+    rng = np.random.default_rng(37)
+    f = rt.compile(lambda a: rt.argsort(a, descending=True))
+    for _ in range(3):
+        x = rng.integers(-50, 50, 900).astype(np.int32)
+        np.testing.assert_array_equal(f(rt.array(x, device=gpu_like)).numpy(), np_argsort(x, 0, True))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "int16", "uint32", "bool"])
