@@ -4,7 +4,7 @@
 Three steps over tiles of TILE elements: ``mask_count`` counts each tile's True elements (one
 workgroup a tile), a running sum of the counts (the scan kernel) gives each tile's first output, and
 ``compact`` has each workgroup find its elements' ranks within the tile (each thread's ITEMS
-consecutive elements counted, then a scan of the threads' counts in shared memory), gather their
+consecutive elements counted, then a scan of the threads' counts across warps by shuffles), gather their
 positions in shared memory in order and write them out together. The mask is read twice and each
 position written once; the count of True elements, which sizes the result, is the last running sum
 (read on the host: the result's shape depends on it).
@@ -38,36 +38,43 @@ def compact_source() -> KernelSource:
 
 def _cuda() -> str:
     return f"""
+// The {ITEMS} mask bytes from `at` on, as nonzero flags (one 8-byte load where aligned).
+__device__ __forceinline__ void mask_items(bool* set, const unsigned char* __restrict__ mask, u64 at, u32 n,
+                                           u32 moff) {{
+  if (((moff + at) & 7u) == 0u && at + {ITEMS}u <= n) {{
+    const u64 bytes = *(const u64*)(mask + moff + at);
+#pragma unroll
+    for (u32 e = 0; e < {ITEMS}u; ++e) set[e] = ((bytes >> (8u * e)) & 0xFFu) != 0u;
+  }} else {{
+#pragma unroll
+    for (u32 e = 0; e < {ITEMS}u; ++e) set[e] = at + e < n && mask[moff + at + e] != 0;
+  }}
+}}
+
 // Each tile's count of nonzero mask bytes, as int64 (the scan kernel's input).
 extern "C" __global__ void mask_count(long long* __restrict__ counts, const unsigned char* __restrict__ mask,
                                       u32 n, u32 moff) {{
-  __shared__ u32 part[{THREADS}];
+  __shared__ u32 wsum[{THREADS} / 32 + 1];
   const u32 tiles = (n + {TILE}u - 1u) / {TILE}u;
-  const u32 t = threadIdx.x;
   for (u32 b = blockIdx.x; b < tiles; b += gridDim.x) {{
+    bool set[{ITEMS}];
+    mask_items(set, mask, (u64)b * {TILE}u + threadIdx.x * {ITEMS}u, n, moff);
     u32 mine = 0u;
-    for (u32 q = t; q < {TILE}u; q += blockDim.x) {{
-      const u64 i = (u64)b * {TILE}u + q;
-      mine += i < n && mask[moff + i] != 0;
-    }}
-    part[t] = mine;
-    __syncthreads();
-    for (u32 o = blockDim.x >> 1; o > 0; o >>= 1) {{
-      if (t < o) part[t] += part[t + o];
-      __syncthreads();
-    }}
-    if (t == 0) counts[b] = (long long)part[0];
-    __syncthreads();
+#pragma unroll
+    for (u32 e = 0; e < {ITEMS}u; ++e) mine += set[e];
+    u32 total;
+    rt_block_exclusive(mine, wsum, &total);
+    if (threadIdx.x == 0) counts[b] = (long long)total;
   }}
 }}
 
 // The positions of the nonzero mask bytes, in order: tile b's go from the running sum of the
-// counts before it (ends: the inclusive running sums). Each thread reads its ITEMS consecutive bytes
-// (one 8-byte load where aligned), the threads' counts are scanned in shared memory, the tile's
-// positions gathered there in order and written out together (coalesced).
+// counts before it (ends: the inclusive running sums). Each thread reads its ITEMS consecutive bytes,
+// the threads' counts are scanned (rt_block_exclusive), the tile's positions gathered in shared
+// memory in order and written out together (coalesced).
 extern "C" __global__ void compact(long long* __restrict__ out, const unsigned char* __restrict__ mask,
                                    const long long* __restrict__ ends, u32 n, u32 moff, u32 eoff) {{
-  __shared__ u32 before[{THREADS}];
+  __shared__ u32 wsum[{THREADS} / 32 + 1];
   __shared__ u32 found[{TILE}];
   const u32 tiles = (n + {TILE}u - 1u) / {TILE}u;
   const u32 t = threadIdx.x;
@@ -75,31 +82,16 @@ extern "C" __global__ void compact(long long* __restrict__ out, const unsigned c
     const u64 start = (u64)b * {TILE}u;
     const u32 first = t * {ITEMS}u;
     bool set[{ITEMS}];
-    if ((moff & 7u) == 0u && start + first + {ITEMS}u <= n) {{
-      const u64 bytes = *(const u64*)(mask + moff + start + first);
-#pragma unroll
-      for (u32 e = 0; e < {ITEMS}u; ++e) set[e] = ((bytes >> (8u * e)) & 0xFFu) != 0u;
-    }} else {{
-#pragma unroll
-      for (u32 e = 0; e < {ITEMS}u; ++e) set[e] = start + first + e < n && mask[moff + start + first + e] != 0;
-    }}
+    mask_items(set, mask, start + first, n, moff);
     u32 mine = 0u;
 #pragma unroll
     for (u32 e = 0; e < {ITEMS}u; ++e) mine += set[e];
-    before[t] = mine;
-    __syncthreads();
-    for (u32 o = 1; o < blockDim.x; o <<= 1) {{  // inclusive scan of the threads' counts
-      const u32 w = t >= o ? before[t - o] : 0u;
-      __syncthreads();
-      before[t] += w;
-      __syncthreads();
-    }}
-    u32 at = before[t] - mine;
+    u32 count;
+    u32 at = rt_block_exclusive(mine, wsum, &count);
 #pragma unroll
     for (u32 e = 0; e < {ITEMS}u; ++e)
       if (set[e]) found[at++] = first + e;
     __syncthreads();
-    const u32 count = before[blockDim.x - 1u];
     const u64 to = b ? (u64)ends[eoff + b - 1u] : 0ull;
     for (u32 q = t; q < count; q += blockDim.x) out[to + q] = (long long)(start + found[q]);
     __syncthreads();

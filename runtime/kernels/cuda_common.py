@@ -85,6 +85,27 @@ typedef long long i64;
 #define RT_DEV __device__ __forceinline__
 // The lanes of the warp whose v (8 bits) equals this lane's, by a vote on each bit (on an H200 the
 // radix sort of 2**24 floats took 974 us so, 1074 us with __match_any_sync; and HIP has no match).
+// The exclusive running sum of v over the workgroup's threads (one value a thread, in thread order;
+// blockDim.x a multiple of the warp), and in *total the sum of all: a scan across each warp by
+// shuffles, the warps' totals added in order by every thread. wsum: a slot a warp. Every thread calls it.
+RT_DEV u32 rt_block_exclusive(u32 v, u32* wsum, u32* total) {
+  const u32 t = threadIdx.x, lane = t % RT_WARP, w = t / RT_WARP, warps = blockDim.x / RT_WARP;
+  u32 x = v;
+  for (u32 o = 1; o < RT_WARP; o <<= 1) {
+    const u32 u = RT_SHFL_UP(x, o);
+    if (lane >= o) x += u;
+  }
+  if (lane == RT_WARP - 1) wsum[w] = x;
+  __syncthreads();
+  u32 before = 0, all = 0;
+  for (u32 k = 0; k < warps; ++k) {
+    if (k < w) before += wsum[k];
+    all += wsum[k];
+  }
+  __syncthreads();  // (every thread has read wsum before it is written again)
+  *total = all;
+  return before + x - v;
+}
 RT_DEV rt_lanes rt_match_any8(u32 v) {
   rt_lanes peers = ~(rt_lanes)0;
   #pragma unroll

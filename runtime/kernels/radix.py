@@ -93,27 +93,6 @@ extern "C" __global__ void __launch_bounds__({RADIX}) radix_argsort_{v}_{code}({
 
 __device__ __forceinline__ u32 radix_digit(sort_key k, u32 shift) {{ return (u32)(k >> shift) & {RADIX - 1}u; }}
 
-// The exclusive running sum of v over the workgroup's threads (one value a thread, in thread order), and
-// in *total the sum of all. wsum: a slot a warp.
-__device__ __forceinline__ u32 radix_block_exclusive(u32 v, u32* wsum, u32* total) {{
-  const u32 t = threadIdx.x, lane = t % RT_WARP, w = t / RT_WARP, warps = blockDim.x / RT_WARP;
-  u32 x = v;
-  for (u32 o = 1; o < RT_WARP; o <<= 1) {{
-    const u32 u = RT_SHFL_UP(x, o);
-    if (lane >= o) x += u;
-  }}
-  if (lane == RT_WARP - 1) wsum[w] = x;
-  __syncthreads();
-  u32 before = 0, all = 0;
-  for (u32 k = 0; k < warps; ++k) {{
-    if (k < w) before += wsum[k];
-    all += wsum[k];
-  }}
-  __syncthreads();  // (every thread has read wsum before it is written again)
-  *total = all;
-  return before + x - v;
-}}
-
 // Each workgroup's count of each digit of its tiles [b * per_block, (b + 1) * per_block).
 extern "C" __global__ void __launch_bounds__({RADIX}) radix_count_{code}(u32* __restrict__ hist,
     const sort_bits* __restrict__ src, u32 n, u32 ioff, u32 shift, u32 desc, u32 per_block) {{
@@ -160,7 +139,7 @@ extern "C" __global__ void __launch_bounds__({RADIX}) radix_scan_{code}(u32* __r
       const u32 i = start + threadIdx.x;
       const u32 v = i < blocks ? row[i] : 0u;
       u32 total;
-      const u32 before = radix_block_exclusive(v, wsum, &total);
+      const u32 before = rt_block_exclusive(v, wsum, &total);
       if (i < blocks) row[i] = carry + before;
       carry += total;
     }}
@@ -187,7 +166,7 @@ __device__ __forceinline__ void radix_scatter(radix_shared<ARG>& sh, {scatter_pa
   const u32 t = threadIdx.x, lane = t % RT_WARP, w = t / RT_WARP, b = blockIdx.x;
   {{
     u32 all;  // (where digit t starts: the totals of the digits below it, then the workgroups' before b)
-    const u32 digits_below = radix_block_exclusive(hist[(u64){RADIX} * gridDim.x + t], sh.wsum, &all);
+    const u32 digits_below = rt_block_exclusive(hist[(u64){RADIX} * gridDim.x + t], sh.wsum, &all);
     sh.next[t] = digits_below + hist[t * gridDim.x + b];
   }}
   src += ioff;
@@ -230,7 +209,7 @@ __device__ __forceinline__ void radix_scatter(radix_shared<ARG>& sh, {scatter_pa
       count += c;
     }}
     u32 total;
-    sh.starts[t] = radix_block_exclusive(count, sh.wsum, &total);
+    sh.starts[t] = rt_block_exclusive(count, sh.wsum, &total);
     __syncthreads();
     #pragma unroll
     for (u32 e = 0; e < {items}u; ++e) {{
