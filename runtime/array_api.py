@@ -886,8 +886,8 @@ def _unique(x) -> _Unique:
     """x's distinct values, on the device for real dtypes: a stable sort of the flattened x, the
     positions where the sorted value changes (compacted: their count is read on the host, as it sizes
     the results), the values, first positions and counts there, and each element's place (the running
-    count of changes) put back in x's order by the inverse permutation. Complex values (ordered
-    lexicographically) on the host."""
+    count of changes) put back in x's order by a scatter through the sort's order. Complex values
+    (ordered lexicographically) on the host."""
     x = _arr(x)
     if differentiated(x):
         raise hal.UnimplementedError("the unique functions have no gradient (their results are selections found "
@@ -910,7 +910,10 @@ def _unique(x) -> _Unique:
     starts = flat_nonzero(changes)
     ends = concat([starts[1:], ops.full((1,), n, dtype=_dt.int64, device=x.ctx)])
     place = ops.subtract(cumulative_sum(ops.astype(changes, _dt.int64)), 1)  # each sorted element's value's place
-    inverse = ops.reshape(gather_flat(place, argsort(order)), x.shape)
+    # Put back in x's order by scattering to `order` (a permutation: each output written once), one pass
+    # where a second sort (argsort(order)) made several; places below 2**31 are exact in float64.
+    unsorted = ops.scatter_add(ops.astype(place, _dt.float64), order, n)
+    inverse = ops.reshape(ops.astype(unsorted, _dt.int64), x.shape)
     return _Unique(gather_flat(ordered, starts), gather_flat(order, starts), inverse, ops.subtract(ends, starts))
 
 

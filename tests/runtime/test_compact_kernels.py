@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import runtime as rt
-from runtime.kernels import compact
+from runtime.kernels import compact, radix
+from runtime.kernels import sort as sort_kernels
 
 
 @pytest.mark.parametrize("n", [1, 7, 2047, 2048, 2049, 10000])
@@ -101,6 +102,23 @@ def test_unique_functions_on_the_device(gpu_like, dtype):
     np.testing.assert_array_equal(rt.unique_inverse(X).inverse_indices.numpy(), inverse.reshape(x.shape))
     empty = rt.unique_all(rt.zeros((0, 3), dtype=X.dtype, device=gpu_like))
     assert [a.shape for a in empty] == [(0,), (0,), (0, 3), (0,)]
+
+
+def test_unique_of_a_long_array_through_the_radix_sort(gpu_like, monkeypatch):
+    """A flattened array long enough for the radix sort (bounds lowered here): the four results as
+    numpy's, the inverse put back in x's order by the scatter through the sort's order."""
+    monkeypatch.setattr(radix, "MIN_N", 300)
+    monkeypatch.setattr(radix, "ITEMS", 1)
+    monkeypatch.setattr(radix, "BLOCKS", 4)
+    monkeypatch.setattr(sort_kernels, "TILE", 64)
+    rt.clear_graph_cache()
+    x = np.random.default_rng(45).integers(-30, 30, (25, 41)).astype(np.int16)
+    values, index, inverse, counts = np.unique(x.reshape(-1), return_index=True, return_inverse=True,
+                                               return_counts=True)
+    got = rt.unique_all(rt.array(x, device=gpu_like))
+    for have, want in zip(got, (values, index, inverse.reshape(x.shape), counts)):
+        np.testing.assert_array_equal(have.numpy(), want)
+    rt.clear_graph_cache()
 
 
 def test_selections_of_data_dependent_shape_refuse_to_be_traced(gpu_like):
