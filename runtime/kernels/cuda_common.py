@@ -83,8 +83,6 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 typedef long long i64;
 #define RT_DEV __device__ __forceinline__
-// The lanes of the warp whose v (8 bits) equals this lane's, by a vote on each bit (on an H200 the
-// radix sort of 2**24 floats took 974 us so, 1074 us with __match_any_sync; and HIP has no match).
 // The exclusive running sum of v over the workgroup's threads (one value a thread, in thread order;
 // blockDim.x a multiple of the warp), and in *total the sum of all: a scan across each warp by
 // shuffles, the warps' totals added in order by every thread. wsum: a slot a warp. Every thread calls it.
@@ -106,6 +104,8 @@ RT_DEV u32 rt_block_exclusive(u32 v, u32* wsum, u32* total) {
   *total = all;
   return before + x - v;
 }
+// The lanes of the warp whose v (8 bits) equals this lane's, by a vote on each bit (on an H200 the
+// radix sort of 2**24 floats took 974 us so, 1074 us with __match_any_sync; and HIP has no match).
 RT_DEV rt_lanes rt_match_any8(u32 v) {
   rt_lanes peers = ~(rt_lanes)0;
   #pragma unroll

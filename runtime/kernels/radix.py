@@ -15,15 +15,14 @@ Each pass over digit ``shift`` (8 bits) is three dispatches:
   of each digit start among the digit's;
 - ``radix_scatter``: each workgroup finds where each digit's elements start (the running sum of the
   digits' totals, plus its row entry), then walks its tiles in order; in a tile, each warp ranks its
-  elements among those of the same digit (a warp-wide match of the digits), the warps' counts are
-  added in warp order, the tile is reordered by digit in shared memory, and written out in runs of
-  equal digits. Elements of one digit keep their
-  order (the sort is stable, numpy's order), so each pass sorts by its digit without undoing the
-  ones before.
+  elements among those of the same digit (the lanes agreeing with it on each of the digit's 8 bits,
+  by 8 ballots), the warps' counts are added in warp order, the tile is reordered by digit in shared
+  memory, and written out in runs of equal digits. Elements of one digit keep their order (the sort
+  is stable, numpy's order), so each pass sorts by its digit without undoing the ones before.
 
 The first pass reads the input; the last writes the result (the bits are the sorted elements; an
-argsort writes the positions). Rows past 2**32 - 1 elements, or more than one row, take the merge
-sort (``sort.py``).
+argsort writes the positions). Several rows take the merge sort (``sort.py``); rows past
+``sort.MAX_N`` are sorted on the host.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ DTYPES = tuple(d for d in _dt.ALL if not d.is_complex)
 #: for a run's end past the row. Longer ones are sorted on the host.
 MAX_N = 1 << 31
 
+
 def takes(x_dtype, n: int) -> bool:
     """Whether the device sorts (or searches) rows of `n` elements of `x_dtype`."""
     return x_dtype in DTYPES and n <= MAX_N
@@ -334,8 +335,8 @@ def _numpy_fns(dt) -> dict:
 
     def sort_tiles(wg, bindings, c):
         rows, n, ioff, _, desc = c
-        positions(bindings, 1, rows, n)[...] = stable_order(to_compute(rows_input(bindings, 2, rows, n, ioff), dt),
-                                                      bool(desc))
+        positions(bindings, 1, rows, n)[...] = stable_order(
+            to_compute(rows_input(bindings, 2, rows, n, ioff), dt), bool(desc))
 
     def merge(wg, bindings, c):
         rows, n, _, _ = c
