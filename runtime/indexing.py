@@ -283,8 +283,7 @@ class _At:
         x = self.x
         key = self.key if isinstance(self.key, tuple) else (self.key,)
         if any(_is_array_index(k) or _is_bool_scalar(k) for k in key):
-            if combine is ops.add and (x.dtype.is_float or x.dtype.is_complex) and \
-                    not any(_is_bool_scalar(k) for k in key):
+            if combine is ops.add and x.dtype is not _dt.bool_ and not any(_is_bool_scalar(k) for k in key):
                 added = self._added_on_device(key, value)
                 if added is not None:
                     return added

@@ -554,15 +554,19 @@ def contiguous(x: Array) -> Array:
 def scatter_add(values: Array, flat: Array, size: int, bad: Array | None = None) -> Array:
     """A 1-D array of `size` zeros with each of `values` added at its flat index in `flat` (int64, of
     `values`' shape; indices may repeat): the transpose of a gather (``kernels/scatter.py``). float32
-    and float64 values add in their type, narrower floats in float32, complex values part by part.
-    `bad`: None (indices trusted, clamped), or True where an index is out of range: those values are
-    dropped and reading the result raises IndexError, as a checked gather's does."""
+    and float64 values add in their type, narrower floats in float32, complex values part by part,
+    integers in uint64 (the result: its wrap-around cast to the integer's dtype is numpy's ``add.at``
+    there). `bad`: None (indices trusted, clamped), or True where an index is out of range: those
+    values are dropped and reading the result raises IndexError, as a checked gather's does."""
     if values.dtype.is_complex:
         return add(scatter_add(real(values), flat, size, bad),
                    multiply(scatter_add(imag(values), flat, size, bad), 1j))
-    if not values.dtype.is_float:
-        raise InvalidTypeError(f"scatter_add adds floating-point values, got {values.dtype.name}")
-    dt = values.dtype if values.dtype in (_dt.float32, _dt.float64) else _dt.float32
+    if values.dtype.is_int:
+        dt = _dt.uint64
+    elif values.dtype.is_float:
+        dt = values.dtype if values.dtype in (_dt.float32, _dt.float64) else _dt.float32
+    else:
+        raise InvalidTypeError(f"scatter_add adds numbers, got {values.dtype.name}")
     v = contiguous(reshape(astype(values, dt, copy=False), (-1,)))
     flat = astype(flat, _dt.int64, copy=False)
     if bad is None or v.size == 0:

@@ -8,8 +8,9 @@ PyTorch's ``index_add_`` and JAX's scatter-add on GPUs). Indices are clamped to 
 unchecked gather clamps them, so each value lands where the gather read it; a *checked* scatter
 (``params[1] == "raise"``: indices computed on the device, ``x.at[i].add(v)``) skips an index out of
 range and sets its status word (a fourth binding), as the checked gather does, so reading the result
-raises IndexError. float32 and float64 only: narrower floats accumulate in float32 and complex
-values part by part (``ops.scatter_add``).
+raises IndexError. float32, float64 and uint64: narrower floats accumulate in float32, complex
+values part by part, and integers in uint64, whose wrap-around truncates to numpy's ``add.at`` in
+the integer's own dtype (``ops.scatter_add``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from .. import dtypes as _dt
 from .source import KernelSource, checked_pair, checked_pair_dispatch
 
 _NCONST = 4  # n, value offset, index offset, output elements
-DTYPES = (_dt.float32, _dt.float64)
+DTYPES = (_dt.float32, _dt.float64, _dt.uint64)
 
 
 def scatter_source(dt) -> KernelSource:
@@ -76,7 +77,7 @@ def plan(node, layouts: list, ctx) -> list:
     if m == 0:
         return []
     n = node.inputs[0].size
-    fill = ("fill", ("out",), 0, 4)  # (zero is all-zero bits in float32 and float64 alike)
+    fill = ("fill", ("out",), 0, 4)  # (zero is all-zero bits in every dtype it adds in)
     if n == 0:
         return [fill]
     (_, _, goff), (_, _, ioff) = layouts[:2]

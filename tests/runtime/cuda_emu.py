@@ -216,6 +216,9 @@ template <typename T> static inline T rt_load_once(const T* p) { return *p; }
 template <typename T> static inline T rt_load_l2(const T* p) { return *p; }
 static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 static inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
 // (Blocks run one after another on one thread: a plain read-modify-write is atomic here.)
 static inline float atomicAdd(float* p, float v) { float old = *p; *p = old + v; return old; }
 static inline double atomicAdd(double* p, double v) { double old = *p; *p = old + v; return old; }

@@ -142,6 +142,16 @@ def test_functional_updates(data):
     same(X.at[[0, 1]].set(np.zeros(4, np.float32)), np.zeros_like(x))  # (and the device stays usable)
 
 
+def test_integer_at_add_on_every_driver(dev):
+    """x.at[indices].add of int8 values: repeated indices add up and wrap in the dtype, as numpy's add.at."""
+    x = np.array([[100, -100, 7], [1, 2, 3]], np.int8)
+    want = x.copy()
+    np.add.at(want, ([0, 0, 0, 1], [0, 0, 1, 2]), np.array([100, 27, -100, 5], np.int8))
+    got = rt.array(x, device=dev).at[rt.asarray([0, 0, 0, 1], device=dev), rt.asarray([0, 0, 1, 2], device=dev)]
+    np.testing.assert_array_equal(got.add(rt.asarray(np.array([100, 27, -100, 5], np.int8), device=dev)).numpy(),
+                                  want)
+
+
 def test_manipulation(data):
     x, X = data
     same(rt.concat([X, X[:, :1]], axis=1), np.concatenate([x, x[:, :1]], axis=1))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import runtime as rt
+from runtime import indexing
 from runtime.kernels import compact, radix
 from runtime.kernels import sort as sort_kernels
 
@@ -63,6 +64,36 @@ def test_boolean_masks_index_on_the_device(gpu_like):
     with pytest.raises(rt.errors.InvalidIndexError, match="does not match"):
         X[rt.array(rng.random((5, 500)) < 0.5, device=gpu_like)]
     np.testing.assert_array_equal(X[X > 0].numpy(), x[x > 0])  # still usable
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "int64", "uint64"])
+def test_integer_at_add_scatters_on_the_device_and_wraps_as_numpy(gpu_like, monkeypatch, dtype):
+    """x.at[indices].add(v) of integers: added in uint64 on the device (repeated indices add up),
+    wrapping in the dtype as numpy's add.at does; a mask's positions and indices computed on the device
+    (checked there: one out of range raises IndexError when the result is read). Nothing goes through
+    the host."""
+
+    def no_host(*args):
+        raise AssertionError("x.at[...].add of integers went through the host")
+
+    monkeypatch.setattr(indexing._At, "_update_on_host", no_host)
+    rng = np.random.default_rng(46)
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min // 2 if info.min else 0, info.max // 2, (6, 70)).astype(dtype)
+    idx = rng.integers(0, 6, 300)
+    value = rng.integers(-3 if info.min else 0, 100, (300, 70)).astype(dtype)
+    X = rt.array(x, device=gpu_like)
+    want = x.copy()
+    np.add.at(want, idx, value)
+    got = X.at[rt.array(idx, device=gpu_like)].add(rt.array(value, device=gpu_like))
+    assert got.dtype == X.dtype
+    np.testing.assert_array_equal(got.numpy(), want)
+    want = x.copy()
+    np.add.at(want, x > 3, np.array(5, dtype))
+    np.testing.assert_array_equal(X.at[X > 3].add(5).numpy(), want)
+    with pytest.raises(IndexError):
+        X.at[rt.array(np.array([1, 6]), device=gpu_like)].add(1).numpy()
+    np.testing.assert_array_equal(X.at[[0, 0]].add(1).numpy()[0], x[0] + np.array(2, dtype))  # still usable
 
 
 def test_masks_past_the_kernels_limit_compact_on_the_host(gpu_like, monkeypatch):
