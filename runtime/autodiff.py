@@ -52,8 +52,8 @@ P = ParamSpec("P")
 _handed_out: dict = {}
 _handed_lock = threading.Lock()
 _NO_GRAD = (frozenset(COMPARE) | frozenset(ops.UNARY_PREDICATE) | frozenset(ops.BITWISE) | frozenset(ops.LOGICAL)
-            | {"argmax", "argmin", "argsort", "searchsorted", "mask_count", "compact", "random", "full", "placeholder",
-               "floor", "ceil", "trunc", "round", "sign", "floor_divide", "bitwise_invert"})
+            | {"argmax", "argmin", "argsort", "searchsorted", "mask_count", "compact", "scatter_last", "random", "full",
+               "placeholder", "floor", "ceil", "trunc", "round", "sign", "floor_divide", "bitwise_invert"})
 _LN2, _LN10 = 0.6931471805599453, 2.302585092994046
 #: Dtypes whose constants are folded on the host: numpy computes them as the kernels do (no
 #: wider compute type to round from).

@@ -21,6 +21,7 @@ from . import ops
 from .array_api import flat_nonzero, gather_flat, unravel
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
 from .graph import Node, differentiated
+from .kernels import scatter
 from .shapes import broadcast_shapes, contiguous_strides, parse_index
 
 if TYPE_CHECKING:
@@ -283,10 +284,15 @@ class _At:
         x = self.x
         key = self.key if isinstance(self.key, tuple) else (self.key,)
         if any(_is_array_index(k) or _is_bool_scalar(k) for k in key):
-            if combine is ops.add and x.dtype is not _dt.bool_ and not any(_is_bool_scalar(k) for k in key):
-                added = self._added_on_device(key, value)
-                if added is not None:
-                    return added
+            if not any(_is_bool_scalar(k) for k in key):
+                if combine is ops.add and x.dtype is not _dt.bool_:
+                    added = self._added_on_device(key, value)
+                    if added is not None:
+                        return added
+                elif combine is None and x.size <= scatter.LAST_MAX:
+                    placed = self._set_on_device(key, value)
+                    if placed is not None:
+                        return placed
             return self._update_on_host(value, combine)
         key = tuple(operator.index(k) if isinstance(k, Node) else k for k in key)
         view = ops.getitem(x, key)
@@ -304,25 +310,55 @@ class _At:
         """``x.at[key].add(value)`` with array indices as a scatter-add on the device (repeated indices
         add up, as numpy's ``add.at``), differentiable in x and value; indices computed on the device
         are checked there (reading the result raises IndexError if one was out of range). None where
-        the key's basic items select a view other than x itself (the host then does it)."""
+        the host does it (see ``_selected``)."""
+        x = self.x
+        selected = self._selected(key, value, "add")
+        if selected is None:
+            return None
+        flat, bad, v = selected
+        if flat is None:
+            return x
+        added = ops.reshape(ops.scatter_add(v, flat, x.size, bad), x.shape)
+        return ops.add(x, ops.astype(added, x.dtype))
+
+    def _selected(self, key: tuple, value, what: str) -> tuple | None:
+        """(flat, bad, v) of an update through array indices on the device: the selected elements'
+        flat positions in x, True where one computed on the device is out of range (or None), and the
+        value broadcast to them, in x's dtype; None where the key's basic items select a view other
+        than x itself (the host then does it); (None, None, None) for an empty selection."""
         x = self.x
         y, flat, bad, shape = _advanced_flat(x, key)
         if y is not x and not (y.shape == x.shape and y.layout() == x.layout() and y.root is x.root):
             return None
         if flat is None:
-            return x
+            return None, None, None
         v = value if isinstance(value, Node) else ops.asarray(value, device=x.ctx)
         if v.ctx is not x.ctx:
-            raise InvalidValueError("x.at[...].add: the value is on another device than x")
+            raise InvalidValueError(f"x.at[...].{what}: the value is on another device than x")
         try:
             v = ops.broadcast_to(v, shape)
         except hal.InvalidArgumentError:
-            raise InvalidValueError(f"x.at[...].add: a value of shape {v.shape} does not broadcast to the "
+            raise InvalidValueError(f"x.at[...].{what}: a value of shape {v.shape} does not broadcast to the "
                                     f"{shape} elements the indices select") from None
         if bad is not None:
             bad = ops.broadcast_to(bad, shape)
-        added = ops.reshape(ops.scatter_add(ops.astype(v, x.dtype), flat, x.size, bad), x.shape)
-        return ops.add(x, ops.astype(added, x.dtype))
+        return flat, bad, ops.astype(v, x.dtype)
+
+    def _set_on_device(self, key: tuple, value) -> Array | None:
+        """``x.at[key].set(value)`` with array indices on the device: each element takes the value of the
+        last position that selects it (``ops.scatter_last``; repeated indices leave the last value, as
+        numpy's indexed assignment does), differentiable in x and value; indices computed on the device
+        are checked there. None where the host does it (see ``_selected``)."""
+        x = self.x
+        selected = self._selected(key, value, "set")
+        if selected is None:
+            return None
+        flat, bad, v = selected
+        if flat is None or v.size > scatter.LAST_MAX:
+            return x if flat is None else None
+        last = ops.astype(ops.scatter_last(flat, x.size, bad), _dt.int64)
+        picked = gather_flat(ops.contiguous(ops.reshape(v, (-1,))), ops.maximum(ops.subtract(last, 1), 0))
+        return ops.reshape(ops.where(last > 0, picked, ops.reshape(x, (-1,))), x.shape)
 
     def _update_on_host(self, value, combine) -> Array:
         """Array indices (which may repeat) updated as numpy's ufunc.at does, on host data (no gradient:

@@ -576,6 +576,17 @@ def scatter_add(values: Array, flat: Array, size: int, bad: Array | None = None)
     return checked_node("scatter_add", (v, idx), (size, "raise"), (size,), dt, values.ctx)
 
 
+def scatter_last(flat: Array, size: int, bad: Array | None = None) -> Array:
+    """uint32 of `size` elements: for each, one plus the last position of `flat` (int64 flat indices,
+    in C order) that names it, 0 where none does (``kernels/scatter.py``). `bad` as scatter_add's."""
+    flat = astype(flat, _dt.int64, copy=False)
+    if bad is None or flat.size == 0:
+        idx = contiguous(reshape(flat, (-1,)))
+        return new_node("scatter_last", (idx,), (size, None), (size,), _dt.uint32, flat.ctx)
+    idx = contiguous(reshape(where(bad, -1, flat), (-1,)))
+    return checked_node("scatter_last", (idx,), (size, "raise"), (size,), _dt.uint32, flat.ctx)
+
+
 def checked_node(op: str, inputs: tuple, params, shape: tuple, dtype: _dt.DType, ctx) -> Array:
     """A node whose kernel reads indices computed on the device (a checked gather or scatter-add): a
     zero-filled status word follows `inputs`, the kernel sets it for an index out of range, and reading

@@ -77,6 +77,7 @@ def all_sources() -> list:
         out.append(gather.gather_source(d))
     for d in scatter.DTYPES:
         out.append(scatter.scatter_source(d))
+    out.append(scatter.last_source())
     for d in scan.DTYPES:
         out.append(scan.scan_source(d))
     for d in sort.DTYPES:

@@ -96,6 +96,39 @@ def test_integer_at_add_scatters_on_the_device_and_wraps_as_numpy(gpu_like, monk
     np.testing.assert_array_equal(X.at[[0, 0]].add(1).numpy()[0], x[0] + np.array(2, dtype))  # still usable
 
 
+@pytest.mark.parametrize("dtype", ["float32", "int16", "bool", "complex64"])
+def test_at_set_with_array_indices_on_the_device(gpu_like, monkeypatch, dtype):
+    """x.at[indices].set(v) of every kind of dtype on the device (nothing through the host): where
+    indices repeat the last value stays, as numpy's indexed assignment leaves it; masks; an index
+    computed on the device out of range raises IndexError when the result is read."""
+
+    def no_host(*args):
+        raise AssertionError("x.at[...].set went through the host")
+
+    monkeypatch.setattr(indexing._At, "_update_on_host", no_host)
+    rng = np.random.default_rng(47)
+    x = (rng.standard_normal((40, 30)) * 10).astype(dtype)
+    idx = rng.integers(0, 40, 700)  # every row named many times
+    value = (rng.standard_normal((700, 30)) * 10).astype(dtype)
+    X = rt.array(x, device=gpu_like)
+    want = x.copy()
+    want[idx] = value
+    got = X.at[rt.array(idx, device=gpu_like)].set(rt.array(value, device=gpu_like))
+    assert got.dtype == X.dtype
+    np.testing.assert_array_equal(got.numpy(), want)
+    want = x.copy()
+    want[:, [3, 3, 7]] = value[:40, :3]
+    np.testing.assert_array_equal(X.at[:, np.array([3, 3, 7])].set(rt.array(value[:40, :3], device=gpu_like)).numpy(),
+                                  want)
+    mask = rng.random((40, 30)) < 0.3
+    want = x.copy()
+    want[mask] = value[0, 0]
+    np.testing.assert_array_equal(X.at[rt.array(mask, device=gpu_like)].set(value[0, 0]).numpy(), want)
+    with pytest.raises(IndexError):
+        X.at[rt.array(np.array([1, 40]), device=gpu_like)].set(value[0]).numpy()
+    np.testing.assert_array_equal(X.at[[0]].set(value[0]).numpy()[0], value[0])  # still usable
+
+
 def test_masks_past_the_kernels_limit_compact_on_the_host(gpu_like, monkeypatch):
     monkeypatch.setattr(compact, "MAX_N", 100)
     mask = np.random.default_rng(42).random(300) < 0.5

@@ -56,8 +56,10 @@ def test_out_of_range_device_indices_raise(device, index):
         rt.take(a, idx).numpy()
     with pytest.raises(IndexError):
         rt.take(a, index)  # known on the host: at once, as numpy
-    with pytest.raises(IndexError):  # as .at[] does
-        a.at[idx].set(0)
+    with pytest.raises(IndexError):  # .at[] checks indices computed on the device there too
+        a.at[idx].set(0).numpy()
+    with pytest.raises(IndexError):
+        a.at[idx].add(1).numpy()
     # the device works on, and in-range indices wrap as numpy's do
     ok = np.array([-1, 0, 9, -10, 3])
     np.testing.assert_array_equal(a[rt.array(ok, device=device)].numpy(), a_np[ok])

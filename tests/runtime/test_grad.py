@@ -231,17 +231,47 @@ def test_grad_over_trees_of_parameters(dev):
 
 def test_functions_computed_on_the_host_refuse_to_be_differentiated(dev):
     """The unique functions (selections found by comparing values) and x.at[array indices]'s
-    set/multiply/min/max (computed on the host): inside a differentiated function they raise a typed
+    multiply/min/max (computed on the host): inside a differentiated function they raise a typed
     error where they gave a zero gradient silently; outside, they work as before."""
     x = rt.array(np.array([1.0, 2.0, 2.0], np.float32), device=dev)
     for fn in (lambda a: rt.unique_values(a).sum(), lambda a: rt.unique_counts(a).values.sum(),
-               lambda a: a.at[rt.asarray([0, 0])].multiply(2.0).sum(),
-               lambda a: rt.zeros(3).at[[0, 1]].set(a[:2]).sum()):
+               lambda a: a.at[rt.asarray([0, 0])].multiply(2.0).sum()):
         with pytest.raises(hal.UnimplementedError, match="no gradient"):
             rt.grad(fn)(x)
     np.testing.assert_array_equal(rt.unique_values(x).numpy(), [1.0, 2.0])
     np.testing.assert_array_equal(x.at[rt.asarray([0, 0])].multiply(2.0).numpy(), [4.0, 2.0, 2.0])
     np.testing.assert_array_equal(rt.grad(lambda a: (a * 2).sum())(x).numpy(), [2.0, 2.0, 2.0])  # (still usable)
+
+
+def test_at_set_with_array_indices_runs_on_the_device_and_is_differentiable(dev):
+    """x.at[indices].set(v): numpy's indexed assignment (where indices repeat, the last value stays)
+    for every kind of key; the gradient reaches x where it was not overwritten and v where its value
+    stayed; an index computed on the device that is out of range raises IndexError when read."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    X = rt.array(x, device=dev)
+    keys = [(np.array([0, 2, 0]), rng.standard_normal((3, 3))), (np.array([[1, 1], [4, 0]]), 1.5),
+            ((np.array([0, 0, 4]), np.array([2, 2, 1])), np.array([1.0, 2.0, 3.0])),
+            ((slice(None), np.array([2, 2])), np.arange(10.0).reshape(5, 2)), (x > 0.5, -1.0),
+            ((np.array([-1, -5]),), 4.0), ((1, np.array([0, 0, 2])), np.array([7.0, 8.0, 9.0]))]
+    for key, value in keys:
+        want = x.copy()
+        want[key] = np.asarray(value, np.float32)
+        for on_device in (False, True):
+            k = tuple(rt.asarray(i, device=dev) if on_device and isinstance(i, np.ndarray) else i
+                      for i in (key if isinstance(key, tuple) else (key,)))
+            v = rt.asarray(value, device=dev) if isinstance(value, np.ndarray) else value
+            np.testing.assert_array_equal(X.at[k].set(v).numpy(), want, err_msg=str(key))
+    w = rng.standard_normal((5, 3)).astype(np.float32)
+    W = rt.asarray(w, device=dev)
+    ids = rt.asarray(np.array([0, 2, 0]), device=dev)  # row 0 set twice: the second value stays
+    vals = rt.array(rng.standard_normal((3, 3)).astype(np.float32), device=dev)
+    gx, gv = rt.grad(lambda a, v: (a.at[ids].set(v) * W).sum(), argnums=(0, 1))(X, vals)
+    np.testing.assert_array_equal(gx.numpy(), w * np.array([0, 1, 0, 1, 1], np.float32)[:, None])
+    np.testing.assert_array_equal(gv.numpy(), np.stack([np.zeros(3, np.float32), w[2], w[0]]))
+    with pytest.raises(IndexError):
+        X.at[rt.asarray(np.array([1, 7]), device=dev)].set(0.0).numpy()
+    np.testing.assert_array_equal(X.at[rt.asarray(np.array([1]), device=dev)].set(0.0).numpy()[1], 0.0)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64", "complex64"])
