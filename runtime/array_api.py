@@ -911,9 +911,8 @@ def _unique(x) -> _Unique:
     ends = concat([starts[1:], ops.full((1,), n, dtype=_dt.int64, device=x.ctx)])
     place = ops.subtract(cumulative_sum(ops.astype(changes, _dt.int64)), 1)  # each sorted element's value's place
     # Put back in x's order by scattering to `order` (a permutation: each output written once), one pass
-    # where a second sort (argsort(order)) made several; places below 2**31 are exact in float64.
-    unsorted = ops.scatter_add(ops.astype(place, _dt.float64), order, n)
-    inverse = ops.reshape(ops.astype(unsorted, _dt.int64), x.shape)
+    # where a second sort (argsort(order)) made several.
+    inverse = ops.reshape(ops.astype(ops.scatter_add(place, order, n), _dt.int64), x.shape)
     return _Unique(gather_flat(ordered, starts), gather_flat(order, starts), inverse, ops.subtract(ends, starts))
 
 

@@ -354,8 +354,10 @@ class _At:
         if selected is None:
             return None
         flat, bad, v = selected
-        if flat is None or v.size > scatter.LAST_MAX:
-            return x if flat is None else None
+        if flat is None:
+            return x
+        if v.size > scatter.LAST_MAX:  # (positions past a uint32's range)
+            return None
         last = ops.astype(ops.scatter_last(flat, x.size, bad), _dt.int64)
         picked = gather_flat(ops.contiguous(ops.reshape(v, (-1,))), ops.maximum(ops.subtract(last, 1), 0))
         return ops.reshape(ops.where(last > 0, picked, ops.reshape(x, (-1,))), x.shape)
