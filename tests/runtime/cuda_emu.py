@@ -102,21 +102,15 @@ bool step(Launch& l, unsigned nwarps) {
 }
 }
 extern "C" void rt_emu_syncthreads() { wait_at(At::block); }
-extern "C" uint64_t rt_emu_shfl_down(uint64_t bits, int o) {
+// A warp shuffle: this lane's value from lane + o (o < 0: from lane - |o|), its own where that lane
+// is outside the warp.
+extern "C" uint64_t rt_emu_shfl(uint64_t bits, int o) {
   Launch* l = rt_launch_now;
-  const unsigned t = l->current, lane = t % 32;
+  const unsigned t = l->current;
+  const int lane = (int)(t % 32), from = lane + o;
   l->slots[t] = bits;
   wait_at(At::warp);
-  const uint64_t r = lane + o < 32 && t + o < l->fibers.size() ? l->slots[t + o] : bits;
-  wait_at(At::warp);
-  return r;
-}
-extern "C" uint64_t rt_emu_shfl_up(uint64_t bits, int o) {
-  Launch* l = rt_launch_now;
-  const unsigned t = l->current, lane = t % 32;
-  l->slots[t] = bits;
-  wait_at(At::warp);
-  const uint64_t r = lane >= (unsigned)o ? l->slots[t - o] : bits;
+  const uint64_t r = from >= 0 && from < 32 && t + o < l->fibers.size() ? l->slots[t + o] : bits;
   wait_at(At::warp);
   return r;
 }
@@ -173,8 +167,7 @@ PRELUDE = r"""
 struct rt_dim3 { unsigned x, y, z; };
 extern __thread rt_dim3 threadIdx, blockIdx, blockDim, gridDim;
 extern "C" void rt_emu_syncthreads();
-extern "C" uint64_t rt_emu_shfl_down(uint64_t bits, int o);
-extern "C" uint64_t rt_emu_shfl_up(uint64_t bits, int o);
+extern "C" uint64_t rt_emu_shfl(uint64_t bits, int o);
 extern "C" void rt_emu_syncwarp();
 extern "C" unsigned rt_emu_ballot(int p);
 extern "C" void rt_emu_launch(void (*body)(void*), void* args, const unsigned* grid, const unsigned* block);
@@ -186,20 +179,14 @@ extern "C" void rt_emu_launch(void (*body)(void*), void* args, const unsigned* g
 #define __shared__ static
 #define RT_WARP 32
 static inline void __syncthreads() { rt_emu_syncthreads(); }
-template <typename T> static T rt_shfl_down(T v, int o) {
+template <typename T> static T rt_shfl(T v, int o) {
   static_assert(sizeof(T) <= 8);
   uint64_t bits = 0; std::memcpy(&bits, &v, sizeof(T));
-  bits = rt_emu_shfl_down(bits, o);
+  bits = rt_emu_shfl(bits, o);
   T r; std::memcpy(&r, &bits, sizeof(T)); return r;
 }
-#define RT_SHFL_DOWN(v, o) rt_shfl_down((v), (o))
-template <typename T> static T rt_shfl_up(T v, int o) {
-  static_assert(sizeof(T) <= 8);
-  uint64_t bits = 0; std::memcpy(&bits, &v, sizeof(T));
-  bits = rt_emu_shfl_up(bits, o);
-  T r; std::memcpy(&r, &bits, sizeof(T)); return r;
-}
-#define RT_SHFL_UP(v, o) rt_shfl_up((v), (o))
+#define RT_SHFL_DOWN(v, o) rt_shfl((v), (int)(o))
+#define RT_SHFL_UP(v, o) rt_shfl((v), -(int)(o))
 typedef unsigned rt_lanes;
 #define RT_POPC(m) __builtin_popcount(m)
 #define RT_SYNCWARP() rt_emu_syncwarp()
