@@ -285,14 +285,9 @@ class _At:
         key = self.key if isinstance(self.key, tuple) else (self.key,)
         if any(_is_array_index(k) or _is_bool_scalar(k) for k in key):
             if not any(_is_bool_scalar(k) for k in key):
-                if combine is ops.add and x.dtype is not _dt.bool_:
-                    added = self._added_on_device(key, value)
-                    if added is not None:
-                        return added
-                elif combine is None and x.size <= scatter.LAST_MAX:
-                    placed = self._set_on_device(key, value)
-                    if placed is not None:
-                        return placed
+                updated = self._update_on_device(key, value, combine)
+                if updated is not None:
+                    return updated
             return self._update_on_host(value, combine)
         key = tuple(operator.index(k) if isinstance(k, Node) else k for k in key)
         view = ops.getitem(x, key)
@@ -306,20 +301,37 @@ class _At:
         mask = ops.pad_slice(ops.full(kept, True, device=x.ctx), x.shape, info)
         return ops.where(mask, placed, x)
 
-    def _added_on_device(self, key: tuple, value) -> Array | None:
-        """``x.at[key].add(value)`` with array indices as a scatter-add on the device (repeated indices
-        add up, as numpy's ``add.at``), differentiable in x and value; indices computed on the device
-        are checked there (reading the result raises IndexError if one was out of range). None where
-        the host does it (see ``_selected``)."""
+    def _update_on_device(self, key: tuple, value, combine) -> Array | None:
+        """``x.at[key].add(value)`` or ``.set(value)`` with array indices, on the device; None where the host
+        does it (other updates, bool arrays' add, keys whose basic items select a view other than x
+        itself, more elements than scatter_last counts). Indices computed on the device are checked
+        there (reading the result raises IndexError if one was out of range); both are differentiable
+        in x and value.
+
+        add: a scatter-add (repeated indices add up, as numpy's ``add.at``). set: each element takes the
+        value of the last position that selects it (``ops.scatter_last``; repeated indices leave the
+        last value, as numpy's indexed assignment does), gathered there."""
         x = self.x
-        selected = self._selected(key, value, "add")
+        if combine is ops.add and x.dtype is not _dt.bool_:
+            what = "add"
+        elif combine is None and x.size <= scatter.LAST_MAX:
+            what = "set"
+        else:
+            return None
+        selected = self._selected(key, value, what)
         if selected is None:
             return None
         flat, bad, v = selected
         if flat is None:
             return x
-        added = ops.reshape(ops.scatter_add(v, flat, x.size, bad), x.shape)
-        return ops.add(x, ops.astype(added, x.dtype))
+        if what == "add":
+            added = ops.reshape(ops.scatter_add(v, flat, x.size, bad), x.shape)
+            return ops.add(x, ops.astype(added, x.dtype))
+        if v.size > scatter.LAST_MAX:  # (positions past a uint32's range)
+            return None
+        last = ops.astype(ops.scatter_last(flat, x.size, bad), _dt.int64)
+        picked = gather_flat(ops.contiguous(ops.reshape(v, (-1,))), ops.maximum(ops.subtract(last, 1), 0))
+        return ops.reshape(ops.where(last > 0, picked, ops.reshape(x, (-1,))), x.shape)
 
     def _selected(self, key: tuple, value, what: str) -> tuple | None:
         """(flat, bad, v) of an update through array indices on the device: the selected elements'
@@ -343,24 +355,6 @@ class _At:
         if bad is not None:
             bad = ops.broadcast_to(bad, shape)
         return flat, bad, ops.astype(v, x.dtype)
-
-    def _set_on_device(self, key: tuple, value) -> Array | None:
-        """``x.at[key].set(value)`` with array indices on the device: each element takes the value of the
-        last position that selects it (``ops.scatter_last``; repeated indices leave the last value, as
-        numpy's indexed assignment does), differentiable in x and value; indices computed on the device
-        are checked there. None where the host does it (see ``_selected``)."""
-        x = self.x
-        selected = self._selected(key, value, "set")
-        if selected is None:
-            return None
-        flat, bad, v = selected
-        if flat is None:
-            return x
-        if v.size > scatter.LAST_MAX:  # (positions past a uint32's range)
-            return None
-        last = ops.astype(ops.scatter_last(flat, x.size, bad), _dt.int64)
-        picked = gather_flat(ops.contiguous(ops.reshape(v, (-1,))), ops.maximum(ops.subtract(last, 1), 0))
-        return ops.reshape(ops.where(last > 0, picked, ops.reshape(x, (-1,))), x.shape)
 
     def _update_on_host(self, value, combine) -> Array:
         """Array indices (which may repeat) updated as numpy's ufunc.at does, on host data (no gradient:
