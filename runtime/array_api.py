@@ -23,7 +23,7 @@ from . import dtypes as _dt
 from . import ops
 from .device import context_for
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError, TracingError
-from .graph import Node, differentiated, keep_constant, new_node, upload
+from .graph import Node, differentiated, new_node, upload
 from .kernels import compact, scan
 from .kernels import sort as sort_kernels
 from .shapes import broadcast_shapes, index_of, normalize_axes, normalize_axis, sequence_of
@@ -106,35 +106,24 @@ def meshgrid(*arrays, indexing="xy") -> list:
     return out
 
 
-#: The largest triangle masks kept on the device between calls (bytes): a triu in a loop (a
-#: Cholesky's, say) then costs no upload, a synchronous copy, per call.
-TRI_MASK_KEPT = 1 << 20
-
-
-def _tri_mask(x: Array, k: int, upper: bool) -> Array:
+def _tri(x, k, upper: bool) -> Array:
+    """x with the elements below (triu) or above (tril) diagonal k set to zero: one kernel
+    (``kernels/tri.py``), differentiable (the gradient is the same triangle of the cotangent)."""
+    x = _arr(x)
     if x.ndim < 2:
         raise InvalidValueError(f"{'triu' if upper else 'tril'} needs an array of at least 2 dimensions, got {x.ndim}")
     k = index_of(k, "the diagonal offset k")
     n, m = x.shape[-2:]
-    key = ("tri_mask", n, m, k, upper)
-    cache = x.ctx.constants
-    mask = cache.get(key)
-    if mask is None:
-        host = np.triu(np.ones((n, m), bool), k) if upper else np.tril(np.ones((n, m), bool), k)
-        mask = upload(host, _dt.bool_, x.ctx)
-        if n * m <= TRI_MASK_KEPT:
-            keep_constant(cache, key, mask)
-    return mask
+    k = builtins.max(-n, builtins.min(m, k))  # (past the matrix's corners every k keeps the same)
+    return new_node("tri", (ops.contiguous(x),), (k, upper), x.shape, x.dtype, x.ctx)
 
 
 def tril(x, /, *, k=0) -> Array:
-    x = _arr(x)
-    return ops.where(_tri_mask(x, k, False), x, ops.zeros((), dtype=x.dtype, device=x.ctx))
+    return _tri(x, k, False)
 
 
 def triu(x, /, *, k=0) -> Array:
-    x = _arr(x)
-    return ops.where(_tri_mask(x, k, True), x, ops.zeros((), dtype=x.dtype, device=x.ctx))
+    return _tri(x, k, True)
 
 
 # ---- data type functions ------------------------------------------------------------------------

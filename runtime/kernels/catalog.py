@@ -20,6 +20,7 @@ from . import (
     scan,
     scatter,
     sort,
+    tri,
 )
 
 
@@ -75,6 +76,7 @@ def all_sources() -> list:
         out.append(matmul.matmul_source(d))
         out.append(pad.pad_source(d))
         out.append(gather.gather_source(d))
+        out.append(tri.tri_source(d))
     for d in scatter.DTYPES:
         out.append(scatter.scatter_source(d))
     out.append(scatter.last_source())

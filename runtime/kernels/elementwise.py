@@ -375,31 +375,73 @@ def _cuda(op, in_dts, out_dt, cdt) -> str:
         else:
             params += [f"u32 o{i}" for i in range(k)]
             body += _vector_loop(v, names, in_dts, out_dt, cdt, expr, res_compute)
-        body.append("  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;"
-                    " i += (u64)blockDim.x * gridDim.x) {")
         if v == "g":
-            body.append("    u64 rem = i;")
-            for i in range(k):
-                body.append(f"    i64 p{i} = o{i};")
-            body.append("    #pragma unroll")
-            body.append(f"    for (int d = {MAX_DIMS - 1}; d >= 0; --d) {{")
-            body.append("      if (d < (int)ndim) {")
-            body.append("        u64 q = rem / shp[d]; u64 c_ = rem - q * shp[d]; rem = q;")
-            for i in range(k):
-                body.append(f"        p{i} += (i64)c_ * st{i}[d];")
-            body.append("      }")
-            body.append("    }")
-            idx = [f"p{i}" for i in range(k)]
+            body += _strided_loops(names, in_dts, out_dt, cdt, expr, res_compute)
         else:
+            body.append("  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;"
+                        " i += (u64)blockDim.x * gridDim.x) {")
             idx = [f"o{i} + i" if v[i] == "c" else f"o{i}" for i in range(k)]
-        for i, (nm, d) in enumerate(zip(names, in_dts)):
-            target = "bool" if nm == "c" else cdt.c_compute
-            body.append(f"    const {target} {nm} = {_load(d, f'in{i}[{idx[i]}]', nm, cdt)};")
-        body.append(f"    const {res_compute} r = {expr};")
-        body.append(f"    out[i] = {store_expr(out_dt, 'r')};")
-        body.append("  }")
+            for i, (nm, d) in enumerate(zip(names, in_dts)):
+                target = "bool" if nm == "c" else cdt.c_compute
+                body.append(f"    const {target} {nm} = {_load(d, f'in{i}[{idx[i]}]', nm, cdt)};")
+            body.append(f"    const {res_compute} r = {expr};")
+            body.append(f"    out[i] = {store_expr(out_dt, 'r')};")
+            body.append("  }")
         parts.append(f'extern "C" __global__ void {name}({", ".join(params)}) {{\n' + "\n".join(body) + "\n}\n")
     return "\n".join(parts)
+
+
+def _strided_loops(names, in_dts, out_dt, cdt, expr, res_compute) -> list:
+    """The strided variant's body: output element i at its coordinates in the collapsed shape
+    (``shp``, ``ndim``), input k's element at ``o<k>`` plus each coordinate times its stride.
+
+    Where the last dim's length is a multiple of 4, a thread computes 4 neighbours along it from one
+    set of coordinates and stores them as one vector; an input of unit stride there whose position
+    is a multiple of 4 is loaded as one vector too, any other input element by element (a
+    broadcast one reads one element four times, from the L1). Indices are u32 (n < 2**32) and the
+    outermost coordinate is what the divisions leave: a u64 division is a long subroutine on the
+    GPU, and one element a thread with a u64 division a dim made a broadcast add of 4096x4096 and
+    a row take 2.2x PyTorch's time on an H200 (docs/performance.md). Otherwise one element a thread.
+    """
+    k = len(in_dts)
+
+    def position(index: str, indent: str) -> list:
+        lines = [f"{indent}u32 rem = {index};"] + [f"{indent}i64 p{i} = o{i};" for i in range(k)]
+        lines += [f"{indent}#pragma unroll", f"{indent}for (int d = {MAX_DIMS - 1}; d >= 0; --d) {{",
+                  f"{indent}  if (d < (int)ndim) {{",
+                  f"{indent}    u32 c_ = rem;",
+                  f"{indent}    if (d > 0) {{ const u32 q = rem / shp[d]; c_ = rem - q * shp[d]; rem = q; }}"]
+        lines += [f"{indent}    p{i} += (i64)c_ * st{i}[d];" for i in range(k)]
+        return lines + [f"{indent}  }}", f"{indent}}}"]
+
+    def compute(refs: list, indent: str) -> list:
+        lines = []
+        for nm, d, ref in zip(names, in_dts, refs):
+            target = "bool" if nm == "c" else cdt.c_compute
+            lines.append(f"{indent}const {target} {nm} = {_load(d, ref, nm, cdt)};")
+        return lines + [f"{indent}const {res_compute} r = {expr};"]
+
+    lines = ["  u32 last = 1;"] + [f"  int ls{i} = 0;" for i in range(k)]
+    lines += ["  #pragma unroll", f"  for (int d = 0; d < {MAX_DIMS}; ++d) {{",
+              "    if (d == (int)ndim - 1) { last = shp[d]; " + " ".join(f"ls{i} = st{i}[d];" for i in range(k)) + " }",
+              "  }",
+              "  if (ndim > 0 && (last & 3u) == 0) {",
+              "    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < (n >> 2);"
+              " j += (u64)blockDim.x * gridDim.x) {"]
+    lines += position("(u32)j << 2", "      ")
+    for i, d in enumerate(in_dts):
+        vec = f"rt_vec4<{d.c_storage}>"
+        lines += [f"      {vec} w{i};",
+                  f"      if (ls{i} == 1 && (p{i} & 3) == 0) w{i} = *reinterpret_cast<const {vec}*>(in{i} + p{i});",
+                  f"      else {{ for (int e = 0; e < 4; ++e) w{i}.v[e] = in{i}[p{i} + (i64)e * ls{i}]; }}"]
+    lines += [f"      rt_vec4<{out_dt.c_storage}> ov;", "      #pragma unroll", "      for (int e = 0; e < 4; ++e) {"]
+    lines += compute([f"w{i}.v[e]" for i in range(k)], "        ")
+    lines += [f"        ov.v[e] = {store_expr(out_dt, 'r')};", "      }",
+              f"      reinterpret_cast<rt_vec4<{out_dt.c_storage}>*>(out)[j] = ov;", "    }", "    return;", "  }",
+              "  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)blockDim.x * gridDim.x) {"]
+    lines += position("(u32)i", "    ")
+    lines += compute([f"in{i}[p{i}]" for i in range(k)], "    ")
+    return lines + [f"    out[i] = {store_expr(out_dt, 'r')};", "  }"]
 
 
 #: The tiled variant's workgroup, TILE x TILE_ROWS threads (a warp a row of it), and the edge of the
@@ -817,7 +859,8 @@ def plan(node, layouts: list, ctx) -> list:
             consts.append(lay[2])
             consts += [u32(s) for s in st] + [0] * (MAX_DIMS - len(st))
     name = export_name(node.op, in_dts, node.dtype, v)
-    return [("dispatch", src, name, (grid_1d(n), 1, 1), consts, bindings)]
+    per_thread = 4 if shape and shape[-1] % 4 == 0 else 1  # (the kernel's vector path: _strided_loops)
+    return [("dispatch", src, name, (grid_1d(n // per_thread), 1, 1), consts, bindings)]
 
 
 def _tiled(shape: tuple, strides_list: list, layouts: list, max_grid: tuple, in_dts: tuple, out_dt) -> tuple | None:

@@ -43,6 +43,7 @@ from ..kernels import (
     scan,
     scatter,
     sort,
+    tri,
 )
 from ..kernels import fused as fused_kernels
 from ..kernels import rows as row_kernels
@@ -71,7 +72,7 @@ def _plan_full(node, layouts, ctx) -> list:
 
 PLANNERS = {"matmul": matmul.plan, "random": random.plan, "pad": pad.plan, "full": _plan_full,
             "gather": gather.plan, "scatter_add": scatter.plan, "cumsum": scan.plan, "fft": fft.plan,
-            "scatter_last": scatter.plan_last,
+            "scatter_last": scatter.plan_last, "tri": tri.plan,
             "concat": concat.plan, "sort": sort.plan, "argsort": sort.plan, "searchsorted": sort.plan_searchsorted,
             "mask_count": compact.plan_count, "compact": compact.plan_compact}
 PLANNERS.update({op: elementwise.plan for op in ELEMENTWISE})

@@ -37,7 +37,8 @@ def close(got, want, rtol=1e-5, atol=1e-5):
     want = np.asarray(want)
     assert got.shape == want.shape, (got.shape, want.shape)
     if want.dtype.kind in "fc":
-        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol, atol=atol)
+        wide = np.complex128 if want.dtype.kind == "c" else np.float64
+        np.testing.assert_allclose(got.astype(wide), want.astype(wide), rtol=rtol, atol=atol)
     else:
         np.testing.assert_array_equal(got, want)
 
@@ -77,6 +78,66 @@ def test_vector_and_scalar_paths(gpu_like):
     close((rt.array(h, device=gpu_like)[4:] * 2).numpy(), h[4:] * np.float16(2))
     b = x > 30
     close(rt.where(rt.array(b, device=gpu_like), X, -X).numpy(), np.where(b, x, -x))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int64", "complex64", "bool"])
+def test_strided_variant_four_along_the_last_dim_or_one(gpu_like, dtype):
+    """Broadcast and strided inputs (the "g" variant): 4 outputs a thread where the collapsed last
+    dim is a multiple of 4, each input loaded as a vector only where its stride there is 1 and its
+    position aligned, by elements otherwise (misaligned, reversed, broadcast, step 2); one output a
+    thread for any other last dim; and three inputs (where)."""
+    rng = np.random.default_rng(3)
+
+    def make(shape):
+        values = rng.standard_normal(shape) * 4
+        if dtype == "complex64":
+            values = values + 1j * rng.standard_normal(shape)
+        return values.astype(np.int64).astype(dtype) if dtype in ("int64", "bool") else values.astype(dtype)
+
+    def put(x):
+        return rt.array(x, device=gpu_like)
+
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == "float16" else {}
+    op = np.logical_xor if dtype == "bool" else np.add
+    rt_op = rt.logical_xor if dtype == "bool" else rt.add
+    for rows, cols in ((6, 8), (5, 12), (3, 7), (4, 1), (1, 16)):
+        x, row, col = make((rows, cols)), make((cols,)), make((rows, 1))
+        X = put(x)
+        close(rt_op(X, put(row)).numpy(), op(x, row), **tol)  # broadcast along the rows
+        close(rt_op(X, put(col)).numpy(), op(x, col), **tol)  # broadcast along the columns (stride 0)
+        wide = make((rows, cols + 3))
+        close(rt_op(put(wide)[:, 1:cols + 1], put(row)).numpy(), op(wide[:, 1:cols + 1], row), **tol)  # misaligned
+        close(rt_op(X[:, ::-1], put(row)).numpy(), op(x[:, ::-1], row), **tol)  # reversed
+        twice = make((rows, 2 * cols))
+        close(rt_op(put(twice)[:, ::2], X).numpy(), op(twice[:, ::2], x), **tol)  # step 2
+        cond = rng.standard_normal((rows, cols)) > 0
+        close(rt.where(put(cond), X, put(row)).numpy(), np.where(cond, x, row))
+    cube = make((3, 4, 8))
+    close(rt_op(put(cube), put(cube[0])).numpy(), op(cube, cube[0]), **tol)
+    close(put(cube)[:, ::-1, 2:6].numpy(), cube[:, ::-1, 2:6])  # a strided copy
+    close(rt.broadcast_to(put(cube[:, :1]), (3, 5, 8)).numpy(), np.broadcast_to(cube[:, :1], (3, 5, 8)))
+    six = make((2, 1, 3, 2, 1, 4))
+    close(rt_op(put(six), put(six[:, :, :1])).numpy(), op(six, six[:, :, :1]), **tol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8", "complex128"])
+def test_triangles_by_vectors_and_elements(gpu_like, dtype):
+    """tril/triu (kernels/tri.py): 4 neighbours a thread where the rows' length and the input's
+    offset are multiples of 4, one otherwise; every diagonal offset, batches, an offset input, and
+    the gradient."""
+    rng = np.random.default_rng(5)
+    for shape in ((6, 8), (5, 7), (3, 4, 12), (2, 1, 5)):
+        x = (rng.standard_normal(shape) * 5).astype(dtype)
+        X = rt.array(x, device=gpu_like)
+        for k in (-shape[-2] - 2, -1, 0, 2, shape[-1] + 1):
+            close(rt.tril(X, k=k).numpy(), np.tril(x, k))
+            close(rt.triu(X, k=k).numpy(), np.triu(x, k))
+    batch = (rng.standard_normal((3, 4, 8)) * 5).astype(dtype)
+    close(rt.tril(rt.array(batch, device=gpu_like)[1:]).numpy(), np.tril(batch[1:]))  # offset 32: vectors
+    close(rt.triu(rt.array(batch, device=gpu_like)[:, 1:], k=1).numpy(), np.triu(batch[:, 1:], 1))  # a copy first
+    if dtype == "float32":
+        w = rt.array(batch, device=gpu_like)
+        close(rt.grad(lambda a: rt.sum(rt.triu(a, k=-1) * a))(w).numpy(), 2 * np.triu(batch, -1))
 
 
 def test_reductions_single_and_split(gpu_like):
