@@ -411,68 +411,68 @@ def take(x, indices, /, *, axis=None, mode="raise") -> Array:
         if x.ndim > 1:
             raise InvalidValueError("take needs an axis for arrays of more than one dimension")
         axis = 0
-    host = None
+    axis = normalize_axis(axis, x.ndim)
+    n = x.shape[axis]
     if isinstance(indices, Node):
-        idx = indices
+        if not indices.dtype.is_int:
+            raise InvalidTypeError(f"take indices must be integers, got {indices.dtype.name}")
+        idx, checked = indices, mode == "raise"
     else:
         host = np.asarray(indices)
         if host.size == 0 and host.dtype.kind not in "iub":
             host = host.astype(np.int64)
         if host.dtype.kind not in "iu":
             raise InvalidTypeError(f"take indices must be integers, got {host.dtype}")
-        idx = None
-    if idx is not None and not idx.dtype.is_int:
-        raise InvalidTypeError(f"take indices must be integers, got {idx.dtype.name}")
-    axis = normalize_axis(axis, x.ndim)
-    n = x.shape[axis]
-    inner = 1
-    for d in x.shape[axis + 1:]:
-        inner *= d
-    outer = x.shape[:axis]
-    bad = None
-    if host is not None:  # indices known on the host: mapped (or checked) here
         host = host.astype(np.int64)
-        if host.size and n == 0:
-            raise InvalidIndexError("cannot do a non-empty take from an empty axis")
-        if mode == "wrap":
-            host = host % n if host.size else host
-        elif mode == "clip":
-            host = np.clip(host, 0, n - 1) if host.size else host
-        else:
-            if host.size and (host.min() < -n or host.max() >= n):
-                i = host[(host < -n) | (host >= n)].flat[0]
-                raise InvalidIndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
-            host = np.where(host < 0, host + n, host)
-        idx = ops.asarray(host, device=x.ctx)
-    else:
-        idx = ops.astype(idx, _dt.int64)
-        if idx.size and n == 0:
-            raise InvalidIndexError("cannot do a non-empty take from an empty axis")
-        if mode == "wrap":
-            idx = ops.remainder(idx, n)
-        elif mode == "clip":
-            idx = ops.minimum(ops.maximum(idx, 0), n - 1)
-        else:
-            idx = ops.where(idx < 0, idx + n, idx)
-            bad = ops.logical_or(idx < 0, idx >= n)
-    # flat index = ((o * n) + idx) * inner + i, over the output shape outer + idx.shape + inner dims
-    nd_idx = idx.ndim
-    o_flat = ops.arange(int(np.prod(outer, dtype=np.int64)), dtype=_dt.int64, device=x.ctx)
-    o_flat = ops.reshape(o_flat, outer + (1,) * (nd_idx + x.ndim - axis - 1)) if outer else 0
-    i_flat = ops.reshape(ops.arange(inner, dtype=_dt.int64, device=x.ctx), x.shape[axis + 1:]) \
-        if x.ndim - axis - 1 else 0
-    mid = ops.reshape(idx, idx.shape + (1,) * (x.ndim - axis - 1))
-    flat = (o_flat * n + mid) * inner + i_flat
-    out_shape = outer + idx.shape + x.shape[axis + 1:]
-    if bad is not None and idx.size and 0 in out_shape:
-        # An empty result of indices computed on the device: nothing gathers, so a checked gather of
-        # the indices alone (from zeros of the axis' length) runs for the result, an empty view of it.
-        probe = gather_flat(ops.zeros((n,), dtype=x.dtype, device=x.ctx), ops.reshape(idx, (-1,)),
-                            ops.reshape(bad, (-1,)))
+        if mode == "raise" and host.size and n and (host.min() < -n or host.max() >= n):
+            i = host[(host < -n) | (host >= n)].flat[0]
+            raise InvalidIndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
+        idx, checked = ops.asarray(host, device=x.ctx), False  # (mapped by the mode in the kernel)
+    if idx.size and n == 0:
+        raise InvalidIndexError("cannot do a non-empty take from an empty axis")
+    ops.ctx_of(x, idx)  # (indices on another device: the usual error, before any work)
+    out_shape = x.shape[:axis] + idx.shape + x.shape[axis + 1:]
+    return _take_node(x, idx, axis, mode, checked, out_shape, along=False)
+
+
+def _take_node(x: Array, idx: Array, axis: int, mode: str, checked: bool, out_shape: tuple, along: bool) -> Array:
+    """The ``take`` node (``kernels/take.py``) of `x` along `axis` at int indices `idx`: the same
+    indices for every position around the axis, or (``along``) one index an output element, `idx`
+    of `out_shape` and `x` of it but along the axis."""
+    x.ctx.check_fits(out_shape, x.dtype)
+    n = x.shape[axis]
+    inner = math.prod(x.shape[axis + 1:])
+    count = out_shape[axis] if along else idx.size
+    strides = (count * inner, inner, 1) if along else (0, 1, 0)
+    idx = ops.contiguous(ops.astype(idx, _dt.int64, copy=False))
+    if checked and idx.size and 0 in out_shape:
+        # Nothing to gather, yet an index computed on the device may be out of range: the indices
+        # alone are taken from zeros of the axis' length, and the result is an empty view of that.
+        probe = _take_node(ops.zeros((n,), dtype=x.dtype, device=x.ctx), ops.reshape(idx, (-1,)), 0, mode, True,
+                           (idx.size,), False)
         return ops.reshape(probe[0:0], out_shape)
-    if bad is not None:
-        bad = ops.reshape(bad, idx.shape + (1,) * (x.ndim - axis - 1))
-    return gather_flat(x, ops.broadcast_to(flat, out_shape) if isinstance(flat, Node) else flat, bad)
+    params = (mode, count, inner, n, strides, checked)
+    src = ops.contiguous(x)
+    if checked:
+        return ops.checked_node("take", (src, idx), params, out_shape, x.dtype, x.ctx)
+    return new_node("take", (src, idx), params, out_shape, x.dtype, x.ctx)
+
+
+def take_gradient(node: Array, g: Array) -> Array:
+    """The cotangent of a ``take`` node's source: each output element's cotangent added where it
+    was read (indices may repeat), by a scatter through flat positions made here."""
+    src, idx = node.inputs[:2]
+    mode, count, inner, n, strides, _ = node.params
+    outer = src.size // (n * inner) if n * inner else 0
+    v = ops.reshape(idx, (outer, count, inner) if strides[2] else (1, count, 1))
+    if mode == "wrap":
+        v = ops.remainder(v, n)
+    else:  # (out of range under "raise": the forward result raises when read; clamped here)
+        v = ops.minimum(ops.maximum(ops.where(v < 0, v + n, v) if mode == "raise" else v, 0), n - 1)
+    rows = ops.reshape(ops.arange(outer, dtype=_dt.int64, device=g.ctx), (outer, 1, 1)) * n
+    flat = (rows + v) * inner + ops.reshape(ops.arange(inner, dtype=_dt.int64, device=g.ctx), (1, 1, inner))
+    flat = ops.broadcast_to(flat, (outer, count, inner))
+    return ops.reshape(ops.scatter_add(ops.reshape(g, (outer, count, inner)), flat, src.size), src.shape)
 
 
 def take_along_axis(x, indices, /, *, axis=-1) -> Array:
@@ -493,25 +493,18 @@ def take_along_axis(x, indices, /, *, axis=-1) -> Array:
     if host is not None and host.size and host.dtype.kind in "iu" and (host.min() < -n or host.max() >= n):
         i = host[(host < -n) | (host >= n)].flat[0]
         raise InvalidIndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
-    idx = ops.astype(idx, _dt.int64)
-    idx = ops.where(idx < 0, idx + n, idx)
-    bad = None if host is not None else ops.logical_or(idx < 0, idx >= n)
+    ops.ctx_of(x, idx)
     shape = broadcast_shapes(tuple(d if i != axis else 1 for i, d in enumerate(x.shape)),
                              tuple(d if i != axis else 1 for i, d in enumerate(idx.shape)))
     out_shape = shape[:axis] + (idx.shape[axis],) + shape[axis + 1:]
-    strides = [1] * x.ndim
-    for i in range(x.ndim - 2, -1, -1):
-        strides[i] = strides[i + 1] * x.shape[i + 1]
-    flat = ops.broadcast_to(idx, out_shape) * strides[axis]
-    for i in range(x.ndim):
-        if i == axis or out_shape[i] == 1:
-            continue
-        pos = [1] * x.ndim
-        pos[i] = out_shape[i]
-        flat = flat + ops.reshape(ops.arange(out_shape[i], dtype=_dt.int64, device=x.ctx), tuple(pos)) * strides[i]
-    x = ops.broadcast_to(x, tuple(x.shape[i] if i == axis else out_shape[i] for i in range(x.ndim))) \
-        if builtins.any(x.shape[i] == 1 and out_shape[i] != 1 for i in range(x.ndim) if i != axis) else x
-    return gather_flat(x, ops.broadcast_to(flat, out_shape), None if bad is None else ops.broadcast_to(bad, out_shape))
+    if idx.size and n == 0:
+        raise InvalidIndexError("cannot do a non-empty take_along_axis from an empty axis")
+    if idx.shape != out_shape:
+        idx = ops.broadcast_to(idx, out_shape)
+    x_shape = out_shape[:axis] + (n,) + out_shape[axis + 1:]
+    if x.shape != x_shape:
+        x = ops.broadcast_to(x, x_shape)
+    return _take_node(x, idx, axis, "raise", host is None, out_shape, along=True)
 
 
 def gather_flat(x: Array, flat, bad=None) -> Array:

@@ -381,6 +381,8 @@ def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
             return None
         # every rank's output reads every rank's input: the cotangents summed (averaged) the same way
         return new_node("collective", (ops.contiguous(g),), node.params, g.shape, g.dtype, g.ctx)
+    if op == "take":  # each value read goes back where it was read from (indices may repeat)
+        return None if k else _api.take_gradient(node, g)
     if op == "tri":  # the kept triangle passes its gradient through, the zeroed one none
         return new_node("tri", (ops.contiguous(g),), node.params, g.shape, g.dtype, g.ctx)
     if op == "cumsum":  # (along the last axis) each element feeds every later one: the running sum from the end

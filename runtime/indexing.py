@@ -18,7 +18,7 @@ import hal
 
 from . import dtypes as _dt
 from . import ops
-from .array_api import flat_nonzero, gather_flat, unravel
+from .array_api import flat_nonzero, gather_flat, take, unravel
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
 from .graph import Node, differentiated
 from .kernels import scatter
@@ -152,22 +152,26 @@ def _expand(x: Array, key: tuple) -> list:
 
 def _advanced(x: Array, key: tuple) -> Array:
     """Integer-array indexing (numpy's rules): the index arrays broadcast together; their dims replace the
-    indexed axes where those are adjacent, else lead the result."""
-    y, flat, bad, out_shape = _advanced_flat(x, key)
+    indexed axes where those are adjacent, else lead the result. One index array is a ``take`` along
+    its axis (the indices read once, not a flat position an output element)."""
+    items = _expand(x, key)
+    adv, y, axis_of = _basic_part(x, items)
+    if len(adv) == 1 and isinstance(items[adv[0]], (np.ndarray, Node, _Found)):
+        k = items[adv[0]]
+        if isinstance(k, _Found):  # (positions a mask's compaction found: in range by construction)
+            return take(y, k.array, axis=axis_of[adv[0]], mode="clip")
+        return take(y, k, axis=axis_of[adv[0]])
+    y, flat, bad, out_shape = _advanced_flat(x, key, (items, adv, y, axis_of))
     if flat is None:
         return ops.zeros(out_shape, dtype=x.dtype, device=x.ctx)
     return gather_flat(y, flat, bad)
 
 
-def _advanced_flat(x: Array, key: tuple) -> tuple:
-    """(y, flat, bad, shape) of integer-array indexing: y the view of x that the key's basic items
-    select, flat the int64 array (of the result's shape) of each selected element's position in
-    y's elements in order, bad None or True where an index computed on the device is out of range;
-    flat None for an empty result."""
-    items = _expand(x, key)
+def _basic_part(x: Array, items: list) -> tuple:
+    """(the items that are advanced indices, the view of x its basic items select with each advanced
+    axis kept whole, each advanced item's axis in that view)."""
     adv = [i for i, k in enumerate(items) if isinstance(k, (np.ndarray, Node, _Found)) or
            (k is not None and not isinstance(k, slice))]
-    # basic part first: advanced axes kept whole, then gathered
     basic = []
     axis_of = {}  # item index -> axis of the basic view
     ax = 0
@@ -184,7 +188,19 @@ def _advanced_flat(x: Array, key: tuple) -> tuple:
     # (a key of array indices and whole axes reads x itself: a view of all of it would make the gather
     # copy x first, and its gradient pad the cotangent back into x's shape, each a pass over all of x)
     whole = len(basic) == x.ndim and all(type(k) is slice and k == slice(None) for k in basic)
-    y = x if whole else ops.getitem(x, tuple(basic))
+    return adv, x if whole else ops.getitem(x, tuple(basic)), axis_of
+
+
+def _advanced_flat(x: Array, key: tuple, parts: tuple | None = None) -> tuple:
+    """(y, flat, bad, shape) of integer-array indexing: y the view of x that the key's basic items
+    select, flat the int64 array (of the result's shape) of each selected element's position in
+    y's elements in order, bad None or True where an index computed on the device is out of range;
+    flat None for an empty result. ``parts``: the key's items and ``_basic_part``, where known."""
+    if parts is None:
+        items = _expand(x, key)
+        adv, y, axis_of = _basic_part(x, items)
+    else:
+        items, adv, y, axis_of = parts
     dims = {}
     arrays = []
     bad = None  # True where an index computed on the device is out of range

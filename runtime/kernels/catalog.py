@@ -20,6 +20,7 @@ from . import (
     scan,
     scatter,
     sort,
+    take,
     tri,
 )
 
@@ -77,6 +78,7 @@ def all_sources() -> list:
         out.append(pad.pad_source(d))
         out.append(gather.gather_source(d))
         out.append(tri.tri_source(d))
+        out.append(take.take_source(d))
     for d in scatter.DTYPES:
         out.append(scatter.scatter_source(d))
     out.append(scatter.last_source())

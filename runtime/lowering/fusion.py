@@ -43,6 +43,7 @@ from ..kernels import (
     scan,
     scatter,
     sort,
+    take,
     tri,
 )
 from ..kernels import fused as fused_kernels
@@ -72,7 +73,7 @@ def _plan_full(node, layouts, ctx) -> list:
 
 PLANNERS = {"matmul": matmul.plan, "random": random.plan, "pad": pad.plan, "full": _plan_full,
             "gather": gather.plan, "scatter_add": scatter.plan, "cumsum": scan.plan, "fft": fft.plan,
-            "scatter_last": scatter.plan_last, "tri": tri.plan,
+            "scatter_last": scatter.plan_last, "tri": tri.plan, "take": take.plan,
             "concat": concat.plan, "sort": sort.plan, "argsort": sort.plan, "searchsorted": sort.plan_searchsorted,
             "mask_count": compact.plan_count, "compact": compact.plan_compact}
 PLANNERS.update({op: elementwise.plan for op in ELEMENTWISE})

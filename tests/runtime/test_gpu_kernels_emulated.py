@@ -140,6 +140,34 @@ def test_triangles_by_vectors_and_elements(gpu_like, dtype):
         close(rt.grad(lambda a: rt.sum(rt.triu(a, k=-1) * a))(w).numpy(), 2 * np.triu(batch, -1))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int64", "complex64"])
+def test_takes_along_an_axis(gpu_like, dtype):
+    """take / take_along_axis / one-array indexing (kernels/take.py): 4 neighbours a thread where the
+    inner length and the source's offset are multiples of 4 and the indices are shared across it,
+    one otherwise; every mode; indices from the host and from the device, checked there."""
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((3, 6, 8)) * 5).astype(dtype)
+    X = rt.array(x, device=gpu_like)
+    for axis in (0, 1, 2):
+        n = x.shape[axis]
+        idx = rng.integers(-n, n, 7)
+        close(rt.take(X, idx, axis=axis).numpy(), np.take(x, idx, axis=axis))
+        close(rt.take(X, rt.array(idx, device=gpu_like), axis=axis).numpy(), np.take(x, idx, axis=axis))
+        wild = rng.integers(-3 * n, 3 * n, (2, 5))
+        for mode in ("wrap", "clip"):
+            close(rt.take(X, rt.array(wild, device=gpu_like), axis=axis, mode=mode).numpy(),
+                  np.take(x, wild, axis=axis, mode=mode))
+        along = rng.integers(-n, n, tuple(4 if a == axis else d for a, d in enumerate(x.shape)))
+        close(rt.take_along_axis(X, rt.array(along, device=gpu_like), axis=axis).numpy(),
+              np.take_along_axis(x, along, axis))
+    close(X[1:][rt.array(np.array([1, 0, 1]), device=gpu_like)].numpy(), x[1:][[1, 0, 1]])  # offset 48: vectors
+    close(X[:, 1:, 1:][:, rt.array(np.array([4, 0]), device=gpu_like)].numpy(), x[:, 1:, 1:][:, [4, 0]])
+    bad = X[rt.array(np.array([0, 3]), device=gpu_like)]
+    with pytest.raises(IndexError):
+        bad.numpy()
+    close(X[rt.array(np.array([2]), device=gpu_like)].numpy(), x[[2]])  # the device still usable
+
+
 def test_reductions_single_and_split(gpu_like):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((3, 9000)).astype(np.float32)  # long rows, few outputs: split into chunks
