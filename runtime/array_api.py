@@ -115,7 +115,7 @@ def _tri(x, k, upper: bool) -> Array:
     k = index_of(k, "the diagonal offset k")
     n, m = x.shape[-2:]
     k = builtins.max(-n, builtins.min(m, k))  # (past the matrix's corners every k keeps the same)
-    return new_node("tri", (ops.contiguous(x),), (k, upper), x.shape, x.dtype, x.ctx)
+    return new_node("tri", (ops.dense(x),), (k, upper), x.shape, x.dtype, x.ctx)
 
 
 def tril(x, /, *, k=0) -> Array:
@@ -282,7 +282,7 @@ def concat(arrays, /, *, axis=0) -> Array:
     shape = arrays[0].shape[:axis] + (total,) + arrays[0].shape[axis + 1:]
     ctx = arrays[0].ctx
     ctx.check_fits(shape, dt)
-    return new_node("concat", tuple(ops.contiguous(a) for a in arrays), (axis,), shape, dt, ctx)
+    return new_node("concat", tuple(ops.dense(a) for a in arrays), (axis,), shape, dt, ctx)
 
 
 def stack(arrays, /, *, axis=0) -> Array:
@@ -452,7 +452,7 @@ def _take_node(x: Array, idx: Array, axis: int, mode: str, checked: bool, out_sh
                            (idx.size,), False)
         return ops.reshape(probe[0:0], out_shape)
     params = (mode, count, inner, n, strides, checked)
-    src = ops.contiguous(x)
+    src = ops.dense(x)
     if checked:
         return ops.checked_node("take", (src, idx), params, out_shape, x.dtype, x.ctx)
     return new_node("take", (src, idx), params, out_shape, x.dtype, x.ctx)

@@ -551,6 +551,18 @@ def contiguous(x: Array) -> Array:
     return new_node("copy", (x,), x.dtype, x.shape, x.dtype, x.ctx)
 
 
+def dense(x: Array) -> Array:
+    """x itself when its elements lie in order one after another (a root, or a view of one such as
+    a leading slice, a row or an added axis, at any offset), else a contiguous copy: the input of a
+    kernel that reads it from its offset (concat, take, tri), which would otherwise copy it first."""
+    if not isinstance(x, Node):
+        x = asarray(x)
+    strides = x.strides
+    if x.base is None or all(s == c or d == 1 for s, c, d in zip(strides, contiguous_strides(x.shape), x.shape)):
+        return x
+    return new_node("copy", (x,), x.dtype, x.shape, x.dtype, x.ctx)
+
+
 def scatter_add(values: Array, flat: Array, size: int, bad: Array | None = None) -> Array:
     """A 1-D array of `size` zeros with each of `values` added at its flat index in `flat` (int64, of
     `values`' shape; indices may repeat): the transpose of a gather (``kernels/scatter.py``). float32

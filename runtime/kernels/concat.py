@@ -76,7 +76,7 @@ def _numpy() -> dict:
 
 
 def plan(node, layouts: list, ctx) -> list:
-    """One ``concat_rows`` dispatch per non-empty input (inputs are dense: ``ops.concat`` made them so)."""
+    """One ``concat_rows`` dispatch per non-empty input (each dense from its offset: ``ops.dense``)."""
     (axis,) = node.params
     shape = node.shape
     itemsize = node.dtype.itemsize

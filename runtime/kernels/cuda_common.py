@@ -304,3 +304,20 @@ def convert(value: str, src_compute: str, dst_compute: str) -> str:
     if src_compute in ("float", "double") and dst_compute in _SATURATING:
         return f"{_SATURATING[dst_compute]}({value})"
     return f"({dst_compute})({value})"
+
+
+def strided_positions(index: str, targets: list, dims: int, indent: str) -> list:
+    """C statements placing element ``index`` of a collapsed shape (constants ``s0``.. of ``dims``
+    slots, ``ndim`` in use, the last the fastest) in strided operands: for each (variable, start,
+    stride prefix) of ``targets``, ``i64 variable = start + sum of coordinate d * (int)<prefix>d``
+    (indices, coordinates and strides fit 32 bits: arrays hold under 2**31 elements,
+    ``device.MAX_ELEMENTS``). Straight-line code on the constants by name: arrays of them indexed
+    by a loop variable were kept in local memory by NVRTC (a broadcast add spent more time there
+    than moving its data). The outermost coordinate is what the divisions leave."""
+    lines = [f"{indent}u32 rem = {index};"] + [f"{indent}i64 {var} = {start};" for var, start, _ in targets]
+    for d in range(dims - 1, 0, -1):
+        adds = " ".join(f"{var} += (i64)(int)c_ * (int){prefix}{d};" for var, _, prefix in targets)
+        lines.append(f"{indent}if (ndim > {d}u) {{ const u32 q = rem / s{d}; const u32 c_ = rem - q * s{d}; "
+                     f"rem = q; {adds} }}")
+    adds = " ".join(f"{var} += (i64)(int)rem * (int){prefix}0;" for var, _, prefix in targets)
+    return lines + [f"{indent}if (ndim > 0u) {{ {adds} }}"]

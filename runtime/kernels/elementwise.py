@@ -27,7 +27,7 @@ from ..errors import InvalidTypeError
 from ..shapes import MAX_DIMS, broadcast_strides, collapse, contiguous_strides, size_of
 from .complex import SOURCE as COMPLEX_SOURCE
 from .complex import needs_source as needs_complex
-from .cuda_common import convert, float_to_int_expr, load_expr, store_expr
+from .cuda_common import convert, float_to_int_expr, load_expr, store_expr, strided_positions
 from .numpy_util import ERRSTATE, compute_np, signed, store, strided_view, to_compute
 from .source import WORKGROUP, KernelSource, grid_1d, source, u32
 
@@ -368,10 +368,6 @@ def _cuda(op, in_dts, out_dt, cdt) -> str:
             for i in range(k):
                 params.append(f"u32 o{i}")
                 params += [f"u32 t{i}_{d}" for d in range(MAX_DIMS)]
-            body.append(f"  const u32 shp[{MAX_DIMS}] = {{{', '.join(f's{d}' for d in range(MAX_DIMS))}}};")
-            for i in range(k):
-                body.append(f"  const int st{i}[{MAX_DIMS}] = {{"
-                            + ", ".join(f"(int)t{i}_{d}" for d in range(MAX_DIMS)) + "};")
         else:
             params += [f"u32 o{i}" for i in range(k)]
             body += _vector_loop(v, names, in_dts, out_dt, cdt, expr, res_compute)
@@ -406,13 +402,7 @@ def _strided_loops(names, in_dts, out_dt, cdt, expr, res_compute) -> list:
     k = len(in_dts)
 
     def position(index: str, indent: str) -> list:
-        lines = [f"{indent}u32 rem = {index};"] + [f"{indent}i64 p{i} = o{i};" for i in range(k)]
-        lines += [f"{indent}#pragma unroll", f"{indent}for (int d = {MAX_DIMS - 1}; d >= 0; --d) {{",
-                  f"{indent}  if (d < (int)ndim) {{",
-                  f"{indent}    u32 c_ = rem;",
-                  f"{indent}    if (d > 0) {{ const u32 q = rem / shp[d]; c_ = rem - q * shp[d]; rem = q; }}"]
-        lines += [f"{indent}    p{i} += (i64)c_ * st{i}[d];" for i in range(k)]
-        return lines + [f"{indent}  }}", f"{indent}}}"]
+        return strided_positions(index, [(f"p{i}", f"o{i}", f"t{i}_") for i in range(k)], MAX_DIMS, indent)
 
     def compute(refs: list, indent: str) -> list:
         lines = []
@@ -422,10 +412,10 @@ def _strided_loops(names, in_dts, out_dt, cdt, expr, res_compute) -> list:
         return lines + [f"{indent}const {res_compute} r = {expr};"]
 
     lines = ["  u32 last = 1;"] + [f"  int ls{i} = 0;" for i in range(k)]
-    lines += ["  #pragma unroll", f"  for (int d = 0; d < {MAX_DIMS}; ++d) {{",
-              "    if (d == (int)ndim - 1) { last = shp[d]; " + " ".join(f"ls{i} = st{i}[d];" for i in range(k)) + " }",
-              "  }",
-              "  if (ndim > 0 && (last & 3u) == 0) {",
+    for d in range(MAX_DIMS):
+        picks = " ".join(f"ls{i} = (int)t{i}_{d};" for i in range(k))
+        lines.append(f"  if (ndim == {d + 1}u) {{ last = s{d}; {picks} }}")
+    lines += ["  if (ndim > 0 && (last & 3u) == 0) {",
               "    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < (n >> 2);"
               " j += (u64)blockDim.x * gridDim.x) {"]
     lines += position("(u32)j << 2", "      ")

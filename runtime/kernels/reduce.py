@@ -23,7 +23,7 @@ from . import reduce_columns
 from .complex import SOURCE as COMPLEX_SOURCE
 from .complex import needs_source as needs_complex
 from .complex import shfl_down
-from .cuda_common import load_expr, store_expr
+from .cuda_common import load_expr, store_expr, strided_positions
 from .numpy_util import compute_np, signed, store, strided_view, to_compute
 from .reduce_ops import acc_dtype, c_combine, c_identity, np_reduce
 from .source import WORKGROUP, KernelSource, ZeroedScratch, row_chunks, source, u32
@@ -157,9 +157,6 @@ RT_DEV {A} rt_block_reduce({A} v) {{
         body = ["  const u32 o = blockIdx.x, ck = blockIdx.y;",
                 "  const u64 r0 = (u64)ck * chunk;",
                 "  const u64 r1 = r0 + chunk < R ? r0 + chunk : R;"]
-        if strided:
-            body.append(f"  const u32 shp[{MAX_DIMS}] = {{{', '.join(f's{d}' for d in range(MAX_DIMS))}}};")
-            body.append(f"  const int st[{MAX_DIMS}] = {{{', '.join(f'(int)t{d}' for d in range(MAX_DIMS))}}};")
         body.append(f"  {A} v = {ident};")
         if arg:
             body.append("  u32 iv = 0xffffffffu;")
@@ -199,13 +196,7 @@ RT_DEV {A} rt_block_reduce({A} v) {{
         else:
             body.append("  for (u64 r = r0 + threadIdx.x; r < r1; r += blockDim.x) {")
         if strided:
-            body += ["    u64 rem = (u64)o * R + r; i64 pos = off;",
-                     "    #pragma unroll",
-                     f"    for (int d = {MAX_DIMS - 1}; d >= 0; --d) {{",
-                     "      if (d < (int)ndim) {",
-                     "        u64 q = rem / shp[d]; pos += (i64)(rem - q * shp[d]) * st[d]; rem = q;",
-                     "      }",
-                     "    }"]
+            body += strided_positions("(u32)((u64)o * R + r)", [("pos", "off", "t")], MAX_DIMS, "    ")
         elif arg:  # (contiguous non-arg rows read the tail at `pos` already)
             body.append("    const u64 pos = (u64)off + (u64)o * R + r;")
         body.append(f"    const {A} e = ({A})({load});")
