@@ -435,44 +435,62 @@ def take(x, indices, /, *, axis=None, mode="raise") -> Array:
     return _take_node(x, idx, axis, mode, checked, out_shape, along=False)
 
 
+def take_params(shape: tuple, axis: int, count: int, mode: str, checked: bool, along: bool = False) -> tuple:
+    """A ``take`` node's params (``kernels/take.py``) along `axis` of an array of `shape`: `count`
+    indices shared by every position around the axis, or (``along``) `count` along the axis of an
+    index array of the output's shape."""
+    inner = math.prod(shape[axis + 1:])
+    return (mode, count, inner, shape[axis], (count * inner, inner, 1) if along else (0, 1, 0), checked)
+
+
 def _take_node(x: Array, idx: Array, axis: int, mode: str, checked: bool, out_shape: tuple, along: bool) -> Array:
     """The ``take`` node (``kernels/take.py``) of `x` along `axis` at int indices `idx`: the same
     indices for every position around the axis, or (``along``) one index an output element, `idx`
     of `out_shape` and `x` of it but along the axis."""
     x.ctx.check_fits(out_shape, x.dtype)
     n = x.shape[axis]
-    inner = math.prod(x.shape[axis + 1:])
-    count = out_shape[axis] if along else idx.size
-    strides = (count * inner, inner, 1) if along else (0, 1, 0)
-    idx = ops.contiguous(ops.astype(idx, _dt.int64, copy=False))
+    idx = ops.dense(ops.astype(idx, _dt.int64, copy=False))
     if checked and idx.size and 0 in out_shape:
         # Nothing to gather, yet an index computed on the device may be out of range: the indices
         # alone are taken from zeros of the axis' length, and the result is an empty view of that.
         probe = _take_node(ops.zeros((n,), dtype=x.dtype, device=x.ctx), ops.reshape(idx, (-1,)), 0, mode, True,
                            (idx.size,), False)
         return ops.reshape(probe[0:0], out_shape)
-    params = (mode, count, inner, n, strides, checked)
+    params = take_params(x.shape, axis, out_shape[axis] if along else idx.size, mode, checked, along)
     src = ops.dense(x)
     if checked:
         return ops.checked_node("take", (src, idx), params, out_shape, x.dtype, x.ctx)
     return new_node("take", (src, idx), params, out_shape, x.dtype, x.ctx)
 
 
+def take_add(values: Array, idx: Array, params: tuple, shape: tuple) -> Array:
+    """Zeros of `shape` with each of `values` (of the output shape of the ``take`` with `params` and
+    int64 indices `idx`) added where that take read it, indices repeating or not: its transpose
+    (``kernels/take.py``). Floats of 32 or 64 bits add in their type, narrower ones in float32,
+    complex values part by part, integers in uint64 (wrapping as numpy's ``add.at`` in the
+    integer's dtype once cast back)."""
+    if values.dtype.is_complex:
+        return ops.add(take_add(ops.real(values), idx, params, shape),
+                       ops.multiply(take_add(ops.imag(values), idx, params, shape), 1j))
+    if values.dtype.is_int or values.dtype is _dt.bool_:
+        dt = _dt.uint64
+    else:
+        dt = values.dtype if values.dtype in (_dt.float32, _dt.float64) else _dt.float32
+    v = ops.dense(ops.astype(values, dt, copy=False))
+    idx = ops.dense(ops.astype(idx, _dt.int64, copy=False))
+    if params[5]:
+        return ops.checked_node("take_add", (v, idx), params, shape, dt, values.ctx)
+    return new_node("take_add", (v, idx), params, shape, dt, values.ctx)
+
+
 def take_gradient(node: Array, g: Array) -> Array:
     """The cotangent of a ``take`` node's source: each output element's cotangent added where it
-    was read (indices may repeat), by a scatter through flat positions made here."""
+    was read (an index out of range under "raise" made reading the forward result raise; here it
+    is clamped)."""
     src, idx = node.inputs[:2]
     mode, count, inner, n, strides, _ = node.params
-    outer = src.size // (n * inner) if n * inner else 0
-    v = ops.reshape(idx, (outer, count, inner) if strides[2] else (1, count, 1))
-    if mode == "wrap":
-        v = ops.remainder(v, n)
-    else:  # (out of range under "raise": the forward result raises when read; clamped here)
-        v = ops.minimum(ops.maximum(ops.where(v < 0, v + n, v) if mode == "raise" else v, 0), n - 1)
-    rows = ops.reshape(ops.arange(outer, dtype=_dt.int64, device=g.ctx), (outer, 1, 1)) * n
-    flat = (rows + v) * inner + ops.reshape(ops.arange(inner, dtype=_dt.int64, device=g.ctx), (1, 1, inner))
-    flat = ops.broadcast_to(flat, (outer, count, inner))
-    return ops.reshape(ops.scatter_add(ops.reshape(g, (outer, count, inner)), flat, src.size), src.shape)
+    added = take_add(g, idx, (mode, count, inner, n, strides, False), src.shape)
+    return added if added.dtype is src.dtype else ops.astype(added, src.dtype)
 
 
 def take_along_axis(x, indices, /, *, axis=-1) -> Array:

@@ -383,6 +383,13 @@ def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
         return new_node("collective", (ops.contiguous(g),), node.params, g.shape, g.dtype, g.ctx)
     if op == "take":  # each value read goes back where it was read from (indices may repeat)
         return None if k else _api.take_gradient(node, g)
+    if op == "take_add":  # the transpose of a take is the take of the same indices
+        if k:
+            return None
+        mode, count, inner, n, strides, _ = node.params
+        values = node.inputs[0]
+        return new_node("take", (ops.dense(g), node.inputs[1]), (mode, count, inner, n, strides, False), values.shape,
+                        g.dtype, g.ctx)
     if op == "tri":  # the kept triangle passes its gradient through, the zeroed one none
         return new_node("tri", (ops.contiguous(g),), node.params, g.shape, g.dtype, g.ctx)
     if op == "cumsum":  # (along the last axis) each element feeds every later one: the running sum from the end

@@ -18,7 +18,7 @@ import hal
 
 from . import dtypes as _dt
 from . import ops
-from .array_api import flat_nonzero, gather_flat, take, unravel
+from .array_api import flat_nonzero, gather_flat, take, take_add, take_params, unravel
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
 from .graph import Node, differentiated
 from .kernels import scatter
@@ -334,6 +334,11 @@ class _At:
             what = "set"
         else:
             return None
+        if what == "add":
+            along = self._along_one_axis(key, value)
+            if along is not None:
+                v, idx, params = along
+                return ops.add(x, ops.astype(take_add(v, idx, params, x.shape), x.dtype))
         selected = self._selected(key, value, what)
         if selected is None:
             return None
@@ -349,6 +354,42 @@ class _At:
         picked = gather_flat(ops.contiguous(ops.reshape(v, (-1,))), ops.maximum(ops.subtract(last, 1), 0))
         return ops.reshape(ops.where(last > 0, picked, ops.reshape(x, (-1,))), x.shape)
 
+    def _along_one_axis(self, key: tuple, value) -> tuple | None:
+        """(v, indices, take params) where the key is one index array along an axis of x itself (the
+        others whole): the value broadcast to what it selects, in x's dtype, for ``take_add`` (no flat
+        position an element); None for any other key."""
+        x = self.x
+        items = _expand(x, key)
+        adv, y, axis_of = _basic_part(x, items)
+        if len(adv) != 1 or y is not x or not isinstance(items[adv[0]], (np.ndarray, Node)):
+            return None
+        k, axis = items[adv[0]], axis_of[adv[0]]
+        n = x.shape[axis]
+        if isinstance(k, np.ndarray):  # (checked here, at once)
+            if k.size and (k.min() < -n or k.max() >= n):
+                raise InvalidIndexError(f"index out of bounds for axis with size {n}")
+            idx, checked = ops.asarray(k, device=x.ctx), False
+        elif n == 0 and k.size:
+            return None  # (nothing to add to: the general path reports the indices)
+        else:
+            idx, checked = k, True
+        shape = x.shape[:axis] + idx.shape + x.shape[axis + 1:]
+        v = self._value(value, shape, "add")
+        return v, idx, take_params(x.shape, axis, idx.size, "raise", checked)
+
+    def _value(self, value, shape: tuple, what: str) -> Array:
+        """The update's value broadcast to the `shape` the indices select, in x's dtype."""
+        x = self.x
+        v = value if isinstance(value, Node) else ops.asarray(value, device=x.ctx)
+        if v.ctx is not x.ctx:
+            raise InvalidValueError(f"x.at[...].{what}: the value is on another device than x")
+        try:
+            v = ops.broadcast_to(v, shape)
+        except hal.InvalidArgumentError:
+            raise InvalidValueError(f"x.at[...].{what}: a value of shape {v.shape} does not broadcast to the "
+                                    f"{shape} elements the indices select") from None
+        return ops.astype(v, x.dtype)
+
     def _selected(self, key: tuple, value, what: str) -> tuple | None:
         """(flat, bad, v) of an update through array indices on the device: the selected elements'
         flat positions in x, True where one computed on the device is out of range (or None), and the
@@ -360,17 +401,10 @@ class _At:
             return None
         if flat is None:
             return None, None, None
-        v = value if isinstance(value, Node) else ops.asarray(value, device=x.ctx)
-        if v.ctx is not x.ctx:
-            raise InvalidValueError(f"x.at[...].{what}: the value is on another device than x")
-        try:
-            v = ops.broadcast_to(v, shape)
-        except hal.InvalidArgumentError:
-            raise InvalidValueError(f"x.at[...].{what}: a value of shape {v.shape} does not broadcast to the "
-                                    f"{shape} elements the indices select") from None
+        v = self._value(value, shape, what)
         if bad is not None:
             bad = ops.broadcast_to(bad, shape)
-        return flat, bad, ops.astype(v, x.dtype)
+        return flat, bad, v
 
     def _update_on_host(self, value, combine) -> Array:
         """Array indices (which may repeat) updated as numpy's ufunc.at does, on host data (no gradient:

@@ -81,6 +81,8 @@ def all_sources() -> list:
         out.append(take.take_source(d))
     for d in scatter.DTYPES:
         out.append(scatter.scatter_source(d))
+    for d in take.ADD_DTYPES:
+        out.append(take.add_source(d))
     out.append(scatter.last_source())
     for d in scan.DTYPES:
         out.append(scan.scan_source(d))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import dtypes as _dt
 from .complex import SOURCE as COMPLEX_SOURCE
 from .source import KernelSource, checked_pair, checked_pair_dispatch
 
@@ -32,9 +33,11 @@ def take_source(dt) -> KernelSource:
     return checked_pair("take", dt, _NCONST, _cuda, _numpy_fn)
 
 
-def _index(checked: bool, at: str, indent: str) -> str:
-    """C statements mapping the int64 index at ``at`` into ``v`` (0 .. n - 1) by the mode."""
-    bad = "status[0] = 1u; v = 0;" if checked else "v = v < 0 ? 0 : (long long)n - 1;"
+def _index(checked: bool, at: str, indent: str, skip: bool = False) -> str:
+    """C statements mapping the int64 index at ``at`` into ``v`` (0 .. n - 1) by the mode; an index
+    out of range under "raise" sets the status word in a checked kernel and reads element 0 (or,
+    ``skip``, goes on to the next element), and is clamped in an unchecked one."""
+    bad = ("status[0] = 1u; " + ("continue;" if skip else "v = 0;")) if checked else "v = v < 0 ? 0 : (long long)n - 1;"
     return "\n".join(indent + line for line in (
         f"long long v = idx[{at}];",
         "if (mode == 1u) { v %= (long long)n; if (v < 0) v += n; }",
@@ -80,28 +83,97 @@ def _numpy_fn(dt, checked: bool):
         total, J, inner, n, io, ij, ii, soff, ioff, mode = c
         outer = total // (J * inner)
         src = np.frombuffer(bindings[1], dt.storage, outer * n * inner, soff * dt.itemsize).reshape(outer, n, inner)
-        reach = (outer - 1) * io + (J - 1) * ij + (inner - 1) * ii + 1
-        flat = np.frombuffer(bindings[2], np.int64, reach, ioff * 8)
-        v = np.lib.stride_tricks.as_strided(flat, (outer, J, inner), (io * 8, ij * 8, ii * 8)).copy()
-        if mode == 1:
-            v %= n
-        elif mode == 2:
-            np.clip(v, 0, n - 1, out=v)
-        else:
-            v[v < 0] += n
-            bad = (v < 0) | (v >= n)
-            if bad.any():
-                if checked:
-                    np.frombuffer(bindings[3], np.uint32, 1)[0] = 1
-                    v[bad] = 0
-                else:
-                    np.clip(v, 0, n - 1, out=v)
+        v = _mapped(bindings, outer, J, inner, n, io, ij, ii, ioff, mode, checked)
         out = np.frombuffer(bindings[0], dt.storage, total).reshape(outer, J, inner)
         if io == 0 and ii == 0:
             np.take(src, v[0, :, 0], axis=1, out=out)
         else:
             out[...] = np.take_along_axis(src, v, axis=1)
     return run
+
+
+# ---- take_add: the transpose of a take --------------------------------------------------------
+
+#: The dtypes take_add adds in (as scatter_add: narrower floats in float32, integers in uint64).
+ADD_DTYPES = (_dt.float32, _dt.float64, _dt.uint64)
+
+
+def add_source(dt) -> KernelSource:
+    """``take_add``: zeros of the source's shape with each value added where a take with the same
+    indices would have read it (atomically: indices may repeat), the values of the take's output
+    shape. The gradient of a take, and ``x.at[indices].add(values)`` through one index array."""
+    return checked_pair("take_add", dt, _NCONST, _add_cuda, _add_numpy_fn)
+
+
+def _add_kernel(dt, name: str, checked: bool) -> str:
+    t = dt.c_storage
+    status = "unsigned int* __restrict__ status, " if checked else ""
+    return f"""
+extern "C" __global__ void {name}({t}* __restrict__ out, const {t}* __restrict__ g,
+    const long long* __restrict__ idx, {status}u32 total, u32 J, u32 I, u32 n, u32 io, u32 ij, u32 ii,
+    u32 goff, u32 ioff, u32 mode) {{
+  for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)blockDim.x * gridDim.x) {{
+    const u32 r = (u32)e / I, i = (u32)e - r * I, o = r / J, j = r - o * J;
+{_index(checked, "ioff + (u64)o * io + (u64)j * ij + (u64)i * ii", "    ", skip=True)}
+    atomicAdd(out + ((u64)o * n + (u64)v) * I + i, g[goff + e]);
+  }}
+}}
+"""
+
+
+def _add_cuda(dt, name: str, checked_name: str) -> str:
+    return _add_kernel(dt, name, False) + _add_kernel(dt, checked_name, True)
+
+
+def _add_numpy_fn(dt, checked: bool):
+    def run(workgroups, bindings, c):
+        total, J, inner, n, io, ij, ii, goff, ioff, mode = c
+        outer = total // (J * inner)
+        out = np.frombuffer(bindings[0], dt.storage, outer * n * inner).reshape(outer, n, inner)
+        g = np.frombuffer(bindings[1], dt.storage, total, goff * dt.itemsize).reshape(outer, J, inner)
+        v = _mapped(bindings, outer, J, inner, n, io, ij, ii, ioff, mode, checked, drop=True)
+        o, _, i = np.ogrid[:outer, :1, :inner]
+        keep = v >= 0
+        o, v, i = np.broadcast_arrays(o, v, i)
+        with np.errstate(over="ignore"):
+            np.add.at(out, (o[keep], v[keep], i[keep]), g[keep])
+    return run
+
+
+def _mapped(bindings, outer, J, inner, n, io, ij, ii, ioff, mode, checked, drop=False):
+    """The indices (outer, J, inner) mapped by the mode: an index out of range under "raise" sets
+    the status word (checked) and becomes 0, or -1 where ``drop``; unchecked ones are clamped."""
+    reach = (outer - 1) * io + (J - 1) * ij + (inner - 1) * ii + 1
+    flat = np.frombuffer(bindings[2], np.int64, reach, ioff * 8)
+    v = np.lib.stride_tricks.as_strided(flat, (outer, J, inner), (io * 8, ij * 8, ii * 8)).copy()
+    if mode == 1:
+        v %= n
+    elif mode == 2:
+        np.clip(v, 0, n - 1, out=v)
+    else:
+        v[v < 0] += n
+        bad = (v < 0) | (v >= n)
+        if bad.any():
+            if checked:
+                np.frombuffer(bindings[3], np.uint32, 1)[0] = 1
+                v[bad] = -1 if drop else 0
+            else:
+                np.clip(v, 0, n - 1, out=v)
+    return v
+
+
+def plan_add(node, layouts: list, ctx) -> list:
+    """Zero the output, then one dispatch over the values; ``node.params`` as ``take``'s."""
+    if node.size == 0:
+        return []
+    mode, J, inner, n, strides, checked = node.params
+    total = node.inputs[0].size
+    fill = ("fill", ("out",), 0, 4)  # (zero is all-zero bits in every dtype it adds in)
+    if total == 0:
+        return [fill]
+    (_, _, goff), (_, _, ioff) = layouts[:2]
+    return [fill, ("barrier",), checked_pair_dispatch(add_source(node.dtype), "take_add", node.dtype, checked, total,
+                                                      [total, J, inner, n, *strides, goff, ioff, MODES[mode]])]
 
 
 def plan(node, layouts: list, ctx) -> list:

@@ -168,6 +168,42 @@ def test_takes_along_an_axis(gpu_like, dtype):
     close(X[rt.array(np.array([2]), device=gpu_like)].numpy(), x[[2]])  # the device still usable
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32", "complex64"])
+def test_adds_along_an_axis(gpu_like, dtype):
+    """take_add (kernels/take.py): x.at[indices].add(v) through one index array, repeated and
+    negative indices, host and device indices (checked there), and the gradient of a take."""
+    rng = np.random.default_rng(11)
+
+    def make(*shape):
+        values = rng.standard_normal(shape) * 5
+        if dtype == "complex64":
+            values = values + 1j * rng.standard_normal(shape)
+        return values.astype(dtype)
+
+    x = make(5, 4, 3)
+    X = rt.array(x, device=gpu_like)
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == "float16" else dict(rtol=1e-5, atol=1e-5)
+    for axis in (0, 1, 2):
+        n = x.shape[axis]
+        idx = np.array([0, n - 1, -1, 1, 0])
+        key = (slice(None),) * axis + (idx,)
+        v = make(*x[key].shape)
+        want = x.copy()
+        np.add.at(want, key, v)
+        close(X.at[key].add(rt.array(v, device=gpu_like)).numpy(), want, **tol)
+        device_key = (slice(None),) * axis + (rt.array(idx, device=gpu_like),)
+        close(X.at[device_key].add(rt.array(v, device=gpu_like)).numpy(), want, **tol)
+    bad = X.at[rt.array(np.array([7]), device=gpu_like)].add(1)
+    with pytest.raises(IndexError):
+        bad.numpy()
+    if dtype == "float32":
+        idx = rt.array(np.array([[2, 2], [0, 4]]), device=gpu_like)
+        g = rt.grad(lambda a: rt.sum(rt.take(a, idx, axis=0) * 3))(X)
+        want = np.zeros_like(x)
+        np.add.at(want, np.array([[2, 2], [0, 4]]), 3)
+        close(g.numpy(), want)
+
+
 def test_reductions_single_and_split(gpu_like):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((3, 9000)).astype(np.float32)  # long rows, few outputs: split into chunks
