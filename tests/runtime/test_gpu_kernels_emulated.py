@@ -255,6 +255,30 @@ def test_reductions_vector_loads_at_any_alignment(gpu_like):
     close(L[2:-3].max().numpy(), long[2:-3].max())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8", "float64"])
+def test_arg_reductions_in_vectors(gpu_like, dtype):
+    """argmax/argmin of contiguous rows read 4-element vectors from each row's first aligned element
+    (rows of odd length start anywhere), two in flight a thread, one long row split across chunks:
+    the first of equal values wins, a NaN wins (the first of them), as numpy's."""
+    rng = np.random.default_rng(12)
+    big = 100 if dtype == "int8" else 1000
+    for shape in ((5, 1001), (3, 4096), (1, 40_003)):
+        x = (rng.integers(-big, big, shape)).astype(dtype)  # (integers: ties across vectors and chunks)
+        X = rt.array(x, device=gpu_like)
+        close(X.argmax(axis=1).numpy(), x.argmax(axis=1))
+        close(X.argmin(axis=1).numpy(), x.argmin(axis=1))
+        flat = x.reshape(-1)
+        for lo in (1, 2, 3):
+            close(rt.argmax(X.reshape(-1)[lo:]).numpy(), flat[lo:].argmax())
+    if dtype in ("float32", "float16", "float64"):
+        y = rng.standard_normal((2, 9001)).astype(dtype)
+        y[0, 7000] = y[0, 8001] = np.nan
+        y[1, 5] = y[1, 9000] = y[1].max() + 1
+        Y = rt.array(y, device=gpu_like)
+        close(Y.argmax(axis=1).numpy(), y.argmax(axis=1))
+        close(Y.argmin(axis=1).numpy(), y.argmin(axis=1))
+
+
 def test_matmul_tiles_and_batches(gpu_like):
     rng = np.random.default_rng(2)
     a = rng.standard_normal((2, 19, 23)).astype(np.float32)
