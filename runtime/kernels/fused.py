@@ -87,7 +87,7 @@ def plan(spec: FusedSpec, n: int, offsets: list) -> tuple:
     """(source, export name, workgroups, constants) of one fused dispatch over n elements."""
     consts = [n] + list(offsets)
     aligned = (n & 3) == 0 and all((o & 3) == 0 for o, (_, v) in zip(offsets, spec.inputs) if v == "c")
-    groups = grid_1d(n // 4 if aligned else n)
+    groups = grid_1d(n // 4 if aligned else -(-n // 4))  # (4 elements a thread either way)
     if spec.costly >= COSTLY_PER_ELEMENT:
         groups = min(groups, LOOPING_GRID)
     return fused_source(spec), spec.name, (groups, 1, 1), consts
@@ -142,13 +142,21 @@ def _cuda(spec: FusedSpec) -> str:
     for k, j in enumerate(spec.outputs):
         body.append(f"      reinterpret_cast<rt_vec4<{spec.members[j][2].c_storage}>*>(out{k})[j] = ov{k};")
     body += ["    }", "    return;", "  }"]
-    body.append("  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;"
-                " i += (u64)blockDim.x * gridDim.x) {")
-    scalar_load = lambda k: f"in{k}[o{k} + i]" if spec.inputs[k][1] == "c" else f"in{k}[o{k}]"  # noqa: E731
-    body += ["    " + line for line in _member_lines(spec, scalar_load)]
+    # Unaligned: 4 elements a thread, a workgroup's width apart, every load issued before any is
+    # used (as elementwise._unrolled_loop: one a thread left too few loads in flight).
+    body.append("  for (u64 tile = (u64)blockIdx.x * blockDim.x * 4u; tile < n;"
+                " tile += (u64)gridDim.x * blockDim.x * 4u) {")
+    body += [f"    {d.c_storage} r{k}[4];" for k, (d, _) in enumerate(spec.inputs)]
+    body += ["    #pragma unroll", "    for (int e = 0; e < 4; ++e) {",
+             "      const u64 i = tile + (u64)e * blockDim.x + threadIdx.x;", "      if (i < n) {"]
+    body += [f"        r{k}[e] = in{k}[o{k} + i];" if v == "c" else f"        r{k}[e] = in{k}[o{k}];"
+             for k, (_, v) in enumerate(spec.inputs)]
+    body += ["      }", "    }", "    #pragma unroll", "    for (int e = 0; e < 4; ++e) {",
+             "      const u64 i = tile + (u64)e * blockDim.x + threadIdx.x;", "      if (i < n) {"]
+    body += ["        " + line for line in _member_lines(spec, lambda k: f"r{k}[e]")]
     for k, j in enumerate(spec.outputs):
-        body.append(f"    out{k}[i] = {store_expr(spec.members[j][2], f'v{j}')};")
-    body.append("  }")
+        body.append(f"        out{k}[i] = {store_expr(spec.members[j][2], f'v{j}')};")
+    body += ["      }", "    }", "  }"]
     return f'extern "C" __global__ void {spec.name}({", ".join(params)}) {{\n' + "\n".join(body) + "\n}\n"
 
 

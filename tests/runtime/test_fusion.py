@@ -67,7 +67,7 @@ def test_a_long_chain_is_cut_into_kernels_of_at_most_max_ops(gpu_like, recording
     assert len({spec.key for spec in specs}) <= 3  # the first segment, the alike middle ones, the last
 
 
-@pytest.mark.parametrize("n", [4096, 4099])  # vectors of 4 and, unaligned, single elements
+@pytest.mark.parametrize("n", [4096, 4099])  # vectors of 4 and, unaligned, 4 single elements a thread
 def test_costly_chains_loop_over_a_capped_grid(gpu_like, monkeypatch, n):
     """A chain of two or more costly ops (roots, library math) runs at most LOOPING_GRID workgroups,
     each thread looping over several vectors; cheaper chains keep one vector a thread."""
@@ -88,7 +88,8 @@ def test_costly_chains_loop_over_a_capped_grid(gpu_like, monkeypatch, n):
     want_cheap = (x * np.float32(1.5) + np.float32(0.5)) * x - np.float32(0.25)
     np.testing.assert_allclose(costly.numpy(), np.tanh(np.sqrt(np.abs(want_cheap)) + np.float32(1)), rtol=2e-6)
     np.testing.assert_allclose(cheap.numpy(), want_cheap, rtol=1e-6, atol=1e-7)
-    assert groups == [3, -(-(n // 4 if n % 4 == 0 else n) // 256)]
+    threads = (n + 3) // 4
+    assert groups == [3, (threads + 255) // 256]
 
 
 def test_costly_ops_are_counted_per_member():
