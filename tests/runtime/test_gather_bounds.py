@@ -228,3 +228,50 @@ def test_a_loop_of_checked_gathers_carries_a_bounded_number_of_checks(device):
         rt.eval(s)
     with pytest.raises(IndexError):
         s.numpy()
+
+
+def test_takes_and_indexed_adds_along_one_axis_from_threads(device):
+    """take, take_along_axis and x.at[i].add through one index array (kernels/take.py), with
+    hostile inputs typed before any work and eight threads taking at once."""
+    import threading
+
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    X = rt.array(x, device=device)
+    for bad in ([0.5], np.array([True, False]), rt.array(np.array([1.0]), device=device)):
+        with pytest.raises(hal.InvalidArgumentError):
+            rt.take(X, bad, axis=0)
+    with pytest.raises(IndexError):
+        rt.take(X, [9], axis=0)
+    along = rt.array(np.array([[0], [4], [9], [1], [2], [3]]), device=device)
+    result = rt.take_along_axis(X, along, axis=1)
+    with pytest.raises(IndexError):
+        result.numpy()
+    with pytest.raises(hal.InvalidArgumentError):
+        rt.take_along_axis(X, rt.array(np.zeros((2, 1), np.int64), device=device), axis=1)
+    with pytest.raises(hal.InvalidArgumentError):
+        X.at[np.array([0, 1])].add(rt.ones((3, 3), device=device))
+    want = x.copy()
+    np.add.at(want, np.array([5, 5, -1]), np.float32(2))
+    np.testing.assert_allclose(X.at[np.array([5, 5, -1])].add(np.float32(2)).numpy(), want, rtol=1e-6)
+    np.testing.assert_array_equal(rt.tril(X, k=np.int64(-1)).numpy(), np.tril(x, -1))
+    with pytest.raises(hal.InvalidArgumentError):
+        rt.triu(X, k=0.5)
+
+    failures = []
+
+    def work(seed: int) -> None:
+        try:
+            idx = np.random.default_rng(seed).integers(-6, 6, 40)
+            for _ in range(5):
+                got = rt.take(X, rt.array(idx, device=device), axis=0).numpy()
+                np.testing.assert_array_equal(got, np.take(x, idx, axis=0))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures[0]
