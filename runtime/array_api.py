@@ -483,6 +483,41 @@ def take_add(values: Array, idx: Array, params: tuple, shape: tuple) -> Array:
     return new_node("take_add", (v, idx), params, shape, dt, values.ctx)
 
 
+def take_set(x: Array, values: Array, idx: Array, params: tuple) -> Array:
+    """x with the elements the ``take`` with `params` (indices shared by every position around the
+    axis) and int64 indices `idx` would read replaced by `values` (of that take's output shape, in
+    x's dtype), the last value where indices repeat (``kernels/take.py``)."""
+    v = ops.dense(values)
+    idx = ops.dense(ops.astype(idx, _dt.int64, copy=False))
+    if params[5]:
+        return ops.checked_node("take_set", (x, v, idx), params, x.shape, x.dtype, x.ctx)
+    return new_node("take_set", (x, v, idx), params, x.shape, x.dtype, x.ctx)
+
+
+def take_set_gradients(node: Array, k: int, g: Array) -> Array | None:
+    """The cotangents of a ``take_set`` node's x (g where no value replaced it) and values (g where
+    the value stayed: the last of those naming the same element)."""
+    x, values, idx = node.inputs[:3]
+    mode, count, inner, n, strides, _ = node.params
+    params = (mode, count, inner, n, strides, False)
+    if k == 0:
+        return take_set(g, ops.zeros(values.shape, dtype=g.dtype, device=g.ctx), idx, params)
+    if k != 1:
+        return None
+    v = ops.reshape(idx, (-1,))
+    if mode == "wrap":
+        v = ops.remainder(v, n)
+    else:
+        v = ops.minimum(ops.maximum(ops.where(v < 0, v + n, v) if mode == "raise" else v, 0), n - 1)
+    last = ops.astype(ops.scatter_last(v, n), _dt.int64)  # one plus each position's last writer
+    won = ops.equal(gather_flat(last, v), ops.arange(1, count + 1, dtype=_dt.int64, device=g.ctx))
+    outer = values.size // (count * inner) if count * inner else 0
+    taken = ops.reshape(new_node("take", (ops.dense(g), idx), params, (outer, count, inner), g.dtype, g.ctx),
+                        values.shape)
+    keep = ops.reshape(ops.broadcast_to(ops.reshape(won, (1, count, 1)), (outer, count, inner)), values.shape)
+    return ops.where(keep, taken, ops.zeros((), dtype=g.dtype, device=g.ctx))
+
+
 def take_gradient(node: Array, g: Array) -> Array:
     """The cotangent of a ``take`` node's source: each output element's cotangent added where it
     was read (an index out of range under "raise" made reading the forward result raise; here it

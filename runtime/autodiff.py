@@ -383,6 +383,8 @@ def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
         return new_node("collective", (ops.contiguous(g),), node.params, g.shape, g.dtype, g.ctx)
     if op == "take":  # each value read goes back where it was read from (indices may repeat)
         return None if k else _api.take_gradient(node, g)
+    if op == "take_set":
+        return _api.take_set_gradients(node, k, g)
     if op == "take_add":  # the transpose of a take is the take of the same indices
         if k:
             return None

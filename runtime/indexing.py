@@ -18,7 +18,7 @@ import hal
 
 from . import dtypes as _dt
 from . import ops
-from .array_api import flat_nonzero, gather_flat, take, take_add, take_params, unravel
+from .array_api import flat_nonzero, gather_flat, take, take_add, take_params, take_set, unravel
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
 from .graph import Node, differentiated
 from .kernels import scatter
@@ -334,11 +334,12 @@ class _At:
             what = "set"
         else:
             return None
-        if what == "add":
-            along = self._along_one_axis(key, value)
-            if along is not None:
-                v, idx, params = along
-                return ops.add(x, ops.astype(take_add(v, idx, params, x.shape), x.dtype))
+        along = self._along_one_axis(key, value, what)
+        if along is not None:
+            v, idx, params = along
+            if what == "set":
+                return take_set(x, v, idx, params)
+            return ops.add(x, ops.astype(take_add(v, idx, params, x.shape), x.dtype))
         selected = self._selected(key, value, what)
         if selected is None:
             return None
@@ -354,10 +355,10 @@ class _At:
         picked = gather_flat(ops.contiguous(ops.reshape(v, (-1,))), ops.maximum(ops.subtract(last, 1), 0))
         return ops.reshape(ops.where(last > 0, picked, ops.reshape(x, (-1,))), x.shape)
 
-    def _along_one_axis(self, key: tuple, value) -> tuple | None:
+    def _along_one_axis(self, key: tuple, value, what: str) -> tuple | None:
         """(v, indices, take params) where the key is one index array along an axis of x itself (the
-        others whole): the value broadcast to what it selects, in x's dtype, for ``take_add`` (no flat
-        position an element); None for any other key."""
+        others whole): the value broadcast to what it selects, in x's dtype, for ``take_add`` or
+        ``take_set`` (no flat position an element); None for any other key."""
         x = self.x
         items = _expand(x, key)
         adv, y, axis_of = _basic_part(x, items)
@@ -374,7 +375,9 @@ class _At:
         else:
             idx, checked = k, True
         shape = x.shape[:axis] + idx.shape + x.shape[axis + 1:]
-        v = self._value(value, shape, "add")
+        if what == "set" and idx.size > scatter.LAST_MAX:  # (its rank is one plus a position, a uint32)
+            return None
+        v = self._value(value, shape, what)
         return v, idx, take_params(x.shape, axis, idx.size, "raise", checked)
 
     def _value(self, value, shape: tuple, what: str) -> Array:

@@ -79,11 +79,13 @@ def all_sources() -> list:
         out.append(gather.gather_source(d))
         out.append(tri.tri_source(d))
         out.append(take.take_source(d))
+        out.append(take.set_source(d))
     for d in scatter.DTYPES:
         out.append(scatter.scatter_source(d))
     for d in take.ADD_DTYPES:
         out.append(take.add_source(d))
     out.append(scatter.last_source())
+    out.append(take.rank_source())
     for d in scan.DTYPES:
         out.append(scan.scan_source(d))
     for d in sort.DTYPES:

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import numpy as np
 
+import hal
+
 from .. import dtypes as _dt
+from . import elementwise
 from .complex import SOURCE as COMPLEX_SOURCE
-from .source import KernelSource, checked_pair, checked_pair_dispatch
+from .source import WORKGROUP, KernelSource, checked_pair, checked_pair_dispatch, grid_1d, source
 
 #: total, J, inner, n, the index strides over (outer, J, inner), source offset, index offset, mode
 _NCONST = 10
@@ -187,3 +190,126 @@ def plan(node, layouts: list, ctx) -> list:
     dispatch = checked_pair_dispatch(take_source(node.dtype), "take", node.dtype, checked, total // per_thread,
                                      [total, J, inner, n, *strides, soff, ioff, MODES[mode]])
     return [dispatch]
+
+
+# ---- take_set: x with the values a take would read replaced -----------------------------------
+
+def set_source(dt) -> KernelSource:
+    """``take_set``: a copy of x (the node's first input) whose elements a take with shared indices
+    (strides 0, 1, 0) reads are replaced by the values (of the take's output shape), the last value
+    where indices repeat, as numpy's indexed assignment leaves it. ``take_rank`` finds each
+    position's last writer over the n positions of the axis (an atomic max of j + 1, after
+    ``take_clear``), then ``take_set_<code>`` writes each value whose index is its position's last
+    writer: the array is read and written once, only the indexed rows besides."""
+    key = ("take_set", dt.name)
+    name = f"take_set_{dt.code}"
+    return source(key, lambda: KernelSource(key, [hal.Export(name, (WORKGROUP, 1, 1), 4, 7)],
+                                            lambda: _set_cuda(dt, name), lambda: {name: _set_numpy_fn(dt)}))
+
+
+def rank_source() -> KernelSource:
+    key = ("take_rank",)
+    exports = [hal.Export("take_clear", (WORKGROUP, 1, 1), 1, 1), hal.Export("take_rank", (WORKGROUP, 1, 1), 2, 4),
+               hal.Export("take_rank_checked", (WORKGROUP, 1, 1), 3, 4)]
+    return source(key, lambda: KernelSource(key, exports, _rank_cuda, _rank_numpy_fns))
+
+
+def _rank_cuda() -> str:
+    loop = "for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < J; j += (u64)blockDim.x * gridDim.x)"
+    return f"""
+extern "C" __global__ void take_clear(u32* __restrict__ winner, u32 n) {{
+  for (u64 v = (u64)blockIdx.x * blockDim.x + threadIdx.x; v < n; v += (u64)blockDim.x * gridDim.x) winner[v] = 0u;
+}}
+
+extern "C" __global__ void take_rank(u32* __restrict__ winner, const long long* __restrict__ idx, u32 J, u32 n,
+                                     u32 ioff, u32 mode) {{
+  {loop} {{
+{_index(False, "ioff + j", "    ")}
+    atomicMax(winner + v, (u32)j + 1u);
+  }}
+}}
+
+extern "C" __global__ void take_rank_checked(u32* __restrict__ winner, const long long* __restrict__ idx,
+                                             unsigned int* __restrict__ status, u32 J, u32 n, u32 ioff, u32 mode) {{
+  {loop} {{
+{_index(True, "ioff + j", "    ", skip=True)}
+    atomicMax(winner + v, (u32)j + 1u);
+  }}
+}}
+"""
+
+
+def _set_cuda(dt, name: str) -> str:
+    t = dt.c_storage
+    return (COMPLEX_SOURCE if dt.is_complex else "") + f"""
+extern "C" __global__ void {name}({t}* __restrict__ out, const {t}* __restrict__ vals,
+    const long long* __restrict__ idx, const u32* __restrict__ winner, u32 total, u32 J, u32 I, u32 n, u32 voff,
+    u32 ioff, u32 mode) {{
+  for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)blockDim.x * gridDim.x) {{
+    const u32 r = (u32)e / I, i = (u32)e - r * I, o = r / J, j = r - o * J;
+    long long v = idx[ioff + j];
+    if (mode == 1u) {{ v %= (long long)n; if (v < 0) v += n; }}
+    else if (mode == 2u) {{ v = v < 0 ? 0 : (v >= (long long)n ? (long long)n - 1 : v); }}
+    else {{ if (v < 0) v += n; if (v < 0 || v >= (long long)n) continue; }}
+    if (winner[v] == j + 1u) out[((u64)o * n + (u64)v) * I + i] = vals[voff + e];
+  }}
+}}
+"""
+
+
+def _rank_numpy_fns() -> dict:
+    def clear(workgroups, bindings, c):
+        np.frombuffer(bindings[0], np.uint32, c[0])[:] = 0
+
+    def rank(checked: bool):
+        def run(workgroups, bindings, c):
+            J, n, ioff, mode = c
+            v = _mapped(bindings[:1] + [None] + bindings[1:], 1, J, 1, n, 0, 1, 0, ioff, mode, checked, drop=True)
+            v = v.reshape(-1)
+            keep = v >= 0
+            np.maximum.at(np.frombuffer(bindings[0], np.uint32, n), v[keep],
+                          np.arange(1, J + 1, dtype=np.uint32)[keep])
+        return run
+
+    return {"take_clear": clear, "take_rank": rank(False), "take_rank_checked": rank(True)}
+
+
+def _set_numpy_fn(dt):
+    def run(workgroups, bindings, c):
+        total, J, inner, n, voff, ioff, mode = c
+        outer = total // (J * inner)
+        out = np.frombuffer(bindings[0], dt.storage, outer * n * inner).reshape(outer, n, inner)
+        vals = np.frombuffer(bindings[1], dt.storage, total, voff * dt.itemsize).reshape(outer, J, inner)
+        v = _mapped([None, None, bindings[2]], 1, J, 1, n, 0, 1, 0, ioff, mode, False, drop=True).reshape(-1)
+        if mode == 0:  # (out of range: the rank skipped it, and so does the write)
+            raw = np.frombuffer(bindings[2], np.int64, J, ioff * 8)
+            v = np.where((raw < -n) | (raw >= n), -1, v)
+        winner = np.frombuffer(bindings[3], np.uint32, n)
+        won = (v >= 0) & (winner[np.clip(v, 0, n - 1)] == np.arange(1, J + 1))
+        out[:, v[won], :] = vals[:, won, :]
+    return run
+
+
+def plan_set(node, layouts: list, ctx) -> list:
+    """A ``take_set`` node (inputs x, the values, int64 indices, the checked form's status word;
+    params as ``take``'s with shared indices): x copied, the axis' positions ranked, the winners
+    written."""
+    if node.size == 0:
+        return []
+    mode, J, inner, n, _, checked = node.params
+    total = node.inputs[1].size
+    cmds = elementwise.plan_copy(node, layouts[0], ctx)
+    if total == 0:
+        return cmds
+    (_, _, voff), (_, _, ioff) = layouts[1:3]
+    ranks = rank_source()
+    rank_roles = [("tmp", 0), ("in", 2)] + ([("in", 3)] if checked else [])
+    return [("temps", [n * 4]),
+            ("dispatch", ranks, "take_clear", (grid_1d(n), 1, 1), [n], [("tmp", 0)]),
+            *cmds,
+            ("barrier",),
+            ("dispatch", ranks, "take_rank_checked" if checked else "take_rank", (grid_1d(J), 1, 1),
+             [J, n, ioff, MODES[mode]], rank_roles),
+            ("barrier",),
+            ("dispatch", set_source(node.dtype), f"take_set_{node.dtype.code}", (grid_1d(total), 1, 1),
+             [total, J, inner, n, voff, ioff, MODES[mode]], [("out",), ("in", 1), ("in", 2), ("tmp", 0)])]

@@ -255,6 +255,53 @@ def test_reductions_vector_loads_at_any_alignment(gpu_like):
     close(L[2:-3].max().numpy(), long[2:-3].max())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int64", "complex128", "bool"])
+def test_sets_along_an_axis(gpu_like, dtype):
+    """take_set (kernels/take.py): x.at[indices].set(v) through one index array, the last value
+    where indices repeat, host and device indices (checked there), strided x, and its gradients."""
+    rng = np.random.default_rng(13)
+
+    def make(*shape):
+        values = rng.standard_normal(shape) * 5
+        if dtype == "complex128":
+            values = values + 1j * rng.standard_normal(shape)
+        return values.astype(dtype)
+
+    x = make(5, 4, 3)
+    X = rt.array(x, device=gpu_like)
+    for axis in (0, 1, 2):
+        n = x.shape[axis]
+        idx = np.array([1, n - 1, -1, 1, 0, 1])
+        key = (slice(None),) * axis + (idx,)
+        v = make(*x[key].shape)
+        want = x.copy()
+        want[key] = v
+        close(X.at[key].set(rt.array(v, device=gpu_like)).numpy(), want)
+        device_key = (slice(None),) * axis + (rt.array(idx, device=gpu_like),)
+        close(X.at[device_key].set(rt.array(v, device=gpu_like)).numpy(), want)
+    strided = x[:, ::-1]
+    want = strided.copy()
+    value = make(4, 3)
+    want[[2, 2]] = value
+    close(X[:, ::-1].at[rt.array(np.array([2, 2]), device=gpu_like)].set(rt.array(value, device=gpu_like)).numpy(),
+          want)
+    bad = X.at[rt.array(np.array([7]), device=gpu_like)].set(make(1, 4, 3))
+    with pytest.raises(IndexError):
+        bad.numpy()
+    if dtype == "float32":
+        idx = rt.array(np.array([3, 0, 3]), device=gpu_like)
+        v = make(3, 4, 3)
+        weights = rng.standard_normal(x.shape).astype(np.float32)
+        gx, gv = rt.grad(lambda a, b: rt.sum(a.at[idx].set(b) * rt.array(weights, device=gpu_like)),
+                         argnums=(0, 1))(X, rt.array(v, device=gpu_like))
+        want_x = weights.copy()
+        want_x[[3, 0]] = 0
+        want_v = weights[[3, 0, 3]].copy()
+        want_v[0] = 0  # (index 3 repeats: the last value stays)
+        close(gx.numpy(), want_x)
+        close(gv.numpy(), want_v)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8", "float64"])
 def test_arg_reductions_in_vectors(gpu_like, dtype):
     """argmax/argmin of contiguous rows read 4-element vectors from each row's first aligned element
