@@ -632,9 +632,9 @@ def std(x, /, *, axis=None, correction=0.0, keepdims=False) -> Array:
 def _cumulative(combine, x, axis, dtype, include_initial, identity) -> Array:
     """The inclusive scan of `combine` (add or multiply) along `axis`, on the device and differentiable
     (computed on the host, the result was a constant: a gradient through it came out zero, and each
-    call sent the array through the host). A sum of real values is the scan kernel's
+    call sent the array through the host). A sum or product of real values is the scan kernel's
     (``kernels/scan.py``: one pass over the rows; few long rows in chunks, reduced then scanned); the
-    rest (products, complex sums) is Hillis and Steele's: after the step of shift s each element holds
+    rest (complex values, booleans) is Hillis and Steele's: after the step of shift s each element holds
     the combination of the 2s elements ending at it, so log2(n) steps of ops the gradient rules know
     (a slice, a concatenation, the combine). Integer results wrap as numpy's running sum does; float results
     round within a few ulp of numpy's loop."""
@@ -654,10 +654,10 @@ def _cumulative(combine, x, axis, dtype, include_initial, identity) -> Array:
     def head(count: int) -> Array:  # `count` identities along the axis
         return ops.full(x.shape[:axis] + (count,) + x.shape[axis + 1:], identity, dtype=dt, device=x.ctx)
 
-    if combine is ops.add and dt in scan.DTYPES:  # the scan kernel
+    if dt in scan.DTYPES:  # the scan kernel
         last = axis == x.ndim - 1  # (the common case, without two transposes' nodes)
         rows = ops.contiguous(x if last else moveaxis(x, axis, -1))
-        y = new_node("cumsum", (rows,), None, rows.shape, dt, rows.ctx)
+        y = new_node("cumsum" if combine is ops.add else "cumprod", (rows,), None, rows.shape, dt, rows.ctx)
         if not last:
             y = moveaxis(y, -1, axis)
         return concat([head(1), y], axis=axis) if include_initial else y
@@ -668,6 +668,30 @@ def _cumulative(combine, x, axis, dtype, include_initial, identity) -> Array:
         y = combine(y, concat([head(shift), y[kept]], axis=axis))
         shift *= 2
     return concat([head(1), y], axis=axis) if include_initial else y
+
+
+def cumprod_gradient(node: Array, g: Array) -> Array:
+    """The cotangent of a ``cumprod`` node's rows (x along the last axis) from its output's, exact
+    where x holds zeros (no division): element i's is P(i-1) R(i), P the running product before it
+    (the scan kernel, shifted) and R(i) = g(i) + x(i+1) R(i+1), a backward linear recurrence taken
+    by doubling (after the step of span s, b(i) sums the terms of g(i) .. g(i+s-1) and a(i) is the
+    product of the s elements after i), log2(n) steps of ops the gradient rules know."""
+    x = node.inputs[0]
+    n = x.shape[-1]
+
+    def shifted(v: Array, by: int, fill: float) -> Array:  # v(i + by), `fill` past the end
+        pad = ops.full(v.shape[:-1] + (min(by, n),), fill, dtype=v.dtype, device=v.ctx)
+        return concat([v[..., by:], pad], axis=-1) if by < n else pad
+
+    before = concat([ops.full(x.shape[:-1] + (1,), 1, dtype=x.dtype, device=x.ctx),
+                     new_node("cumprod", (x,), None, x.shape, x.dtype, x.ctx)[..., :-1]], axis=-1)
+    a, b = shifted(x, 1, 0), g
+    span = 1
+    while span < n:
+        b = b + a * shifted(b, span, 0)
+        a = a * shifted(a, span, 0)
+        span *= 2
+    return before * b
 
 
 def cumulative_sum(x, /, *, axis=None, dtype=None, include_initial=False) -> Array:

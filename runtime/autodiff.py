@@ -394,6 +394,8 @@ def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
                         g.dtype, g.ctx)
     if op == "tri":  # the kept triangle passes its gradient through, the zeroed one none
         return new_node("tri", (ops.contiguous(g),), node.params, g.shape, g.dtype, g.ctx)
+    if op == "cumprod":
+        return _api.cumprod_gradient(node, g)
     if op == "cumsum":  # (along the last axis) each element feeds every later one: the running sum from the end
         return _api.cumulative_sum(g[..., ::-1], axis=-1)[..., ::-1]
     if op == "gather":  # each value read goes back where it was read from (indices may repeat)

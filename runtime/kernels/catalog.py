@@ -88,6 +88,7 @@ def all_sources() -> list:
     out.append(take.rank_source())
     for d in scan.DTYPES:
         out.append(scan.scan_source(d))
+        out.append(scan.scan_source(d, "cumprod"))
     for d in sort.DTYPES:
         out.append(sort.sort_source(d))
         out.append(radix.radix_source(d))

@@ -1,4 +1,5 @@
-"""`cumsum`: the running sum along the rows of a contiguous (rows, n) array (``cumulative_sum``).
+"""`cumsum` / `cumprod`: the running sum or product along the rows of a contiguous (rows, n) array
+(``cumulative_sum``, ``cumulative_prod``; what follows says sums, products are scanned the same way).
 
 A workgroup scans a tile of TILE elements at a time: the tile is read coalesced into shared memory,
 each thread scans its ITEMS consecutive elements in registers, the threads' totals are scanned
@@ -15,8 +16,8 @@ the rows alone.
 
 Floats accumulate in float32 (float64 for float64: narrower floats round once, at the store, rather
 than at each step as numpy's float16 loop does); integers in 64-bit unsigned arithmetic, whose
-wrap-around truncates to the same values as numpy's running sum in the dtype. Complex and boolean
-scans take the log-step composition of ``array_api._cumulative``.
+wrap-around truncates to the same values as numpy's running sum (or product) in the dtype. Complex
+and boolean scans take the log-step composition of ``array_api._cumulative``.
 """
 
 from __future__ import annotations
@@ -54,67 +55,74 @@ def acc_dtype(dt):
     return _dt.float32 if dt.is_float else _dt.uint64
 
 
-def scan_source(dt) -> KernelSource:
+def scan_source(dt, op: str = "cumsum") -> KernelSource:
+    """The running sums (``op`` "cumsum") or products ("cumprod") of rows of `dt`."""
     tile, items, chunk_tiles = TILE, ITEMS, CHUNK_TILES  # (as they are now: the source may be built later)
     threads = tile // items
-    key = ("cumsum", dt.name, tile, items, chunk_tiles)
+    key = (op, dt.name, tile, items, chunk_tiles)
     code = dt.code
-    exports = [hal.Export(f"cumsum_{code}", (threads, 1, 1), 2, 3),
-               hal.Export(f"cumsum_totals_{code}", (threads, 1, 1), 2, 4),
-               hal.Export(f"cumsum_chunks_{code}", (threads, 1, 1), 3, 4)]
-    return source(key, lambda: KernelSource(key, exports, lambda: _cuda(dt, tile, items, chunk_tiles),
-                                            lambda: _numpy_fns(dt, tile * chunk_tiles)))
+    exports = [hal.Export(f"{op}_{code}", (threads, 1, 1), 2, 3),
+               hal.Export(f"{op}_totals_{code}", (threads, 1, 1), 2, 4),
+               hal.Export(f"{op}_chunks_{code}", (threads, 1, 1), 3, 4)]
+    return source(key, lambda: KernelSource(key, exports, lambda: _cuda(dt, op, tile, items, chunk_tiles),
+                                            lambda: _numpy_fns(dt, op, tile * chunk_tiles)))
 
 
-def _cuda(dt, tile: int, items: int, chunk_tiles: int) -> str:
+#: Per op: how two values combine (C, the operator), and the identity.
+_COMBINE = {"cumsum": ("+", "0"), "cumprod": ("*", "1")}
+
+
+def _cuda(dt, op: str, tile: int, items: int, chunk_tiles: int) -> str:
     acc = acc_dtype(dt).c_storage
     st = dt.c_storage
     code = dt.code
+    o_, one = _COMBINE[op]
+    ident = f"({acc}){one}"
     load = f"({acc})({load_expr(dt, 'in[base + i]')})"
     return f"""
 #define SP(i) ((i) + ((i) >> 5))  // a padded slot: a thread's {items} consecutive slots fall on distinct banks
 
 // Scans the tile in buf (padded slots) in place, each slot becoming carry + its inclusive running sum;
 // returns carry + the tile's total (in every thread). wsum holds a value a warp.
-__device__ {acc} cumsum_tile_{code}({acc}* buf, {acc}* wsum, {acc} carry) {{
+__device__ {acc} {op}_tile_{code}({acc}* buf, {acc}* wsum, {acc} carry) {{
   const u32 t = threadIdx.x, lane = t % RT_WARP, w = t / RT_WARP, warps = (blockDim.x + RT_WARP - 1) / RT_WARP;
   {acc} v[{items}];
-  {acc} s = ({acc})0;
+  {acc} s = {ident};
   #pragma unroll
-  for (u32 e = 0; e < {items}u; ++e) {{ s += buf[SP(t * {items}u + e)]; v[e] = s; }}
+  for (u32 e = 0; e < {items}u; ++e) {{ s = s {o_} buf[SP(t * {items}u + e)]; v[e] = s; }}
   {acc} ws = s;  // the warp's inclusive scan of the threads' totals
   for (u32 o = 1; o < RT_WARP; o <<= 1) {{
     const {acc} u = RT_SHFL_UP(ws, o);
-    if (lane >= o) ws += u;
+    if (lane >= o) ws = ws {o_} u;
   }}
   {acc} before = RT_SHFL_UP(ws, 1);
-  if (lane == 0) before = ({acc})0;
+  if (lane == 0) before = {ident};
   if (lane == RT_WARP - 1 || t == blockDim.x - 1) wsum[w] = ws;
   __syncthreads();
   {acc} pre = carry, total = carry;
   for (u32 k = 0; k < warps; ++k) {{
-    if (k < w) pre += wsum[k];
-    total += wsum[k];
+    if (k < w) pre = pre {o_} wsum[k];
+    total = total {o_} wsum[k];
   }}
-  pre += before;
+  pre = pre {o_} before;
   #pragma unroll
-  for (u32 e = 0; e < {items}u; ++e) buf[SP(t * {items}u + e)] = pre + v[e];
+  for (u32 e = 0; e < {items}u; ++e) buf[SP(t * {items}u + e)] = pre {o_} v[e];
   __syncthreads();
   return total;
 }}
 
 // The running sums of in[base, base + len) into out[base, ...), from `carry`, a tile at a time.
-__device__ void cumsum_span_{code}({st}* __restrict__ out, const {st}* __restrict__ in, u64 base, u32 len,
+__device__ void {op}_span_{code}({st}* __restrict__ out, const {st}* __restrict__ in, u64 base, u32 len,
                                    {acc} carry, {acc}* buf, {acc}* wsum) {{
   const u32 t = threadIdx.x, T = blockDim.x;
   for (u32 start = 0; start < len; start += {tile}u) {{
     #pragma unroll
     for (u32 e = 0; e < {items}u; ++e) {{
       const u32 i = start + e * T + t;
-      buf[SP(e * T + t)] = i < len ? {load} : ({acc})0;
+      buf[SP(e * T + t)] = i < len ? {load} : {ident};
     }}
     __syncthreads();
-    carry = cumsum_tile_{code}(buf, wsum, carry);
+    carry = {op}_tile_{code}(buf, wsum, carry);
     #pragma unroll
     for (u32 e = 0; e < {items}u; ++e) {{
       const u32 i = start + e * T + t;
@@ -125,16 +133,16 @@ __device__ void cumsum_span_{code}({st}* __restrict__ out, const {st}* __restric
 }}
 
 // A workgroup a row: rows of n elements from in[ioff].
-extern "C" __global__ void cumsum_{code}({st}* __restrict__ out, const {st}* __restrict__ in,
+extern "C" __global__ void {op}_{code}({st}* __restrict__ out, const {st}* __restrict__ in,
                                          u32 rows, u32 n, u32 ioff) {{
   __shared__ {acc} buf[{tile} + {tile} / 32];
   __shared__ {acc} wsum[{tile // items} / 32 + 1];
   for (u32 r = blockIdx.x; r < rows; r += gridDim.x)
-    cumsum_span_{code}(out, in + ioff, (u64)r * n, n, ({acc})0, buf, wsum);
+    {op}_span_{code}(out, in + ioff, (u64)r * n, n, {ident}, buf, wsum);
 }}
 
 // Each chunk's total: tot[r * chunks + c] of row r's elements [c * CHUNK, (c + 1) * CHUNK).
-extern "C" __global__ void cumsum_totals_{code}({acc}* __restrict__ tot, const {st}* __restrict__ in,
+extern "C" __global__ void {op}_totals_{code}({acc}* __restrict__ tot, const {st}* __restrict__ in,
                                                 u32 rows, u32 n, u32 ioff, u32 chunks) {{
   __shared__ {acc} wsum[{tile // items} / 32 + 1];
   const u32 t = threadIdx.x, T = blockDim.x, lane = t % RT_WARP, w = t / RT_WARP;
@@ -145,23 +153,23 @@ extern "C" __global__ void cumsum_totals_{code}({acc}* __restrict__ tot, const {
     const u32 first = c * {tile * chunk_tiles}u;
     const u32 len = min({tile * chunk_tiles}u, n - first);
     const u64 base = (u64)r * n + first;
-    {acc} s = ({acc})0;
+    {acc} s = {ident};
     for (u32 start = 0; start < len; start += {tile}u) {{
       #pragma unroll
       for (u32 e = 0; e < {items}u; ++e) {{
         const u32 i = start + e * T + t;
-        if (i < len) s += {load};
+        if (i < len) s = s {o_} {load};
       }}
     }}
     for (u32 o = RT_WARP / 2; o > 0; o >>= 1) {{
       const {acc} u = RT_SHFL_DOWN(s, o);
-      if (lane + o < RT_WARP && t + o < T) s += u;
+      if (lane + o < RT_WARP && t + o < T) s = s {o_} u;
     }}
     if (lane == 0) wsum[w] = s;
     __syncthreads();
     if (t == 0) {{
-      {acc} total = ({acc})0;
-      for (u32 k = 0; k < warps; ++k) total += wsum[k];
+      {acc} total = {ident};
+      for (u32 k = 0; k < warps; ++k) total = total {o_} wsum[k];
       tot[b] = total;
     }}
     __syncthreads();  // (wsum is read before the next chunk writes it)
@@ -170,7 +178,7 @@ extern "C" __global__ void cumsum_totals_{code}({acc}* __restrict__ tot, const {
 
 // Each chunk's running sums, from the running sum of the row's chunk totals before it (scanned: the
 // inclusive running sums of tot along each row).
-extern "C" __global__ void cumsum_chunks_{code}({st}* __restrict__ out, const {st}* __restrict__ in,
+extern "C" __global__ void {op}_chunks_{code}({st}* __restrict__ out, const {st}* __restrict__ in,
                                                 const {acc}* __restrict__ scanned, u32 rows, u32 n, u32 ioff,
                                                 u32 chunks) {{
   __shared__ {acc} buf[{tile} + {tile} / 32];
@@ -178,16 +186,17 @@ extern "C" __global__ void cumsum_chunks_{code}({st}* __restrict__ out, const {s
   for (u32 b = blockIdx.x; b < rows * chunks; b += gridDim.x) {{
     const u32 r = b / chunks, c = b % chunks;
     const u32 first = c * {tile * chunk_tiles}u;
-    const {acc} carry = c ? scanned[b - 1] : ({acc})0;
-    cumsum_span_{code}(out, in + ioff, (u64)r * n + first, min({tile * chunk_tiles}u, n - first), carry, buf, wsum);
+    const {acc} carry = c ? scanned[b - 1] : {ident};
+    {op}_span_{code}(out, in + ioff, (u64)r * n + first, min({tile * chunk_tiles}u, n - first), carry, buf, wsum);
   }}
 }}
 """
 
 
-def _numpy_fns(dt, chunk_len: int) -> dict:
+def _numpy_fns(dt, op: str, chunk_len: int) -> dict:
     acc = np.dtype(acc_dtype(dt).storage)
     code = dt.code
+    scan, total, one = (np.cumsum, np.sum, 0) if op == "cumsum" else (np.cumprod, np.prod, 1)
 
     def rows_in(bindings, k: int, rows: int, n: int, ioff: int) -> np.ndarray:
         x = to_compute(np.frombuffer(bindings[k], dtype=dt.storage, count=rows * n, offset=ioff * dt.itemsize), dt)
@@ -196,32 +205,32 @@ def _numpy_fns(dt, chunk_len: int) -> dict:
     def scan_rows(wg, bindings, c):
         rows, n, ioff = c
         with np.errstate(over="ignore", invalid="ignore"):
-            sums = np.cumsum(rows_in(bindings, 1, rows, n, ioff), axis=1, dtype=acc)
+            sums = scan(rows_in(bindings, 1, rows, n, ioff), axis=1, dtype=acc)
         store(np.frombuffer(bindings[0], dtype=dt.storage, count=rows * n).reshape(rows, n), sums, dt)
 
     def totals(wg, bindings, c):
         rows, n, ioff, chunks = c
         x = rows_in(bindings, 1, rows, n, ioff)
-        padded = np.zeros((rows, chunks * chunk_len), acc)
+        padded = np.full((rows, chunks * chunk_len), one, acc)
         padded[:, :n] = x
         with np.errstate(over="ignore", invalid="ignore"):
-            sums = padded.reshape(rows, chunks, chunk_len).sum(axis=2, dtype=acc)
+            sums = total(padded.reshape(rows, chunks, chunk_len), axis=2, dtype=acc)
         np.frombuffer(bindings[0], dtype=acc, count=rows * chunks)[:] = sums.ravel()
 
     def chunked(wg, bindings, c):
         rows, n, ioff, chunks = c
         x = rows_in(bindings, 1, rows, n, ioff)
         scanned = np.frombuffer(bindings[2], dtype=acc, count=rows * chunks).reshape(rows, chunks)
-        carries = np.repeat(np.concatenate([np.zeros((rows, 1), acc), scanned[:, :-1]], axis=1), chunk_len,
+        carries = np.repeat(np.concatenate([np.full((rows, 1), one, acc), scanned[:, :-1]], axis=1), chunk_len,
                             axis=1)[:, :n]
-        padded = np.zeros((rows, chunks * chunk_len), acc)
+        padded = np.full((rows, chunks * chunk_len), one, acc)
         padded[:, :n] = x
         with np.errstate(over="ignore", invalid="ignore"):
-            sums = np.cumsum(padded.reshape(rows, chunks, chunk_len), axis=2, dtype=acc).reshape(rows, -1)[:, :n]
-            sums = sums + carries
+            sums = scan(padded.reshape(rows, chunks, chunk_len), axis=2, dtype=acc).reshape(rows, -1)[:, :n]
+            sums = sums + carries if op == "cumsum" else sums * carries
         store(np.frombuffer(bindings[0], dtype=dt.storage, count=rows * n).reshape(rows, n), sums, dt)
 
-    return {f"cumsum_{code}": scan_rows, f"cumsum_totals_{code}": totals, f"cumsum_chunks_{code}": chunked}
+    return {f"{op}_{code}": scan_rows, f"{op}_totals_{code}": totals, f"{op}_chunks_{code}": chunked}
 
 
 def plan(node, layouts: list, ctx) -> list:
@@ -229,20 +238,21 @@ def plan(node, layouts: list, ctx) -> list:
         return []
     rows, n, ioff = rows_of(node, layouts)
     dt = node.dtype
-    src = scan_source(dt)
+    op = node.op  # "cumsum" or "cumprod"
+    src = scan_source(dt, op)
     code = dt.code
     size = chunk()
     if n <= size or rows >= FEW_ROWS or not ctx.is_gpu:  # (a CPU driver scans any row at once)
-        return [("dispatch", src, f"cumsum_{code}", (min(rows, MAX_GROUPS), 1, 1), [rows, n, ioff],
+        return [("dispatch", src, f"{op}_{code}", (min(rows, MAX_GROUPS), 1, 1), [rows, n, ioff],
                  [("out",), ("in", 0)])]
     chunks = -(-n // size)
     groups = (min(rows * chunks, MAX_GROUPS), 1, 1)
     acc = acc_dtype(dt)
     totals, scanned = ("tmp", 0), ("tmp", 1)
     return [("temps", [rows * chunks * acc.itemsize] * 2),
-            ("dispatch", src, f"cumsum_totals_{code}", groups, [rows, n, ioff, chunks], [totals, ("in", 0)]),
+            ("dispatch", src, f"{op}_totals_{code}", groups, [rows, n, ioff, chunks], [totals, ("in", 0)]),
             ("barrier",),
-            ("dispatch", scan_source(acc), f"cumsum_{acc.code}", (min(rows, MAX_GROUPS), 1, 1), [rows, chunks, 0],
+            ("dispatch", scan_source(acc, op), f"{op}_{acc.code}", (min(rows, MAX_GROUPS), 1, 1), [rows, chunks, 0],
              [scanned, totals]),
             ("barrier",),
-            ("dispatch", src, f"cumsum_chunks_{code}", groups, [rows, n, ioff, chunks], [("out",), ("in", 0), scanned])]
+            ("dispatch", src, f"{op}_chunks_{code}", groups, [rows, n, ioff, chunks], [("out",), ("in", 0), scanned])]

@@ -72,7 +72,8 @@ def _plan_full(node, layouts, ctx) -> list:
 
 
 PLANNERS = {"matmul": matmul.plan, "random": random.plan, "pad": pad.plan, "full": _plan_full,
-            "gather": gather.plan, "scatter_add": scatter.plan, "cumsum": scan.plan, "fft": fft.plan,
+            "gather": gather.plan, "scatter_add": scatter.plan, "cumsum": scan.plan, "cumprod": scan.plan,
+            "fft": fft.plan,
             "scatter_last": scatter.plan_last, "tri": tri.plan, "take": take.plan,
             "take_add": take.plan_add, "take_set": take.plan_set,
             "concat": concat.plan, "sort": sort.plan, "argsort": sort.plan, "searchsorted": sort.plan_searchsorted,

@@ -42,3 +42,36 @@ def test_cumulative_sum_of_few_long_rows_in_chunks(gpu_like, monkeypatch, dtype)
         y = rt.array(np.full((1, 300), 100, np.int8), device=gpu_like)
         np.testing.assert_array_equal(rt.cumulative_sum(y, axis=1, dtype=rt.int8).numpy(),
                                       np.cumsum(np.full((1, 300), 100, np.int8), axis=1, dtype=np.int8))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "int8"])
+def test_cumulative_prod_through_the_same_kernels(gpu_like, monkeypatch, dtype):
+    """cumulative_prod takes the scan kernels with a product (sizes lowered as above): rows a
+    workgroup's each, and few long rows reduced then scanned in chunks; integers wrap as numpy's
+    running product; the gradient is exact where the input holds zeros."""
+    monkeypatch.setattr(scan, "TILE", 256)
+    monkeypatch.setattr(scan, "ITEMS", 4)
+    monkeypatch.setattr(scan, "CHUNK_TILES", 2)
+    monkeypatch.setattr(scan, "FEW_ROWS", 8)
+    rt.clear_graph_cache()
+    rng = np.random.default_rng(15)
+    for shape, axis in (((3, 1000), 1), ((777, 2), 0), ((2, 5000), 1), ((200, 100), 1), ((5000,), 0)):
+        if dtype in ("float32", "float64"):  # factors near one: the products stay in range
+            x = rng.uniform(0.999, 1.001, shape).astype(dtype)
+        else:
+            x = rng.integers(-3, 4, shape).astype(dtype)
+        got = rt.cumulative_prod(rt.array(x, device=gpu_like), axis=axis)
+        want = np.cumprod(x, axis=axis)
+        assert got.dtype == want.dtype
+        if dtype in ("float32", "float64"):
+            np.testing.assert_allclose(got.numpy(), want, rtol=1e-5 if dtype == "float32" else 1e-12,
+                                       err_msg=f"{shape}")
+        else:
+            np.testing.assert_array_equal(got.numpy(), want, err_msg=f"{shape}")
+    if dtype == "float32":
+        x = np.array([[2.0, 0.0, 3.0, 4.0, 0.0, 5.0]], np.float32)
+        w = np.array([[1.0, 2.0, -1.0, 0.5, 3.0, 1.0]], np.float32)
+        g = rt.grad(lambda a: rt.sum(rt.cumulative_prod(a, axis=1) * rt.array(w, device=gpu_like)))(
+            rt.array(x, device=gpu_like))
+        want = [[sum(w[0, j] * np.prod(np.delete(x[0, :j + 1], i)) for j in range(i, 6)) for i in range(6)]]
+        np.testing.assert_allclose(g.numpy(), np.array(want, np.float32), rtol=1e-6)
