@@ -168,13 +168,7 @@ RT_DEV {A} rt_block_reduce({A} v) {{
             # contiguous chunks with plain loads in 90.
             T = dt.c_storage
             lv = lambda w: load_expr(dt, f"{w}.v[e]")  # noqa: E731
-            body += [f"  {A} v1 = {ident}, v2 = {ident}, v3 = {ident};",
-                     "  const u64 e0 = (u64)off + (u64)o * R, e1 = e0 + R;",
-                     "  u64 a0 = (e0 + 3u) & ~(u64)3;",
-                     "  if (a0 > e1) a0 = e1;",
-                     "  const u64 a1 = a0 + ((e1 - a0) & ~(u64)3), qe = a1 >> 2, S = (u64)C * blockDim.x;",
-                     f"  const rt_vec4<{T}>* x4 = reinterpret_cast<const rt_vec4<{T}>*>(x);",
-                     "  u64 q = (a0 >> 2) + (u64)ck * blockDim.x + threadIdx.x;",
+            body += [f"  {A} v1 = {ident}, v2 = {ident}, v3 = {ident};", *_row_vectors(T),
                      "  for (; q + 3u * S < qe; q += 4u * S) {",
                      f"    const rt_vec4<{T}> w0 = rt_load_once(x4 + q), w1 = rt_load_once(x4 + q + S);",
                      f"    const rt_vec4<{T}> w2 = rt_load_once(x4 + q + 2u * S), w3 = rt_load_once(x4 + q + 3u * S);",
@@ -201,13 +195,7 @@ RT_DEV {A} rt_block_reduce({A} v) {{
             T = dt.c_storage
             lv = lambda w: load_expr(dt, f"{w}.v[e]")  # noqa: E731
             rank = "if (rt_better({e}, {r}, {v}, {i})) {{ {v} = {e}; {i} = {r}; }}"
-            body += [f"  {A} v1 = {ident}; u32 iv1 = 0xffffffffu;",
-                     "  const u64 e0 = (u64)off + (u64)o * R, e1 = e0 + R;",
-                     "  u64 a0 = (e0 + 3u) & ~(u64)3;",
-                     "  if (a0 > e1) a0 = e1;",
-                     "  const u64 a1 = a0 + ((e1 - a0) & ~(u64)3), qe = a1 >> 2, S = (u64)C * blockDim.x;",
-                     f"  const rt_vec4<{T}>* x4 = reinterpret_cast<const rt_vec4<{T}>*>(x);",
-                     "  u64 q = (a0 >> 2) + (u64)ck * blockDim.x + threadIdx.x;",
+            body += [f"  {A} v1 = {ident}; u32 iv1 = 0xffffffffu;", *_row_vectors(T),
                      "  for (; q + S < qe; q += 2u * S) {",
                      f"    const rt_vec4<{T}> w0 = rt_load_once(x4 + q), w1 = rt_load_once(x4 + q + S);",
                      "    const u32 ra = (u32)((q << 2) - e0), rb = (u32)(((q + S) << 2) - e0);",
@@ -275,6 +263,17 @@ RT_DEV {A} rt_block_reduce({A} v) {{
         name = names[variant]
         lines.append(f'extern "C" __global__ void {name}({", ".join(params)}) {{\n' + "\n".join(body) + "\n}\n")
     return "\n".join(lines)
+
+
+def _row_vectors(T: str) -> list:
+    """The contiguous row o's bounds (elements [e0, e1)), its aligned middle [a0, a1) as 4-element
+    vectors x4[q] up to qe, and this thread's first vector q of chunk ck, S vectors apart."""
+    return ["  const u64 e0 = (u64)off + (u64)o * R, e1 = e0 + R;",
+            "  u64 a0 = (e0 + 3u) & ~(u64)3;",
+            "  if (a0 > e1) a0 = e1;",
+            "  const u64 a1 = a0 + ((e1 - a0) & ~(u64)3), qe = a1 >> 2, S = (u64)C * blockDim.x;",
+            f"  const rt_vec4<{T}>* x4 = reinterpret_cast<const rt_vec4<{T}>*>(x);",
+            "  u64 q = (a0 >> 2) + (u64)ck * blockDim.x + threadIdx.x;"]
 
 
 def _mean(out) -> str:

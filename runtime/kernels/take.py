@@ -36,11 +36,16 @@ def take_source(dt) -> KernelSource:
     return checked_pair("take", dt, _NCONST, _cuda, _numpy_fn)
 
 
-def _index(checked: bool, at: str, indent: str, skip: bool = False) -> str:
-    """C statements mapping the int64 index at ``at`` into ``v`` (0 .. n - 1) by the mode; an index
-    out of range under "raise" sets the status word in a checked kernel and reads element 0 (or,
-    ``skip``, goes on to the next element), and is clamped in an unchecked one."""
-    bad = ("status[0] = 1u; " + ("continue;" if skip else "v = 0;")) if checked else "v = v < 0 ? 0 : (long long)n - 1;"
+#: What a kernel does with an index out of range under "raise" (``_index``): a checked take sets the
+#: status word and reads element 0, a checked add or rank sets it and skips the element, the set's
+#: write skips it (its rank set the word), an unchecked kernel clamps (indices checked on the host).
+READ_ZERO, SKIP, SKIP_QUIETLY, CLAMP = ("status[0] = 1u; v = 0;", "status[0] = 1u; continue;", "continue;",
+                                        "v = v < 0 ? 0 : (long long)n - 1;")
+
+
+def _index(bad: str, at: str, indent: str) -> str:
+    """C statements mapping the int64 index at ``at`` into ``v`` (0 .. n - 1) by the mode; ``bad``:
+    the statements for an index out of range under "raise" (READ_ZERO, SKIP, SKIP_QUIETLY, CLAMP)."""
     return "\n".join(indent + line for line in (
         f"long long v = idx[{at}];",
         "if (mode == 1u) { v %= (long long)n; if (v < 0) v += n; }",
@@ -51,18 +56,25 @@ def _index(checked: bool, at: str, indent: str, skip: bool = False) -> str:
         "}"))
 
 
-def _kernel(dt, name: str, checked: bool) -> str:
+def _signature(dt, name: str, checked: bool, values: str, offset: str) -> str:
+    """The C signature of a take's or a take_add's kernel: the output, the values read (`values`,
+    from `offset`), the indices, the checked form's status word and the constants."""
     t = dt.c_storage
     status = "unsigned int* __restrict__ status, " if checked else ""
+    return (f'extern "C" __global__ void {name}({t}* __restrict__ out, const {t}* __restrict__ {values},\n'
+            f"    const long long* __restrict__ idx, {status}u32 total, u32 J, u32 I, u32 n, u32 io, u32 ij, u32 ii,\n"
+            f"    u32 {offset}, u32 ioff, u32 mode)")
+
+
+def _kernel(dt, name: str, checked: bool) -> str:
+    t = dt.c_storage
     return f"""
-extern "C" __global__ void {name}({t}* __restrict__ out, const {t}* __restrict__ src,
-    const long long* __restrict__ idx, {status}u32 total, u32 J, u32 I, u32 n, u32 io, u32 ij, u32 ii,
-    u32 soff, u32 ioff, u32 mode) {{
+{_signature(dt, name, checked, "src", "soff")} {{
   if (((I | soff) & 3u) == 0 && ii == 0) {{
     for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < (total >> 2); t += (u64)blockDim.x * gridDim.x) {{
       const u32 e = (u32)t << 2;
       const u32 r = e / I, i = e - r * I, o = r / J, j = r - o * J;
-{_index(checked, "ioff + (u64)o * io + (u64)j * ij", "      ")}
+{_index(READ_ZERO if checked else CLAMP, "ioff + (u64)o * io + (u64)j * ij", "      ")}
       reinterpret_cast<rt_vec4<{t}>*>(out)[t] =
           *reinterpret_cast<const rt_vec4<{t}>*>(src + soff + ((u64)o * n + (u64)v) * I + i);
     }}
@@ -70,7 +82,7 @@ extern "C" __global__ void {name}({t}* __restrict__ out, const {t}* __restrict__
   }}
   for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)blockDim.x * gridDim.x) {{
     const u32 r = (u32)e / I, i = (u32)e - r * I, o = r / J, j = r - o * J;
-{_index(checked, "ioff + (u64)o * io + (u64)j * ij + (u64)i * ii", "    ")}
+{_index(READ_ZERO if checked else CLAMP, "ioff + (u64)o * io + (u64)j * ij + (u64)i * ii", "    ")}
     out[e] = src[soff + ((u64)o * n + (u64)v) * I + i];
   }}
 }}
@@ -109,15 +121,11 @@ def add_source(dt) -> KernelSource:
 
 
 def _add_kernel(dt, name: str, checked: bool) -> str:
-    t = dt.c_storage
-    status = "unsigned int* __restrict__ status, " if checked else ""
     return f"""
-extern "C" __global__ void {name}({t}* __restrict__ out, const {t}* __restrict__ g,
-    const long long* __restrict__ idx, {status}u32 total, u32 J, u32 I, u32 n, u32 io, u32 ij, u32 ii,
-    u32 goff, u32 ioff, u32 mode) {{
+{_signature(dt, name, checked, "g", "goff")} {{
   for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)blockDim.x * gridDim.x) {{
     const u32 r = (u32)e / I, i = (u32)e - r * I, o = r / J, j = r - o * J;
-{_index(checked, "ioff + (u64)o * io + (u64)j * ij + (u64)i * ii", "    ", skip=True)}
+{_index(SKIP if checked else CLAMP, "ioff + (u64)o * io + (u64)j * ij + (u64)i * ii", "    ")}
     atomicAdd(out + ((u64)o * n + (u64)v) * I + i, g[goff + e]);
   }}
 }}
@@ -224,7 +232,7 @@ extern "C" __global__ void take_clear(u32* __restrict__ winner, u32 n) {{
 extern "C" __global__ void take_rank(u32* __restrict__ winner, const long long* __restrict__ idx, u32 J, u32 n,
                                      u32 ioff, u32 mode) {{
   {loop} {{
-{_index(False, "ioff + j", "    ")}
+{_index(CLAMP, "ioff + j", "    ")}
     atomicMax(winner + v, (u32)j + 1u);
   }}
 }}
@@ -232,7 +240,7 @@ extern "C" __global__ void take_rank(u32* __restrict__ winner, const long long* 
 extern "C" __global__ void take_rank_checked(u32* __restrict__ winner, const long long* __restrict__ idx,
                                              unsigned int* __restrict__ status, u32 J, u32 n, u32 ioff, u32 mode) {{
   {loop} {{
-{_index(True, "ioff + j", "    ", skip=True)}
+{_index(SKIP, "ioff + j", "    ")}
     atomicMax(winner + v, (u32)j + 1u);
   }}
 }}
@@ -247,10 +255,7 @@ extern "C" __global__ void {name}({t}* __restrict__ out, const {t}* __restrict__
     u32 ioff, u32 mode) {{
   for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)blockDim.x * gridDim.x) {{
     const u32 r = (u32)e / I, i = (u32)e - r * I, o = r / J, j = r - o * J;
-    long long v = idx[ioff + j];
-    if (mode == 1u) {{ v %= (long long)n; if (v < 0) v += n; }}
-    else if (mode == 2u) {{ v = v < 0 ? 0 : (v >= (long long)n ? (long long)n - 1 : v); }}
-    else {{ if (v < 0) v += n; if (v < 0 || v >= (long long)n) continue; }}
+{_index(SKIP_QUIETLY, "ioff + j", "    ")}
     if (winner[v] == j + 1u) out[((u64)o * n + (u64)v) * I + i] = vals[voff + e];
   }}
 }}

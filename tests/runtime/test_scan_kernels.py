@@ -10,18 +10,24 @@ import runtime as rt
 from runtime.kernels import scan
 
 
-@pytest.mark.parametrize("dtype", ["float32", "int64", "int8", "float16"])
-def test_cumulative_sum_of_few_long_rows_in_chunks(gpu_like, monkeypatch, dtype):
-    """Few rows longer than a chunk (sizes lowered here: tiles of 256, 4 a thread, two warps; chunks
-    of two tiles) are reduced then scanned: the chunks' totals, their running sum along each row (a
-    long one itself for the longest row), each chunk's scan from the totals before it; each row's
-    length a multiple of the chunk or not; many rows stay one workgroup's each; integers wrap as
-    numpy's running sum."""
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """The scan's sizes lowered (tiles of 256, 4 a thread, two warps; chunks of two tiles; rows few
+    below 8), so that small arrays take every path."""
     monkeypatch.setattr(scan, "TILE", 256)
     monkeypatch.setattr(scan, "ITEMS", 4)
     monkeypatch.setattr(scan, "CHUNK_TILES", 2)
     monkeypatch.setattr(scan, "FEW_ROWS", 8)
     rt.clear_graph_cache()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64", "int8", "float16"])
+def test_cumulative_sum_of_few_long_rows_in_chunks(gpu_like, small_tiles, dtype):
+    """Few rows longer than a chunk (sizes lowered here: tiles of 256, 4 a thread, two warps; chunks
+    of two tiles) are reduced then scanned: the chunks' totals, their running sum along each row (a
+    long one itself for the longest row), each chunk's scan from the totals before it; each row's
+    length a multiple of the chunk or not; many rows stay one workgroup's each; integers wrap as
+    numpy's running sum."""
     rng = np.random.default_rng(14)
     for shape, axis in (((3, 1000), 1), ((1024,), 0), ((777, 2), 0), ((2, 5000), 1), ((200, 100), 1),
                         ((5, 500), 1), ((9, 700), 1), ((70000,), 0)):
@@ -45,15 +51,10 @@ def test_cumulative_sum_of_few_long_rows_in_chunks(gpu_like, monkeypatch, dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "int8"])
-def test_cumulative_prod_through_the_same_kernels(gpu_like, monkeypatch, dtype):
+def test_cumulative_prod_through_the_same_kernels(gpu_like, small_tiles, dtype):
     """cumulative_prod takes the scan kernels with a product (sizes lowered as above): rows a
     workgroup's each, and few long rows reduced then scanned in chunks; integers wrap as numpy's
     running product; the gradient is exact where the input holds zeros."""
-    monkeypatch.setattr(scan, "TILE", 256)
-    monkeypatch.setattr(scan, "ITEMS", 4)
-    monkeypatch.setattr(scan, "CHUNK_TILES", 2)
-    monkeypatch.setattr(scan, "FEW_ROWS", 8)
-    rt.clear_graph_cache()
     rng = np.random.default_rng(15)
     for shape, axis in (((3, 1000), 1), ((777, 2), 0), ((2, 5000), 1), ((200, 100), 1), ((5000,), 0)):
         if dtype in ("float32", "float64"):  # factors near one: the products stay in range
