@@ -47,7 +47,10 @@ def _zero_d_mask(k):
 
 
 def getitem(x: Array, key) -> Array:
-    key = key if isinstance(key, tuple) else (key,)
+    kind = type(key)
+    if kind is slice or kind is int:  # (the usual basic key: no array, mask, boolean or device scalar to look for)
+        return ops.getitem(x, (key,))
+    key = key if kind is tuple else (key,)
     if any(_is_array_index(k) for k in key):
         if any(np.ndim(k) == 0 for k in key if isinstance(k, Node) or isinstance(k, np.ndarray)):
             key = tuple(_zero_d_mask(k) for k in key)  # a 0-d boolean array masks as True / False

@@ -231,21 +231,24 @@ def parse_index(key, shape: tuple, strides: tuple, offset: int):
     """
     if not isinstance(key, tuple):
         key = (key,)
-    n_ellipsis = sum(1 for k in key if k is Ellipsis)
-    if n_ellipsis > 1:
-        raise InvalidIndexError("an index can only have a single ellipsis ('...')")
-    n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
-    if n_real > len(shape):
-        raise InvalidIndexError(
-            f"too many indices for array: array is {len(shape)}-dimensional, but {n_real} were indexed")
-    expanded = []
-    for k in key:
-        if k is Ellipsis:
+    if len(key) == 1 and type(key[0]) is slice and shape:  # (one slice of the first axis: nothing to expand)
+        expanded: list | tuple = key
+    else:
+        n_ellipsis = sum(1 for k in key if k is Ellipsis)
+        if n_ellipsis > 1:
+            raise InvalidIndexError("an index can only have a single ellipsis ('...')")
+        n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
+        if n_real > len(shape):
+            raise InvalidIndexError(
+                f"too many indices for array: array is {len(shape)}-dimensional, but {n_real} were indexed")
+        expanded = []
+        for k in key:
+            if k is Ellipsis:
+                expanded.extend([slice(None)] * (len(shape) - n_real))
+            else:
+                expanded.append(k)
+        if n_ellipsis == 0:
             expanded.extend([slice(None)] * (len(shape) - n_real))
-        else:
-            expanded.append(k)
-    if n_ellipsis == 0:
-        expanded.extend([slice(None)] * (len(shape) - n_real))
     new_shape, new_strides, info = [], [], []
     axis = 0
     for k in expanded:
@@ -281,4 +284,8 @@ def parse_index(key, shape: tuple, strides: tuple, offset: int):
             offset += idx * st
             info.append((idx, 1, 1, False))
         axis += 1
+    for dim, st in zip(shape[axis:], strides[axis:]):  # (axes the key left whole)
+        new_shape.append(dim)
+        new_strides.append(st)
+        info.append((0, 1, dim, True))
     return tuple(new_shape), tuple(new_strides), offset, info
