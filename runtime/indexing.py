@@ -376,6 +376,7 @@ class _At:
         elif n == 0 and k.size:
             return None  # (nothing to add to: the general path reports the indices)
         else:
+            ops.ctx_of(x, k)  # (indices on another device: the usual error, before any work)
             idx, checked = k, True
         shape = x.shape[:axis] + idx.shape + x.shape[axis + 1:]
         if what == "set" and idx.size > scatter.LAST_MAX:  # (its rank is one plus a position, a uint32)

@@ -254,6 +254,11 @@ def test_takes_and_indexed_adds_along_one_axis_from_threads(device):
     want = x.copy()
     np.add.at(want, np.array([5, 5, -1]), np.float32(2))
     np.testing.assert_allclose(X.at[np.array([5, 5, -1])].add(np.float32(2)).numpy(), want, rtol=1e-6)
+    task = context_for("local-task").device
+    elsewhere = rt.array(np.array([0, 1]), device=task if device is not task else context_for("local-sync").device)
+    for update in (lambda: X.at[elsewhere].add(1.0), lambda: X.at[elsewhere].set(1.0), lambda: X[elsewhere]):
+        with pytest.raises(hal.InvalidArgumentError):
+            update()
     np.testing.assert_array_equal(rt.tril(X, k=np.int64(-1)).numpy(), np.tril(x, -1))
     with pytest.raises(hal.InvalidArgumentError):
         rt.triu(X, k=0.5)
