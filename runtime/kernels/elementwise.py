@@ -382,16 +382,17 @@ def _cuda(op, in_dts, out_dt, cdt) -> str:
 
 def _strided_loops(names, in_dts, out_dt, cdt, expr, res_compute) -> list:
     """The strided variant's body: output element i at its coordinates in the collapsed shape
-    (``shp``, ``ndim``), input k's element at ``o<k>`` plus each coordinate times its stride.
+    (constants ``s0``.., ``ndim`` of them), input k's element at ``o<k>`` plus each coordinate times
+    its stride (``cuda_common.strided_positions``: u32 divisions, no local memory).
 
-    Where the last dim's length is a multiple of 4, a thread computes 4 neighbours along it from one
-    set of coordinates and stores them as one vector; an input of unit stride there whose position
-    is a multiple of 4 is loaded as one vector too, any other input element by element (a
-    broadcast one reads one element four times, from the L1). Indices are u32 (n < 2**32) and the
-    outermost coordinate is what the divisions leave: a u64 division is a long subroutine on the
-    GPU, and one element a thread with a u64 division a dim made a broadcast add of 4096x4096 and
-    a row take 2.2x PyTorch's time on an H200 (docs/performance.md). Otherwise one element a thread.
-    """
+    Where the last dim's length is a multiple of 4 and every input's stride there is 0 or 1, a
+    thread computes 4 neighbours along it from one set of coordinates and stores them as one
+    vector; an input of unit stride whose position is a multiple of 4 is loaded as one vector too,
+    any other element by element (a broadcast one reads one element four times, from the L1).
+    Otherwise 4 elements a thread, a workgroup's width apart (``_unrolled_loop``): a strided input
+    read 4 neighbours a thread would spread a warp's access over more lines. With u64 divisions and
+    the constants in local memory, one element a thread, a broadcast add of 4096x4096 took 2.2x
+    PyTorch's time on an H200 (docs/performance.md)."""
     k = len(in_dts)
 
     def position(index: str, indent: str) -> list:
@@ -421,8 +422,7 @@ def _strided_loops(names, in_dts, out_dt, cdt, expr, res_compute) -> list:
     lines += [f"      rt_vec4<{out_dt.c_storage}> ov;", "      #pragma unroll", "      for (int e = 0; e < 4; ++e) {"]
     lines += compute([f"w{i}.v[e]" for i in range(k)], "        ")
     lines += [f"        ov.v[e] = {store_expr(out_dt, 'r')};", "      }",
-              f"      reinterpret_cast<rt_vec4<{out_dt.c_storage}>*>(out)[j] = ov;", "    }", "    return;", "  }",
-              ]
+              f"      reinterpret_cast<rt_vec4<{out_dt.c_storage}>*>(out)[j] = ov;", "    }", "    return;", "  }"]
     return lines + _unrolled_loop(names, in_dts, out_dt, cdt, expr, res_compute,
                                   lambda indent: position("(u32)i", indent), [f"in{i}[p{i}]" for i in range(k)])
 
@@ -847,9 +847,8 @@ def plan(node, layouts: list, ctx) -> list:
     if "g" not in variant:
         v = "".join(variant)
         consts = [n] + [lay[2] for lay in layouts]
-        aligned = all((o & 3) == 0 for o, c in zip(consts[1:], v) if c == "c") and (n & 3) == 0
         name = export_name(node.op, in_dts, node.dtype, v)
-        groups = grid_1d(n // 4 if aligned else -(-n // 4))  # (4 elements a thread either way)
+        groups = grid_1d(-(-n // 4))  # (4 elements a thread: as a vector where aligned, else _unrolled_loop)
         return [("dispatch", src, name, (groups, 1, 1), consts, bindings)]
     else:
         v = "g"

@@ -86,8 +86,7 @@ def fused_source(spec: FusedSpec) -> KernelSource:
 def plan(spec: FusedSpec, n: int, offsets: list) -> tuple:
     """(source, export name, workgroups, constants) of one fused dispatch over n elements."""
     consts = [n] + list(offsets)
-    aligned = (n & 3) == 0 and all((o & 3) == 0 for o, (_, v) in zip(offsets, spec.inputs) if v == "c")
-    groups = grid_1d(n // 4 if aligned else -(-n // 4))  # (4 elements a thread either way)
+    groups = grid_1d(-(-n // 4))  # (4 elements a thread: as a vector where aligned, else 4 a workgroup apart)
     if spec.costly >= COSTLY_PER_ELEMENT:
         groups = min(groups, LOOPING_GRID)
     return fused_source(spec), spec.name, (groups, 1, 1), consts
