@@ -27,7 +27,7 @@ from ..errors import InvalidTypeError
 from ..shapes import MAX_DIMS, broadcast_strides, collapse, contiguous_strides, size_of
 from .complex import SOURCE as COMPLEX_SOURCE
 from .complex import needs_source as needs_complex
-from .cuda_common import convert, float_to_int_expr, load_expr, store_expr, strided_positions
+from .cuda_common import convert, float_to_int_expr, load_expr, store_expr, strided_positions, unrolled_elements
 from .numpy_util import ERRSTATE, compute_np, signed, store, strided_view, to_compute
 from .source import WORKGROUP, KernelSource, grid_1d, source, u32
 
@@ -429,27 +429,16 @@ def _strided_loops(names, in_dts, out_dt, cdt, expr, res_compute) -> list:
 
 def _unrolled_loop(names, in_dts, out_dt, cdt, expr, res_compute, position, refs: list) -> list:
     """One element at a time (the contiguous variants' unaligned case, the strided one's where its
-    vectors do not apply): 4 elements a thread, a workgroup's width apart (each access coalesced),
-    every input's 4 loads issued before any is used. One element a thread read unaligned operands at
-    two thirds of PyTorch's speed on an H200 (too few loads in flight). ``position(indent)``: the
+    vectors do not apply), 4 a thread (``cuda_common.unrolled_elements``). ``position(indent)``: the
     statements placing element i before ``refs``, each input's element, are read."""
-    lines = ["  for (u64 tile = (u64)blockIdx.x * blockDim.x * 4u; tile < n;"
-             " tile += (u64)gridDim.x * blockDim.x * 4u) {"]
-    lines += [f"    {d.c_storage} r{i}[4];" for i, d in enumerate(in_dts)]
-    lines += ["    #pragma unroll", "    for (int e = 0; e < 4; ++e) {",
-              "      const u64 i = tile + (u64)e * blockDim.x + threadIdx.x;",
-              "      if (i < n) {"]
-    lines += position("        ")
-    lines += [f"        r{i}[e] = {ref};" for i, ref in enumerate(refs)]
-    lines += ["      }", "    }", "    #pragma unroll", "    for (int e = 0; e < 4; ++e) {",
-              "      const u64 i = tile + (u64)e * blockDim.x + threadIdx.x;",
-              "      if (i < n) {"]
-    for i, (nm, d) in enumerate(zip(names, in_dts)):
-        target = "bool" if nm == "c" else cdt.c_compute
-        lines.append(f"        const {target} {nm} = {_load(d, f'r{i}[e]', nm, cdt)};")
-    lines += [f"        const {res_compute} r = {expr};", f"        out[i] = {store_expr(out_dt, 'r')};",
-              "      }", "    }", "  }"]
-    return lines
+    def body(indent: str) -> list:
+        lines = []
+        for i, (nm, d) in enumerate(zip(names, in_dts)):
+            target = "bool" if nm == "c" else cdt.c_compute
+            lines.append(f"{indent}const {target} {nm} = {_load(d, f'r{i}[e]', nm, cdt)};")
+        return lines + [f"{indent}const {res_compute} r = {expr};", f"{indent}out[i] = {store_expr(out_dt, 'r')};"]
+
+    return unrolled_elements([d.c_storage for d in in_dts], refs, position, body)
 
 
 #: The tiled variant's workgroup, TILE x TILE_ROWS threads (a warp a row of it), and the edge of the

@@ -22,7 +22,7 @@ import numpy as np
 import hal
 
 from .. import dtypes as _dt
-from .cuda_common import convert, load_expr, store_expr
+from .cuda_common import convert, load_expr, store_expr, unrolled_elements
 from .elementwise import arity, c_expr, ew_source, export_name
 from .source import WORKGROUP, KernelSource, grid_1d, source
 
@@ -141,21 +141,14 @@ def _cuda(spec: FusedSpec) -> str:
     for k, j in enumerate(spec.outputs):
         body.append(f"      reinterpret_cast<rt_vec4<{spec.members[j][2].c_storage}>*>(out{k})[j] = ov{k};")
     body += ["    }", "    return;", "  }"]
-    # Unaligned: 4 elements a thread, a workgroup's width apart, every load issued before any is
-    # used (as elementwise._unrolled_loop: one a thread left too few loads in flight).
-    body.append("  for (u64 tile = (u64)blockIdx.x * blockDim.x * 4u; tile < n;"
-                " tile += (u64)gridDim.x * blockDim.x * 4u) {")
-    body += [f"    {d.c_storage} r{k}[4];" for k, (d, _) in enumerate(spec.inputs)]
-    body += ["    #pragma unroll", "    for (int e = 0; e < 4; ++e) {",
-             "      const u64 i = tile + (u64)e * blockDim.x + threadIdx.x;", "      if (i < n) {"]
-    body += [f"        r{k}[e] = in{k}[o{k} + i];" if v == "c" else f"        r{k}[e] = in{k}[o{k}];"
-             for k, (_, v) in enumerate(spec.inputs)]
-    body += ["      }", "    }", "    #pragma unroll", "    for (int e = 0; e < 4; ++e) {",
-             "      const u64 i = tile + (u64)e * blockDim.x + threadIdx.x;", "      if (i < n) {"]
-    body += ["        " + line for line in _member_lines(spec, lambda k: f"r{k}[e]")]
-    for k, j in enumerate(spec.outputs):
-        body.append(f"        out{k}[i] = {store_expr(spec.members[j][2], f'v{j}')};")
-    body += ["      }", "    }", "  }"]
+    # Unaligned: 4 elements a thread, a workgroup's width apart (cuda_common.unrolled_elements).
+    refs = [f"in{k}[o{k} + i]" if v == "c" else f"in{k}[o{k}]" for k, (_, v) in enumerate(spec.inputs)]
+
+    def each(indent: str) -> list:
+        return [indent + line for line in _member_lines(spec, lambda k: f"r{k}[e]")] + [
+            f"{indent}out{k}[i] = {store_expr(spec.members[j][2], f'v{j}')};" for k, j in enumerate(spec.outputs)]
+
+    body += unrolled_elements([d.c_storage for d, _ in spec.inputs], refs, lambda indent: [], each)
     return f'extern "C" __global__ void {spec.name}({", ".join(params)}) {{\n' + "\n".join(body) + "\n}\n"
 
 
