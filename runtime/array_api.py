@@ -472,10 +472,7 @@ def take_add(values: Array, idx: Array, params: tuple, shape: tuple) -> Array:
     if values.dtype.is_complex:
         return ops.add(take_add(ops.real(values), idx, params, shape),
                        ops.multiply(take_add(ops.imag(values), idx, params, shape), 1j))
-    if values.dtype.is_int or values.dtype is _dt.bool_:
-        dt = _dt.uint64
-    else:
-        dt = values.dtype if values.dtype in (_dt.float32, _dt.float64) else _dt.float32
+    dt = ops.added_dtype(values.dtype, "take_add")
     v = ops.dense(ops.astype(values, dt, copy=False))
     idx = ops.dense(ops.astype(idx, _dt.int64, copy=False))
     if params[5]:

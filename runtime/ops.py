@@ -563,6 +563,17 @@ def dense(x: Array) -> Array:
     return new_node("copy", (x,), x.dtype, x.shape, x.dtype, x.ctx)
 
 
+def added_dtype(dt: _dt.DType, what: str) -> _dt.DType:
+    """The dtype a scattered add of real `dt` values accumulates in (atomically): float32 and
+    float64 their own, narrower floats float32, integers uint64 (whose wrap-around, cast back, is
+    numpy's ``add.at`` in the integer's dtype)."""
+    if dt.is_int:
+        return _dt.uint64
+    if dt.is_float:
+        return dt if dt in (_dt.float32, _dt.float64) else _dt.float32
+    raise InvalidTypeError(f"{what} adds numbers, got {dt.name}")
+
+
 def scatter_add(values: Array, flat: Array, size: int, bad: Array | None = None) -> Array:
     """A 1-D array of `size` zeros with each of `values` added at its flat index in `flat` (int64, of
     `values`' shape; indices may repeat): the transpose of a gather (``kernels/scatter.py``). float32
@@ -573,12 +584,7 @@ def scatter_add(values: Array, flat: Array, size: int, bad: Array | None = None)
     if values.dtype.is_complex:
         return add(scatter_add(real(values), flat, size, bad),
                    multiply(scatter_add(imag(values), flat, size, bad), 1j))
-    if values.dtype.is_int:
-        dt = _dt.uint64
-    elif values.dtype.is_float:
-        dt = values.dtype if values.dtype in (_dt.float32, _dt.float64) else _dt.float32
-    else:
-        raise InvalidTypeError(f"scatter_add adds numbers, got {values.dtype.name}")
+    dt = added_dtype(values.dtype, "scatter_add")
     v = contiguous(reshape(astype(values, dt, copy=False), (-1,)))
     flat = astype(flat, _dt.int64, copy=False)
     if bad is None or v.size == 0:

@@ -82,8 +82,7 @@ def all_sources() -> list:
         out.append(take.set_source(d))
     for d in scatter.DTYPES:
         out.append(scatter.scatter_source(d))
-    for d in take.ADD_DTYPES:
-        out.append(take.add_source(d))
+        out.append(take.add_source(d))  # (take_add adds in the same dtypes: ops.added_dtype)
     out.append(scatter.last_source())
     out.append(take.rank_source())
     for d in scan.DTYPES:

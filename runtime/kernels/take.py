@@ -22,7 +22,6 @@ import numpy as np
 
 import hal
 
-from .. import dtypes as _dt
 from . import elementwise
 from .complex import SOURCE as COMPLEX_SOURCE
 from .source import WORKGROUP, KernelSource, checked_pair, checked_pair_dispatch, grid_1d, source
@@ -108,10 +107,6 @@ def _numpy_fn(dt, checked: bool):
 
 
 # ---- take_add: the transpose of a take --------------------------------------------------------
-
-#: The dtypes take_add adds in (as scatter_add: narrower floats in float32, integers in uint64).
-ADD_DTYPES = (_dt.float32, _dt.float64, _dt.uint64)
-
 
 def add_source(dt) -> KernelSource:
     """``take_add``: zeros of the source's shape with each value added where a take with the same
