@@ -393,7 +393,7 @@ def _vjp(node: Array, k: int, g: Array, memo: dict) -> Array | None:
         return new_node("take", (ops.dense(g), node.inputs[1]), (mode, count, inner, n, strides, False), values.shape,
                         g.dtype, g.ctx)
     if op == "tri":  # the kept triangle passes its gradient through, the zeroed one none
-        return new_node("tri", (ops.contiguous(g),), node.params, g.shape, g.dtype, g.ctx)
+        return new_node("tri", (ops.dense(g),), node.params, g.shape, g.dtype, g.ctx)
     if op == "cumprod":
         return _api.cumprod_gradient(node, g)
     if op == "cumsum":  # (along the last axis) each element feeds every later one: the running sum from the end

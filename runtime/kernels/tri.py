@@ -74,7 +74,7 @@ def _numpy_fn(dt):
 
 
 def plan(node, layouts: list, ctx) -> list:
-    """One dispatch over ``node``'s elements; its input is contiguous (``array_api.tril``)."""
+    """One dispatch over ``node``'s elements; its input is dense from its offset (``ops.dense``)."""
     n = size_of(node.shape)
     if n == 0:
         return []
