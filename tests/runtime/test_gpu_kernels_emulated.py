@@ -168,6 +168,14 @@ def test_takes_along_an_axis(gpu_like, dtype):
     close(X[rt.array(np.array([2]), device=gpu_like)].numpy(), x[[2]])  # the device still usable
 
 
+def _scaled_normals(rng, dtype, shape):
+    """Normal values times 5 in `dtype` (complex ones with a normal imaginary part too)."""
+    values = rng.standard_normal(shape) * 5
+    if np.dtype(dtype).kind == "c":
+        values = values + 1j * rng.standard_normal(shape)
+    return values.astype(dtype)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32", "complex64"])
 def test_adds_along_an_axis(gpu_like, dtype):
     """take_add (kernels/take.py): x.at[indices].add(v) through one index array, repeated and
@@ -175,10 +183,7 @@ def test_adds_along_an_axis(gpu_like, dtype):
     rng = np.random.default_rng(11)
 
     def make(*shape):
-        values = rng.standard_normal(shape) * 5
-        if dtype == "complex64":
-            values = values + 1j * rng.standard_normal(shape)
-        return values.astype(dtype)
+        return _scaled_normals(rng, dtype, shape)
 
     x = make(5, 4, 3)
     X = rt.array(x, device=gpu_like)
@@ -262,10 +267,7 @@ def test_sets_along_an_axis(gpu_like, dtype):
     rng = np.random.default_rng(13)
 
     def make(*shape):
-        values = rng.standard_normal(shape) * 5
-        if dtype == "complex128":
-            values = values + 1j * rng.standard_normal(shape)
-        return values.astype(dtype)
+        return _scaled_normals(rng, dtype, shape)
 
     x = make(5, 4, 3)
     X = rt.array(x, device=gpu_like)
