@@ -10,7 +10,7 @@ from math import prod
 import hal
 from hal import env, interrupts
 
-from .buffer_cache import BufferCache
+from .buffer_cache import BufferCache, default_limit
 from .errors import ArrayTooLargeError
 from .graph_cache import GraphCache
 
@@ -51,7 +51,6 @@ class DeviceContext:
         self.batches: dict[tuple, hal.Execution] = {}
         #: Values signalled by the submissions handed to the device that may still run (throttle()).
         self.in_flight: collections.deque[int] = collections.deque()
-        self.buffers = BufferCache(device)
         self.graphs = GraphCache()
         self.executables: dict = {}
         self.fusion_wanted: dict = {}  # fused kernel key -> recordings or evaluations that wanted it
@@ -60,6 +59,7 @@ class DeviceContext:
         self.retired_programs: list = []  # (submission value, program id) of dropped recordings
         self.gpu_format = next((f for f in ("cuda-c", "hip-c") if device.can_prepare(f)), None)
         self.is_gpu = self.gpu_format is not None
+        self.buffers = BufferCache(device, default_limit(device, self.is_gpu))
         self.lock = threading.RLock()
         self.name = getattr(device, "driver_name", "device")
         self.max_array_bytes = device.allocator.max_allocation_size

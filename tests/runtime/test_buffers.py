@@ -224,3 +224,57 @@ def test_a_long_lazy_chain_evaluates_in_memory_linear_in_its_length(dev):
         tracemalloc.stop()
     np.testing.assert_array_equal(values, np.full(4, 6001.0))
     assert peak < 64 << 20, f"{peak / 1e6:.0f} MB traced while evaluating the chain"
+
+
+def test_the_default_limit_is_half_a_gpus_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On GPUs the cache keeps up to half the device's memory (freeing and allocating there wait for the
+    device), on CPU drivers 1 GiB; RUNTIME_BUFFER_CACHE_BYTES decides where set."""
+    from types import SimpleNamespace
+
+    from runtime.buffer_cache import CPU_LIMIT_BYTES, default_limit
+
+    gpu = SimpleNamespace(info=SimpleNamespace(properties={"memory_total": 80 << 30}))
+    monkeypatch.delenv("RUNTIME_BUFFER_CACHE_BYTES", raising=False)
+    assert default_limit(gpu, True) == 40 << 30
+    assert default_limit(gpu, False) == CPU_LIMIT_BYTES == 1 << 30
+    small = SimpleNamespace(info=SimpleNamespace(properties={"memory_total": 1 << 30}))
+    assert default_limit(small, True) == CPU_LIMIT_BYTES
+    unknown = SimpleNamespace(info=SimpleNamespace(properties={}))
+    assert default_limit(unknown, True) == CPU_LIMIT_BYTES
+    monkeypatch.setenv("RUNTIME_BUFFER_CACHE_BYTES", "12345")
+    assert default_limit(gpu, True) == 12345 and default_limit(gpu, False) == 12345
+    monkeypatch.setenv("RUNTIME_BUFFER_CACHE_BYTES", "-1")
+    with pytest.raises(hal.InvalidArgumentError):
+        default_limit(gpu, True)
+    assert context_for("local-task").buffers.limit_bytes == CPU_LIMIT_BYTES
+
+
+def test_an_allocation_the_device_refuses_trims_the_cache_then_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refused allocation gives the cached buffers back and tries again; refused again, it waits for
+    the device (a GPU frees memory once the work before the free is done) and tries a last time."""
+    device = hal.create_device("local-task")
+    try:
+        cache = BufferCache(device)
+        held, bucket = cache.acquire(4096)
+        cache.release(held, bucket, 0)
+        assert cache.free_bytes == bucket
+        real = device.allocator.allocate
+        refusals = []
+        waits = []
+
+        def allocate(size, *args, **kwargs):
+            if len(refusals) < 2:
+                refusals.append(size)
+                raise hal.ResourceExhaustedError("out of memory")
+            return real(size, *args, **kwargs)
+
+        monkeypatch.setattr(device.allocator, "allocate", allocate)
+        monkeypatch.setattr(device, "wait_idle", lambda *a, **k: waits.append(1))
+        buf, got = cache.acquire(1 << 20)
+        assert got == bucket_size(1 << 20) and buf.size >= 1 << 20
+        assert refusals == [got, got] and waits == [1]
+        assert cache.free_bytes == 0, "the cached buffer went back"
+        cache.release(buf, got, 0)
+        cache.trim(0)
+    finally:
+        device.close()
