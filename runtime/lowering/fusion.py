@@ -209,20 +209,22 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
     # Nodes a GEMM computes that come before its product in the order (a bias gradient beside its
     # weight gradient): placed with the product (nothing reads them before it, epilogues.py).
     early = {i for fold in folds.values() for i in fold.computed if i < fold.product}
-    for i, node in enumerate(order):
+
+    def _place(i: int) -> None:
+        node = order[i]
         if i in early:
-            continue
+            return
         group = rows.get(i)
         if group is not None:  # a row program's member (its whole group is one unit)
             if group.unit is None:
-                lv = max((ready[j] + 1 for j in group.ext), default=0)  # each before the group's first member
+                lv = max((ready[j] + 1 for j in group.ext), default=0)  # externals are placed before it
                 group.unit = Unit(lv, i, None, [], [])
                 group.unit.members = group.members
                 group.unit.rows = group
                 units.append(group.unit)
             unit_of[i] = group.unit
             ready[i] = group.unit.level + (1 if row_kernels.may_split(group.O, group.N) else 0)
-            continue
+            return
         layouts = _layouts(node)
         srcs = [index.get(id(inp.root)) for inp in node.inputs]
         lv = 0
@@ -244,12 +246,12 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
                 folded_into[j] = unit
                 if j in early:
                     unit_of[j], ready[j] = unit, lv
-            continue
+            return
         unit = folded_into.get(i)
         if unit is not None:  # a node a GEMM's epilogue computes
             unit_of[i] = unit
             ready[i] = unit.level
-            continue
+            return
         if fuse and _fusable(node):
             variants = elementwise.input_variants(node.shape, layouts)[0]
             if "g" not in variants:
@@ -264,12 +266,24 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
                 joined.members.append(i)
                 unit_of[i] = joined
                 ready[i] = joined.level
-                continue
+                return
         cmds, temps = _plan(node, layouts, ctx)
         unit = Unit(lv, i, node, cmds, temps)
         units.append(unit)
         unit_of[i] = unit
         ready[i] = lv + 1 if any(c[0] == "barrier" for c in cmds) else lv
+
+    placed = [False] * N
+    for first in range(N):
+        if placed[first]:
+            continue
+        group = rows.get(first)
+        # A row group waits for its externals: those after its first member are placed first.
+        todo = [*(j for j in group.late if not placed[j]), first] if group is not None and group.unit is None \
+            else (first,)
+        for i in todo:
+            placed[i] = True
+            _place(i)
     # Which members leave their group: read by another unit, or kept.
     leaves = [keep is None or bool(keep >> i & 1) for i in range(N)]
     for i, node in enumerate(order):

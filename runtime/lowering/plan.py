@@ -215,7 +215,41 @@ def expand_grads(order: list, keep: int | None) -> tuple:
         for j, att in enumerate(attach):
             if att is not None and keep >> att & 1:
                 new_keep |= 1 << j
+        count = len(new_order)
+        new_order, new_keep, attach = _live(new_order, new_keep, attach, alias)
+        if len(new_order) < count:  # (a gradient nothing keeps or reads went with its backward graph)
+            live = {id(n) for n in new_order}
+            alias = {gid: root for gid, root in alias.items() if id(root) in live}
     return new_order, new_keep, attach, alias, noted
+
+
+def _live(order: list, keep: int, attach: list, alias: dict) -> tuple[list, int, list]:
+    """(order, keep, attach) without the nodes neither kept nor read by a node that stays: the
+    forward value a gradient was taken of, where nothing else wants it (``rt.grad`` drops it).
+    ``alias``: id(grad node) -> the root holding its value, for the nodes that read the gradient."""
+    index = {id(n): i for i, n in enumerate(order)}
+    for gid, root in alias.items():
+        index[gid] = index[id(root)]
+    needed = [False] * len(order)
+    for i in range(len(order) - 1, -1, -1):
+        if not (needed[i] or keep >> i & 1):
+            continue
+        needed[i] = True
+        for inp in order[i].inputs:
+            j = index.get(id(root_of(inp)))
+            if j is not None:
+                needed[j] = True
+    if all(needed):
+        return order, keep, attach
+    live_keep = 0
+    k = 0
+    for i, on in enumerate(needed):
+        if on:
+            if keep >> i & 1:
+                live_keep |= 1 << k
+            k += 1
+    return ([n for n, on in zip(order, needed) if on], live_keep,
+            [a for a, on in zip(attach, needed) if on])
 
 
 def _pending_after(root: Array, placed: set) -> list:

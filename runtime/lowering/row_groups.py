@@ -15,12 +15,18 @@ The search runs over the graph in topological order:
 - an elementwise node joins the group whose members it reads (merging the groups
   of one space it reads) when every operand is readable in the program: a member
   element for element or broadcast along the rows, or anything else as a 2-D
-  strided view (inputs, other kernels' results).
+  strided view (inputs, other kernels' results); a full one then takes in the
+  elementwise nodes producing its other full operands, as a reduction does.
 
-A group must be computable by one kernel at one level: every node outside the
-group that a member reads comes before the group's first member in the order
-(which also means no path leaves the group and comes back). Members nothing
-outside the group reads stay on chip; the others are the program's outputs.
+A group must be computable by one kernel at one level: no path may leave the
+group and come back. A node outside the group that a member reads either comes
+before the group's first member in the order, or comes after it (a backward
+pass's order interleaves the rows' work with small independent ops, such as the
+cotangent's negation or a padded row vector) and then neither it nor what it
+reads after the first member belongs to a row group or a GEMM's epilogue: the
+scheduler places those nodes (``RowGroup.late``) before the group. Members
+nothing outside the group reads stay on chip; the others are the program's
+outputs.
 """
 
 from __future__ import annotations
@@ -31,6 +37,9 @@ from ..ops import ELEMENTWISE
 from ..shapes import broadcast_strides, collapse, contiguous_strides, size_of
 
 REDUCE_OPS = frozenset(("sum", "mean", "max", "min"))
+#: Nodes a group's externals after its first member may span (``_Search.late``): past it, the group
+#: gives up the member it was adding (a bound on the walk in graphs of thousands of nodes).
+LATE_NODES = 64
 #: Types a member may have (its value and its compute type) and an input may be read as.
 DTYPES = frozenset((_dt.float16, _dt.bfloat16, _dt.float32, _dt.float64, _dt.int32, _dt.bool_))
 
@@ -38,12 +47,13 @@ DTYPES = frozenset((_dt.float16, _dt.bfloat16, _dt.float32, _dt.float64, _dt.int
 class RowGroup:
     """Nodes (indices into the order) computed by one row program over O rows of N elements."""
 
-    __slots__ = ("O", "N", "full", "ext", "unit")
+    __slots__ = ("O", "N", "full", "ext", "late", "unit")
 
     def __init__(self, O: int, N: int) -> None:  # noqa: E741
         self.O, self.N = O, N
         self.full: dict = {}  # member index -> whether it holds a value per element
         self.ext: dict = {}  # index of a node outside the group a member reads -> readers
+        self.late: list = []  # nodes after the first member the group waits for, in order (_Search.late)
         self.unit = None  # the scheduler's unit for the group
 
     @property
@@ -52,9 +62,6 @@ class RowGroup:
 
     def first(self) -> int:
         return min(self.full)
-
-    def valid(self) -> bool:
-        return not self.ext or max(self.ext) < self.first()
 
 
 # ---- how an operand is read ---------------------------------------------------------------------
@@ -147,7 +154,7 @@ class _Search:
                 G.ext[op[2]] = G.ext.get(op[2], 0) + 1
                 added.append(op[2])
         moved = G.ext.pop(i, None)
-        if G.valid():
+        if self.late(G) is not None:
             return True
         del G.full[i]  # undo
         for j in added:
@@ -195,7 +202,34 @@ class _Search:
             for j, n in H.ext.items():
                 if j not in M.full:
                     M.ext[j] = M.ext.get(j, 0) + n
-        return M if M.valid() else None
+        return M if self.late(M) is not None else None
+
+    def late(self, G: RowGroup) -> list | None:
+        """The nodes after G's first member that G's externals are or read, in order; None when G
+        cannot be one kernel: one of them is G's member, a row group's or a GEMM epilogue's (or they
+        span more than LATE_NODES nodes)."""
+        first = G.first()
+        stack = [j for j in G.ext if j > first]
+        if not stack:
+            return []
+        seen: set = set()
+        order, index, group_of, skip = self.order, self.index, self.group_of, self.skip
+        while stack:
+            j = stack.pop()
+            if j in seen:
+                continue
+            if j in G.full or j in group_of or j in skip or len(seen) >= LATE_NODES:
+                return None
+            seen.add(j)
+            for inp in order[j].inputs:
+                p = index.get(id(inp.root))
+                if p is None:
+                    continue
+                if p in skip:  # (placed with its GEMM, which may come later)
+                    return None
+                if p > first and p not in seen:
+                    stack.append(p)
+        return sorted(seen)
 
     def register(self, G: RowGroup) -> None:
         for j in G.full:
@@ -245,12 +279,21 @@ class _Search:
             else:
                 continue
             if self.add(G, i, full):
+                if full:  # its other full operands' elementwise producers too (a backward pass's
+                    for inp in node.inputs:  # cotangent, scaled, negated: made before the rows' work)
+                        j = index.get(id(inp.root))
+                        if j is not None and j not in G.full and order[j].size == G.O * G.N:
+                            layout = _layout(inp, node.shape, G.O, G.N, True)
+                            if layout is not None and _identity(layout, G):
+                                self.pull(G, j)
                 self.register(G)
-        groups = {}
-        for i, G in self.group_of.items():
-            if len(G.full) > 1:
-                groups[i] = G
-        return groups
+        # What a group waits for after its first member, now that every group is whole (a node pulled
+        # into a group after another group found it plain makes that group two kernels: it goes).
+        late: dict = {}
+        for G in self.group_of.values():
+            if len(G.full) > 1 and id(G) not in late:
+                late[id(G)] = G.late = self.late(G)
+        return {i: G for i, G in self.group_of.items() if late.get(id(G)) is not None}
 
 
 def _identity(layout, G: RowGroup) -> bool:

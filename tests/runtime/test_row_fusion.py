@@ -505,6 +505,102 @@ def test_compiled_and_differentiated(gpu_like):
             np.testing.assert_allclose(g.numpy(), wg.numpy(), rtol=1e-4, atol=1e-5)
 
 
+# ---- backward passes -----------------------------------------------------------------------------
+
+def _normalized(x, eps):
+    c = x - x.mean(axis=-1, keepdims=True)
+    return c, 1 / np.sqrt((c * c).mean(axis=-1, keepdims=True) + eps)
+
+
+def _softmax_grad(x, g):
+    y = softmax(x, np)
+    return y * (g - (g * y).sum(axis=-1, keepdims=True))
+
+
+def _log_softmax_grad(x, g):
+    return g - softmax(x, np) * g.sum(axis=-1, keepdims=True)
+
+
+def _layer_norm_grads(x, w, g):
+    c, inv = _normalized(x, 1e-5)
+    xhat, gw = c * inv, g * w
+    dx = inv * (gw - gw.mean(axis=-1, keepdims=True) - xhat * (gw * xhat).mean(axis=-1, keepdims=True))
+    rows_of = tuple(range(x.ndim - 1))
+    return dx, (g * xhat).sum(axis=rows_of), g.sum(axis=rows_of)
+
+
+def _rms_norm_grad(x, w, g):
+    inv = 1 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + 1e-6)
+    gw = g * w
+    return inv * gw - x * inv ** 3 * (gw * x).mean(axis=-1, keepdims=True)
+
+
+#: case -> (the gradient taken, its numpy form, the dispatches it records at most)
+BACKWARD = {
+    "softmax": (lambda x, w, b, g: rt.grad(lambda x: (softmax(x) * g).sum())(x),
+                lambda x, w, b, g: (_softmax_grad(x, g),), 1),
+    "log_softmax": (lambda x, w, b, g: rt.grad(lambda x: (log_softmax(x) * g).sum())(x),
+                    lambda x, w, b, g: (_log_softmax_grad(x, g),), 1),
+    "layer_norm": (lambda x, w, b, g: rt.grad(lambda x, w, b: (layer_norm(x, w, b) * g).sum(),
+                                              argnums=(0, 1, 2))(x, w, b),
+                   lambda x, w, b, g: _layer_norm_grads(x, w, g), 5),  # (w's and b's column sums: 2 each)
+    "rms_norm": (lambda x, w, b, g: rt.grad(lambda x: (rms_norm(x, w) * g).sum())(x),
+                 lambda x, w, b, g: (_rms_norm_grad(x, w, g),), 1),
+}
+
+
+@pytest.mark.parametrize("shape", [(6, 40), (2, 3, 33), (1, 2)])
+@pytest.mark.parametrize("case", sorted(BACKWARD))
+def test_backward_passes_are_one_row_program(gpu_like, recordings, case, shape):
+    """The gradients of the compositions run as one row program: the cotangent's scaling and negation,
+    made before the rows' work in the backward graph's order, are taken into the program; layer norm's
+    weight and bias gradients are column sums beside it."""
+    take, want_of, kernels = BACKWARD[case]
+    arrays, host = operands(shape, "float32", np.random.default_rng(11), gpu_like)
+    x, w, b, g = arrays
+    recordings.clear()
+    got = take(x, w, b, g)
+    got = got if isinstance(got, tuple) else (got,)
+    rt.eval(*got)
+    for have, want in zip(got, want_of(*host)):
+        np.testing.assert_allclose(have.numpy(), want, rtol=2e-4, atol=2e-5)
+    rec = recordings[-1]
+    assert rec.dispatches <= kernels and rec.fused == 1
+
+
+@pytest.mark.parametrize("case", ["softmax", "layer_norm"])
+def test_backward_passes_of_long_rows_stream_in_every_phase(gpu_like, recordings, monkeypatch, chosen, case):
+    monkeypatch.setattr(rows, "MAX_PER_THREAD", 1)  # rows over 1024 elements take loop mode
+    monkeypatch.setattr(rows, "LONG_PER_THREAD", 1)
+    take, want_of, kernels = BACKWARD[case]
+    arrays, host = operands((3, 1500), "float32", np.random.default_rng(12), gpu_like)
+    recordings.clear()
+    got = take(*arrays)
+    got = got if isinstance(got, tuple) else (got,)
+    rt.eval(*got)
+    for have, want in zip(got, want_of(*host)):
+        np.testing.assert_allclose(have.numpy(), want, rtol=2e-4, atol=2e-5)
+    assert recordings[-1].dispatches <= kernels and chosen and all(c.loop for c in chosen)
+
+
+def test_a_group_never_waits_for_what_waits_for_it(gpu_like, recordings):
+    """A node outside a row group that reads the group's row values, and that a later member would
+    read, keeps that member out of the group (one kernel cannot both make a value and wait for
+    what is computed from it): the values stay right."""
+    h = np.random.default_rng(13).standard_normal((5, 24)).astype(np.float32)
+    x = rt.array(h, device=gpu_like)
+    m = x.max(axis=-1, keepdims=True)
+    d = x - m
+    s = d.sum(axis=-1, keepdims=True)
+    outside = rt.cumulative_sum(s, axis=0)  # (no row program computes a running sum across rows)
+    y = d * outside
+    hm = h.astype(np.float64)
+    hd = hm - hm.max(axis=-1, keepdims=True)
+    want = hd * np.cumsum(hd.sum(axis=-1, keepdims=True), axis=0)
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-4)
+    assert recordings[-1].dispatches >= 3
+
+
 # ---- column reductions ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape,axis", [((64, 48), 0), ((33, 40), 0), ((3, 50, 20), 1), ((600, 64), 0),
