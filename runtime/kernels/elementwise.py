@@ -27,7 +27,15 @@ from ..errors import InvalidTypeError
 from ..shapes import MAX_DIMS, broadcast_strides, collapse, contiguous_strides, size_of
 from .complex import SOURCE as COMPLEX_SOURCE
 from .complex import needs_source as needs_complex
-from .cuda_common import convert, float_to_int_expr, load_expr, store_expr, strided_positions, unrolled_elements
+from .cuda_common import (
+    convert,
+    float_to_int_expr,
+    load_expr,
+    store_expr,
+    strided_positions,
+    unrolled_elements,
+    vector_width,
+)
 from .numpy_util import ERRSTATE, compute_np, signed, store, strided_view, to_compute
 from .source import WORKGROUP, KernelSource, grid_1d, source, u32
 
@@ -598,21 +606,28 @@ def _load(d, ref: str, name: str, cdt) -> str:
     return convert(value, d.c_compute, cdt.c_compute)
 
 
+def contiguous_width(variant, in_dts, out_dt) -> int:
+    """Elements a thread moves as one vector in a contiguous variant (``cuda_common.vector_width``)."""
+    return vector_width([d for d, v in zip(in_dts, variant) if v == "c"] + [out_dt])
+
+
 def _vector_loop(variant, names, in_dts, out_dt, cdt, expr, res_compute) -> list:
-    """Contiguous variants: when n and the offsets are multiples of 4, move 4 elements per vector access."""
+    """Contiguous variants: when n and the offsets are multiples of the vector width W (4, or 8 for
+    2-byte elements), move W elements per vector access."""
     contiguous = [i for i, v in enumerate(variant) if v == "c"]
+    W = contiguous_width(variant, in_dts, out_dt)
     check = " | ".join(["n"] + [f"o{i}" for i in contiguous])
-    lines = [f"  if ((({check}) & 3u) == 0) {{",
-             "    const u64 nv = n >> 2;",
+    lines = [f"  if ((({check}) & {W - 1}u) == 0) {{",
+             f"    const u64 nv = n / {W}u;",
              "    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < nv;"
              " j += (u64)blockDim.x * gridDim.x) {"]
     for i in contiguous:
         d = in_dts[i]
-        lines.append(f"      const rt_vec4<{d.c_storage}> v{i} = "
-                     f"reinterpret_cast<const rt_vec4<{d.c_storage}>*>(in{i} + o{i})[j];")
-    lines.append(f"      rt_vec4<{out_dt.c_storage}> ov;")
+        lines.append(f"      const rt_vec<{d.c_storage}, {W}> v{i} = "
+                     f"reinterpret_cast<const rt_vec<{d.c_storage}, {W}>*>(in{i} + o{i})[j];")
+    lines.append(f"      rt_vec<{out_dt.c_storage}, {W}> ov;")
     lines.append("      #pragma unroll")
-    lines.append("      for (int e = 0; e < 4; ++e) {")
+    lines.append(f"      for (int e = 0; e < {W}; ++e) {{")
     for i, (nm, d) in enumerate(zip(names, in_dts)):
         target = "bool" if nm == "c" else cdt.c_compute
         ref = f"v{i}.v[e]" if variant[i] == "c" else f"in{i}[o{i}]"
@@ -620,7 +635,7 @@ def _vector_loop(variant, names, in_dts, out_dt, cdt, expr, res_compute) -> list
     lines.append(f"        const {res_compute} r = {expr};")
     lines.append(f"        ov.v[e] = {store_expr(out_dt, 'r')};")
     lines.append("      }")
-    lines.append(f"      reinterpret_cast<rt_vec4<{out_dt.c_storage}>*>(out)[j] = ov;")
+    lines.append(f"      reinterpret_cast<rt_vec<{out_dt.c_storage}, {W}>*>(out)[j] = ov;")
     lines.append("    }")
     lines.append("    return;")
     lines.append("  }")
@@ -837,7 +852,8 @@ def plan(node, layouts: list, ctx) -> list:
         v = "".join(variant)
         consts = [n] + [lay[2] for lay in layouts]
         name = export_name(node.op, in_dts, node.dtype, v)
-        groups = grid_1d(-(-n // 4))  # (4 elements a thread: as a vector where aligned, else _unrolled_loop)
+        # (a vector a thread where aligned, else 4 elements a thread: _unrolled_loop)
+        groups = grid_1d(-(-n // contiguous_width(v, in_dts, node.dtype)))
         return [("dispatch", src, name, (groups, 1, 1), consts, bindings)]
     else:
         v = "g"

@@ -22,7 +22,7 @@ import numpy as np
 import hal
 
 from .. import dtypes as _dt
-from .cuda_common import convert, load_expr, store_expr, unrolled_elements
+from .cuda_common import convert, load_expr, store_expr, unrolled_elements, vector_width
 from .elementwise import arity, c_expr, ew_source, export_name
 from .source import WORKGROUP, KernelSource, grid_1d, source
 
@@ -86,7 +86,7 @@ def fused_source(spec: FusedSpec) -> KernelSource:
 def plan(spec: FusedSpec, n: int, offsets: list) -> tuple:
     """(source, export name, workgroups, constants) of one fused dispatch over n elements."""
     consts = [n] + list(offsets)
-    groups = grid_1d(-(-n // 4))  # (4 elements a thread: as a vector where aligned, else 4 a workgroup apart)
+    groups = grid_1d(-(-n // _width(spec)))  # (a vector a thread where aligned, else 4 a workgroup apart)
     if spec.costly >= COSTLY_PER_ELEMENT:
         groups = min(groups, LOOPING_GRID)
     return fused_source(spec), spec.name, (groups, 1, 1), consts
@@ -114,32 +114,38 @@ def _member_lines(spec: FusedSpec, load) -> list:
     return lines
 
 
+def _width(spec: FusedSpec) -> int:
+    """Elements a thread moves as one vector (``cuda_common.vector_width``)."""
+    return vector_width([d for d, v in spec.inputs if v == "c"] + [spec.members[j][2] for j in spec.outputs])
+
+
 def _cuda(spec: FusedSpec) -> str:
     params = [f"{spec.members[j][2].c_storage}* __restrict__ out{k}" for k, j in enumerate(spec.outputs)]
     params += [f"const {d.c_storage}* __restrict__ in{k}" for k, (d, _) in enumerate(spec.inputs)]
     params.append("u32 n")
     params += [f"u32 o{k}" for k in range(len(spec.inputs))]
     contiguous = [k for k, (_, v) in enumerate(spec.inputs) if v == "c"]
+    W = _width(spec)
     check = " | ".join(["n"] + [f"o{k}" for k in contiguous])
-    body = [f"  if ((({check}) & 3u) == 0) {{",
-            "    const u64 nv = n >> 2;",
+    body = [f"  if ((({check}) & {W - 1}u) == 0) {{",
+            f"    const u64 nv = n / {W}u;",
             "    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < nv;"
             " j += (u64)blockDim.x * gridDim.x) {"]
     for k in contiguous:
         d = spec.inputs[k][0]
-        body.append(f"      const rt_vec4<{d.c_storage}> w{k} = "
-                    f"reinterpret_cast<const rt_vec4<{d.c_storage}>*>(in{k} + o{k})[j];")
+        body.append(f"      const rt_vec<{d.c_storage}, {W}> w{k} = "
+                    f"reinterpret_cast<const rt_vec<{d.c_storage}, {W}>*>(in{k} + o{k})[j];")
     for k, j in enumerate(spec.outputs):
-        body.append(f"      rt_vec4<{spec.members[j][2].c_storage}> ov{k};")
+        body.append(f"      rt_vec<{spec.members[j][2].c_storage}, {W}> ov{k};")
     body.append("      #pragma unroll")
-    body.append("      for (int e = 0; e < 4; ++e) {")
+    body.append(f"      for (int e = 0; e < {W}; ++e) {{")
     vec_load = lambda k: f"w{k}.v[e]" if spec.inputs[k][1] == "c" else f"in{k}[o{k}]"  # noqa: E731
     body += ["        " + line for line in _member_lines(spec, vec_load)]
     for k, j in enumerate(spec.outputs):
         body.append(f"        ov{k}.v[e] = {store_expr(spec.members[j][2], f'v{j}')};")
     body.append("      }")
     for k, j in enumerate(spec.outputs):
-        body.append(f"      reinterpret_cast<rt_vec4<{spec.members[j][2].c_storage}>*>(out{k})[j] = ov{k};")
+        body.append(f"      reinterpret_cast<rt_vec<{spec.members[j][2].c_storage}, {W}>*>(out{k})[j] = ov{k};")
     body += ["    }", "    return;", "  }"]
     # Unaligned: 4 elements a thread, a workgroup's width apart (cuda_common.unrolled_elements).
     refs = [f"in{k}[o{k} + i]" if v == "c" else f"in{k}[o{k}]" for k, (_, v) in enumerate(spec.inputs)]

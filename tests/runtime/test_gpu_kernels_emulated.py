@@ -80,6 +80,37 @@ def test_vector_and_scalar_paths(gpu_like):
     close(rt.where(rt.array(b, device=gpu_like), X, -X).numpy(), np.where(b, x, -x))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int16", "int8"])
+def test_narrow_elements_move_eight_a_vector(gpu_like, dtype, monkeypatch):
+    """Elements of 2 bytes or fewer move 8 a vector (16 bytes a thread) where n and the offsets are
+    multiples of 8, in the elementwise and the fused kernels; offsets of 4 but not 8, odd lengths and
+    a 4-byte output take the other paths. The values are numpy's."""
+    from runtime.kernels import cuda_common, elementwise, fused
+
+    monkeypatch.setenv("RUNTIME_FUSE_AFTER", "1")  # (fused at the first evaluation)
+    narrow = getattr(rt, dtype)
+    assert cuda_common.vector_width([narrow, narrow]) == 8 and cuda_common.vector_width([narrow, rt.float32]) == 4
+    assert elementwise.contiguous_width("cc", (narrow, narrow), narrow) == 8
+    assert elementwise.contiguous_width("cs", (narrow, rt.float64), narrow) == 8  # (a scalar is not moved)
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(203) * 20).astype(np.float32)
+    X = rt.array(x, device=gpu_like).astype(narrow)
+    h = X.astype(rt.float32).numpy()  # what the narrow array holds
+    if dtype == "bfloat16":  # (numpy has no bfloat16: float64 products, to bfloat16's precision)
+        want_of, tol = (lambda a, b: a.astype(np.float64) * b), dict(rtol=1e-2, atol=1e-1)
+    else:
+        held = h.astype(getattr(np, dtype))
+        h = held
+        want_of, tol = (lambda a, b: a * b), {}
+    for lo, hi in ((8, 200), (4, 196), (3, 203), (0, 203)):  # aligned, 4 apart, odd offset, odd length
+        close((X[lo:hi] * X[lo:hi]).astype(rt.float32).numpy(), want_of(h[lo:hi], h[lo:hi]), **tol)
+        fused_pair = (X[lo:hi] + X[lo:hi]) * X[lo:hi]  # one fused kernel of narrow values
+        close(fused_pair.astype(rt.float32).numpy(), want_of(h[lo:hi] + h[lo:hi], h[lo:hi]), **tol)
+    wide = (X[8:200] * 2).astype(rt.float32) + 1  # a 4-byte result: vectors of 4
+    close(wide.numpy(), want_of(h[8:200], 2).astype(np.float32) + 1, **tol)
+    assert fused._width(fused.FusedSpec(((narrow, "c"),), (("neg", narrow, narrow, (("i", 0),)),), (0,))) == 8
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int64", "complex64", "bool"])
 def test_strided_variant_four_along_the_last_dim_or_one(gpu_like, dtype):
     """Broadcast and strided inputs (the "g" variant): 4 outputs a thread where the collapsed last
