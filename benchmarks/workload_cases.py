@@ -142,6 +142,51 @@ def layer_norm_np(x, gamma, beta):
     return centred / np.sqrt(var + EPS) * gamma + beta
 
 
+# ---- gradients of the row compositions ------------------------------------------------------------
+
+def gradient_make(rng, quick):
+    """Rows and the cotangent the gradient is taken against."""
+    (x,) = rows_make(rng, quick)
+    return [x, normal(rng, *x.shape)]
+
+
+def softmax_grad_rt(x, g):
+    return rt.grad(lambda v: (softmax_rt(v) * g).sum())(x)
+
+
+def softmax_grad_torch(x, g):
+    x = x.detach().requires_grad_()
+    (softmax_torch(x) * g).sum().backward()
+    return x.grad
+
+
+def softmax_grad_np(x, g):
+    y = softmax_np(x)
+    return y * (g - (g * y).sum(axis=-1, keepdims=True))
+
+
+def layer_norm_grad_make(rng, quick):
+    x, g = gradient_make(rng, quick)
+    return [x, g, *with_norm_weights(rng, x)[1:]]
+
+
+def layer_norm_grad_rt(x, g, gamma, beta):
+    return rt.grad(lambda v: (layer_norm_rt(v, gamma, beta) * g).sum())(x)
+
+
+def layer_norm_grad_torch(x, g, gamma, beta):
+    x = x.detach().requires_grad_()
+    (layer_norm_torch(x, gamma, beta) * g).sum().backward()
+    return x.grad
+
+
+def layer_norm_grad_np(x, g, gamma, beta):
+    centred = x - x.mean(axis=-1, keepdims=True)
+    inv = 1 / np.sqrt((centred * centred).mean(axis=-1, keepdims=True) + EPS)
+    xhat, gw = centred * inv, g * gamma
+    return inv * (gw - gw.mean(axis=-1, keepdims=True) - xhat * (gw * xhat).mean(axis=-1, keepdims=True))
+
+
 # ---- strided reductions and copies --------------------------------------------------------------
 
 def square_make(rng, quick):
@@ -235,6 +280,11 @@ CASES = [
     softmax_case(2048, 16384, rows_16k_make),
     softmax_case(8, 4194304, few_rows_make),
     layer_norm_case(8192, 4096, layer_norm_make, "bfloat16", 3e-2),
+    Case("softmax_grad_8192x4096", "softmax's gradient over rows of 8192×4096, composed ops", gradient_make,
+         softmax_grad_rt, softmax_grad_torch, softmax_grad_np, bandwidth_bound=True, compiled=True),
+    Case("layer_norm_grad_8192x4096", "layer norm's gradient over rows of 8192×4096, composed ops",
+         layer_norm_grad_make, layer_norm_grad_rt, layer_norm_grad_torch, layer_norm_grad_np,
+         bandwidth_bound=True, compiled=True),
     Case("column_sum_8192x8192", "column sum of 8192×8192", square_make, lambda x: x.sum(axis=0),
          lambda x: x.sum(dim=0), lambda x: x.sum(axis=0), bandwidth_bound=True),
     Case("transposed_copy_8192x8192", "transposed copy 8192×8192", square_make, lambda x: x.T.copy(),

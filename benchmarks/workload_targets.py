@@ -18,6 +18,9 @@ GPU_TARGETS = [
     ("softmax_8192x4096", "runtime_compile", "torch_compile", 1.0),
     ("layer_norm_8192x4096", "runtime", "torch_compile", 1.0),
     ("layer_norm_8192x4096", "runtime_compile", "torch_compile", 1.0),
+    # (the gradients: the project's own targets, beside the design's)
+    ("softmax_grad_8192x4096", "runtime_compile", "torch_compile", 1.0),
+    ("layer_norm_grad_8192x4096", "runtime_compile", "torch_compile", 1.0),
     ("column_sum_8192x8192", "runtime", "torch_eager", 0.95),
     ("transposed_copy_8192x8192", "runtime", "torch_eager", 1.0),
     ("elementwise_chain_64M", "runtime", "torch_eager", 5.0),
