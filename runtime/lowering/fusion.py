@@ -108,7 +108,7 @@ PLANNERS["alias"] = _plan_alias
 class Unit:
     """One scheduled piece of work: a node's commands, or a fused group's single dispatch."""
 
-    __slots__ = ("level", "first", "node", "cmds", "temps", "members", "size", "rows")
+    __slots__ = ("level", "first", "node", "cmds", "temps", "members", "size", "rows", "inplace")
 
     def __init__(self, level: int, first: int, node, cmds: list, temps: list) -> None:
         self.level = level
@@ -119,6 +119,7 @@ class Unit:
         self.members: list | None = None  # fused groups: node indices in evaluation order
         self.size = 0
         self.rows = None  # a row group's RowGroup (row_groups.py)
+        self.inplace: int | None = None  # the node whose buffer its output takes over (_accumulations)
 
 
 def _layouts(node) -> list:
@@ -191,6 +192,35 @@ def schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None 
     return units, buffered, new, noted
 
 
+def _accumulations(order: list, index: dict, keep: int) -> dict:
+    """i -> (a, t) for each node i = a + t where t is a ``take_add`` (a scatter of values into zeros:
+    a take's transpose, ``x.at[idx].add(v)``'s second term, a gradient's contribution through a
+    take) and a a node of i's shape and type computed in this evaluation, each read by i alone and
+    neither kept: i is then the scatter of t's values into a's buffer, which a's kernel writes as i's
+    (no zeros written, and no pass reading them and a back: cross entropy's gradient over rows of
+    32000 wrote and read 524 MB twice more so)."""
+    readers = [0] * len(order)
+    for node in order:
+        for inp in node.inputs:
+            j = index.get(id(inp.root))
+            if j is not None:
+                readers[j] += 1
+    found = {}
+    for i, node in enumerate(order):
+        if node.op != "add" or len(node.inputs) != 2:
+            continue
+        pair = [index.get(id(inp.root)) if inp.base is None else None for inp in node.inputs]
+        for t, a in (pair, pair[::-1]):
+            if t is None or a is None or order[t].op != "take_add":
+                continue
+            if any(order[j].shape != node.shape or order[j].dtype != node.dtype or readers[j] != 1
+                   or keep >> j & 1 for j in (t, a)):
+                continue
+            found[i] = (a, t)
+            break
+    return found
+
+
 def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None) -> tuple[list, list, list]:
     N = len(order)
     index = {id(n): i for i, n in enumerate(order)}
@@ -203,9 +233,12 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
     groups: dict = {}  # element count -> fused groups of that size
     folds = epilogues.find(ctx, order, index, keep) if fuse else {}
     folded_into: dict = {}  # node index -> the unit of the product whose GEMM computes its value
+    folded = {i for fold in folds.values() for i in (fold.product, *fold.computed, *fold.unwritten)}
+    accumulations = {i: at for i, at in _accumulations(order, index, keep).items()
+                     if at[0] not in folded} if fuse and keep is not None else {}
+    scattered = {t: i for i, (_, t) in accumulations.items()}  # take_add -> the add that scatters it
     # Row groups first: the nodes a GEMM's epilogue computes stay with the GEMM library.
-    rows = row_groups.find(order, index, {i for fold in folds.values() for i in (fold.product, *fold.computed)}) \
-        if fuse else {}
+    rows = row_groups.find(order, index, {*folded, *accumulations, *scattered}) if fuse else {}
     # Nodes a GEMM computes that come before its product in the order (a bias gradient beside its
     # weight gradient): placed with the product (nothing reads them before it, epilogues.py).
     early = {i for fold in folds.values() for i in fold.computed if i < fold.product}
@@ -231,6 +264,22 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
         for j in srcs:
             if j is not None and ready[j] + 1 > lv:
                 lv = ready[j] + 1
+        if i in scattered:  # (its add scatters its values: ready when they are)
+            ready[i] = lv - 1
+            return
+        if i in accumulations:
+            a, t = accumulations[i]
+            taken = order[t]
+            cmds = [cmd for cmd in PLANNERS["take_add"](taken, _layouts(taken), ctx) if cmd[0] == "dispatch"]
+            roots = [inp.root for inp in taken.inputs]
+            cmds = [cmd[:5] + ([role if role[0] != "in" else ("root", roots[role[1]]) for role in cmd[5]],)
+                    for cmd in cmds]
+            unit = Unit(lv, i, node, cmds, [])
+            unit.inplace = a
+            units.append(unit)
+            unit_of[i] = unit_of[t] = unit
+            ready[i] = lv
+            return
         fold = folds.get(i)
         if fold is not None:  # a product with the nodes its GEMM's epilogue computes (epilogues.py)
             for j in fold.reads:  # a bias computed earlier, a mask written by another GEMM
@@ -295,6 +344,8 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
     for fold in folds.values():  # the product, the pre-activation: never written
         for i in fold.unwritten:
             buffered[i] = False
+    for t in scattered:
+        buffered[t] = False
     for k, unit in enumerate(units):
         if unit.members is None:
             continue

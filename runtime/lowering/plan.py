@@ -74,10 +74,12 @@ def plan(ctx: DeviceContext, order: list, externals: list, keep: int | None, own
     p.noted += [c for c in noted if all(c is not n for n in p.noted)]
     keep_all = keep is None
     index_of_node = p.index_of_node
+    # A node whose buffer a later node's output takes over (fusion's accumulations) gets that one's.
+    shared = {unit.inplace: unit.first for unit in p.units if unit.inplace is not None}
     scratch = []
     k = E
     for i, node in enumerate(order):
-        if not buffered[i]:
+        if not buffered[i] or i in shared:
             continue
         nb = max(1, node.size * node.dtype.itemsize)
         att = i if attach is None else attach[i]
@@ -112,6 +114,8 @@ def plan(ctx: DeviceContext, order: list, externals: list, keep: int | None, own
         else:
             p.temps.append(bucket_size(nb))
         k += 1
+    for a, i in shared.items():
+        index_of_node[a] = index_of_node[i]
     slot_of_root = p.slot_of_root
     for j, r in enumerate(externals):
         slot_of_root[id(r)] = j

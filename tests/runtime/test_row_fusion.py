@@ -601,6 +601,81 @@ def test_a_group_never_waits_for_what_waits_for_it(gpu_like, recordings):
     assert recordings[-1].dispatches >= 3
 
 
+# ---- scatters into a computed array --------------------------------------------------------------
+
+def _xent(x, y):
+    m = x.max(axis=-1, keepdims=True)
+    lse = m[:, 0] + rt.log(rt.sum(rt.exp(x - m), axis=-1))
+    return rt.mean(lse - rt.take_along_axis(x, y[:, None], axis=1)[:, 0])
+
+
+@pytest.fixture
+def fills(monkeypatch):
+    """The buffer fills recorded while the test runs (a take_add's zeros among them)."""
+    from hal.command_buffer import CommandBuffer
+
+    made = []
+    real = CommandBuffer.fill_buffer
+
+    def spy(self, *args, **kwargs):
+        made.append(args)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(CommandBuffer, "fill_buffer", spy)
+    return made
+
+
+@pytest.mark.parametrize("shape", [(6, 40), (3, 1027)])
+def test_cross_entropy_gradient_scatters_its_labels_into_the_rows_result(gpu_like, recordings, fills, shape):
+    """Cross entropy's gradient is softmax(x) less the labels' one-hot, over the rows: the row program
+    writes the first term where the gradient goes, and the labels' term is added there in place (a
+    take's transpose into zeros, then a pass adding them, before)."""
+    rng = np.random.default_rng(16)
+    h = rng.standard_normal(shape).astype(np.float32)
+    labels = rng.integers(0, shape[1], shape[0])
+    x, y = rt.array(h, device=gpu_like), rt.array(labels, device=gpu_like)
+    recordings.clear()
+    fills.clear()
+    got = rt.grad(_xent)(x, y)
+    rt.eval(got)
+    want = softmax(h.astype(np.float64), np)
+    want[np.arange(shape[0]), labels] -= 1
+    np.testing.assert_allclose(got.numpy(), want / shape[0], rtol=1e-4, atol=1e-6)
+    rec = recordings[-1]
+    # the status word's zeros, two padded row vectors, the rows, the forward's checked take (which
+    # sets that word), the scatter
+    assert rec.fused == 1 and rec.dispatches <= 6
+    assert fills and all(target.length == 4 for target, *_ in fills), "no zeros but the status word's"
+
+
+def test_an_indexed_add_into_a_computed_array_is_one_scatter_in_place(gpu_like, recordings, fills):
+    """``(x * 2).at[i].add(v)``: the product's kernel writes the result's buffer and the values are
+    added there; where the product is also read elsewhere (or kept), it is not overwritten."""
+    rng = np.random.default_rng(17)
+    h = rng.standard_normal((50, 8)).astype(np.float32)
+    idx = rng.integers(0, 50, 30)
+    vals = rng.standard_normal((30, 8)).astype(np.float32)
+    x, i, v = (rt.array(a, device=gpu_like) for a in (h, idx, vals))
+    want = h * 2
+    np.add.at(want, idx, vals)
+    recordings.clear()
+    fills.clear()
+    got = (x * 2).at[i].add(v)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
+    # the product, the zeros of the device indices' status word, the scatter into the product's buffer
+    assert recordings[-1].dispatches == 3 and [target.length for target, *_ in fills] == [4]
+    doubled = x * 2
+    both = doubled.at[i].add(v) + doubled  # the product read twice: it keeps its own buffer
+    np.testing.assert_allclose(both.numpy(), want + h * 2, rtol=1e-6, atol=1e-6)
+    kept = x * 3
+    added = kept.at[i].add(v)
+    rt.eval(added, kept)
+    want3 = h * 3
+    np.add.at(want3, idx, vals)
+    np.testing.assert_allclose(added.numpy(), want3, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(kept.numpy(), h * 3, rtol=1e-6, atol=1e-6)
+
+
 # ---- column reductions ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape,axis", [((64, 48), 0), ((33, 40), 0), ((3, 50, 20), 1), ((600, 64), 0),
