@@ -15,7 +15,7 @@ How much stays cached (``default_limit``): on GPUs, half of the device's memory.
 goes back is freed only once the work queued before it has completed, and allocating and freeing
 device memory costs about a millisecond of host time and waits for the device, so an evaluation
 whose intermediate arrays outgrow the cache would pay both at every call (an eager gradient of
-128 MB rows: 1.6 ms of host time a call, against 0.1 ms once cached). Like PyTorch's caching
+128 MB rows: 1.6 ms of host time a call, against 0.17 ms once cached). Like PyTorch's caching
 allocator, the cache then gives memory back when an allocation fails (``acquire`` trims it all and
 tries again). CPU drivers keep 1 GiB: their buffers are the process's own memory.
 

@@ -233,9 +233,11 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
     groups: dict = {}  # element count -> fused groups of that size
     folds = epilogues.find(ctx, order, index, keep) if fuse else {}
     folded_into: dict = {}  # node index -> the unit of the product whose GEMM computes its value
-    folded = {i for fold in folds.values() for i in (fold.product, *fold.computed, *fold.unwritten)}
+    folded = {i for fold in folds.values() for i in (fold.product, *fold.computed)}
+    unwritten = {i for fold in folds.values() for i in fold.unwritten}
     accumulations = {i: at for i, at in _accumulations(order, index, keep).items()
-                     if at[0] not in folded} if fuse and keep is not None else {}
+                     if i not in folded and at[0] not in folded and at[0] not in unwritten} \
+        if fuse and keep is not None else {}
     scattered = {t: i for i, (_, t) in accumulations.items()}  # take_add -> the add that scatters it
     # Row groups first: the nodes a GEMM's epilogue computes stay with the GEMM library.
     rows = row_groups.find(order, index, {*folded, *accumulations, *scattered}) if fuse else {}
