@@ -676,6 +676,62 @@ def test_an_indexed_add_into_a_computed_array_is_one_scatter_in_place(gpu_like, 
     np.testing.assert_allclose(kept.numpy(), h * 3, rtol=1e-6, atol=1e-6)
 
 
+def test_compiled_gradients_replay_with_new_values(gpu_like):
+    """Under rt.compile the in-place scatter and the backward row programs replay with new inputs
+    every call (two recordings alternating their buffers, ``w = step(w)``): each call's values are
+    numpy's, none left over from the call before."""
+    rng = np.random.default_rng(18)
+    step = rt.compile(lambda x, y: x - 0.5 * rt.grad(_xent)(x, y))
+    h = rng.standard_normal((5, 24)).astype(np.float32)
+    x = rt.array(h, device=gpu_like)
+    for _ in range(4):
+        labels = rng.integers(0, 24, 5)
+        g = softmax(h.astype(np.float64), np)
+        g[np.arange(5), labels] -= 1
+        h = (h - 0.5 * g / 5).astype(np.float32)
+        x = step(x, rt.array(labels, device=gpu_like))
+        np.testing.assert_allclose(x.numpy(), h, rtol=1e-5, atol=1e-6)
+    scatter = rt.compile(lambda a, i, v: (a * 2).at[i].add(v))
+    for seed in range(3):
+        r = np.random.default_rng(seed)
+        a, i, v = r.standard_normal((9, 3)).astype(np.float32), r.integers(0, 9, 6), r.standard_normal((6, 3))
+        want = a * 2
+        np.add.at(want, i, v.astype(np.float32))
+        got = scatter(*(rt.array(t, device=gpu_like) for t in (a, i, v.astype(np.float32))))
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_threads_take_gradients_at_once(gpu_like):
+    """Eight threads each taking softmax's and cross entropy's gradients of their own rows (one graph
+    cache, one planner): every result is its thread's."""
+    import threading
+
+    errors = []
+
+    def work(seed):
+        try:
+            rng = np.random.default_rng(100 + seed)
+            h = rng.standard_normal((4, 16)).astype(np.float32)
+            c = rng.standard_normal((4, 16)).astype(np.float32)
+            labels = rng.integers(0, 16, 4)
+            x, g, y = (rt.array(t, device=gpu_like) for t in (h, c, labels))
+            for _ in range(3):
+                got = rt.grad(lambda v: (softmax(v) * g).sum())(x)
+                np.testing.assert_allclose(got.numpy(), _softmax_grad(h.astype(np.float64), c), rtol=1e-4, atol=1e-5)
+                want = softmax(h.astype(np.float64), np)
+                want[np.arange(4), labels] -= 1
+                np.testing.assert_allclose(rt.grad(_xent)(x, y).numpy(), want / 4, rtol=1e-4, atol=1e-6)
+        except BaseException as exc:  # (reported by the main thread)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
 # ---- column reductions ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape,axis", [((64, 48), 0), ((33, 40), 0), ((3, 50, 20), 1), ((600, 64), 0),
