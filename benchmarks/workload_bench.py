@@ -48,7 +48,7 @@ GPU_CASES = [
     "matmul_4096_float32", "matmul_4096_float16", "matmul_4096_bfloat16", "batched_matmul_float32",
     "matmul_256_float32", "softmax_8192x4096", "layer_norm_8192x4096", "softmax_1024x32768",
     "layer_norm_1024x32768", "softmax_2048x16384", "softmax_8x4194304", "layer_norm_bfloat16_8192x4096",
-    "softmax_grad_8192x4096", "layer_norm_grad_8192x4096", "column_sum_8192x8192",
+    "softmax_grad_8192x4096", "layer_norm_grad_8192x4096", "cross_entropy_grad_4096x32000", "column_sum_8192x8192",
     "transposed_copy_8192x8192", "concat_8192x4096", "elementwise_chain_64M", "sort_1048576", "sort_rows_4096x4096",
     "argsort_65536x64", "cumsum_16777216", "mlp_step",
 ]

@@ -187,6 +187,36 @@ def layer_norm_grad_np(x, g, gamma, beta):
     return inv * (gw - gw.mean(axis=-1, keepdims=True) - xhat * (gw * xhat).mean(axis=-1, keepdims=True))
 
 
+def cross_entropy_make(rng, quick):
+    """Logits over a vocabulary of 32000 and a label a row (as float32 indices: every input is float32
+    on the host; the compositions take them as integers)."""
+    rows, n = (64, 1000) if quick else (4096, 32000)
+    return [normal(rng, rows, n), rng.integers(0, n, rows).astype(np.float32)]
+
+
+def cross_entropy_grad_rt(x, labels):
+    def loss(v):
+        m = v.max(axis=-1, keepdims=True)
+        lse = m[:, 0] + rt.log(rt.exp(v - m).sum(axis=-1))
+        return (lse - rt.take_along_axis(v, labels.astype(rt.int64)[:, None], axis=1)[:, 0]).mean()
+
+    return rt.grad(loss)(x)
+
+
+def cross_entropy_grad_torch(x, labels):
+    x = x.detach().requires_grad_()
+    m = x.amax(dim=-1, keepdim=True)
+    lse = m[:, 0] + (x - m).exp().sum(dim=-1).log()
+    (lse - x.gather(1, labels.long()[:, None])[:, 0]).mean().backward()
+    return x.grad
+
+
+def cross_entropy_grad_np(x, labels):
+    g = softmax_np(x.astype(np.float64))
+    g[np.arange(len(x)), labels.astype(np.int64)] -= 1
+    return g / len(x)
+
+
 # ---- strided reductions and copies --------------------------------------------------------------
 
 def square_make(rng, quick):
@@ -284,6 +314,9 @@ CASES = [
          softmax_grad_rt, softmax_grad_torch, softmax_grad_np, bandwidth_bound=True, compiled=True),
     Case("layer_norm_grad_8192x4096", "layer norm's gradient over rows of 8192×4096, composed ops",
          layer_norm_grad_make, layer_norm_grad_rt, layer_norm_grad_torch, layer_norm_grad_np,
+         bandwidth_bound=True, compiled=True),
+    Case("cross_entropy_grad_4096x32000", "cross entropy's gradient over 4096 rows of 32000 logits, composed ops",
+         cross_entropy_make, cross_entropy_grad_rt, cross_entropy_grad_torch, cross_entropy_grad_np,
          bandwidth_bound=True, compiled=True),
     Case("column_sum_8192x8192", "column sum of 8192×8192", square_make, lambda x: x.sum(axis=0),
          lambda x: x.sum(dim=0), lambda x: x.sum(axis=0), bandwidth_bound=True),
