@@ -225,7 +225,7 @@ class _Search:
                 p = index.get(id(inp.root))
                 if p is None:
                     continue
-                if p in skip:  # (placed with its GEMM, which may come later)
+                if p in G.full or p in skip:  # (G's first member; a GEMM's, placed with it, maybe later)
                     return None
                 if p > first and p not in seen:
                     stack.append(p)
