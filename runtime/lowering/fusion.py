@@ -193,12 +193,13 @@ def schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None 
 
 
 def _accumulations(order: list, index: dict, keep: int) -> dict:
-    """i -> (a, t) for each node i = a + t where t is a ``take_add`` (a scatter of values into zeros:
-    a take's transpose, ``x.at[idx].add(v)``'s second term, a gradient's contribution through a
-    take) and a a node of i's shape and type computed in this evaluation, each read by i alone and
-    neither kept: i is then the scatter of t's values into a's buffer, which a's kernel writes as i's
-    (no zeros written, and no pass reading them and a back: cross entropy's gradient over rows of
-    32000 wrote and read 524 MB twice more so)."""
+    """i -> (k, t, a) for each node i = x + t where t is a ``take_add`` (a scatter of values into zeros:
+    a take's transpose, ``x.at[idx].add(v)``'s second term, a gradient's contribution through a take)
+    read by i alone and not kept, and x (i's input k) an array of i's shape and type: i is then the
+    scatter of t's values into i's buffer, which first holds x. Where x is a node computed in this
+    evaluation (index a), read by i alone and not kept, x's kernel writes i's buffer itself (a = None
+    otherwise: a copy of x). No zeros are written, and no pass reads them and x back: cross
+    entropy's gradient over rows of 32000 wrote and read 524 MB twice more so."""
     readers = [0] * len(order)
     for node in order:
         for inp in node.inputs:
@@ -209,14 +210,14 @@ def _accumulations(order: list, index: dict, keep: int) -> dict:
     for i, node in enumerate(order):
         if node.op != "add" or len(node.inputs) != 2:
             continue
-        pair = [index.get(id(inp.root)) if inp.base is None else None for inp in node.inputs]
-        for t, a in (pair, pair[::-1]):
-            if t is None or a is None or order[t].op != "take_add":
+        for k in (0, 1):
+            x, taken = node.inputs[k], node.inputs[1 - k]
+            t = index.get(id(taken.root)) if taken.base is None else None
+            if t is None or order[t].op != "take_add" or taken.dtype != node.dtype or taken.shape != node.shape \
+                    or readers[t] != 1 or keep >> t & 1 or x.dtype != node.dtype or x.shape != node.shape:
                 continue
-            if any(order[j].shape != node.shape or order[j].dtype != node.dtype or readers[j] != 1
-                   or keep >> j & 1 for j in (t, a)):
-                continue
-            found[i] = (a, t)
+            a = index.get(id(x.root)) if x.base is None else None
+            found[i] = (k, t, a if a is not None and readers[a] == 1 and not keep >> a & 1 else None)
             break
     return found
 
@@ -236,9 +237,10 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
     folded = {i for fold in folds.values() for i in (fold.product, *fold.computed)}
     unwritten = {i for fold in folds.values() for i in fold.unwritten}
     accumulations = {i: at for i, at in _accumulations(order, index, keep).items()
-                     if i not in folded and at[0] not in folded and at[0] not in unwritten} \
+                     if i not in folded and at[2] not in folded
+                     and index.get(id(order[i].inputs[at[0]].root)) not in unwritten} \
         if fuse and keep is not None else {}
-    scattered = {t: i for i, (_, t) in accumulations.items()}  # take_add -> the add that scatters it
+    scattered = {t: i for i, (_, t, _) in accumulations.items()}  # take_add -> the add that scatters it
     # Row groups first: the nodes a GEMM's epilogue computes stay with the GEMM library.
     rows = row_groups.find(order, index, {*folded, *accumulations, *scattered}) if fuse else {}
     # Nodes a GEMM computes that come before its product in the order (a bias gradient beside its
@@ -270,17 +272,20 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
             ready[i] = lv - 1
             return
         if i in accumulations:
-            a, t = accumulations[i]
+            k, t, a = accumulations[i]
             taken = order[t]
-            cmds = [cmd for cmd in PLANNERS["take_add"](taken, _layouts(taken), ctx) if cmd[0] == "dispatch"]
             roots = [inp.root for inp in taken.inputs]
-            cmds = [cmd[:5] + ([role if role[0] != "in" else ("root", roots[role[1]]) for role in cmd[5]],)
-                    for cmd in cmds]
+            cmds = [_rooted(cmd, roots) for cmd in PLANNERS["take_add"](taken, _layouts(taken), ctx)
+                    if cmd[0] == "dispatch"]
+            if a is None:  # the buffer holds a copy of x first
+                copy = elementwise.plan_copy(node, layouts[k], ctx)
+                cmds = [_rooted(cmd, [node.inputs[k].root]) if cmd[0] == "dispatch" else cmd
+                        for cmd in copy] + [("barrier",)] + cmds
             unit = Unit(lv, i, node, cmds, [])
             unit.inplace = a
             units.append(unit)
             unit_of[i] = unit_of[t] = unit
-            ready[i] = lv
+            ready[i] = lv if a is not None else lv + 1
             return
         fold = folds.get(i)
         if fold is not None:  # a product with the nodes its GEMM's epilogue computes (epilogues.py)
@@ -368,6 +373,11 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
             buffered[i] = leaves[i]
         unit.cmds = [_fused_dispatch(order, index, unit, leaves)]
     return units, buffered, [c for fold in folds.values() for c in fold.noted]
+
+
+def _rooted(cmd: tuple, roots: list) -> tuple:
+    """A dispatch planned for another node, its ("in", k) bindings bound to ``roots[k]`` instead."""
+    return cmd[:5] + ([role if role[0] != "in" else ("root", roots[role[1]]) for role in cmd[5]],)
 
 
 def _pick_group(candidates, node, srcs: list, variants: list, order: list, unit_of: list, ready: list,

@@ -650,7 +650,8 @@ def test_cross_entropy_gradient_scatters_its_labels_into_the_rows_result(gpu_lik
 
 def test_an_indexed_add_into_a_computed_array_is_one_scatter_in_place(gpu_like, recordings, fills):
     """``(x * 2).at[i].add(v)``: the product's kernel writes the result's buffer and the values are
-    added there; where the product is also read elsewhere (or kept), it is not overwritten."""
+    added there; where the product is also read elsewhere (or kept), it is not overwritten. An x
+    computed before is copied into the result's buffer, then the values added (no zeros)."""
     rng = np.random.default_rng(17)
     h = rng.standard_normal((50, 8)).astype(np.float32)
     idx = rng.integers(0, 50, 30)
@@ -674,6 +675,18 @@ def test_an_indexed_add_into_a_computed_array_is_one_scatter_in_place(gpu_like, 
     np.add.at(want3, idx, vals)
     np.testing.assert_allclose(added.numpy(), want3, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(kept.numpy(), h * 3, rtol=1e-6, atol=1e-6)
+    recordings.clear()
+    fills.clear()
+    direct = x.at[i].add(v)  # x computed before: the result's buffer takes a copy of it, then the values
+    want_x = h.copy()
+    np.add.at(want_x, idx, vals)
+    np.testing.assert_allclose(direct.numpy(), want_x, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(x.numpy(), h)  # (x itself unchanged)
+    assert recordings[-1].dispatches == 3 and [target.length for target, *_ in fills] == [4]
+    strided = x.T.at[i[:5] % 8].add(v[:5, :1])  # x read through a transposed view: copied whole first
+    want_t = h.T.copy()
+    np.add.at(want_t, idx[:5] % 8, vals[:5, :1])
+    np.testing.assert_allclose(strided.numpy(), want_t, rtol=1e-6, atol=1e-6)
 
 
 def test_compiled_gradients_replay_with_new_values(gpu_like):
