@@ -21,6 +21,10 @@ are due). rt.compile's traces fuse at once: they are recorded to repeat.
 Reductions over the last axes take the elementwise nodes around them into row
 groups first (`row_groups.py`): each group is one row program
 (`kernels/rows.py`), a fused kernel like the others for this policy.
+
+An add of a ``take_add`` (a scatter into zeros) is the scatter into the sum's
+buffer, which first holds the other operand: written there by that operand's
+own kernel where nothing else reads it, else copied (`_accumulations`).
 """
 
 from __future__ import annotations
