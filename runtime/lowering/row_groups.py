@@ -154,7 +154,10 @@ class _Search:
                 G.ext[op[2]] = G.ext.get(op[2], 0) + 1
                 added.append(op[2])
         moved = G.ext.pop(i, None)
-        if self.late(G) is not None:
+        # Members that read i as an external (a producer pulled in after its readers) must read it as
+        # a member can be read: element for element, or a row value along the rows (not reversed,
+        # transposed or offset, which only an external's strided view allows).
+        if (moved is None or self.readable_by_members(G, i)) and self.late(G) is not None:
             return True
         del G.full[i]  # undo
         for j in added:
@@ -164,6 +167,12 @@ class _Search:
         if moved is not None:
             G.ext[i] = moved
         return False
+
+    def readable_by_members(self, G: RowGroup, i: int) -> bool:
+        """Whether every member of G reading node i (now a member) reads it as a member."""
+        node = self.order[i]
+        return all(self.operands(m, G, G.full[m]) is not None for m in G.full
+                   if m != i and any(inp.root is node for inp in self.order[m].inputs))
 
     def pull(self, G: RowGroup, j) -> None:
         """Take the elementwise node j producing a full operand of G into G, then its own producers,
@@ -202,6 +211,8 @@ class _Search:
             for j, n in H.ext.items():
                 if j not in M.full:
                     M.ext[j] = M.ext.get(j, 0) + n
+        if not all(self.operands(m, M, M.full[m]) is not None for m in M.full):
+            return None  # (a member reading another group's member through a view no member allows)
         return M if self.late(M) is not None else None
 
     def late(self, G: RowGroup) -> list | None:

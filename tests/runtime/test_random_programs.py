@@ -69,8 +69,8 @@ def program(rng: np.random.Generator, x, w, b, idx) -> list:
     return values[-int(rng.integers(1, 4)):]
 
 
-def run_everywhere(gpu_like, seed: int, differentiate: bool) -> None:
-    rng = np.random.default_rng(7000 + seed)
+def run_everywhere(gpu_like, seed: int, differentiate: bool, dtype: str = "float32", base: int = 7000) -> None:
+    rng = np.random.default_rng(base + seed)
     n = int(rng.choice([8, 12, 24, 40]))
     host = [rng.standard_normal((n, n)).astype(np.float32),
             (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32),
@@ -79,7 +79,13 @@ def run_everywhere(gpu_like, seed: int, differentiate: bool) -> None:
     def chain(x, w, b, idx):
         return program(np.random.default_rng(seed), x, w, b, idx)
 
+    def narrow(x, w, b, idx):  # (in the narrow type, the values compared in float32)
+        cast = [v.astype(getattr(rt, dtype)) for v in (x, w, b)]
+        return [v.astype(rt.float32) for v in program(np.random.default_rng(seed), *cast, idx)]
+
     def step(x, w, b, idx):
+        if dtype != "float32":
+            return narrow(x, w, b, idx)
         if not differentiate:
             return chain(x, w, b, idx)
         loss, grads = rt.value_and_grad(lambda x, w, b: sum((v * v).mean() for v in chain(x, w, b, idx)),
@@ -93,10 +99,13 @@ def run_everywhere(gpu_like, seed: int, differentiate: bool) -> None:
         rt.eval(*out)
         got[("gpu" if where is gpu_like else "cpu", compiled)] = [v.numpy() for v in out]
     want = got[("cpu", False)]
+    tol = 2e-3 if dtype == "float32" else 3e-2
     for key in (("gpu", False), ("gpu", True)):
         for have, ref in zip(got[key], want):
-            scale = max(1.0, float(np.abs(ref).max()))
-            np.testing.assert_allclose(have, ref, rtol=2e-3, atol=2e-4 * scale, err_msg=str(key))
+            finite = np.isfinite(ref)
+            np.testing.assert_array_equal(np.isfinite(have), finite, err_msg=str(key))
+            scale = max(1.0, float(np.abs(ref[finite]).max(initial=0.0)))
+            np.testing.assert_allclose(have[finite], ref[finite], rtol=tol, atol=tol / 10 * scale, err_msg=str(key))
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -107,3 +116,11 @@ def test_random_programs_agree_with_the_cpu_driver(gpu_like, seed):
 @pytest.mark.parametrize("seed", range(12))
 def test_random_gradients_agree_with_the_cpu_driver(gpu_like, seed):
     run_everywhere(gpu_like, seed, differentiate=True)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("seed", [22, *range(5)])
+def test_random_narrow_programs_agree_with_the_cpu_driver(gpu_like, dtype, seed):
+    """The same in float16 and bfloat16. (Seed 22 once put a member reading another through a reversed
+    view into one row group, a pulled producer joining after its reader: planning raised TypeError.)"""
+    run_everywhere(gpu_like, seed, differentiate=False, dtype=dtype, base=9000)
