@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -58,3 +60,22 @@ def simulated_gpu(libraries: bool):
     device = fake_gpu.FakeGpuDriver(libraries=libraries).create_device(command_buffer="graph")
     context_for(device).is_gpu = True
     return device, cuda_emu.emulated_kernels()
+
+
+def failures_in_threads(work: Callable[[int], None], count: int) -> list[BaseException]:
+    """Run ``work(k)`` for k in range(count), each on a thread of its own, all at once; the exceptions
+    they raised (the test asserts there are none)."""
+    failures: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            work(k)
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return failures

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rt_helpers import DEVICES
+from rt_helpers import DEVICES, failures_in_threads
 
 import hal
 import runtime as rt
@@ -233,8 +233,6 @@ def test_a_loop_of_checked_gathers_carries_a_bounded_number_of_checks(device):
 def test_takes_and_indexed_adds_along_one_axis_from_threads(device):
     """take, take_along_axis and x.at[i].add through one index array (kernels/take.py), with
     hostile inputs typed before any work and eight threads taking at once."""
-    import threading
-
     rng = np.random.default_rng(21)
     x = rng.standard_normal((6, 5)).astype(np.float32)
     X = rt.array(x, device=device)
@@ -263,20 +261,11 @@ def test_takes_and_indexed_adds_along_one_axis_from_threads(device):
     with pytest.raises(hal.InvalidArgumentError):
         rt.triu(X, k=0.5)
 
-    failures = []
-
     def work(seed: int) -> None:
-        try:
-            idx = np.random.default_rng(seed).integers(-6, 6, 40)
-            for _ in range(5):
-                got = rt.take(X, rt.array(idx, device=device), axis=0).numpy()
-                np.testing.assert_array_equal(got, np.take(x, idx, axis=0))
-        except Exception as exc:  # noqa: BLE001 - reported below
-            failures.append(exc)
+        idx = np.random.default_rng(seed).integers(-6, 6, 40)
+        for _ in range(5):
+            got = rt.take(X, rt.array(idx, device=device), axis=0).numpy()
+            np.testing.assert_array_equal(got, np.take(x, idx, axis=0))
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    failures = failures_in_threads(work, 8)
     assert not failures, failures[0]

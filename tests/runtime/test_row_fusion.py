@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from rt_helpers import failures_in_threads
 
 import runtime as rt
 from runtime.device import context_for
@@ -717,31 +718,21 @@ def test_compiled_gradients_replay_with_new_values(gpu_like):
 def test_threads_take_gradients_at_once(gpu_like):
     """Eight threads each taking softmax's and cross entropy's gradients of their own rows (one graph
     cache, one planner): every result is its thread's."""
-    import threading
-
-    errors = []
 
     def work(seed):
-        try:
-            rng = np.random.default_rng(100 + seed)
-            h = rng.standard_normal((4, 16)).astype(np.float32)
-            c = rng.standard_normal((4, 16)).astype(np.float32)
-            labels = rng.integers(0, 16, 4)
-            x, g, y = (rt.array(t, device=gpu_like) for t in (h, c, labels))
-            for _ in range(3):
-                got = rt.grad(lambda v: (softmax(v) * g).sum())(x)
-                np.testing.assert_allclose(got.numpy(), _softmax_grad(h.astype(np.float64), c), rtol=1e-4, atol=1e-5)
-                want = softmax(h.astype(np.float64), np)
-                want[np.arange(4), labels] -= 1
-                np.testing.assert_allclose(rt.grad(_xent)(x, y).numpy(), want / 4, rtol=1e-4, atol=1e-6)
-        except BaseException as exc:  # (reported by the main thread)
-            errors.append(exc)
+        rng = np.random.default_rng(100 + seed)
+        h = rng.standard_normal((4, 16)).astype(np.float32)
+        c = rng.standard_normal((4, 16)).astype(np.float32)
+        labels = rng.integers(0, 16, 4)
+        x, g, y = (rt.array(t, device=gpu_like) for t in (h, c, labels))
+        for _ in range(3):
+            got = rt.grad(lambda v: (softmax(v) * g).sum())(x)
+            np.testing.assert_allclose(got.numpy(), _softmax_grad(h.astype(np.float64), c), rtol=1e-4, atol=1e-5)
+            want = softmax(h.astype(np.float64), np)
+            want[np.arange(4), labels] -= 1
+            np.testing.assert_allclose(rt.grad(_xent)(x, y).numpy(), want / 4, rtol=1e-4, atol=1e-6)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = failures_in_threads(work, 8)
     assert not errors, errors[0]
 
 
