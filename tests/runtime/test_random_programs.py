@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from rt_helpers import DEVICES
 
 import runtime as rt
+
+GPUS = [uri for uri in DEVICES if not uri.startswith("local-")]
 
 cuda_emu = pytest.importorskip("cuda_emu")
 
@@ -124,3 +127,12 @@ def test_random_narrow_programs_agree_with_the_cpu_driver(gpu_like, dtype, seed)
     """The same in float16 and bfloat16. (Seed 22 once put a member reading another through a reversed
     view into one row group, a pulled producer joining after its reader: planning raised TypeError.)"""
     run_everywhere(gpu_like, seed, differentiate=False, dtype=dtype, base=9000)
+
+
+@pytest.mark.parametrize("uri", GPUS)
+@pytest.mark.parametrize("seed", range(8))
+def test_random_programs_on_a_gpu_agree_with_the_cpu_driver(uri, seed):
+    """The same programs and their gradients on a real GPU, with the kernels it compiles."""
+    run_everywhere(uri, seed, differentiate=False)
+    run_everywhere(uri, seed, differentiate=True)
+    run_everywhere(uri, seed, differentiate=False, dtype="float16", base=9000)
