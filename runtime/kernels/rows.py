@@ -100,20 +100,31 @@ class RowSpec:
     outputs: member indices written to the output bindings, in binding order
     """
 
-    __slots__ = ("inputs", "members", "full", "outputs", "stage", "phases", "key")
+    __slots__ = ("inputs", "members", "full", "outputs", "online", "live", "stage", "phases", "key")
 
     def __init__(self, inputs: tuple, members: tuple, full: tuple, outputs: tuple) -> None:
         self.inputs = inputs
         self.members = members
         self.full = full
         self.outputs = outputs
-        stage = []
-        for m in members:
+        #: Online sums: member j (a sum of exp(x - max(x))) -> (the max's member, x), accumulated in
+        #: the max's phase (see online_sums).
+        self.online = online_sums(members, full)
+        #: Whether a member is computed: an output, or read by one computed (an online sum reads x,
+        #: not its exponentials).
+        self.live = _live(members, outputs, self.online)
+        stage: list = []
+        for j, m in enumerate(members):
+            if j in self.online:
+                stage.append(stage[self.online[j][0]])
+                continue
             s = max((stage[k] if kind == "m" else 0) for kind, k in m[4]) if m[4] else 0
             stage.append(s + 1 if m[0] == "red" else s)
         self.stage = tuple(stage)
         phases = 0  # phases with a loop over the row: one more than the last stage a full value has
         for j, m in enumerate(members):
+            if not self.live[j]:
+                continue
             if full[j]:
                 phases = max(phases, stage[j] + 1)
             if m[0] == "red":
@@ -121,6 +132,11 @@ class RowSpec:
         self.phases = max(phases, 1)
         self.key = ("rows", tuple((d.name, kind) for d, kind in inputs),
                     tuple((m[0], m[1], m[2].name, m[3].name, m[4]) for m in members), full, outputs)
+
+    def red_operand(self, j: int) -> tuple:
+        """What reduction j accumulates: its operand, or x for an online sum."""
+        online = self.online.get(j)
+        return self.members[j][4][0] if online is None else online[1]
 
     def input_full(self, k: int) -> bool:
         return self.inputs[k][1] in "ve"
@@ -142,6 +158,49 @@ class RowSpec:
         return f"fused_rows_{digest}"
 
 
+def online_sums(members: tuple, full: tuple) -> dict:
+    """The sums of exponentials a row program accumulates with their maximum, in one pass: member j,
+    sum(exp(x - m)) with m = max(x) over the same row (softmax's, log-softmax's and cross entropy's
+    denominator), float32 throughout. A thread keeps a running maximum and the sum scaled to it,
+    rescaled when the maximum grows (``_Gen.online_update``), so the sum no longer waits for a phase
+    of its own: softmax over rows runs two phases rather than three, and a row streamed in loop mode
+    is read once less. The exponentials' rounding differs from the two-pass sum's by the rescaling's
+    (a few units in the last place); special values give what the two passes give: NaN where the
+    row holds a NaN or +inf, or only -inf."""
+    f32 = _dt.float32
+    out: dict = {}
+    for j, m in enumerate(members):
+        if m[0] != "red" or m[1] != "sum" or m[2] is not f32 or m[3] is not f32 or m[4][0][0] != "m":
+            continue
+        e = m[4][0][1]
+        exp = members[e]
+        if not full[e] or exp[:4] != ("ew", "exp", f32, f32) or exp[4][0][0] != "m":
+            continue
+        d = exp[4][0][1]
+        sub = members[d]
+        if not full[d] or sub[:4] != ("ew", "sub", f32, f32) or sub[4][1][0] != "m":
+            continue
+        x, mx = sub[4][0], sub[4][1][1]
+        top = members[mx]
+        if top[0] == "red" and top[1] == "max" and top[4] == (x,) and acc_dtype("max", top[2]) is f32 \
+                and top[3] is top[2]:
+            out[j] = (mx, x)
+    return out
+
+
+def _live(members: tuple, outputs: tuple, online: dict) -> tuple:
+    live = [False] * len(members)
+    for j in outputs:
+        live[j] = True
+    for j in range(len(members) - 1, -1, -1):
+        if live[j]:
+            operands = (online[j][1], ("m", online[j][0])) if j in online else members[j][4]
+            for kind, k in operands:
+                if kind == "m":
+                    live[k] = True
+    return tuple(live)
+
+
 def may_split(O: int, N: int) -> bool:  # noqa: E741
     """Whether a program over (O, N) may split its rows (its row values are then ready a level later)."""
     return O < SPLIT_MAX_ROWS and N >= SPLIT_MIN_N
@@ -157,7 +216,8 @@ def choose(spec: RowSpec, O: int, N: int, vec: bool, late: tuple = ()) -> Config
     """The mapping of an (O, N) row program (see the module doc); `late`: the inputs register mode
     loads where they are first read (``Config``)."""
     VEC = 4 if vec and N % 4 == 0 else 1
-    nfull = sum(spec.full) + sum(1 for k in range(len(spec.inputs)) if spec.input_full(k))
+    nfull = sum(f and v for f, v in zip(spec.full, spec.live)) + \
+        sum(1 for k in range(len(spec.inputs)) if spec.input_full(k))
     if spec.splittable():
         split = _split(O, N, VEC)
         if split is not None:
@@ -204,7 +264,7 @@ def values_32_bit(spec: RowSpec) -> bool:
     """Whether every value a register-mode thread holds per element (each full input and full member,
     in its compute type) takes one 32-bit register."""
     types = [d for k, (d, _) in enumerate(spec.inputs) if spec.input_full(k)] + \
-        [m[3] for j, m in enumerate(spec.members) if spec.full[j]]
+        [m[3] for j, m in enumerate(spec.members) if spec.full[j] and spec.live[j]]
     return all(d.c_compute in _ONE_REGISTER for d in types)
 
 
@@ -285,6 +345,10 @@ def rows_source(spec: RowSpec, config: Config) -> KernelSource:
 
 # ---- CUDA C -----------------------------------------------------------------------------------
 
+_NEG_INF = "(-__int_as_float(0x7f800000))"
+_NAN = "__int_as_float(0x7fc00000)"
+
+
 class _Gen:
     """Emits one kernel of a row program (main, split partial or split combine)."""
 
@@ -355,29 +419,63 @@ class _Gen:
                 self.emit(f"  const {d.c_compute} rx{k} = row_ok ? {load_expr(d, f'in{k}[rb{k}]')} : "
                           f"({d.c_compute})0;")
 
+    def reductions(self, stage: int) -> list:
+        """The reductions a phase accumulates: those of ``stage`` (one more than the phase's)."""
+        spec = self.spec
+        return [j for j, m in enumerate(spec.members) if m[0] == "red" and spec.live[j] and spec.stage[j] == stage]
+
+    def online_update(self, j: int, slot: str) -> str:
+        """C statements adding element ``slot`` of x to online sum j and its maximum (``online_sums``):
+        the sum is rescaled to the new maximum when the maximum changes (NaN != NaN: a NaN stays)."""
+        mx, x = self.spec.online[j]
+        value = convert(self.operand(x, slot), self.spec.operand_dtype(x).c_compute, "float")
+        return (f"{{ const float xv = {value}; const float mn = rt_comb{mx}(a{mx}, xv); "
+                f"if (mn != a{mx}) a{j} *= expf(a{mx} - mn); "
+                f"a{j} += mn == {_NEG_INF} ? 0.0f : expf(xv - mn); a{mx} = mn; }}")
+
     def reduce_step(self, reds: list) -> None:
-        """Finish the thread partials a<j> of reductions `reds` across their row (every thread gets the total)."""
-        for j in reds:
-            op, in_dt = self.spec.members[j][1], self.spec.members[j][2]
+        """Finish the thread partials a<j> of reductions `reds` across their row (every thread gets the
+        total). An online sum is combined with its maximum as a pair (``rt_pair<j>``)."""
+        spec = self.spec
+        pairs = {spec.online[j][0]: j for j in reds if j in spec.online}
+        mine = [j for j in reds if j not in spec.online]
+        for j in mine:
+            op, in_dt = spec.members[j][1], spec.members[j][2]
             acc = acc_dtype(op, in_dt)
             self.emit(f"  __shared__ {acc.c_compute} sh{j}[RPB * (T / SEG)];")
+            if j in pairs:
+                s = pairs[j]
+                self.emit(f"  __shared__ float sh{s}[RPB * (T / SEG)];")
+                self.emit(f"  for (u32 d = SEG / 2; d > 0; d /= 2) {{ const float om = RT_SHFL_DOWN(a{j}, d), "
+                          f"os = RT_SHFL_DOWN(a{s}, d); rt_pair{s}(a{j}, a{s}, om, os); }}")
+                self.emit(f"  if (threadIdx.x % SEG == 0) {{ sh{j}[threadIdx.x / SEG] = a{j}; "
+                          f"sh{s}[threadIdx.x / SEG] = a{s}; }}")
+                continue
             self.emit(f"  for (u32 d = SEG / 2; d > 0; d /= 2) a{j} = rt_comb{j}(a{j}, RT_SHFL_DOWN(a{j}, d));")
             self.emit(f"  if (threadIdx.x % SEG == 0) sh{j}[threadIdx.x / SEG] = a{j};")
         self.emit("  __syncthreads();")
-        for j in reds:
+        for j in mine:
             self.emit(f"  a{j} = sh{j}[rl * (T / SEG)];")
-            self.emit(f"  for (u32 g = 1; g < T / SEG; ++g) a{j} = rt_comb{j}(a{j}, sh{j}[rl * (T / SEG) + g]);")
+            if j in pairs:
+                s = pairs[j]
+                self.emit(f"  a{s} = sh{s}[rl * (T / SEG)];")
+                self.emit(f"  for (u32 g = 1; g < T / SEG; ++g) rt_pair{s}(a{j}, a{s}, sh{j}[rl * (T / SEG) + g], "
+                          f"sh{s}[rl * (T / SEG) + g]);")
+            else:
+                self.emit(f"  for (u32 g = 1; g < T / SEG; ++g) a{j} = rt_comb{j}(a{j}, sh{j}[rl * (T / SEG) + g]);")
 
     def finish_row_members(self, stage: int) -> None:
         """Declare and compute the row members of `stage`; write those that are outputs."""
         spec = self.spec
         for j, m in enumerate(spec.members):
-            if spec.full[j] or spec.stage[j] != stage:
+            if spec.full[j] or not spec.live[j] or spec.stage[j] != stage:
                 continue
             out = m[3]
             if m[0] == "red":
                 acc = acc_dtype(m[1], m[2])
                 value, typ = f"a{j}", acc.c_compute
+                if j in spec.online:  # a row of -inf only: exp(-inf - -inf) is NaN in the two passes
+                    value = f"((a{spec.online[j][0]} == {_NEG_INF} && N > 0u) ? {_NAN} : a{j})"
                 if m[1] == "mean":
                     typ = out.c_compute if out.is_float else "double"
                     value = f"({typ})a{j} / ({typ})N"
@@ -392,10 +490,10 @@ class _Gen:
         """The loop of phase p over this thread's elements; returns the reductions it accumulates."""
         spec, c = self.spec, self.c
         V = c.VEC
-        computed = [j for j in range(len(spec.members)) if spec.full[j] and spec.stage[j] == p]
-        reds = [j for j, m in enumerate(spec.members) if m[0] == "red" and spec.stage[j] == p + 1]
+        computed = [j for j in range(len(spec.members)) if spec.full[j] and spec.live[j] and spec.stage[j] == p]
+        reds = self.reductions(p + 1)
         if c.loop:  # recompute every full value this phase reads
-            need = set(computed) | {spec.members[j][4][0][1] for j in reds if spec.members[j][4][0][0] == "m"}
+            need = set(computed) | {spec.red_operand(j)[1] for j in reds if spec.red_operand(j)[0] == "m"}
             todo = list(need)
             while todo:
                 for kind, k in spec.members[todo.pop()][4]:
@@ -404,7 +502,7 @@ class _Gen:
                         todo.append(k)
             members = sorted(need)
             inputs = {k for j in members for kind, k in spec.members[j][4] if kind == "i" and spec.input_full(k)}
-            inputs |= {spec.members[j][4][0][1] for j in reds if spec.members[j][4][0][0] == "i"}
+            inputs |= {spec.red_operand(j)[1] for j in reds if spec.red_operand(j)[0] == "i"}
         else:  # registers hold what earlier phases computed
             members = computed
             first = self._first_phase()
@@ -448,10 +546,14 @@ class _Gen:
             self.emit(f"          x{k}[s] = {load_expr(d, ref)};")
         for j in members:
             self.emit("          " + self.ew_value(j, "s"))
+        paired = {spec.online[j][0] for j in reds if j in spec.online}
         for j in reds:
             m = spec.members[j]
             acc = acc_dtype(m[1], m[2])
-            self.emit(f"          a{j} = rt_comb{j}(a{j}, ({acc.c_compute})({self.operand(m[4][0], 's')}));")
+            if j in spec.online:
+                self.emit("          " + self.online_update(j, "s"))
+            elif j not in paired:  # (a maximum paired with an online sum is updated with it)
+                self.emit(f"          a{j} = rt_comb{j}(a{j}, ({acc.c_compute})({self.operand(m[4][0], 's')}));")
         for j in outs:
             st = store_expr(spec.members[j][3], f"v{j}[s]")
             if V == 4:
@@ -473,10 +575,10 @@ class _Gen:
         spec = self.spec
         first: dict = {}
         for j, m in enumerate(spec.members):
-            if not spec.full[j] and m[0] != "red":
+            if not spec.live[j] or (not spec.full[j] and m[0] != "red"):
                 continue
             ph = spec.stage[j] if spec.full[j] else spec.stage[j] - 1
-            for kind, k in m[4]:
+            for kind, k in (spec.red_operand(j),) if m[0] == "red" else m[4]:
                 if kind == "i" and spec.input_full(k):
                     first[k] = min(first.get(k, ph), ph)
         return first
@@ -495,6 +597,11 @@ class _Gen:
                 acc = acc_dtype(m[1], m[2])
                 A = acc.c_compute
                 out.append(f"RT_DEV {A} rt_comb{j}({A} x, {A} y) {{ return {c_combine(m[1], acc)}; }}")
+            if j in self.spec.online:  # (maximum m, sum s scaled to it) combined with another such pair
+                mx = self.spec.online[j][0]
+                out.append(f"RT_DEV void rt_pair{j}(float& m, float& s, float om, float os) {{ "
+                           f"const float M = rt_comb{mx}(m, om); s = (m == {_NEG_INF} ? 0.0f : s * expf(m - M)) + "
+                           f"(om == {_NEG_INF} ? 0.0f : os * expf(om - M)); m = M; }}")
         return out
 
     def main(self, name: str, part: int = 0) -> str:
@@ -512,7 +619,7 @@ class _Gen:
             self.emit("  const u32 j1 = j1e < jn ? j1e : jn;")
         if not c.loop:
             inputs = {k for k in range(len(spec.inputs)) if spec.input_full(k)}
-            self._arrays([j for j in range(len(spec.members)) if spec.full[j]], inputs, "  ")
+            self._arrays([j for j in range(len(spec.members)) if spec.full[j] and spec.live[j]], inputs, "  ")
         self.finish_row_members(0)
         if self.kind == "part":
             for p in range(part):
@@ -536,12 +643,18 @@ class _Gen:
         the totals; each workgroup of a row adds them in the same order, so all get the same values),
         and the row members that follow."""
         spec = self.spec
-        reds = [j for j, m in enumerate(spec.members) if m[0] == "red" and spec.stage[j] == p + 1]
+        reds = self.reductions(p + 1)
         for j in reds:
             m = spec.members[j]
             acc = acc_dtype(m[1], m[2])
             self.emit(f"  {acc.c_compute} a{j} = {c_identity(m[1], acc)};")
-            self.emit(f"  for (u32 k = t; row_ok && k < C; k += T) a{j} = rt_comb{j}(a{j}, pv{j}[(u64)o * C + k]);")
+        for j in reds:
+            if j in spec.online:  # each chunk's (maximum, sum scaled to it) as a pair
+                mx = spec.online[j][0]
+                self.emit(f"  for (u32 k = t; row_ok && k < C; k += T) rt_pair{j}(a{mx}, a{j}, "
+                          f"pv{mx}[(u64)o * C + k], pv{j}[(u64)o * C + k]);")
+            elif not any(spec.online[i][0] == j for i in reds if i in spec.online):
+                self.emit(f"  for (u32 k = t; row_ok && k < C; k += T) a{j} = rt_comb{j}(a{j}, pv{j}[(u64)o * C + k]);")
         if reds:
             self.reduce_step(reds)
         self.finish_row_members(p + 1)

@@ -285,9 +285,8 @@ def test_long_row_mode_takes_32_bit_values_within_budget():
     assert rows.choose(_softmax_spec(rt.float16), 1024, 32768, True).E == 32  # (computed in float)
     assert rows.choose(f32, 1024, 32769, True).loop  # longer than 1024 x 32
     assert rows.choose(_softmax_spec(rt.float64), 1024, 20000, True).loop  # 32 doubles fill a thread
-    nine = rows.RowSpec(((rt.float32, "v"),), tuple(("ew", "exp", rt.float32, rt.float32, (("i", 0),))
-                                                    for _ in range(8)) + (("red", "sum", rt.float32, rt.float32,
-                                                                            (("m", 7),)),),
+    chain = tuple(("ew", "exp", rt.float32, rt.float32, (("m", k - 1) if k else ("i", 0),)) for k in range(8))
+    nine = rows.RowSpec(((rt.float32, "v"),), chain + (("red", "sum", rt.float32, rt.float32, (("m", 7),)),),
                         (True,) * 8 + (False,), (8,))
     assert rows.choose(nine, 1024, 20000, True).loop  # 9 values x 32 > the budget of 256
     c = rows.choose(nine, 1024, 16384, True)  # (the usual mapping: 1024 x 16)
@@ -397,18 +396,78 @@ def test_few_long_rows_split_into_chunks(gpu_like, recordings, monkeypatch, case
 def test_few_streamed_rows_split_in_every_phase(gpu_like, recordings, monkeypatch, chosen, case):
     """Rows too long for registers and too few to fill the GPU split into chunks in every phase: a
     dispatch a phase over every chunk (each finishing the reductions before it from all chunks'
-    partials), then a combine where the group writes row values. Scaled down: chunks of 256."""
+    partials), then a combine where the group writes row values. Scaled down: chunks of 256. (Softmax's
+    and log-softmax's sums of exponentials are accumulated with their maxima: two phases.)"""
     monkeypatch.setattr(rows, "SPLIT_MIN_N", 1000)
     monkeypatch.setattr(rows, "SPLIT_CHUNK", 256)
     monkeypatch.setattr(rows, "MAX_PER_THREAD", 1)
     monkeypatch.setattr(rows, "LONG_PER_THREAD", 1)
-    dispatches = {"softmax": 3, "log_softmax": 3, "layer_norm": 3, "rms_norm": 2, "mse": 2}[case]
+    dispatches = {"softmax": 2, "log_softmax": 2, "layer_norm": 3, "rms_norm": 2, "mse": 2}[case]
     for shape, seed in (((2, 1030), 7), ((1, 4100), 8), ((3, 2051), 9)):  # (odd: a short last chunk)
         arrays, host = operands(shape, "float32", np.random.default_rng(seed), gpu_like)
         recordings.clear()
         check(case, arrays, host, "float32")
         assert recordings[-1].dispatches == dispatches
     assert chosen and all(c.C > 1 and c.loop for c in chosen)
+
+
+def test_sums_of_exponentials_are_accumulated_with_their_maxima():
+    """A float32 sum of exp(x - max(x)) joins its maximum's phase (rows.online_sums): softmax runs two
+    phases; in a narrow type (values rounded between ops) or over another maximum it keeps its own."""
+    f32 = _softmax_spec(rt.float32)
+    assert f32.online == {3: (0, ("i", 0))} and f32.phases == 2
+    assert _softmax_spec(rt.bfloat16).online == {} and _softmax_spec(rt.bfloat16).phases == 3
+    d = rt.float32
+    other = rows.RowSpec(((d, "v"), (d, "v")), (
+        ("red", "max", d, d, (("i", 1),)),
+        ("ew", "sub", d, d, (("i", 0), ("m", 0))),
+        ("ew", "exp", d, d, (("m", 1),)),
+        ("red", "sum", d, d, (("m", 2),))), (False, True, True, False), (3,))
+    assert other.online == {} and other.phases == 2
+    lse = rows.RowSpec(((d, "v"),), (  # log-sum-exp: the exponentials are not computed at all
+        ("red", "max", d, d, (("i", 0),)),
+        ("ew", "sub", d, d, (("i", 0), ("m", 0))),
+        ("ew", "exp", d, d, (("m", 1),)),
+        ("red", "sum", d, d, (("m", 2),)),
+        ("ew", "log", d, d, (("m", 3),))), (False, True, True, False, False), (4,))
+    assert lse.phases == 1 and lse.live == (True, False, False, True, True)
+
+
+def _special_rows(n: int) -> np.ndarray:
+    rng = np.random.default_rng(5)
+    host = (rng.standard_normal((9, n)) * 4).astype(np.float32)
+    host[1] = -np.inf  # only -inf: exp(-inf - -inf) is NaN in the two passes
+    host[2, ::3] = -np.inf  # some -inf: they add nothing
+    host[3, n // 2] = np.inf  # +inf: NaN (inf - inf)
+    host[4, 5] = np.nan
+    host[5, :-1] = -np.inf  # the maximum is the last element
+    host[6] = np.linspace(-80, 80, n)  # the maximum grows at every element: rescaled each time
+    host[7] = np.linspace(80, -80, n)
+    host[8, 0] = np.inf  # +inf first
+    return host
+
+
+@pytest.mark.parametrize("mode", ["register", "loop", "split"])
+@pytest.mark.parametrize("case", ["softmax", "log_softmax"])
+def test_online_sums_give_what_the_two_passes_give(gpu_like, monkeypatch, chosen, mode, case):
+    """Softmax and log-softmax with the sum accumulated beside its maximum, in each mapping (registers,
+    rows streamed, rows split into chunks), against the ops one at a time on the CPU driver: rows of
+    -inf only, some -inf, +inf, NaN, a maximum growing at every element or found last."""
+    if mode != "register":
+        monkeypatch.setattr(rows, "MAX_PER_THREAD", 1)
+        monkeypatch.setattr(rows, "LONG_PER_THREAD", 1)
+    if mode == "split":
+        monkeypatch.setattr(rows, "SPLIT_MIN_N", 1000)
+        monkeypatch.setattr(rows, "SPLIT_CHUNK", 256)
+    host = _special_rows(2100)
+    fn = CASES[case]
+    got = fn(rt.array(host, device=gpu_like), None, None, None).numpy()
+    want = fn(rt.array(host, device="local-sync"), None, None, None).numpy()
+    assert chosen and all(c.loop == (mode != "register") and (c.C > 1) == (mode == "split") for c in chosen)
+    nan = np.isnan(want)
+    assert nan[1].all() and nan[3].all() and nan[4].all() and not nan[2].any() and not nan[6].any()
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_allclose(got[~nan], want[~nan], rtol=2e-5, atol=1e-6)
 
 
 @pytest.fixture
