@@ -18,7 +18,9 @@ thread keeps its elements of every full value in registers across phases
 phase); rows of up to 1024 x 32 elements fit so when the program's values are
 32-bit and few (one workgroup of 1024 threads an SM); longer rows are streamed
 again in every phase, recomputing what that phase needs ("loop" mode, one
-kernel still).
+kernel still); there a sum of exp(x - max(x)) is accumulated beside its
+maximum (``online_sums``), so softmax and cross entropy read a long row once
+less.
 A group over few long rows splits each row into C chunks (the grid would
 otherwise hold too few workgroups to fill the GPU): a dispatch a phase over
 every chunk, each finishing the reductions of the phases before from every
@@ -70,6 +72,16 @@ SPLIT_MAX_ROWS = 256
 SPLIT_MIN_N = 16384
 #: Elements a chunk of a split row holds at least.
 SPLIT_CHUNK = 8192
+#: Streamed rows at least this long accumulate their sums of exponentials online (``online_sums``).
+#: Shorter rows are still in the L2 when the next phase reads them again (two workgroups of 1024
+#: threads an SM hold 264 rows on an H200: 264 x 48K float32 fill its 50 MB), so the pass saved costs
+#: little there, while the exponentials taken a phase earlier cost more than it. On an H200, compiled,
+#: us, two passes against online: softmax over 512 rows of 65536 140.5 -> 122.4 and over 32 rows of
+#: 2**20 (split) 150.7 -> 121.5; cross entropy over 2048 rows of 128256 479 -> 352 (PyTorch eager
+#: 1034) and its gradient 1362 -> 1213; but its gradient over 4096 rows of 32000 610 -> 745. In
+#: register mode it was slower at every size tried (softmax of 8192x4096 69 -> 88 us, cross entropy
+#: over rows of 32000 244 -> 366): the rows are read once there anyway.
+ONLINE_MIN_N = 49152
 
 
 class Config:
@@ -102,14 +114,14 @@ class RowSpec:
 
     __slots__ = ("inputs", "members", "full", "outputs", "online", "live", "stage", "phases", "key")
 
-    def __init__(self, inputs: tuple, members: tuple, full: tuple, outputs: tuple) -> None:
+    def __init__(self, inputs: tuple, members: tuple, full: tuple, outputs: tuple, online: bool = True) -> None:
         self.inputs = inputs
         self.members = members
         self.full = full
         self.outputs = outputs
         #: Online sums: member j (a sum of exp(x - max(x))) -> (the max's member, x), accumulated in
-        #: the max's phase (see online_sums).
-        self.online = online_sums(members, full)
+        #: the max's phase (see online_sums); none with ``online`` false.
+        self.online = online_sums(members, full) if online else {}
         #: Whether a member is computed: an output, or read by one computed (an online sum reads x,
         #: not its exponentials).
         self.live = _live(members, outputs, self.online)
@@ -131,7 +143,8 @@ class RowSpec:
                 phases = max(phases, stage[j])
         self.phases = max(phases, 1)
         self.key = ("rows", tuple((d.name, kind) for d, kind in inputs),
-                    tuple((m[0], m[1], m[2].name, m[3].name, m[4]) for m in members), full, outputs)
+                    tuple((m[0], m[1], m[2].name, m[3].name, m[4]) for m in members), full, outputs,
+                    bool(self.online))
 
     def red_operand(self, j: int) -> tuple:
         """What reduction j accumulates: its operand, or x for an online sum."""
@@ -162,11 +175,12 @@ def online_sums(members: tuple, full: tuple) -> dict:
     """The sums of exponentials a row program accumulates with their maximum, in one pass: member j,
     sum(exp(x - m)) with m = max(x) over the same row (softmax's, log-softmax's and cross entropy's
     denominator), float32 throughout. A thread keeps a running maximum and the sum scaled to it,
-    rescaled when the maximum grows (``_Gen.online_update``), so the sum no longer waits for a phase
+    rescaled when the maximum grows (``_Gen.online_batch``), so the sum no longer waits for a phase
     of its own: softmax over rows runs two phases rather than three, and a row streamed in loop mode
-    is read once less. The exponentials' rounding differs from the two-pass sum's by the rescaling's
-    (a few units in the last place); special values give what the two passes give: NaN where the
-    row holds a NaN or +inf, or only -inf."""
+    is read once less (``plan`` takes it for rows of at least ONLINE_MIN_N streamed, else the two
+    passes). The exponentials' rounding differs from the two-pass sum's by the rescaling's (a few
+    units in the last place); special values give what the two passes give: NaN where the row holds
+    a NaN or +inf, or only -inf."""
     f32 = _dt.float32
     out: dict = {}
     for j, m in enumerate(members):
@@ -284,6 +298,9 @@ def plan(spec: RowSpec, O: int, N: int, layouts: list) -> tuple:  # noqa: E741
     late = tuple(k for k, ((d, kind), (off, so, sn)) in enumerate(zip(spec.inputs, layouts))
                  if kind == "v" and so == 0)
     config = choose(spec, O, N, vec, late)
+    if spec.online and not (config.loop and N >= ONLINE_MIN_N):  # (see ONLINE_MIN_N)
+        spec = RowSpec(spec.inputs, spec.members, spec.full, spec.outputs, online=False)
+        config = choose(spec, O, N, vec, late)
     src = rows_source(spec, config)
     name = spec.name(config)
     consts = [O, N]
@@ -424,14 +441,27 @@ class _Gen:
         spec = self.spec
         return [j for j, m in enumerate(spec.members) if m[0] == "red" and spec.live[j] and spec.stage[j] == stage]
 
-    def online_update(self, j: int, slot: str) -> str:
-        """C statements adding element ``slot`` of x to online sum j and its maximum (``online_sums``):
-        the sum is rescaled to the new maximum when the maximum changes (NaN != NaN: a NaN stays)."""
+    def online_batch(self, j: int) -> list:
+        """C statements adding this thread's elements of x in the pass (E of them, those in the row) to
+        online sum j and its maximum (``online_sums``): the maximum of the batch first, the sum rescaled
+        to it when it grew (NaN != NaN: a NaN stays), then the batch's exponentials, independent of
+        one another (one element at a time, each waiting for the last, ran 1.6x slower)."""
         mx, x = self.spec.online[j]
-        value = convert(self.operand(x, slot), self.spec.operand_dtype(x).c_compute, "float")
-        return (f"{{ const float xv = {value}; const float mn = rt_comb{mx}(a{mx}, xv); "
-                f"if (mn != a{mx}) a{j} *= expf(a{mx} - mn); "
-                f"a{j} += mn == {_NEG_INF} ? 0.0f : expf(xv - mn); a{mx} = mn; }}")
+        value = convert(self.operand(x, "s"), self.spec.operand_dtype(x).c_compute, "float")
+        each = "for (u32 s = 0; s < E; ++s) if (row_ok && base + (s / VEC) * T + t < j1)"
+        return [
+            "  {",
+            f"    float bm = a{mx};",
+            "    #pragma unroll",
+            f"    {each} bm = rt_comb{mx}(bm, {value});",
+            f"    if (bm != a{mx}) a{j} *= expf(a{mx} - bm);",
+            f"    if (bm != {_NEG_INF}) {{",
+            "      #pragma unroll",
+            f"      {each} a{j} += expf({value} - bm);",
+            "    }",
+            f"    a{mx} = bm;",
+            "  }",
+        ]
 
     def reduce_step(self, reds: list) -> None:
         """Finish the thread partials a<j> of reductions `reds` across their row (every thread gets the
@@ -550,9 +580,7 @@ class _Gen:
         for j in reds:
             m = spec.members[j]
             acc = acc_dtype(m[1], m[2])
-            if j in spec.online:
-                self.emit("          " + self.online_update(j, "s"))
-            elif j not in paired:  # (a maximum paired with an online sum is updated with it)
+            if j not in spec.online and j not in paired:  # (online sums and their maxima: online_batch)
                 self.emit(f"          a{j} = rt_comb{j}(a{j}, ({acc.c_compute})({self.operand(m[4][0], 's')}));")
         for j in outs:
             st = store_expr(spec.members[j][3], f"v{j}[s]")
@@ -567,6 +595,9 @@ class _Gen:
                 self.emit(f"        reinterpret_cast<rt_vec4<{T_}>*>(out{j} + (u64)o * N)[jv] = ov{j};")
         self.emit("      }")
         self.emit("    }")
+        for j in reds:
+            if j in spec.online:
+                self.lines += ["  " + line for line in self.online_batch(j)]
         self.emit("  }")
         return reds
 

@@ -396,13 +396,12 @@ def test_few_long_rows_split_into_chunks(gpu_like, recordings, monkeypatch, case
 def test_few_streamed_rows_split_in_every_phase(gpu_like, recordings, monkeypatch, chosen, case):
     """Rows too long for registers and too few to fill the GPU split into chunks in every phase: a
     dispatch a phase over every chunk (each finishing the reductions before it from all chunks'
-    partials), then a combine where the group writes row values. Scaled down: chunks of 256. (Softmax's
-    and log-softmax's sums of exponentials are accumulated with their maxima: two phases.)"""
+    partials), then a combine where the group writes row values. Scaled down: chunks of 256."""
     monkeypatch.setattr(rows, "SPLIT_MIN_N", 1000)
     monkeypatch.setattr(rows, "SPLIT_CHUNK", 256)
     monkeypatch.setattr(rows, "MAX_PER_THREAD", 1)
     monkeypatch.setattr(rows, "LONG_PER_THREAD", 1)
-    dispatches = {"softmax": 2, "log_softmax": 2, "layer_norm": 3, "rms_norm": 2, "mse": 2}[case]
+    dispatches = {"softmax": 3, "log_softmax": 3, "layer_norm": 3, "rms_norm": 2, "mse": 2}[case]
     for shape, seed in (((2, 1030), 7), ((1, 4100), 8), ((3, 2051), 9)):  # (odd: a short last chunk)
         arrays, host = operands(shape, "float32", np.random.default_rng(seed), gpu_like)
         recordings.clear()
@@ -449,10 +448,12 @@ def _special_rows(n: int) -> np.ndarray:
 
 @pytest.mark.parametrize("mode", ["register", "loop", "split"])
 @pytest.mark.parametrize("case", ["softmax", "log_softmax"])
-def test_online_sums_give_what_the_two_passes_give(gpu_like, monkeypatch, chosen, mode, case):
-    """Softmax and log-softmax with the sum accumulated beside its maximum, in each mapping (registers,
-    rows streamed, rows split into chunks), against the ops one at a time on the CPU driver: rows of
-    -inf only, some -inf, +inf, NaN, a maximum growing at every element or found last."""
+def test_online_sums_give_what_the_two_passes_give(gpu_like, recordings, monkeypatch, chosen, mode, case):
+    """Softmax and log-softmax over streamed rows (scaled down: rows.ONLINE_MIN_N), whole or split into
+    chunks, with the sum accumulated beside its maximum, against the ops one at a time on the CPU
+    driver: rows of -inf only, some -inf, +inf, NaN, a maximum growing at every element or found last.
+    Rows in registers keep the two passes (three dispatches split, where online takes two)."""
+    monkeypatch.setattr(rows, "ONLINE_MIN_N", 2000)
     if mode != "register":
         monkeypatch.setattr(rows, "MAX_PER_THREAD", 1)
         monkeypatch.setattr(rows, "LONG_PER_THREAD", 1)
@@ -461,13 +462,29 @@ def test_online_sums_give_what_the_two_passes_give(gpu_like, monkeypatch, chosen
         monkeypatch.setattr(rows, "SPLIT_CHUNK", 256)
     host = _special_rows(2100)
     fn = CASES[case]
+    recordings.clear()
     got = fn(rt.array(host, device=gpu_like), None, None, None).numpy()
+    if mode == "split":
+        assert recordings[-1].dispatches == 2
     want = fn(rt.array(host, device="local-sync"), None, None, None).numpy()
     assert chosen and all(c.loop == (mode != "register") and (c.C > 1) == (mode == "split") for c in chosen)
     nan = np.isnan(want)
     assert nan[1].all() and nan[3].all() and nan[4].all() and not nan[2].any() and not nan[6].any()
     np.testing.assert_array_equal(np.isnan(got), nan)
     np.testing.assert_allclose(got[~nan], want[~nan], rtol=2e-5, atol=1e-6)
+
+
+def test_online_sums_are_planned_for_long_streamed_rows_only(monkeypatch):
+    """rows.plan keeps the two passes in register mode and for streamed rows shorter than ONLINE_MIN_N."""
+    made = []
+    real = rows.rows_source
+    monkeypatch.setattr(rows, "rows_source", lambda spec, config: (made.append(spec), real(spec, config))[1])
+    spec = _softmax_spec(rt.float32)
+    for n, online in ((4096, False), (40000, False), (rows.ONLINE_MIN_N, True), (131072, True)):
+        rows.plan(spec, 4096, n, [(0, n, 1)])
+        assert bool(made[-1].online) == online, n
+    rows.plan(spec, 8, 1 << 20, [(0, 1 << 20, 1)])  # split
+    assert made[-1].online
 
 
 @pytest.fixture
