@@ -194,6 +194,31 @@ def cross_entropy_make(rng, quick):
     return [normal(rng, rows, n), rng.integers(0, n, rows).astype(np.float32)]
 
 
+def vocabulary_make(rng, quick):
+    """Logits over a vocabulary of 128256 (a large language model's), 2048 rows."""
+    rows, n = (32, 5000) if quick else (2048, 128256)
+    return [normal(rng, rows, n), rng.integers(0, n, rows).astype(np.float32)]
+
+
+def cross_entropy_rt(x, labels):
+    m = x.max(axis=-1, keepdims=True)
+    lse = m[:, 0] + rt.log(rt.exp(x - m).sum(axis=-1))
+    return (lse - rt.take_along_axis(x, labels.astype(rt.int64)[:, None], axis=1)[:, 0]).mean()
+
+
+def cross_entropy_torch(x, labels):
+    m = x.amax(dim=-1, keepdim=True)
+    lse = m[:, 0] + (x - m).exp().sum(dim=-1).log()
+    return (lse - x.gather(1, labels.long()[:, None])[:, 0]).mean()
+
+
+def cross_entropy_np(x, labels):
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(x - m).sum(axis=-1))
+    return np.asarray((lse - x[np.arange(len(x)), labels.astype(np.int64)]).mean())
+
+
 def cross_entropy_grad_rt(x, labels):
     def loss(v):
         m = v.max(axis=-1, keepdims=True)
@@ -318,6 +343,9 @@ CASES = [
     Case("cross_entropy_grad_4096x32000", "cross entropy's gradient over 4096 rows of 32000 logits, composed ops",
          cross_entropy_make, cross_entropy_grad_rt, cross_entropy_grad_torch, cross_entropy_grad_np,
          bandwidth_bound=True, compiled=True),
+    Case("cross_entropy_2048x128256", "cross entropy over 2048 rows of 128256 logits, composed ops",
+         vocabulary_make, cross_entropy_rt, cross_entropy_torch, cross_entropy_np, bandwidth_bound=True,
+         compiled=True),
     Case("column_sum_8192x8192", "column sum of 8192×8192", square_make, lambda x: x.sum(axis=0),
          lambda x: x.sum(dim=0), lambda x: x.sum(axis=0), bandwidth_bound=True),
     Case("transposed_copy_8192x8192", "transposed copy 8192×8192", square_make, lambda x: x.T.copy(),
