@@ -87,7 +87,7 @@ from hal.drivers.gpu.library import LibraryCall
 from hal.drivers.gpu.recording import (
     Command,
     Copy,
-    Dispatch,
+    DirectDispatch,
     Fill,
     RecordingCommandBuffer,
     SlotDispatch,
@@ -264,8 +264,8 @@ class GraphCommandBuffer(RecordingCommandBuffer):
     def _one_kernel(self) -> bool:
         """Whether the recording is one kernel launch and nothing else (issued on the stream: see the
         module)."""
-        commands = [command for level in self.levels for command in level]
-        return len(commands) == 1 and type(commands[0]) in (Dispatch, SlotDispatch)  # (collectives are library calls)
+        commands = [command for level in self.levels for command in level]  # (collectives are library calls)
+        return len(commands) == 1 and type(commands[0]) in (DirectDispatch, SlotDispatch)
 
     def _issue_on_the_stream(self) -> None:
         """Give up the graph: every submission issues the commands in order on the queue's stream."""
@@ -342,7 +342,12 @@ class GraphCommandBuffer(RecordingCommandBuffer):
             params = self._indirect_params(command, self._indirect_args)
             node = _Node(command, api.graph_add_kernel_node(graph, deps, params), params, "indirect")
             slots = set()  # rebinding rewrites the device table, not the node
-        elif kind is Dispatch or kind is SlotDispatch:
+        elif kind is DirectDispatch:
+            function, grid, block, start, count = command  # type: ignore[misc]
+            params = api.kernel_node_params(function, grid, block, self.args.params_address(start, count))
+            node = _Node(command, api.graph_add_kernel_node(graph, deps, params), params, "kernel")
+            slots = set()
+        elif kind is SlotDispatch:
             params = api.kernel_node_params(command.function, command.grid, command.block,
                                             self.args.params_address(command.arg_start, command.arg_count))
             node = _Node(command, api.graph_add_kernel_node(graph, deps, params), params, "kernel")

@@ -60,11 +60,17 @@ def slot_address(entry: Binding) -> tuple[int, int]:
     return buffer.allocation.ptr + buffer.offset + base, size
 
 
-class Dispatch:
-    """A kernel launch: its function, grid, block and packed arguments (``ArgArena`` slots).
+#: A kernel launch with direct bindings only, the commonest command: the plain tuple (function, grid,
+#: block, first ``ArgArena`` slot, slot count). A recorded dispatch made a ``Dispatch`` object before:
+#: creating it took a quarter of the host time recording a dispatch costs (0.85 -> 0.65 us a dispatch
+#: over the simulated GPU, record and submit 4.2 -> 4.0 us).
+DirectDispatch = tuple  # (function, grid, block, arg_start, arg_count)
 
-    A dispatch with bindings through binding-table slots also carries what rebinding it
-    needs (``SlotDispatch``); the usual direct one sets only the five fields it uses.
+
+class Dispatch:
+    """A kernel launch: its function, grid, block and packed arguments (``ArgArena`` slots), the
+    fields of a dispatch through binding-table slots (``SlotDispatch``), which also carries what
+    rebinding it needs. A direct dispatch is a ``DirectDispatch`` tuple of the same five fields.
     """
 
     __slots__ = ("function", "grid", "block", "arg_start", "arg_count")
@@ -124,7 +130,7 @@ class Update:
         self.length = length
 
 
-Command = Dispatch | SlotDispatch | Fill | Copy | Update | LibraryCall
+Command = DirectDispatch | SlotDispatch | Fill | Copy | Update | LibraryCall
 
 
 def _release_workspaces(device: GpuDevice, calls: list[LibraryCall]) -> None:
@@ -207,8 +213,8 @@ class RecordingCommandBuffer(CommandBuffer):
             pending.append(buffer.allocation.ptr + buffer.offset + ref.offset)
         else:
             pending.extend(constants)
-            self._level.append(Dispatch(executable.functions[ordinal], workgroups,  # type: ignore[attr-defined]
-                                        export.workgroup_size, start, len(bindings) + len(constants)))
+            self._level.append((executable.functions[ordinal], workgroups,  # type: ignore[attr-defined]
+                                export.workgroup_size, start, len(bindings) + len(constants)))
             return
         slot_args = []
         targets = []
@@ -288,7 +294,7 @@ class RecordingCommandBuffer(CommandBuffer):
         for command in self.slot_dispatches:
             self.patch_dispatch(command, table)
 
-    def patch_dispatch(self, command: Dispatch, table: Sequence[Binding] | None) -> None:
+    def patch_dispatch(self, command: SlotDispatch, table: Sequence[Binding] | None) -> None:
         values = self.args.values
         for index, slot, offset in command.slot_args:
             buffer, base, _ = table[slot]  # type: ignore[index]

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from hal.command_buffer import Binding
 from hal.drivers.gpu.library import LibraryCall
-from hal.drivers.gpu.recording import Command, Copy, Dispatch, Fill, SlotDispatch, Update
+from hal.drivers.gpu.recording import Command, Copy, DirectDispatch, Fill, SlotDispatch, Update
 
 if TYPE_CHECKING:
     from hal.drivers.gpu.recording import RecordingCommandBuffer
@@ -65,7 +65,11 @@ class StreamIssue:
         for level in cb.levels:
             for command in level:
                 kind = type(command)
-                if kind is Dispatch or kind is SlotDispatch:
+                if kind is DirectDispatch:
+                    function, grid, block, start, count = command
+                    append(prepare_launch(function, grid, block, stream, params + 8 * start if count else 0))
+                    continue
+                if kind is SlotDispatch:
                     append(prepare_launch(command.function, command.grid, command.block, stream,
                                           params + 8 * command.arg_start if command.arg_count else 0))
                     continue
