@@ -21,6 +21,7 @@ from . import (
     scatter,
     sort,
     take,
+    take_epilogue,
     tri,
 )
 
@@ -85,6 +86,9 @@ def all_sources() -> list:
         out.append(take.add_source(d))  # (take_add adds in the same dtypes: ops.added_dtype)
     out.append(scatter.last_source())
     out.append(take.rank_source())
+    for op, d, side in (("add", _dt.float32, 0), ("mul", _dt.bfloat16, 1), ("div", _dt.float16, 0),
+                        ("maximum", _dt.float64, 1)):  # (the folds of a take into its reader: each form)
+        out.append(take_epilogue.epilogue_source(op, d, d, side))
     for d in scan.DTYPES:
         out.append(scan.scan_source(d))
         out.append(scan.scan_source(d, "cumprod"))

@@ -42,7 +42,7 @@ READ_ZERO, SKIP, SKIP_QUIETLY, CLAMP = ("status[0] = 1u; v = 0;", "status[0] = 1
                                         "v = v < 0 ? 0 : (long long)n - 1;")
 
 
-def _index(bad: str, at: str, indent: str) -> str:
+def index_lines(bad: str, at: str, indent: str) -> str:
     """C statements mapping the int64 index at ``at`` into ``v`` (0 .. n - 1) by the mode; ``bad``:
     the statements for an index out of range under "raise" (READ_ZERO, SKIP, SKIP_QUIETLY, CLAMP)."""
     return "\n".join(indent + line for line in (
@@ -73,7 +73,7 @@ def _kernel(dt, name: str, checked: bool) -> str:
     for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < (total >> 2); t += (u64)blockDim.x * gridDim.x) {{
       const u32 e = (u32)t << 2;
       const u32 r = e / I, i = e - r * I, o = r / J, j = r - o * J;
-{_index(READ_ZERO if checked else CLAMP, "ioff + (u64)o * io + (u64)j * ij", "      ")}
+{index_lines(READ_ZERO if checked else CLAMP, "ioff + (u64)o * io + (u64)j * ij", "      ")}
       reinterpret_cast<rt_vec4<{t}>*>(out)[t] =
           *reinterpret_cast<const rt_vec4<{t}>*>(src + soff + ((u64)o * n + (u64)v) * I + i);
     }}
@@ -81,7 +81,7 @@ def _kernel(dt, name: str, checked: bool) -> str:
   }}
   for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)blockDim.x * gridDim.x) {{
     const u32 r = (u32)e / I, i = (u32)e - r * I, o = r / J, j = r - o * J;
-{_index(READ_ZERO if checked else CLAMP, "ioff + (u64)o * io + (u64)j * ij + (u64)i * ii", "    ")}
+{index_lines(READ_ZERO if checked else CLAMP, "ioff + (u64)o * io + (u64)j * ij + (u64)i * ii", "    ")}
     out[e] = src[soff + ((u64)o * n + (u64)v) * I + i];
   }}
 }}
@@ -97,7 +97,7 @@ def _numpy_fn(dt, checked: bool):
         total, J, inner, n, io, ij, ii, soff, ioff, mode = c
         outer = total // (J * inner)
         src = np.frombuffer(bindings[1], dt.storage, outer * n * inner, soff * dt.itemsize).reshape(outer, n, inner)
-        v = _mapped(bindings, outer, J, inner, n, io, ij, ii, ioff, mode, checked)
+        v = mapped_indices(bindings, outer, J, inner, n, io, ij, ii, ioff, mode, checked)
         out = np.frombuffer(bindings[0], dt.storage, total).reshape(outer, J, inner)
         if io == 0 and ii == 0:
             np.take(src, v[0, :, 0], axis=1, out=out)
@@ -120,7 +120,7 @@ def _add_kernel(dt, name: str, checked: bool) -> str:
 {_signature(dt, name, checked, "g", "goff")} {{
   for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)blockDim.x * gridDim.x) {{
     const u32 r = (u32)e / I, i = (u32)e - r * I, o = r / J, j = r - o * J;
-{_index(SKIP if checked else CLAMP, "ioff + (u64)o * io + (u64)j * ij + (u64)i * ii", "    ")}
+{index_lines(SKIP if checked else CLAMP, "ioff + (u64)o * io + (u64)j * ij + (u64)i * ii", "    ")}
     atomicAdd(out + ((u64)o * n + (u64)v) * I + i, g[goff + e]);
   }}
 }}
@@ -137,7 +137,7 @@ def _add_numpy_fn(dt, checked: bool):
         outer = total // (J * inner)
         out = np.frombuffer(bindings[0], dt.storage, outer * n * inner).reshape(outer, n, inner)
         g = np.frombuffer(bindings[1], dt.storage, total, goff * dt.itemsize).reshape(outer, J, inner)
-        v = _mapped(bindings, outer, J, inner, n, io, ij, ii, ioff, mode, checked, drop=True)
+        v = mapped_indices(bindings, outer, J, inner, n, io, ij, ii, ioff, mode, checked, drop=True)
         o, _, i = np.ogrid[:outer, :1, :inner]
         keep = v >= 0
         o, v, i = np.broadcast_arrays(o, v, i)
@@ -146,7 +146,7 @@ def _add_numpy_fn(dt, checked: bool):
     return run
 
 
-def _mapped(bindings, outer, J, inner, n, io, ij, ii, ioff, mode, checked, drop=False):
+def mapped_indices(bindings, outer, J, inner, n, io, ij, ii, ioff, mode, checked, drop=False):
     """The indices (outer, J, inner) mapped by the mode: an index out of range under "raise" sets
     the status word (checked) and becomes 0, or -1 where ``drop``; unchecked ones are clamped."""
     reach = (outer - 1) * io + (J - 1) * ij + (inner - 1) * ii + 1
@@ -227,7 +227,7 @@ extern "C" __global__ void take_clear(u32* __restrict__ winner, u32 n) {{
 extern "C" __global__ void take_rank(u32* __restrict__ winner, const long long* __restrict__ idx, u32 J, u32 n,
                                      u32 ioff, u32 mode) {{
   {loop} {{
-{_index(CLAMP, "ioff + j", "    ")}
+{index_lines(CLAMP, "ioff + j", "    ")}
     atomicMax(winner + v, (u32)j + 1u);
   }}
 }}
@@ -235,7 +235,7 @@ extern "C" __global__ void take_rank(u32* __restrict__ winner, const long long* 
 extern "C" __global__ void take_rank_checked(u32* __restrict__ winner, const long long* __restrict__ idx,
                                              unsigned int* __restrict__ status, u32 J, u32 n, u32 ioff, u32 mode) {{
   {loop} {{
-{_index(SKIP, "ioff + j", "    ")}
+{index_lines(SKIP, "ioff + j", "    ")}
     atomicMax(winner + v, (u32)j + 1u);
   }}
 }}
@@ -250,7 +250,7 @@ extern "C" __global__ void {name}({t}* __restrict__ out, const {t}* __restrict__
     u32 ioff, u32 mode) {{
   for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)blockDim.x * gridDim.x) {{
     const u32 r = (u32)e / I, i = (u32)e - r * I, o = r / J, j = r - o * J;
-{_index(SKIP_QUIETLY, "ioff + j", "    ")}
+{index_lines(SKIP_QUIETLY, "ioff + j", "    ")}
     if (winner[v] == j + 1u) out[((u64)o * n + (u64)v) * I + i] = vals[voff + e];
   }}
 }}
@@ -264,7 +264,8 @@ def _rank_numpy_fns() -> dict:
     def rank(checked: bool):
         def run(workgroups, bindings, c):
             J, n, ioff, mode = c
-            v = _mapped(bindings[:1] + [None] + bindings[1:], 1, J, 1, n, 0, 1, 0, ioff, mode, checked, drop=True)
+            v = mapped_indices(bindings[:1] + [None] + bindings[1:], 1, J, 1, n, 0, 1, 0, ioff, mode, checked,
+                               drop=True)
             v = v.reshape(-1)
             keep = v >= 0
             np.maximum.at(np.frombuffer(bindings[0], np.uint32, n), v[keep],
@@ -280,7 +281,7 @@ def _set_numpy_fn(dt):
         outer = total // (J * inner)
         out = np.frombuffer(bindings[0], dt.storage, outer * n * inner).reshape(outer, n, inner)
         vals = np.frombuffer(bindings[1], dt.storage, total, voff * dt.itemsize).reshape(outer, J, inner)
-        v = _mapped([None, None, bindings[2]], 1, J, 1, n, 0, 1, 0, ioff, mode, False, drop=True).reshape(-1)
+        v = mapped_indices([None, None, bindings[2]], 1, J, 1, n, 0, 1, 0, ioff, mode, False, drop=True).reshape(-1)
         if mode == 0:  # (out of range: the rank skipped it, and so does the write)
             raw = np.frombuffer(bindings[2], np.int64, J, ioff * 8)
             v = np.where((raw < -n) | (raw >= n), -1, v)

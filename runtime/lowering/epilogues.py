@@ -61,7 +61,7 @@ class Fold:
         self.cmds: list | None = None
 
 
-class _Graph:
+class ReadGraph:
     """Who reads whom in the order, and what must outlive the evaluation."""
 
     def __init__(self, order: list, index: dict, keep: int) -> None:
@@ -84,7 +84,7 @@ def find(ctx, order: list, index: dict, keep: int | None) -> dict:
     """The folds of an order, by product index, each planned (see the module doc)."""
     if not ENABLED or keep is None or not ctx.is_gpu or not ctx.device.can_prepare("library"):
         return {}
-    graph = _Graph(order, index, keep)
+    graph = ReadGraph(order, index, keep)
     forward: dict = {}  # product -> [the fold to try first, its fallback, ...]
     backward: dict = {}  # ReLU's: on a mask a forward fold writes
     gelu_backward: dict = {}  # GELU's: on a pre-activation in memory either way
@@ -131,7 +131,7 @@ def find(ctx, order: list, index: dict, keep: int | None) -> dict:
     return folds
 
 
-def _planned(ctx, graph: _Graph, fold: Fold) -> bool:
+def _planned(ctx, graph: ReadGraph, fold: Fold) -> bool:
     """Plan ``fold``'s dispatch (once); whether the product fits one with its epilogue."""
     if fold.cmds is None:
         node = graph.order[fold.product]
@@ -144,7 +144,7 @@ def _planned(ctx, graph: _Graph, fold: Fold) -> bool:
 
 # ---- patterns -----------------------------------------------------------------------------------
 
-def _reads_whole(inp, producer, consumer=None) -> bool:
+def reads_whole(inp, producer, consumer=None) -> bool:
     """Whether ``inp`` reads ``producer`` element for element (same shape, no view in between)."""
     whole = inp is producer or (inp.offset == 0 and inp.shape == producer.shape
                                 and (inp.strides is None or inp.strides == contiguous_strides(inp.shape)))
@@ -159,7 +159,7 @@ def _zero(inp) -> bool:
         and value.shape == () and value == 0
 
 
-def _forward(graph: _Graph, j: int) -> list:
+def _forward(graph: ReadGraph, j: int) -> list:
     """The folds of product ``j`` and what follows it, the most folded first."""
     order = graph.order
     product = order[j]
@@ -171,7 +171,7 @@ def _forward(graph: _Graph, j: int) -> list:
         if add.op == "add" and len(add.shape) == 2:
             for side in (0, 1):
                 operand, bias = add.inputs[side], add.inputs[1 - side]
-                if graph.source(operand) == j and _reads_whole(operand, product, add) \
+                if graph.source(operand) == j and reads_whole(operand, product, add) \
                         and _row_vector(graph, bias, add, j):
                     pre, pre_index = add, i
                     bias_roles = [("root_at", bias.root, bias.offset * add.dtype.itemsize)]
@@ -227,7 +227,7 @@ def _finish(fold: Fold, pre_index: int, bias_reads: list, zero, bias_roles: list
     return fold
 
 
-def _relu_after(graph: _Graph, pre, pre_index: int) -> tuple | None:
+def _relu_after(graph: ReadGraph, pre, pre_index: int) -> tuple | None:
     """(the maximum node, the mask node or None, the 0 constant) where ``pre`` feeds
     ``maximum(pre, 0)`` and at most one mask ``pre >= 0`` of its gradient, and nothing else."""
     if graph.kept(pre_index) or pre.dtype.name not in matmul.EPILOGUE_DTYPES:
@@ -237,7 +237,7 @@ def _relu_after(graph: _Graph, pre, pre_index: int) -> tuple | None:
     for i in graph.readers.get(pre_index, ()):
         node = order[i]
         if node.op not in ("maximum", "ge") or len(node.inputs) != 2 or not _zero(node.inputs[1]) \
-                or graph.source(node.inputs[0]) != pre_index or not _reads_whole(node.inputs[0], pre):
+                or graph.source(node.inputs[0]) != pre_index or not reads_whole(node.inputs[0], pre):
             return None
         if zero is not None and node.inputs[1].root is not zero:
             return None
@@ -257,7 +257,7 @@ def _relu_after(graph: _Graph, pre, pre_index: int) -> tuple | None:
     return h, mask, zero
 
 
-def _gelu_after(graph: _Graph, pre, pre_index: int) -> tuple | None:
+def _gelu_after(graph: ReadGraph, pre, pre_index: int) -> tuple | None:
     """(the gelu node, whether gradients read ``pre``) where ``pre`` feeds ``gelu(pre)`` and
     otherwise only ``gelu_grad(g, pre)`` nodes."""
     if pre.dtype.name not in matmul.LIBRARY_DTYPES:
@@ -267,17 +267,17 @@ def _gelu_after(graph: _Graph, pre, pre_index: int) -> tuple | None:
     needed = graph.kept(pre_index)
     for i in graph.readers.get(pre_index, ()):
         node = order[i]
-        if node.op == "gelu" and h is None and _reads_whole(node.inputs[0], pre, node):
+        if node.op == "gelu" and h is None and reads_whole(node.inputs[0], pre, node):
             h = i
         elif node.op == "gelu_grad" and graph.source(node.inputs[1]) == pre_index \
-                and _reads_whole(node.inputs[1], pre) and graph.source(node.inputs[0]) != pre_index:
+                and reads_whole(node.inputs[1], pre) and graph.source(node.inputs[0]) != pre_index:
             needed = True
         else:
             return None
     return (h, needed) if h is not None else None
 
 
-def _dgelu(graph: _Graph, j: int) -> Fold | None:
+def _dgelu(graph: ReadGraph, j: int) -> Fold | None:
     """``gelu_grad(product, pre)`` [and the column sums of it] of product ``j``: the pre-activation
     is any value of the order in the product's shape (a forward GEMM's aux, or computed)."""
     order = graph.order
@@ -291,8 +291,8 @@ def _dgelu(graph: _Graph, j: int) -> Fold | None:
         return None
     value, pre = node.inputs
     source = graph.source(pre)
-    if graph.source(value) != j or not _reads_whole(value, product) or source is None or source == j \
-            or not _reads_whole(pre, order[source]) or pre.shape != node.shape or pre.dtype != node.dtype:
+    if graph.source(value) != j or not reads_whole(value, product) or source is None or source == j \
+            or not reads_whole(pre, order[source]) or pre.shape != node.shape or pre.dtype != node.dtype:
         return None
     fold = Fold(j, w, "dgelu")
     fold.reads = [source]
@@ -305,7 +305,7 @@ def _dgelu(graph: _Graph, j: int) -> Fold | None:
     return fold
 
 
-def _drelu(graph: _Graph, j: int) -> Fold | None:
+def _drelu(graph: ReadGraph, j: int) -> Fold | None:
     """``where(mask, product, 0)`` [and the column sums of it] of product ``j``, the mask one a
     forward fold may write."""
     order = graph.order
@@ -319,8 +319,8 @@ def _drelu(graph: _Graph, j: int) -> Fold | None:
         return None
     cond, value, other = node.inputs
     mask = graph.source(cond)
-    if mask is None or order[mask].op != "ge" or not _reads_whole(cond, order[mask]) or cond.shape != node.shape \
-            or graph.source(value) != j or not _reads_whole(value, product) or not _zero(other):
+    if mask is None or order[mask].op != "ge" or not reads_whole(cond, order[mask]) or cond.shape != node.shape \
+            or graph.source(value) != j or not reads_whole(value, product) or not _zero(other):
         return None
     fold = Fold(j, w, "drelu")
     fold.mask = mask
@@ -335,22 +335,22 @@ def _drelu(graph: _Graph, j: int) -> Fold | None:
     return fold
 
 
-def _column_sum(graph: _Graph, i: int, matrix, taken: set = frozenset()) -> int | None:
+def _column_sum(graph: ReadGraph, i: int, matrix, taken: set = frozenset()) -> int | None:
     """A node summing ``matrix`` (node ``i``) over its rows, keeping the axis, in its dtype."""
     for r in sorted(graph.readers.get(i, ())):
         node = graph.order[r]
         if node.op == "sum" and node.params == ((0,), True) and node.dtype == matrix.dtype and r not in taken \
-                and node.shape == (1, matrix.shape[1]) and _reads_whole(node.inputs[0], matrix):
+                and node.shape == (1, matrix.shape[1]) and reads_whole(node.inputs[0], matrix):
             return r
     return None
 
 
-def _bias_gradient_of_b(graph: _Graph, j: int, taken: set) -> Fold | None:
+def _bias_gradient_of_b(graph: ReadGraph, j: int, taken: set) -> Fold | None:
     """``x.T @ g`` of product ``j`` beside the column sums of g (a node of the order read whole as B)."""
     product = graph.order[j]
     b = product.inputs[1]
     g = graph.source(b)
-    if g is None or not _reads_whole(b, graph.order[g]) or graph.order[g].dtype != product.dtype \
+    if g is None or not reads_whole(b, graph.order[g]) or graph.order[g].dtype != product.dtype \
             or len(b.shape) != 2:
         return None
     column_sum = _column_sum(graph, g, graph.order[g], taken)
@@ -363,7 +363,7 @@ def _bias_gradient_of_b(graph: _Graph, j: int, taken: set) -> Fold | None:
     return fold
 
 
-def _row_vector(graph: _Graph, bias, consumer, product_index: int) -> bool:
+def _row_vector(graph: ReadGraph, bias, consumer, product_index: int) -> bool:
     """Whether ``bias`` is one contiguous vector added to every row, ready before the product."""
     if bias.dtype != consumer.dtype:
         return False

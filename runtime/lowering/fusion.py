@@ -56,7 +56,7 @@ from ..kernels.fused import FUSABLE_DTYPES, FusedSpec
 from ..kernels.fused import plan as plan_fused
 from ..ops import ELEMENTWISE, REDUCTIONS
 from ..shapes import contiguous_strides
-from . import epilogues, row_groups
+from . import epilogues, gathers, row_groups
 
 #: RUNTIME_FUSION=0: every elementwise node its own kernel on GPUs. Read once, at import: every eval
 #: asks (an environment look-up was a twentieth of a one-op eval's bytecodes).
@@ -237,6 +237,9 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
     units: list = []
     groups: dict = {}  # element count -> fused groups of that size
     folds = epilogues.find(ctx, order, index, keep) if fuse else {}
+    if fuse:  # (a take read by one elementwise op: the op in the take's kernel, gathers.py)
+        folds.update(gathers.find(ctx, order, index, keep,
+                                  {i for f in folds.values() for i in (f.product, *f.computed)}))
     folded_into: dict = {}  # node index -> the unit of the product whose GEMM computes its value
     folded = {i for fold in folds.values() for i in (fold.product, *fold.computed)}
     unwritten = {i for fold in folds.values() for i in fold.unwritten}

@@ -1,0 +1,62 @@
+"""Elementwise work folded into the gather that feeds it (``kernels/take_epilogue.py``).
+
+On a GPU, a ``take`` whose value is read by one elementwise op alone (``take_epilogue.OPS``), whole,
+with one other operand of the same float dtype, is computed with that op in one kernel: an embedding
+lookup plus positions (``rt.take(table, ids, axis=0) + pos``), gathered rows scaled or masked. The
+take's value gets no buffer, as the product's of a GEMM epilogue (``epilogues.py``), whose ``Fold``
+this is: the take is the product, the op's node its out, the other operand's node (computed earlier
+in the order, or an input) what it reads.
+
+Not folded: a take that is kept or read elsewhere (its values must exist), the other operand computed
+after the take in the order (the fold's kernel runs where the take is placed), a broadcast of the
+take's value (the op's shape must be the take's), and integer, bool or complex values.
+"""
+
+from __future__ import annotations
+
+from hal import env
+
+from ..kernels import take_epilogue
+from ..shapes import broadcast_strides, contiguous_strides
+from .epilogues import Fold, ReadGraph, reads_whole
+
+#: RUNTIME_GATHER_FOLDS=0: no folds, the take and the op each their own kernel (to measure what they save).
+ENABLED = env.switch("RUNTIME_GATHER_FOLDS", True)
+
+
+def find(ctx, order: list, index: dict, keep: int | None, taken: set) -> dict:
+    """The folds of takes into their reader, by the take's index; ``taken``: nodes other folds compute."""
+    if not ENABLED or keep is None or not ctx.is_gpu:
+        return {}
+    graph = ReadGraph(order, index, keep)
+    folds: dict = {}
+    for t, node in enumerate(order):
+        if node.op != "take" or t in taken or graph.kept(t) or not node.dtype.is_float or node.dtype.is_complex:
+            continue
+        readers = graph.readers.get(t, ())
+        if len(readers) != 1:
+            continue
+        (i,) = readers
+        user = order[i]
+        if user.op not in take_epilogue.OPS or len(user.inputs) != 2 or i in taken or user.dtype is not node.dtype:
+            continue
+        sides = [k for k, inp in enumerate(user.inputs) if graph.source(inp) == t]
+        if len(sides) != 1 or not reads_whole(user.inputs[sides[0]], node, user):
+            continue
+        other = user.inputs[1 - sides[0]]
+        j = graph.source(other)
+        if other.dtype is not node.dtype or (j is not None and j > t) or user.params is not node.dtype:
+            continue
+        strides = other.strides if other.strides is not None else contiguous_strides(other.shape)
+        layouts = [(inp.shape, inp.strides if inp.strides is not None else contiguous_strides(inp.shape), inp.offset)
+                   for inp in node.inputs]
+        cmds = take_epilogue.plan(node, layouts, user, i, sides[0],
+                                  (broadcast_strides(other.shape, strides, user.shape), other.offset, other.root))
+        if cmds is None:
+            continue
+        fold = Fold(t, i, "take")
+        fold.cmds = cmds
+        fold.reads = [] if j is None else [j]
+        folds[t] = fold
+        taken.update((t, i))
+    return folds
