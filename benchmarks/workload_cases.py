@@ -219,6 +219,24 @@ def cross_entropy_np(x, labels):
     return np.asarray((lse - x[np.arange(len(x)), labels.astype(np.int64)]).mean())
 
 
+def embedding_make(rng, quick):
+    """A table of 50000 rows of 1024, 32x1024 token ids (as float32) and positions of 1024x1024."""
+    rows, width, batch, seq = (500, 64, 4, 32) if quick else (50000, 1024, 32, 1024)
+    return [normal(rng, rows, width), rng.integers(0, rows, (batch, seq)).astype(np.float32), normal(rng, seq, width)]
+
+
+def embedding_rt(table, ids, pos):
+    return rt.take(table, ids.astype(rt.int64), axis=0) + pos
+
+
+def embedding_torch(table, ids, pos):
+    return table[ids.long()] + pos
+
+
+def embedding_np(table, ids, pos):
+    return table[ids.astype(np.int64)] + pos
+
+
 def cross_entropy_grad_rt(x, labels):
     def loss(v):
         m = v.max(axis=-1, keepdims=True)
@@ -346,6 +364,8 @@ CASES = [
     Case("cross_entropy_2048x128256", "cross entropy over 2048 rows of 128256 logits, composed ops",
          vocabulary_make, cross_entropy_rt, cross_entropy_torch, cross_entropy_np, bandwidth_bound=True,
          compiled=True),
+    Case("embedding_32x1024_of_50000x1024", "embedding lookup plus positions, 32×1024 ids into 50000×1024",
+         embedding_make, embedding_rt, embedding_torch, embedding_np, compiled=True, tolerance=0.0),
     Case("column_sum_8192x8192", "column sum of 8192×8192", square_make, lambda x: x.sum(axis=0),
          lambda x: x.sum(dim=0), lambda x: x.sum(axis=0), bandwidth_bound=True),
     Case("transposed_copy_8192x8192", "transposed copy 8192×8192", square_make, lambda x: x.T.copy(),
