@@ -50,10 +50,11 @@ def epilogue_source(op: str, dt, cdt, side: int) -> KernelSource:
 
 
 def plan(take, take_layouts: list, user, out: int, side: int, other_layout: tuple) -> list | None:
-    """The dispatch computing ``user`` (``op`` of the ``take`` node and another operand; node ``out`` of
-    the order) in one kernel: roles the user's output, the take's inputs, the other's root and the
-    checked form's status word. ``other_layout``: the other's strides over the user's shape, offset
-    and root. None where its collapsed layout has more than MAX_DIMS dims."""
+    """The dispatch computing ``user`` (``op`` of the ``take`` node and another operand; node ``out``
+    of the order, where the kernel is placed) in one kernel: roles the user's output, the roots of
+    the take's inputs, the other's root and the checked form's status word. ``other_layout``: the
+    other's strides over the user's shape, offset and root. None where its collapsed layout has more
+    than MAX_DIMS dims."""
     mode, J, inner, n, strides, checked = take.params
     total = take.size
     (_, _, soff), (_, _, ioff) = take_layouts[:2]
@@ -71,7 +72,9 @@ def plan(take, take_layouts: list, user, out: int, side: int, other_layout: tupl
     consts = [total, J, inner, n, *strides, soff, ioff, MODES[mode], u32(other_offset), len(shape),
               *shape, *[1] * (MAX_DIMS - len(shape)), *[u32(s) for s in pstrides], *[0] * (MAX_DIMS - len(shape)), vec]
     name = _names(user.op, take.dtype, side)[1 if checked else 0]
-    roles = [("out", out), ("in", 0), ("in", 1), ("root", other_root)] + ([("in", 2)] if checked else [])
+    roles = [("out", out), ("root", take.inputs[0].root), ("root", take.inputs[1].root), ("root", other_root)]
+    if checked:
+        roles.append(("root", take.inputs[2].root))
     src = epilogue_source(user.op, take.dtype, user.params, side)
     return [("dispatch", src, name, (grid_1d(total // 4 if vec else total), 1, 1), consts, roles)]
 

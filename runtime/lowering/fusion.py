@@ -273,7 +273,7 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
         srcs = [index.get(id(inp.root)) for inp in node.inputs]
         lv = 0
         for j in srcs:
-            if j is not None and ready[j] + 1 > lv:
+            if j is not None and ready[j] + 1 > lv and j not in early:  # (an early node: placed with i)
                 lv = ready[j] + 1
         if i in scattered:  # (its add scatters its values: ready when they are)
             ready[i] = lv - 1

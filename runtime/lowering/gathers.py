@@ -4,12 +4,11 @@ On a GPU, a ``take`` whose value is read by one elementwise op alone (``take_epi
 with one other operand of the same float dtype, is computed with that op in one kernel: an embedding
 lookup plus positions (``rt.take(table, ids, axis=0) + pos``), gathered rows scaled or masked. The
 take's value gets no buffer, as the product's of a GEMM epilogue (``epilogues.py``), whose ``Fold``
-this is: the take is the product, the op's node its out, the other operand's node (computed earlier
-in the order, or an input) what it reads.
+this is: placed where the op is (its product and out), computing the take too (placed with it, as
+a GEMM's early nodes are), reading the take's inputs and the other operand.
 
-Not folded: a take that is kept or read elsewhere (its values must exist), the other operand computed
-after the take in the order (the fold's kernel runs where the take is placed), a broadcast of the
-take's value (the op's shape must be the take's), and integer, bool or complex values.
+Not folded: a take that is kept or read elsewhere (its values must exist), a broadcast of the take's
+value (the op's shape must be the take's), and integer, bool or complex values.
 """
 
 from __future__ import annotations
@@ -44,8 +43,7 @@ def find(ctx, order: list, index: dict, keep: int | None, taken: set) -> dict:
         if len(sides) != 1 or not reads_whole(user.inputs[sides[0]], node, user):
             continue
         other = user.inputs[1 - sides[0]]
-        j = graph.source(other)
-        if other.dtype is not node.dtype or (j is not None and j > t) or user.params is not node.dtype:
+        if other.dtype is not node.dtype or user.params is not node.dtype:
             continue
         strides = other.strides if other.strides is not None else contiguous_strides(other.shape)
         layouts = [(inp.shape, inp.strides if inp.strides is not None else contiguous_strides(inp.shape), inp.offset)
@@ -54,9 +52,11 @@ def find(ctx, order: list, index: dict, keep: int | None, taken: set) -> dict:
                                   (broadcast_strides(other.shape, strides, user.shape), other.offset, other.root))
         if cmds is None:
             continue
-        fold = Fold(t, i, "take")
+        fold = Fold(i, i, "take")
         fold.cmds = cmds
-        fold.reads = [] if j is None else [j]
-        folds[t] = fold
+        fold.computed.append(t)
+        fold.unwritten = [t]
+        fold.reads = sorted({j for j in map(graph.source, (*node.inputs, other)) if j is not None})
+        folds[i] = fold
         taken.update((t, i))
     return folds
