@@ -24,7 +24,7 @@ ENABLED = env.switch("RUNTIME_GATHER_FOLDS", True)
 
 
 def find(ctx, order: list, index: dict, keep: int | None, taken: set) -> dict:
-    """The folds of takes into their reader, by the take's index; ``taken``: nodes other folds compute."""
+    """The folds of takes into their reader, by the reader's index; ``taken``: nodes other folds compute."""
     if not ENABLED or keep is None or not ctx.is_gpu:
         return {}
     graph = ReadGraph(order, index, keep)
