@@ -8,10 +8,11 @@ The take's index space is ``take.py``'s (outer, J, inner) and its indices are ma
 (``take.index_lines``; the checked export sets the status word). The other operand is read through
 strides over the output's collapsed shape (constants ``s0``.., ``ndim`` of them, strides ``p0``..,
 ``cuda_common.strided_positions``). Where the take moves 4 neighbours along inner as one vector (see
-``take.py``), a thread computes those 4 from one set of coordinates: ``vec`` 1 loads the other's 4 as a
-vector (unit stride, aligned), 2 reads its one element for all 4 (stride 0 there); 0 is one element at
-a time. The op's arithmetic is the elementwise kernel's (``elementwise.c_expr``, the same loads and
-stores), so the values are those of the two kernels run one after the other.
+``take.py``), a thread computes those 4 from one set of coordinates: ``vec`` 1 reads the other's 4
+neighbours (unit stride there: one vector where they are aligned, as rows of a wider array may not
+be), 2 its one element for all 4 (stride 0 there); 0 is one element at a time. The op's arithmetic
+is the elementwise kernel's (``elementwise.c_expr``, the same loads and stores), so the values are
+those of the two kernels run one after the other.
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ extern "C" __global__ void {name}({params}) {{
       const rt_vec4<{t}> w = *reinterpret_cast<const rt_vec4<{t}>*>(src + soff + ((u64)o * n + (u64)v) * I + i);
 {position}
       rt_vec4<{t}> x;
-      if (vec == 1u) x = *reinterpret_cast<const rt_vec4<{t}>*>(other + at);
+      if (vec == 1u && (at & 3) == 0) x = *reinterpret_cast<const rt_vec4<{t}>*>(other + at);
+      else if (vec == 1u) {{ for (int k = 0; k < 4; ++k) x.v[k] = other[at + k]; }}  // (rows of a wider array)
       else {{ const {t} one = other[at]; for (int k = 0; k < 4; ++k) x.v[k] = one; }}
       rt_vec4<{t}> ov;
       #pragma unroll

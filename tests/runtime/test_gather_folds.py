@@ -44,6 +44,8 @@ CASES = {
     "along an axis": (lambda t, i, p, w: rt.take_along_axis(t[:3], i[:, :3] % 16, axis=1) * p[:3, :3], True),
     "wrapped": (lambda t, i, p, w: rt.take(t, i * 7 - 100, axis=0, mode="wrap") + p, True),
     "clipped": (lambda t, i, p, w: rt.take(t, i * 2 - 30, axis=0, mode="clip") + p, True),
+    "rows of a wider array": (lambda t, i, p, w: rt.take(t, i, axis=0) + rt.concat([p, p[:, :2]], axis=1)[:, :16],
+                              True),
     "positions computed after the take": (lambda t, i, p, w: rt.take(t, i, axis=0) + p * 2.0, True),
     "the other from the table's own rows": (lambda t, i, p, w: rt.take(t, i, axis=0) * rt.exp(t[:5] * 0.1), True),
     "kept": (lambda t, i, p, w: (lambda g: (g, g + p))(rt.take(t, i, axis=0)), False),
