@@ -24,7 +24,9 @@ def fuse_at_once(monkeypatch):
 def _inputs(dtype: str):
     rng = np.random.default_rng(3)
     table = rng.standard_normal((50, 16)).astype(np.float32)
+    table[[3, 7, 11], [0, 5, 9]] = np.nan, np.inf, -np.inf  # (maximum and minimum of NaN: the op's own rule)
     ids = rng.integers(0, 50, (3, 5))
+    ids[0, :3] = 3, 7, 11  # (the rows holding them)
     pos = rng.standard_normal((5, 16)).astype(np.float32)
     wide = rng.standard_normal((3, 5, 16)).astype(np.float32) + 3.0
     return table, ids, pos, wide
