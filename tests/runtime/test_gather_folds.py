@@ -119,4 +119,5 @@ def test_gradients_through_a_folded_take(gpu_like):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_folds_on_a_gpu(uri, case):
     _check(uri, case, "float32")
-    _check(uri, case, "bfloat16")
+    if case == "embedding plus positions":  # (one narrow case: each compiles kernels of its own)
+        _check(uri, case, "bfloat16")

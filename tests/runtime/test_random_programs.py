@@ -130,7 +130,7 @@ def test_random_narrow_programs_agree_with_the_cpu_driver(gpu_like, dtype, seed)
 
 
 @pytest.mark.parametrize("uri", GPUS)
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(4))  # (each program compiles kernels of its own: NVRTC's time)
 def test_random_programs_on_a_gpu_agree_with_the_cpu_driver(uri, seed):
     """The same programs and their gradients on a real GPU, with the kernels it compiles."""
     run_everywhere(uri, seed, differentiate=False)
