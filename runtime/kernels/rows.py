@@ -441,6 +441,11 @@ class _Gen:
         spec = self.spec
         return [j for j, m in enumerate(spec.members) if m[0] == "red" and spec.live[j] and spec.stage[j] == stage]
 
+    def paired(self, reds: list) -> dict:
+        """Of reductions ``reds``: each maximum accumulated with an online sum among them -> that sum."""
+        online = self.spec.online
+        return {online[j][0]: j for j in reds if j in online}
+
     def online_batch(self, j: int) -> list:
         """C statements adding this thread's elements of x in the pass (E of them, those in the row) to
         online sum j and its maximum (``online_sums``): the maximum of the batch first, the sum rescaled
@@ -467,7 +472,7 @@ class _Gen:
         """Finish the thread partials a<j> of reductions `reds` across their row (every thread gets the
         total). An online sum is combined with its maximum as a pair (``rt_pair<j>``)."""
         spec = self.spec
-        pairs = {spec.online[j][0]: j for j in reds if j in spec.online}
+        pairs = self.paired(reds)
         mine = [j for j in reds if j not in spec.online]
         for j in mine:
             op, in_dt = spec.members[j][1], spec.members[j][2]
@@ -576,7 +581,7 @@ class _Gen:
             self.emit(f"          x{k}[s] = {load_expr(d, ref)};")
         for j in members:
             self.emit("          " + self.ew_value(j, "s"))
-        paired = {spec.online[j][0] for j in reds if j in spec.online}
+        paired = self.paired(reds)
         for j in reds:
             m = spec.members[j]
             acc = acc_dtype(m[1], m[2])
@@ -679,12 +684,13 @@ class _Gen:
             m = spec.members[j]
             acc = acc_dtype(m[1], m[2])
             self.emit(f"  {acc.c_compute} a{j} = {c_identity(m[1], acc)};")
+        paired = self.paired(reds)
         for j in reds:
             if j in spec.online:  # each chunk's (maximum, sum scaled to it) as a pair
                 mx = spec.online[j][0]
                 self.emit(f"  for (u32 k = t; row_ok && k < C; k += T) rt_pair{j}(a{mx}, a{j}, "
                           f"pv{mx}[(u64)o * C + k], pv{j}[(u64)o * C + k]);")
-            elif not any(spec.online[i][0] == j for i in reds if i in spec.online):
+            elif j not in paired:
                 self.emit(f"  for (u32 k = t; row_ok && k < C; k += T) a{j} = rt_comb{j}(a{j}, pv{j}[(u64)o * C + k]);")
         if reds:
             self.reduce_step(reds)

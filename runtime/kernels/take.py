@@ -94,16 +94,22 @@ def _cuda(dt, name: str, checked_name: str) -> str:
 
 def _numpy_fn(dt, checked: bool):
     def run(workgroups, bindings, c):
-        total, J, inner, n, io, ij, ii, soff, ioff, mode = c
-        outer = total // (J * inner)
-        src = np.frombuffer(bindings[1], dt.storage, outer * n * inner, soff * dt.itemsize).reshape(outer, n, inner)
-        v = mapped_indices(bindings, outer, J, inner, n, io, ij, ii, ioff, mode, checked)
-        out = np.frombuffer(bindings[0], dt.storage, total).reshape(outer, J, inner)
-        if io == 0 and ii == 0:
-            np.take(src, v[0, :, 0], axis=1, out=out)
-        else:
-            out[...] = np.take_along_axis(src, v, axis=1)
+        total, J, inner = c[:3]
+        gather(dt, bindings, c, checked, np.frombuffer(bindings[0], dt.storage, total).reshape(-1, J, inner))
     return run
+
+
+def gather(dt, bindings: list, c: list, checked: bool, out: np.ndarray) -> None:
+    """A take's values, (outer, J, inner), into ``out``: bindings (output, source, indices, the checked
+    form's status word) and the constants of the take's dispatch (the numpy form of its kernel)."""
+    total, J, inner, n, io, ij, ii, soff, ioff, mode = c[:_NCONST]
+    outer = total // (J * inner)
+    src = np.frombuffer(bindings[1], dt.storage, outer * n * inner, soff * dt.itemsize).reshape(outer, n, inner)
+    v = _mapped(bindings, outer, J, inner, n, io, ij, ii, ioff, mode, checked)
+    if io == 0 and ii == 0:
+        np.take(src, v[0, :, 0], axis=1, out=out)
+    else:
+        out[...] = np.take_along_axis(src, v, axis=1)
 
 
 # ---- take_add: the transpose of a take --------------------------------------------------------
@@ -137,7 +143,7 @@ def _add_numpy_fn(dt, checked: bool):
         outer = total // (J * inner)
         out = np.frombuffer(bindings[0], dt.storage, outer * n * inner).reshape(outer, n, inner)
         g = np.frombuffer(bindings[1], dt.storage, total, goff * dt.itemsize).reshape(outer, J, inner)
-        v = mapped_indices(bindings, outer, J, inner, n, io, ij, ii, ioff, mode, checked, drop=True)
+        v = _mapped(bindings, outer, J, inner, n, io, ij, ii, ioff, mode, checked, drop=True)
         o, _, i = np.ogrid[:outer, :1, :inner]
         keep = v >= 0
         o, v, i = np.broadcast_arrays(o, v, i)
@@ -146,7 +152,7 @@ def _add_numpy_fn(dt, checked: bool):
     return run
 
 
-def mapped_indices(bindings, outer, J, inner, n, io, ij, ii, ioff, mode, checked, drop=False):
+def _mapped(bindings, outer, J, inner, n, io, ij, ii, ioff, mode, checked, drop=False):
     """The indices (outer, J, inner) mapped by the mode: an index out of range under "raise" sets
     the status word (checked) and becomes 0, or -1 where ``drop``; unchecked ones are clamped."""
     reach = (outer - 1) * io + (J - 1) * ij + (inner - 1) * ii + 1
@@ -264,7 +270,7 @@ def _rank_numpy_fns() -> dict:
     def rank(checked: bool):
         def run(workgroups, bindings, c):
             J, n, ioff, mode = c
-            v = mapped_indices(bindings[:1] + [None] + bindings[1:], 1, J, 1, n, 0, 1, 0, ioff, mode, checked,
+            v = _mapped(bindings[:1] + [None] + bindings[1:], 1, J, 1, n, 0, 1, 0, ioff, mode, checked,
                                drop=True)
             v = v.reshape(-1)
             keep = v >= 0
@@ -281,7 +287,7 @@ def _set_numpy_fn(dt):
         outer = total // (J * inner)
         out = np.frombuffer(bindings[0], dt.storage, outer * n * inner).reshape(outer, n, inner)
         vals = np.frombuffer(bindings[1], dt.storage, total, voff * dt.itemsize).reshape(outer, J, inner)
-        v = mapped_indices([None, None, bindings[2]], 1, J, 1, n, 0, 1, 0, ioff, mode, False, drop=True).reshape(-1)
+        v = _mapped([None, None, bindings[2]], 1, J, 1, n, 0, 1, 0, ioff, mode, False, drop=True).reshape(-1)
         if mode == 0:  # (out of range: the rank skipped it, and so does the write)
             raw = np.frombuffer(bindings[2], np.int64, J, ioff * 8)
             v = np.where((raw < -n) | (raw >= n), -1, v)

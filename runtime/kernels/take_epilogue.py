@@ -26,7 +26,7 @@ from .cuda_common import convert, load_expr, store_expr, strided_positions
 from .elementwise import c_expr, ew_source, export_name
 from .numpy_util import signed, strided_view
 from .source import WORKGROUP, KernelSource, grid_1d, source, u32
-from .take import CLAMP, MODES, READ_ZERO, index_lines, mapped_indices
+from .take import CLAMP, MODES, READ_ZERO, gather, index_lines
 
 #: The elementwise ops folded into a take.
 OPS = frozenset(("add", "sub", "mul", "div", "maximum", "minimum"))
@@ -139,16 +139,14 @@ def _numpy_fn(op: str, dt, cdt, side: int, checked: bool):
     fn = ew_source(op, (dt, dt), dt, cdt).numpy_code()[export_name(op, (dt, dt), dt, "cc")]
 
     def run(workgroups, bindings, c):
-        total, J, inner, n, io, ij, ii, soff, ioff, mode, poff, ndim = c[:12]
+        total, J, inner = c[:3]
+        poff, ndim = c[10:12]
         if total == 0:
             return
         shape = tuple(c[12:12 + ndim])
         pstrides = tuple(signed(s) for s in c[12 + MAX_DIMS:12 + MAX_DIMS + ndim])
-        outer = total // (J * inner)
-        src = np.frombuffer(bindings[1], dt.storage, outer * n * inner, soff * dt.itemsize).reshape(outer, n, inner)
-        index_bindings = [bindings[0], bindings[1], bindings[2], bindings[4] if checked else None]
-        v = mapped_indices(index_bindings, outer, J, inner, n, io, ij, ii, ioff, mode, checked)
-        taken = np.ascontiguousarray(np.take_along_axis(src, np.broadcast_to(v, (outer, J, inner)), axis=1))
+        taken = np.empty((total // (J * inner), J, inner), dt.storage)
+        gather(dt, [bindings[0], bindings[1], bindings[2], bindings[4] if checked else None], c, checked, taken)
         other = np.ascontiguousarray(strided_view(bindings[3], dt, shape, pstrides, signed(poff)))
         args = (taken, other) if side == 0 else (other, taken)
         fn(None, [bindings[0]] + [memoryview(a.reshape(-1)).cast("B") for a in args], [total, 0, 0])

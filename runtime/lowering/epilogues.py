@@ -34,6 +34,7 @@ from hal import env
 
 from ..kernels import matmul
 from ..shapes import broadcast_strides, contiguous_strides
+from .layouts import input_layouts
 
 #: RUNTIME_GEMM_EPILOGUES=0: no folds, every node its own kernel (to measure what they save).
 ENABLED = env.switch("RUNTIME_GEMM_EPILOGUES", True)
@@ -135,9 +136,7 @@ def _planned(ctx, graph: ReadGraph, fold: Fold) -> bool:
     """Plan ``fold``'s dispatch (once); whether the product fits one with its epilogue."""
     if fold.cmds is None:
         node = graph.order[fold.product]
-        layouts = [(inp.shape, inp.strides if inp.strides is not None else contiguous_strides(inp.shape),
-                    inp.offset) for inp in node.inputs]
-        fold.cmds = matmul.plan_library(node, layouts, ctx, epilogue=fold.epilogue, out=fold.out,
+        fold.cmds = matmul.plan_library(node, input_layouts(node), ctx, epilogue=fold.epilogue, out=fold.out,
                                         extra_roles=fold.extra) or []
     return bool(fold.cmds)
 

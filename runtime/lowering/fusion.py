@@ -55,8 +55,8 @@ from ..kernels import rows as row_kernels
 from ..kernels.fused import FUSABLE_DTYPES, FusedSpec
 from ..kernels.fused import plan as plan_fused
 from ..ops import ELEMENTWISE, REDUCTIONS
-from ..shapes import contiguous_strides
 from . import epilogues, gathers, row_groups
+from .layouts import input_layouts
 
 #: RUNTIME_FUSION=0: every elementwise node its own kernel on GPUs. Read once, at import: every eval
 #: asks (an environment look-up was a twentieth of a one-op eval's bytecodes).
@@ -124,14 +124,6 @@ class Unit:
         self.size = 0
         self.rows = None  # a row group's RowGroup (row_groups.py)
         self.inplace: int | None = None  # the node whose buffer its output takes over (_accumulations)
-
-
-def _layouts(node) -> list:
-    out = []
-    for inp in node.inputs:
-        strides = inp.strides if inp.strides is not None else contiguous_strides(inp.shape)
-        out.append((inp.shape, strides, inp.offset))
-    return out
 
 
 def _plan(node, layouts, ctx) -> tuple[list, list]:
@@ -237,11 +229,10 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
     units: list = []
     groups: dict = {}  # element count -> fused groups of that size
     folds = epilogues.find(ctx, order, index, keep) if fuse else {}
-    if fuse:  # (a take read by one elementwise op: the op in the take's kernel, gathers.py)
-        folds.update(gathers.find(ctx, order, index, keep,
-                                  {i for f in folds.values() for i in (f.product, *f.computed)}))
-    folded_into: dict = {}  # node index -> the unit of the product whose GEMM computes its value
     folded = {i for fold in folds.values() for i in (fold.product, *fold.computed)}
+    if fuse:  # (a take read by one elementwise op: the op in the take's kernel; adds to folded)
+        folds.update(gathers.find(ctx, order, index, keep, folded))
+    folded_into: dict = {}  # node index -> the unit of the product whose GEMM computes its value
     unwritten = {i for fold in folds.values() for i in fold.unwritten}
     accumulations = {i: at for i, at in _accumulations(order, index, keep).items()
                      if i not in folded and at[2] not in folded
@@ -269,7 +260,7 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
             unit_of[i] = group.unit
             ready[i] = group.unit.level + (1 if row_kernels.may_split(group.O, group.N) else 0)
             return
-        layouts = _layouts(node)
+        layouts = input_layouts(node)
         srcs = [index.get(id(inp.root)) for inp in node.inputs]
         lv = 0
         for j in srcs:
@@ -282,7 +273,7 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
             k, t, a = accumulations[i]
             taken = order[t]
             roots = [inp.root for inp in taken.inputs]
-            cmds = [_rooted(cmd, roots) for cmd in PLANNERS["take_add"](taken, _layouts(taken), ctx)
+            cmds = [_rooted(cmd, roots) for cmd in PLANNERS["take_add"](taken, input_layouts(taken), ctx)
                     if cmd[0] == "dispatch"]
             if a is None:  # the buffer holds a copy of x first
                 copy = elementwise.plan_copy(node, layouts[k], ctx)
@@ -371,7 +362,7 @@ def _schedule(ctx, order: list, keep: int | None, fuse: bool, alias: dict | None
         if len(unit.members) == 1:  # nothing to fuse: the op's own kernel
             i = unit.members[0]
             node = order[i]
-            cmds, temps = _plan(node, _layouts(node), ctx)
+            cmds, temps = _plan(node, input_layouts(node), ctx)
             single = Unit(unit.level, i, node, cmds, temps)
             units[k] = single
             unit_of[i] = single
@@ -437,7 +428,7 @@ def _fused_dispatch(order: list, index: dict, unit: Unit, leaves: list) -> tuple
     spec_members = []
     for i in members:
         node = order[i]
-        variants = elementwise.input_variants(node.shape, _layouts(node))[0]
+        variants = elementwise.input_variants(node.shape, input_layouts(node))[0]
         operands = []
         for inp, v in zip(node.inputs, variants):
             root = inp.root

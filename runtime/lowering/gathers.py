@@ -16,15 +16,17 @@ from __future__ import annotations
 from hal import env
 
 from ..kernels import take_epilogue
-from ..shapes import broadcast_strides, contiguous_strides
+from ..shapes import broadcast_strides
 from .epilogues import Fold, ReadGraph, reads_whole
+from .layouts import input_layouts, strides_of
 
 #: RUNTIME_GATHER_FOLDS=0: no folds, the take and the op each their own kernel (to measure what they save).
 ENABLED = env.switch("RUNTIME_GATHER_FOLDS", True)
 
 
 def find(ctx, order: list, index: dict, keep: int | None, taken: set) -> dict:
-    """The folds of takes into their reader, by the reader's index; ``taken``: nodes other folds compute."""
+    """The folds of takes into their reader, by the reader's index. ``taken``: the nodes other folds
+    compute, to which those of these folds are added."""
     if not ENABLED or keep is None or not ctx.is_gpu:
         return {}
     graph = ReadGraph(order, index, keep)
@@ -45,11 +47,9 @@ def find(ctx, order: list, index: dict, keep: int | None, taken: set) -> dict:
         other = user.inputs[1 - sides[0]]
         if other.dtype is not node.dtype or user.params is not node.dtype:
             continue
-        strides = other.strides if other.strides is not None else contiguous_strides(other.shape)
-        layouts = [(inp.shape, inp.strides if inp.strides is not None else contiguous_strides(inp.shape), inp.offset)
-                   for inp in node.inputs]
-        cmds = take_epilogue.plan(node, layouts, user, i, sides[0],
-                                  (broadcast_strides(other.shape, strides, user.shape), other.offset, other.root))
+        cmds = take_epilogue.plan(node, input_layouts(node), user, i, sides[0],
+                                  (broadcast_strides(other.shape, strides_of(other), user.shape), other.offset,
+                                   other.root))
         if cmds is None:
             continue
         fold = Fold(i, i, "take")

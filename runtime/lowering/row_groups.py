@@ -34,7 +34,8 @@ from __future__ import annotations
 from .. import dtypes as _dt
 from ..kernels import fused, rows
 from ..ops import ELEMENTWISE
-from ..shapes import broadcast_strides, collapse, contiguous_strides, size_of
+from ..shapes import broadcast_strides, collapse, size_of
+from .layouts import strides_of
 
 REDUCE_OPS = frozenset(("sum", "mean", "max", "min"))
 #: Nodes a group's externals after its first member may span (``_Search.late``): past it, the group
@@ -77,8 +78,7 @@ def _fold(shape: tuple, strides: tuple):
 def _layout(inp, consumer_shape: tuple, O: int, N: int, full: bool):  # noqa: E741
     """(offset, so, sn) reading `inp` at element (o, n) of a full consumer of `consumer_shape` (or at
     row o of a row consumer): offset + o*so + n*sn; None when the view has no such form."""
-    strides = inp.strides if inp.strides is not None else contiguous_strides(inp.shape)
-    bstr = broadcast_strides(inp.shape, strides, consumer_shape)
+    bstr = broadcast_strides(inp.shape, strides_of(inp), consumer_shape)
     if not full:
         so = _fold(consumer_shape, bstr)
         return None if so is None else (inp.offset, so if O > 1 else 0, 0)
