@@ -102,7 +102,7 @@ class ZeroedScratch(int):
     __slots__ = ()
 
 
-def checked_pair(op: str, dt, nconst: int, cuda, numpy_fn) -> KernelSource:
+def checked_pair(op: str, dt, nconst: int, cuda, numpy_fn, threads: int = WORKGROUP) -> KernelSource:
     """The family of an op that reads flat element indices (gather, scatter_add), in two exports:
     ``{op}_{code}`` binds the output, the values and the indices, which it clamps (checked on the host);
     ``{op}_checked_{code}`` binds a fourth, the status word it sets for an index out of range (computed on
@@ -110,7 +110,7 @@ def checked_pair(op: str, dt, nconst: int, cuda, numpy_fn) -> KernelSource:
     key = (op, dt.name)
     name, checked = _pair_name(op, dt, False), _pair_name(op, dt, True)
     return source(key, lambda: KernelSource(
-        key, [hal.Export(name, (WORKGROUP, 1, 1), 3, nconst), hal.Export(checked, (WORKGROUP, 1, 1), 4, nconst)],
+        key, [hal.Export(name, (threads, 1, 1), 3, nconst), hal.Export(checked, (threads, 1, 1), 4, nconst)],
         lambda: cuda(dt, name, checked), lambda: {name: numpy_fn(dt, False), checked: numpy_fn(dt, True)}))
 
 
@@ -118,11 +118,14 @@ def _pair_name(op: str, dt, checked: bool) -> str:
     return f"{op}_checked_{dt.code}" if checked else f"{op}_{dt.code}"
 
 
-def checked_pair_dispatch(src: KernelSource, op: str, dt, checked: bool, n: int, constants: list) -> tuple:
-    """A plan's dispatch of one of ``checked_pair``'s exports over `n` items: the output, inputs 0 and 1,
-    and the checked one's status word (input 2)."""
+def checked_pair_dispatch(src: KernelSource, op: str, dt, checked: bool, n: int, constants: list,
+                          workgroups: int | None = None) -> tuple:
+    """A plan's dispatch of one of ``checked_pair``'s exports over `n` items (in ``workgroups``, by
+    default a grid-stride loop's of WORKGROUP threads): the output, inputs 0 and 1, and the checked
+    one's status word (input 2)."""
     roles = [("out",), ("in", 0), ("in", 1), ("in", 2)] if checked else [("out",), ("in", 0), ("in", 1)]
-    return ("dispatch", src, _pair_name(op, dt, checked), (grid_1d(n), 1, 1), constants, roles)
+    count = grid_1d(n) if workgroups is None else workgroups
+    return ("dispatch", src, _pair_name(op, dt, checked), (count, 1, 1), constants, roles)
 
 
 def rows_of(node, layouts: list) -> tuple[int, int, int]:

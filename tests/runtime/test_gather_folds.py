@@ -50,7 +50,13 @@ CASES = {
                               True),
     "positions computed after the take": (lambda t, i, p, w: rt.take(t, i, axis=0) + p * 2.0, True),
     "the other from the table's own rows": (lambda t, i, p, w: rt.take(t, i, axis=0) * rt.exp(t[:5] * 0.1), True),
+    "rows of 640 (a row at a time)": (lambda t, i, p, w: rt.take(rt.concat([t] * 40, axis=1), i, axis=0)
+                                      + rt.concat([p] * 40, axis=1), True),
+    "rows of 4096 (a row in 4 chunks) and a column": (
+        lambda t, i, p, w: rt.take(rt.concat([t] * 256, axis=1), i, axis=0) - p[:, :1], True),
     "kept": (lambda t, i, p, w: (lambda g: (g, g + p))(rt.take(t, i, axis=0)), False),
+    "rows of 2048 kept (the take's own kernel, a row at a time)": (
+        lambda t, i, p, w: (lambda g: (g, g * 2.0))(rt.take(rt.concat([t] * 128, axis=1), i, axis=0)), False),
     "read twice": (lambda t, i, p, w: (lambda g: g + g * p)(rt.take(t, i, axis=0)), False),
 }
 
