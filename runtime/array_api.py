@@ -26,6 +26,7 @@ from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError, Trac
 from .graph import Node, differentiated, new_node, upload
 from .kernels import compact, scan
 from .kernels import sort as sort_kernels
+from .kernels import take as take_kernel
 from .shapes import broadcast_shapes, index_of, normalize_axes, normalize_axis, sequence_of
 
 if TYPE_CHECKING:
@@ -457,7 +458,10 @@ def _take_node(x: Array, idx: Array, axis: int, mode: str, checked: bool, out_sh
                            (idx.size,), False)
         return ops.reshape(probe[0:0], out_shape)
     params = take_params(x.shape, axis, out_shape[axis] if along else idx.size, mode, checked, along)
-    src = ops.dense(x)
+    # A view the kernel reads through its strides (columns of a table, every other row) is taken in
+    # place; another is copied first.
+    viewed = x.strides is not None and take_kernel.source_strides(x.shape, x.strides, params[2], n) is not None
+    src = x if viewed else ops.dense(x)
     if checked:
         return ops.checked_node("take", (src, idx), params, out_shape, x.dtype, x.ctx)
     return new_node("take", (src, idx), params, out_shape, x.dtype, x.ctx)

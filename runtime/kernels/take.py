@@ -2,7 +2,9 @@
 (o, j, i) of an int64 index array, mapped in the kernel by numpy's mode.
 
 The output is seen as (outer, J, inner) and the source as (outer, n, inner) around the axis of n
-elements; the index array is read through strides over the output's three dims (0, 1, 0 for
+elements, read through two strides (constants ``so``, ``sn``: a view whose inner elements lie in
+order and whose outer dims collapse to one, such as columns of a table, is read in place,
+``source_strides``); the index array is read through strides over the output's three dims (0, 1, 0 for
 ``take``'s J indices shared by every outer and inner position; J * inner, inner, 1 for
 ``take_along_axis``'s indices of the output's shape). This replaces a gather through flat
 indices of the output's size, which the runtime made by broadcasting aranges (eight bytes an
@@ -21,6 +23,8 @@ position by the row length and the index count for each vector (an H200, 32768 r
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -45,8 +49,31 @@ MAX_WORKGROUPS = 65535 * 16
 
 
 def take_source(dt) -> KernelSource:
-    """The take's two exports; constants ``_NCONST`` and ``chunks`` (``launch``)."""
-    return checked_pair("take", dt, _NCONST + 1, _cuda, _numpy_fn, THREADS)
+    """The take's two exports; constants ``_NCONST``, ``chunks`` (``launch``) and the source's strides."""
+    return checked_pair("take", dt, _NCONST + 3, _cuda, _numpy_fn, THREADS)
+
+
+def source_strides(shape: tuple, strides: tuple, inner: int, n: int) -> tuple[int, int] | None:
+    """(outer stride, axis stride) in elements of a take's source of ``shape`` and element ``strides``
+    read as (outer, n, inner) around its axis of ``n`` (the dims after it ``inner`` elements): None
+    unless the inner elements lie in order, the outer dims collapse to one stride, and no stride is
+    negative (such a source is copied first)."""
+    axis = next((k for k in range(len(shape) - 1, -1, -1) if shape[k] == n and math.prod(shape[k + 1:]) == inner),
+                None)
+    if axis is None:
+        return None
+    expected = 1
+    for d in range(len(shape) - 1, axis, -1):  # the inner block: in order
+        if shape[d] != 1 and strides[d] != expected:
+            return None
+        expected *= shape[d]
+    sn = strides[axis] if n > 1 else inner
+    outer = [(shape[d], strides[d]) for d in range(axis) if shape[d] != 1]
+    so = outer[-1][1] if outer else 0  # (one outer position: never stepped)
+    for (_, wide), (size, narrow) in zip(outer, outer[1:]):
+        if wide != narrow * size:
+            return None
+    return (so, sn) if so >= 0 and sn >= 0 else None
 
 
 def launch(total: int, inner: int, vectors: bool) -> tuple[int, int]:
@@ -94,6 +121,10 @@ def index_lines(bad: str, at: str, indent: str) -> str:
         "}"))
 
 
+#: Where a take's kernel reads element (o, v, i) of its source.
+SOURCE_AT = "soff + (u64)o * so + (u64)v * sn + i"
+
+
 def _signature(dt, name: str, checked: bool, values: str, offset: str) -> str:
     """The C signature of a take's or a take_add's kernel: the output, the values read (`values`,
     from `offset`), the indices, the checked form's status word and the constants."""
@@ -101,7 +132,7 @@ def _signature(dt, name: str, checked: bool, values: str, offset: str) -> str:
     status = "unsigned int* __restrict__ status, " if checked else ""
     return (f'extern "C" __global__ void {name}({t}* __restrict__ out, const {t}* __restrict__ {values},\n'
             f"    const long long* __restrict__ idx, {status}u32 total, u32 J, u32 I, u32 n, u32 io, u32 ij, u32 ii,\n"
-            f"    u32 {offset}, u32 ioff, u32 mode{', u32 chunks' if values == 'src' else ''})")
+            f"    u32 {offset}, u32 ioff, u32 mode{', u32 chunks, u32 so, u32 sn' if values == 'src' else ''})")
 
 
 def _kernel(dt, name: str, checked: bool) -> str:
@@ -111,23 +142,23 @@ def _kernel(dt, name: str, checked: bool) -> str:
   if (chunks != 0u) {{
 {row_loop(READ_ZERO if checked else CLAMP, lambda indent: (
     f"{indent}*reinterpret_cast<rt_vec4<{t}>*>(out + e) ="
-    f" *reinterpret_cast<const rt_vec4<{t}>*>(src + soff + ((u64)o * n + (u64)v) * I + i);"))}
+    f" *reinterpret_cast<const rt_vec4<{t}>*>(src + {SOURCE_AT});"))}
     return;
   }}
-  if (((I | soff) & 3u) == 0 && ii == 0) {{
+  if (((I | soff | so | sn) & 3u) == 0 && ii == 0) {{
     for (u64 t = (u64)blockIdx.x * blockDim.x + threadIdx.x; t < (total >> 2); t += (u64)blockDim.x * gridDim.x) {{
       const u32 e = (u32)t << 2;
       const u32 r = e / I, i = e - r * I, o = r / J, j = r - o * J;
 {index_lines(READ_ZERO if checked else CLAMP, "ioff + (u64)o * io + (u64)j * ij", "      ")}
       reinterpret_cast<rt_vec4<{t}>*>(out)[t] =
-          *reinterpret_cast<const rt_vec4<{t}>*>(src + soff + ((u64)o * n + (u64)v) * I + i);
+          *reinterpret_cast<const rt_vec4<{t}>*>(src + {SOURCE_AT});
     }}
     return;
   }}
   for (u64 e = (u64)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (u64)blockDim.x * gridDim.x) {{
     const u32 r = (u32)e / I, i = (u32)e - r * I, o = r / J, j = r - o * J;
 {index_lines(READ_ZERO if checked else CLAMP, "ioff + (u64)o * io + (u64)j * ij + (u64)i * ii", "    ")}
-    out[e] = src[soff + ((u64)o * n + (u64)v) * I + i];
+    out[e] = src[{SOURCE_AT}];
   }}
 }}
 """
@@ -139,17 +170,23 @@ def _cuda(dt, name: str, checked_name: str) -> str:
 
 def _numpy_fn(dt, checked: bool):
     def run(workgroups, bindings, c):
-        total, J, inner = c[:3]  # (chunks, the last, maps threads only)
-        gather(dt, bindings, c, checked, np.frombuffer(bindings[0], dt.storage, total).reshape(-1, J, inner))
+        total, J, inner = c[:3]  # (chunks maps threads only)
+        gather(dt, bindings, c, checked, np.frombuffer(bindings[0], dt.storage, total).reshape(-1, J, inner),
+               c[-2:])
     return run
 
 
-def gather(dt, bindings: list, c: list, checked: bool, out: np.ndarray) -> None:
+def gather(dt, bindings: list, c: list, checked: bool, out: np.ndarray, source_strides: list) -> None:
     """A take's values, (outer, J, inner), into ``out``: bindings (output, source, indices, the checked
-    form's status word) and the constants of the take's dispatch (the numpy form of its kernel)."""
+    form's status word), the constants of the take's dispatch and the source's (so, sn) (the numpy
+    form of its kernel)."""
     total, J, inner, n, io, ij, ii, soff, ioff, mode = c[:_NCONST]
     outer = total // (J * inner)
-    src = np.frombuffer(bindings[1], dt.storage, outer * n * inner, soff * dt.itemsize).reshape(outer, n, inner)
+    so, sn = source_strides
+    reach = (outer - 1) * so + (n - 1) * sn + inner
+    flat = np.frombuffer(bindings[1], dt.storage, reach, soff * dt.itemsize)
+    size = dt.itemsize
+    src = np.lib.stride_tricks.as_strided(flat, (outer, n, inner), (so * size, sn * size, size), writeable=False)
     v = _mapped(bindings, outer, J, inner, n, io, ij, ii, ioff, mode, checked)
     if io == 0 and ii == 0:
         np.take(src, v[0, :, 0], axis=1, out=out)
@@ -239,10 +276,12 @@ def plan(node, layouts: list, ctx) -> list:
     if total == 0:
         return []
     mode, J, inner, n, strides, checked = node.params
-    (_, _, soff), (_, _, ioff) = layouts[:2]
-    chunks, workgroups = launch(total, inner, (inner | soff) % 4 == 0 and strides[2] == 0)
+    (shape, sstrides, soff), (_, _, ioff) = layouts[:2]
+    so, sn = source_strides(shape, sstrides, inner, n)  # (checked when the node was made)
+    chunks, workgroups = launch(total, inner, (inner | soff | so | sn) % 4 == 0 and strides[2] == 0)
     dispatch = checked_pair_dispatch(take_source(node.dtype), "take", node.dtype, checked, total,
-                                     [total, J, inner, n, *strides, soff, ioff, MODES[mode], chunks], workgroups)
+                                     [total, J, inner, n, *strides, soff, ioff, MODES[mode], chunks, so, sn],
+                                     workgroups)
     return [dispatch]
 
 

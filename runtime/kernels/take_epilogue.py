@@ -28,13 +28,14 @@ from .cuda_common import convert, load_expr, store_expr, strided_positions
 from .elementwise import c_expr, ew_source, export_name
 from .numpy_util import signed, strided_view
 from .source import KernelSource, source, u32
-from .take import CLAMP, MODES, READ_ZERO, THREADS, gather, index_lines, launch, row_loop
+from .take import CLAMP, MODES, READ_ZERO, SOURCE_AT, THREADS, gather, index_lines, launch, row_loop, source_strides
 
 #: The elementwise ops folded into a take.
 OPS = frozenset(("add", "sub", "mul", "div", "maximum", "minimum"))
 #: total, J, inner, n, the index strides over (outer, J, inner), source offset, index offset, mode, the
-#: other's offset, ndim, the collapsed shape, the other's strides over it, vec, chunks.
-_NCONST = 10 + 2 + 2 * MAX_DIMS + 2
+#: other's offset, ndim, the collapsed shape, the other's strides over it, vec, chunks, the source's
+#: outer and axis strides.
+_NCONST = 10 + 2 + 2 * MAX_DIMS + 4
 
 
 def _names(op: str, dt, side: int) -> tuple[str, str]:
@@ -60,13 +61,14 @@ def plan(take, take_layouts: list, user, out: int, side: int, other_layout: tupl
     than MAX_DIMS dims."""
     mode, J, inner, n, strides, checked = take.params
     total = take.size
-    (_, _, soff), (_, _, ioff) = take_layouts[:2]
+    (sshape, sstrides, soff), (_, _, ioff) = take_layouts[:2]
+    so, sn = source_strides(sshape, sstrides, inner, n)
     other_strides, other_offset, other_root = other_layout
     shape, (pstrides,) = collapse(user.shape, [other_strides])
     if len(shape) > MAX_DIMS:
         return None
     vec = 0
-    if total and (inner | soff) % 4 == 0 and strides[2] == 0:
+    if total and (inner | soff | so | sn) % 4 == 0 and strides[2] == 0:
         last, step = (shape[-1], pstrides[-1]) if shape else (4, 0)
         if last % 4 == 0 and step == 1 and other_offset % 4 == 0:
             vec = 1
@@ -75,7 +77,7 @@ def plan(take, take_layouts: list, user, out: int, side: int, other_layout: tupl
     chunks, workgroups = launch(total, inner, vec != 0)
     consts = [total, J, inner, n, *strides, soff, ioff, MODES[mode], u32(other_offset), len(shape),
               *shape, *[1] * (MAX_DIMS - len(shape)), *[u32(s) for s in pstrides], *[0] * (MAX_DIMS - len(shape)), vec,
-              chunks]
+              chunks, so, sn]
     name = _names(user.op, take.dtype, side)[1 if checked else 0]
     roles = [("out", out), ("root", take.inputs[0].root), ("root", take.inputs[1].root), ("root", other_root)]
     if checked:
@@ -93,7 +95,7 @@ def _cuda(op: str, dt, cdt, side: int, name: str, checked: bool) -> str:
               f"const {t}* __restrict__ other, {status}u32 total, u32 J, u32 I, u32 n, u32 io, u32 ij, u32 ii, "
               "u32 soff, u32 ioff, u32 mode, u32 poff, u32 ndim, "
               + ", ".join(f"u32 s{d}" for d in range(MAX_DIMS)) + ", "
-              + ", ".join(f"u32 p{d}" for d in range(MAX_DIMS)) + ", u32 vec, u32 chunks")
+              + ", ".join(f"u32 p{d}" for d in range(MAX_DIMS)) + ", u32 vec, u32 chunks, u32 so, u32 sn")
     bad = READ_ZERO if checked else CLAMP
 
     def result(taken: str, other: str) -> str:
@@ -106,7 +108,7 @@ def _cuda(op: str, dt, cdt, side: int, name: str, checked: bool) -> str:
     def vector(indent: str) -> str:
         """Statements computing the 4 outputs from element e (row r's index v, position i in it)."""
         position = "\n".join(strided_positions("e", [("at", "(i64)poff", "p")], MAX_DIMS, indent))
-        row = "src + soff + ((u64)o * n + (u64)v) * I + i"
+        row = f"src + {SOURCE_AT}"
         return f"""{indent}const rt_vec4<{t}> w = *reinterpret_cast<const rt_vec4<{t}>*>({row});
 {position}
 {indent}rt_vec4<{t}> x;
@@ -139,7 +141,7 @@ extern "C" __global__ void {name}({params}) {{
 {index_lines(bad, "ioff + (u64)o * io + (u64)j * ij + (u64)i * ii", "    ")}
 {chr(10).join(strided_positions("e", [("at", "(i64)poff", "p")], MAX_DIMS, "    "))}
     {t} res;
-    {result("src[soff + ((u64)o * n + (u64)v) * I + i]", "other[at]")}
+    {result(f"src[{SOURCE_AT}]", "other[at]")}
     out[e] = res;
   }}
 }}
@@ -159,7 +161,8 @@ def _numpy_fn(op: str, dt, cdt, side: int, checked: bool):
         shape = tuple(c[12:12 + ndim])
         pstrides = tuple(signed(s) for s in c[12 + MAX_DIMS:12 + MAX_DIMS + ndim])
         taken = np.empty((total // (J * inner), J, inner), dt.storage)
-        gather(dt, [bindings[0], bindings[1], bindings[2], bindings[4] if checked else None], c, checked, taken)
+        gather(dt, [bindings[0], bindings[1], bindings[2], bindings[4] if checked else None], c, checked, taken,
+               c[-2:])
         other = np.ascontiguousarray(strided_view(bindings[3], dt, shape, pstrides, signed(poff)))
         args = (taken, other) if side == 0 else (other, taken)
         fn(None, [bindings[0]] + [memoryview(a.reshape(-1)).cast("B") for a in args], [total, 0, 0])
