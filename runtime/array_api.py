@@ -460,7 +460,8 @@ def _take_node(x: Array, idx: Array, axis: int, mode: str, checked: bool, out_sh
     params = take_params(x.shape, axis, out_shape[axis] if along else idx.size, mode, checked, along)
     # A view the kernel reads through its strides (columns of a table, every other row) is taken in
     # place; another is copied first.
-    viewed = x.strides is not None and take_kernel.source_strides(x.shape, x.strides, params[2], n) is not None
+    inner = params[2]
+    viewed = x.strides is not None and take_kernel.source_strides(x.shape, x.strides, inner, n) is not None
     src = x if viewed else ops.dense(x)
     if checked:
         return ops.checked_node("take", (src, idx), params, out_shape, x.dtype, x.ctx)
