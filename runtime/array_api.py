@@ -460,9 +460,9 @@ def _take_node(x: Array, idx: Array, axis: int, mode: str, checked: bool, out_sh
     params = take_params(x.shape, axis, out_shape[axis] if along else idx.size, mode, checked, along)
     # A view the kernel reads through its strides (columns of a table, every other row) is taken in
     # place; another is copied first.
-    inner = params[2]
-    viewed = x.strides is not None and take_kernel.source_strides(x.shape, x.strides, inner, n) is not None
-    src = x if viewed else ops.dense(x)
+    in_place = x.strides is not None and take_kernel.reads_in_place(x.shape, x.strides, x.offset, params[2], n,
+                                                                     math.prod(out_shape))
+    src = x if in_place else ops.dense(x)
     if checked:
         return ops.checked_node("take", (src, idx), params, out_shape, x.dtype, x.ctx)
     return new_node("take", (src, idx), params, out_shape, x.dtype, x.ctx)

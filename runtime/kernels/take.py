@@ -77,6 +77,18 @@ def source_strides(shape: tuple, strides: tuple, inner: int, n: int) -> tuple[in
     return (so, sn) if so >= 0 and sn >= 0 else None
 
 
+def reads_in_place(shape: tuple, strides: tuple, offset: int, inner: int, n: int, taken: int) -> bool:
+    """Whether a take of ``taken`` elements reads a view of ``shape``, element ``strides`` and
+    ``offset`` in place: its layout is one ``source_strides`` reads, and it keeps the 4-element
+    vectors its dense copy would be read in, or gathers no more elements than the view holds (a view
+    off by one, gathered into many more rows than it has, would read element by element more than
+    the copy costs; a table's few looked-up rows cost less than copying the table)."""
+    read = source_strides(shape, strides, inner, n)
+    if read is None:
+        return False
+    return inner % 4 != 0 or (read[0] | read[1] | offset) % 4 == 0 or taken <= math.prod(shape)
+
+
 def launch(total: int, inner: int, vectors: bool) -> tuple[int, int]:
     """(chunks, workgroups) of a take's kernel over ``total`` elements in rows of ``inner``, moved 4 a
     thread where ``vectors``: chunks 0 maps them element by element (a vector at a time), else each

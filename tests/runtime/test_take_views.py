@@ -1,6 +1,7 @@
 """A take from a strided view (columns of a table, every other row, a window of a 3-D array) reads
-the view in place through its outer and axis strides (kernels/take.py ``source_strides``); a view
-its kernel cannot read so (reversed, transposed) is copied first. Every driver, the GPU lowering
+the view in place through its outer and axis strides (kernels/take.py ``source_strides``,
+``reads_in_place``); a view its kernel cannot read so (reversed, transposed), or would read without
+the vectors its copy keeps, is copied first. Every driver, the GPU lowering
 (numpy kernels and the CUDA C emulated), folded epilogues and gradients, against numpy."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import pytest
 from rt_helpers import DEVICES
 
 import runtime as rt
-from runtime.kernels.take import source_strides
+from runtime.kernels.take import reads_in_place, source_strides
 
 #: name -> (the view of x (a numpy-style function), axis, whether it is read in place)
 VIEWS = {
@@ -19,6 +20,9 @@ VIEWS = {
     "a window, along its columns": (lambda x: x[1:40:3, 1:13], 1, True),
     "wide columns (a row at a time)": (lambda x: x[:, :768], 0, True),
     "wide columns, off by one (element by element)": (lambda x: x[:, 1:769], 0, True),
+    "odd columns (element by element either way)": (lambda x: x[:, 1:8], 0, True),
+    "a few columns off by two, gathered into more rows than they have (copied: its copy keeps the vectors)": (
+        lambda x: x[:4, 2:10], 0, False),
     "a 3-D window, along its middle axis": (lambda x: x.reshape(8, 6, 1024)[:, 1:5, 8:520], 1, True),
     "reversed rows": (lambda x: x[::-1], 0, False),
     "transposed": (lambda x: x.T, 0, False),
@@ -87,6 +91,15 @@ def test_gradients_through_a_take_from_a_view(uri):
     want = np.zeros_like(x)
     np.add.at(want[:, 2:14], idx.reshape(-1), 2 * x[:, 2:14][idx.reshape(-1)])
     np.testing.assert_allclose(g.numpy(), want, rtol=1e-6)
+
+
+def test_views_read_in_place_unless_their_copy_is_cheaper():
+    assert reads_in_place((48, 768), (1024, 1), 0, 768, 48, 15 * 768)
+    assert reads_in_place((48, 768), (1024, 1), 1, 768, 48, 15 * 768)  # off by one, a few rows looked up
+    assert not reads_in_place((48, 768), (1024, 1), 1, 768, 48, 100 * 768)  # more rows than it has: copied
+    assert not reads_in_place((48, 768), (1025, 1), 0, 768, 48, 100 * 768)  # rows off by one, likewise
+    assert reads_in_place((48, 7), (1024, 1), 1, 7, 48, 100 * 7)  # no vectors either way
+    assert not reads_in_place((48, 8), (-1024, 1), 0, 8, 48, 8)  # reversed
 
 
 def test_source_strides_rules():
