@@ -11,7 +11,9 @@ softmax over 2048 rows of 16384 and over 8 rows of 4194304 (split across workgro
 in bfloat16; the column sum of 8192×8192; a transposed copy of 8192×8192; an 8-op elementwise chain
 over 64M floats; with no target, sorts (2**20 floats, each row of 4096×4096, argsort of each row of
 65536×64, against PyTorch's stable sort) and the running sum of 2**24 floats; a 2-layer MLP training
-step (batch 512, 1024→4096→1024, float32), eager and under rt.compile. Each runs against PyTorch
+step (batch 512, 1024→4096→1024, float32), eager and under rt.compile; last, with no target (run
+while the budget lasts), an embedding lookup plus positions, a lookup from half the columns of a
+table (a strided view) and cross entropy over 2048 rows of 128256 logits. Each runs against PyTorch
 eager and torch.compile of the same composition (where torch with CUDA imports) and reports its time
 (median and spread over interleaved rounds), its TFLOP/s or GB/s, the device-to-device copy
 bandwidth measured beside the bandwidth-bound cases, the ratios (PyTorch's time over the runtime's:
@@ -50,7 +52,8 @@ GPU_CASES = [
     "layer_norm_1024x32768", "softmax_2048x16384", "softmax_8x4194304", "layer_norm_bfloat16_8192x4096",
     "softmax_grad_8192x4096", "layer_norm_grad_8192x4096", "cross_entropy_grad_4096x32000", "column_sum_8192x8192",
     "transposed_copy_8192x8192", "concat_8192x4096", "elementwise_chain_64M", "sort_1048576", "sort_rows_4096x4096",
-    "argsort_65536x64", "cumsum_16777216", "mlp_step",
+    "argsort_65536x64", "cumsum_16777216", "mlp_step", "embedding_32x1024_of_50000x1024",
+    "take_columns_32x1024_of_50000x512", "cross_entropy_2048x128256",
 ]
 CPU_CASES = ["matmul_1024_float32", "mlp_step"]
 ALL_CASES = [*BY_NAME, "mlp_step"]

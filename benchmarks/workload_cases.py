@@ -237,6 +237,25 @@ def embedding_np(table, ids, pos):
     return table[ids.astype(np.int64)] + pos
 
 
+def columns_make(rng, quick):
+    """A table of 50000 rows of 1024 and 32x1024 token ids (as float32): the lookup reads the first
+    512 columns, a view (the other half might be another head's)."""
+    rows, width, batch, seq = (500, 64, 4, 32) if quick else (50000, 1024, 32, 1024)
+    return [normal(rng, rows, width), rng.integers(0, rows, (batch, seq)).astype(np.float32)]
+
+
+def take_columns_rt(table, ids):
+    return rt.take(table[:, :table.shape[1] // 2], ids.astype(rt.int64), axis=0)
+
+
+def take_columns_torch(table, ids):
+    return table[:, :table.shape[1] // 2][ids.long()]
+
+
+def take_columns_np(table, ids):
+    return table[:, :table.shape[1] // 2][ids.astype(np.int64)]
+
+
 def cross_entropy_grad_rt(x, labels):
     def loss(v):
         m = v.max(axis=-1, keepdims=True)
@@ -366,6 +385,9 @@ CASES = [
          compiled=True),
     Case("embedding_32x1024_of_50000x1024", "embedding lookup plus positions, 32×1024 ids into 50000×1024",
          embedding_make, embedding_rt, embedding_torch, embedding_np, compiled=True, tolerance=0.0),
+    Case("take_columns_32x1024_of_50000x512", "embedding lookup from half the columns of a 50000×1024 table "
+         "(a strided view), 32×1024 ids", columns_make, take_columns_rt, take_columns_torch, take_columns_np,
+         compiled=True, tolerance=0.0),
     Case("column_sum_8192x8192", "column sum of 8192×8192", square_make, lambda x: x.sum(axis=0),
          lambda x: x.sum(dim=0), lambda x: x.sum(axis=0), bandwidth_bound=True),
     Case("transposed_copy_8192x8192", "transposed copy 8192×8192", square_make, lambda x: x.T.copy(),
