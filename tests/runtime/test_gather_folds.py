@@ -124,8 +124,8 @@ def test_gradients_through_a_folded_take(gpu_like):
 @pytest.mark.parametrize("uri", GPUS)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_folds_on_a_gpu(uri, case, monkeypatch):
-    """Bit for bit what the same GPU gives with the fold off; within an ulp or two of the CPU driver
-    (the GPU's exp is not numpy's)."""
+    """Bit for bit what the same GPU gives with the fold off; within a relative 1e-6 of the CPU driver
+    (the GPU's exp is not numpy's: an ulp apart at times)."""
     for dtype in ["float32", "bfloat16"] if case == "embedding plus positions" else ["float32"]:
         # (one narrow case: each compiles kernels of its own)
         monkeypatch.setattr(gathers, "ENABLED", True)
