@@ -24,6 +24,8 @@ VIEWS = {
     "a few columns off by two, gathered into more rows than they have (copied: its copy keeps the vectors)": (
         lambda x: x[:4, 2:10], 0, False),
     "a 3-D window, along its middle axis": (lambda x: x.reshape(8, 6, 1024)[:, 1:5, 8:520], 1, True),
+    "one row broadcast (a stride of 0 at the axis)": (
+        lambda x: (np if isinstance(x, np.ndarray) else rt).broadcast_to(x[3], (48, 1024)), 0, True),
     "reversed rows": (lambda x: x[::-1], 0, False),
     "transposed": (lambda x: x.T, 0, False),
 }
