@@ -223,6 +223,15 @@ def collapse(shape: tuple, strides_list: list) -> tuple:
     return tuple(out_shape), [tuple(s) for s in out_strides]
 
 
+def single_stride(shape: tuple, strides: tuple) -> int | None:
+    """The one stride of dims that collapse into one (``collapse``; 0 for none of more than one
+    element), or None where they do not."""
+    cshape, (cstr,) = collapse(shape, [strides])
+    if not cshape:
+        return 0
+    return cstr[0] if len(cshape) == 1 else None
+
+
 def parse_index(key, shape: tuple, strides: tuple, offset: int):
     """Basic indexing -> (new shape, new strides, new offset, per-axis slice info).
 

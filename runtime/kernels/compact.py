@@ -16,7 +16,7 @@ import numpy as np
 
 import hal
 
-from .source import KernelSource, source
+from .source import MAX_WORKGROUPS, KernelSource, source
 
 THREADS = 256
 ITEMS = 8
@@ -117,7 +117,7 @@ def _numpy_fns() -> dict:
 
 
 def _groups(n: int) -> tuple:
-    return (min(tiles(n), 65535 * 16), 1, 1)
+    return (min(tiles(n), MAX_WORKGROUPS), 1, 1)
 
 
 def plan_count(node, layouts: list, ctx) -> list:

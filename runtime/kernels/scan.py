@@ -29,7 +29,7 @@ import hal
 from .. import dtypes as _dt
 from .cuda_common import load_expr, store_expr
 from .numpy_util import store, to_compute
-from .source import KernelSource, rows_of, source
+from .source import MAX_WORKGROUPS, KernelSource, rows_of, source
 
 DTYPES = tuple(d for d in _dt.ALL if not d.is_complex and d is not _dt.bool_)
 #: Elements a workgroup scans at a time, ITEMS a thread (TILE / ITEMS threads a workgroup).
@@ -39,8 +39,6 @@ ITEMS = 8
 CHUNK_TILES = 2
 #: Rows at which each row is a workgroup's, whatever its length: enough workgroups to fill the GPU.
 FEW_ROWS = 512
-#: A grid's workgroups at most (each kernel loops over the rows or chunks past it).
-MAX_GROUPS = 65535 * 16
 
 
 def chunk() -> int:
@@ -243,16 +241,16 @@ def plan(node, layouts: list, ctx) -> list:
     code = dt.code
     size = chunk()
     if n <= size or rows >= FEW_ROWS or not ctx.is_gpu:  # (a CPU driver scans any row at once)
-        return [("dispatch", src, f"{op}_{code}", (min(rows, MAX_GROUPS), 1, 1), [rows, n, ioff],
+        return [("dispatch", src, f"{op}_{code}", (min(rows, MAX_WORKGROUPS), 1, 1), [rows, n, ioff],
                  [("out",), ("in", 0)])]
     chunks = -(-n // size)
-    groups = (min(rows * chunks, MAX_GROUPS), 1, 1)
+    groups = (min(rows * chunks, MAX_WORKGROUPS), 1, 1)
     acc = acc_dtype(dt)
     totals, scanned = ("tmp", 0), ("tmp", 1)
     return [("temps", [rows * chunks * acc.itemsize] * 2),
             ("dispatch", src, f"{op}_totals_{code}", groups, [rows, n, ioff, chunks], [totals, ("in", 0)]),
             ("barrier",),
-            ("dispatch", scan_source(acc, op), f"{op}_{acc.code}", (min(rows, MAX_GROUPS), 1, 1), [rows, chunks, 0],
+            ("dispatch", scan_source(acc, op), f"{op}_{acc.code}", (min(rows, MAX_WORKGROUPS), 1, 1), [rows, chunks, 0],
              [scanned, totals]),
             ("barrier",),
             ("dispatch", src, f"{op}_chunks_{code}", groups, [rows, n, ioff, chunks], [("out",), ("in", 0), scanned])]

@@ -30,7 +30,7 @@ from .. import dtypes as _dt
 from . import radix
 from .numpy_util import to_compute
 from .sort_keys import key_c, stable_order
-from .source import WORKGROUP, KernelSource, grid_1d, rows_of, source
+from .source import MAX_WORKGROUPS, WORKGROUP, KernelSource, grid_1d, rows_of, source
 
 #: Elements a workgroup sorts in shared memory (a power of two); rows longer than this merge runs in
 #: global memory. The tests lower it to reach the merge passes with small rows.
@@ -375,14 +375,14 @@ def plan(node, layouts: list, ctx) -> list:
     if n <= tile or not ctx.is_gpu:  # (the CPU drivers sort a row of any length in one call)
         lseg = max(0, (n - 1).bit_length()) if n <= tile else 0
         per = max(1, tile >> lseg)
-        workgroups = min(-(-rows // per), 65535 * 16)
+        workgroups = min(-(-rows // per), MAX_WORKGROUPS)
         return [("dispatch", src, f"{what}_rows_{code}", (workgroups, 1, 1), [rows, n, ioff, lseg, desc],
                  [("out",), ("in", 0)])]
     if radix.takes(rows, n):
         return radix.plan(what, dt, n, ioff, desc)
     key_bytes = 8 if dt.itemsize == 8 else 4
     tiles = -(-n // tile)
-    groups = (min(rows * tiles, 65535 * 16), 1, 1)
+    groups = (min(rows * tiles, MAX_WORKGROUPS), 1, 1)
     # Two scratch pairs of (keys, positions), read and written in turn by the merge passes.
     scratch = [[("tmp", 0), ("tmp", 1)], [("tmp", 2), ("tmp", 3)]]
     splits = ("tmp", 4)  # each tile's start on its pair's merge path, for the pass that follows

@@ -136,9 +136,13 @@ def rows_of(node, layouts: list) -> tuple[int, int, int]:
     return node.size // n, n, offset
 
 
-def grid_1d(n: int) -> int:
-    """Workgroups for a grid-stride loop over n items."""
-    return min((n + WORKGROUP - 1) // WORKGROUP, 65535 * 16)
+#: A grid's workgroups at most (each kernel loops over the items past it).
+MAX_WORKGROUPS = 65535 * 16
+
+
+def grid_1d(n: int, threads: int = WORKGROUP) -> int:
+    """Workgroups of ``threads`` for a grid-stride loop over n items."""
+    return min((n + threads - 1) // threads, MAX_WORKGROUPS)
 
 
 def row_chunks(n: int, rows: int, min_chunk: int, workgroups: int) -> tuple[int, int]:

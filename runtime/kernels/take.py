@@ -31,9 +31,10 @@ import numpy as np
 
 import hal
 
+from ..shapes import single_stride
 from . import elementwise
 from .complex import SOURCE as COMPLEX_SOURCE
-from .source import WORKGROUP, KernelSource, checked_pair, checked_pair_dispatch, grid_1d, source
+from .source import MAX_WORKGROUPS, WORKGROUP, KernelSource, checked_pair, checked_pair_dispatch, grid_1d, source
 
 #: total, J, inner, n, the index strides over (outer, J, inner), source offset, index offset, mode
 _NCONST = 10
@@ -45,8 +46,6 @@ THREADS = 128
 ROW_MAPPED_VECTORS = THREADS
 #: Vectors a thread of a row-mapped workgroup moves, at least, where the row has that many.
 ROW_VECTORS_A_THREAD = 2
-#: Most workgroups of a launch (the kernels loop over the rest).
-MAX_WORKGROUPS = 65535 * 16
 
 
 def take_source(dt) -> KernelSource:
@@ -61,20 +60,11 @@ def source_strides(shape: tuple, strides: tuple, inner: int, n: int) -> tuple[in
     negative (such a source is copied first)."""
     axis = next((k for k in range(len(shape) - 1, -1, -1) if shape[k] == n and math.prod(shape[k + 1:]) == inner),
                 None)
-    if axis is None:
-        return None
-    expected = 1
-    for d in range(len(shape) - 1, axis, -1):  # the inner block: in order
-        if shape[d] != 1 and strides[d] != expected:
-            return None
-        expected *= shape[d]
+    if axis is None or (inner != 1 and single_stride(shape[axis + 1:], strides[axis + 1:]) != 1):
+        return None  # (the inner elements not in order)
+    so = single_stride(shape[:axis], strides[:axis])  # (0: one outer position, never stepped)
     sn = strides[axis] if n > 1 else inner
-    outer = [(shape[d], strides[d]) for d in range(axis) if shape[d] != 1]
-    so = outer[-1][1] if outer else 0  # (one outer position: never stepped)
-    for (_, wide), (size, narrow) in zip(outer, outer[1:]):
-        if wide != narrow * size:
-            return None
-    return (so, sn) if so >= 0 and sn >= 0 else None
+    return (so, sn) if so is not None and so >= 0 and sn >= 0 else None
 
 
 def reads_in_place(shape: tuple, strides: tuple, offset: int, inner: int, n: int, taken: int) -> bool:
@@ -96,7 +86,7 @@ def launch(total: int, inner: int, vectors: bool) -> tuple[int, int]:
     if vectors and inner // 4 >= ROW_MAPPED_VECTORS:
         chunks = max(1, inner // 4 // (THREADS * ROW_VECTORS_A_THREAD))
         return chunks, min(total // inner * chunks, MAX_WORKGROUPS)
-    return 0, min(-(-(total // 4 if vectors else total) // THREADS), MAX_WORKGROUPS)
+    return 0, grid_1d(total // 4 if vectors else total, THREADS)
 
 
 def row_loop(bad: str, body) -> str:

@@ -34,7 +34,7 @@ from __future__ import annotations
 from .. import dtypes as _dt
 from ..kernels import fused, rows
 from ..ops import ELEMENTWISE
-from ..shapes import broadcast_strides, collapse, size_of
+from ..shapes import broadcast_strides, single_stride, size_of
 from .layouts import strides_of
 
 REDUCE_OPS = frozenset(("sum", "mean", "max", "min"))
@@ -67,26 +67,18 @@ class RowGroup:
 
 # ---- how an operand is read ---------------------------------------------------------------------
 
-def _fold(shape: tuple, strides: tuple):
-    """The single stride of dims that collapse into one (0 for none), or None."""
-    cshape, (cstr,) = collapse(shape, [strides])
-    if not cshape:
-        return 0
-    return cstr[0] if len(cshape) == 1 else None
-
-
 def _layout(inp, consumer_shape: tuple, O: int, N: int, full: bool):  # noqa: E741
     """(offset, so, sn) reading `inp` at element (o, n) of a full consumer of `consumer_shape` (or at
     row o of a row consumer): offset + o*so + n*sn; None when the view has no such form."""
     bstr = broadcast_strides(inp.shape, strides_of(inp), consumer_shape)
     if not full:
-        so = _fold(consumer_shape, bstr)
+        so = single_stride(consumer_shape, bstr)
         return None if so is None else (inp.offset, so if O > 1 else 0, 0)
     prod = 1
     for k in range(len(consumer_shape) + 1):
         if prod == O and size_of(consumer_shape[k:]) == N:
-            so = _fold(consumer_shape[:k], bstr[:k])
-            sn = _fold(consumer_shape[k:], bstr[k:])
+            so = single_stride(consumer_shape[:k], bstr[:k])
+            sn = single_stride(consumer_shape[k:], bstr[k:])
             if so is None or sn is None:
                 return None
             return inp.offset, so if O > 1 else 0, sn
