@@ -67,6 +67,16 @@ def source_strides(shape: tuple, strides: tuple, inner: int, n: int) -> tuple[in
     return (so, sn) if so is not None and so >= 0 and sn >= 0 else None
 
 
+def source_read(params: tuple, layouts: list) -> tuple[int, int, int, int, bool]:
+    """How a take node's kernel (``params`` and its input ``layouts``) reads: (source offset, outer and
+    axis strides, index offset, whether a thread moves 4 neighbours along inner as one vector, which
+    needs the row, the source's offset and strides in multiples of 4 and one index shared along it)."""
+    _, _, inner, n, strides, _ = params
+    (shape, sstrides, soff), (_, _, ioff) = layouts[:2]
+    so, sn = source_strides(shape, sstrides, inner, n)  # (checked when the node was made)
+    return soff, so, sn, ioff, (inner | soff | so | sn) % 4 == 0 and strides[2] == 0
+
+
 def reads_in_place(shape: tuple, strides: tuple, offset: int, inner: int, n: int, taken: int) -> bool:
     """Whether a take of ``taken`` elements reads a view of ``shape``, element ``strides`` and
     ``offset`` in place: its layout is one ``source_strides`` reads, and it keeps the 4-element
@@ -280,9 +290,8 @@ def plan(node, layouts: list, ctx) -> list:
     if total == 0:
         return []
     mode, J, inner, n, strides, checked = node.params
-    (shape, sstrides, soff), (_, _, ioff) = layouts[:2]
-    so, sn = source_strides(shape, sstrides, inner, n)  # (checked when the node was made)
-    chunks, workgroups = launch(total, inner, (inner | soff | so | sn) % 4 == 0 and strides[2] == 0)
+    soff, so, sn, ioff, vectors = source_read(node.params, layouts)
+    chunks, workgroups = launch(total, inner, vectors)
     dispatch = checked_pair_dispatch(take_source(node.dtype), "take", node.dtype, checked, total,
                                      [total, J, inner, n, *strides, soff, ioff, MODES[mode], chunks, so, sn],
                                      workgroups)

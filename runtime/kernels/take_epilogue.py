@@ -28,7 +28,7 @@ from .cuda_common import convert, load_expr, store_expr, strided_positions
 from .elementwise import c_expr, ew_source, export_name
 from .numpy_util import signed, strided_view
 from .source import KernelSource, source, u32
-from .take import CLAMP, MODES, READ_ZERO, SOURCE_AT, THREADS, gather, index_lines, launch, row_loop, source_strides
+from .take import CLAMP, MODES, READ_ZERO, SOURCE_AT, THREADS, gather, index_lines, launch, row_loop, source_read
 
 #: The elementwise ops folded into a take.
 OPS = frozenset(("add", "sub", "mul", "div", "maximum", "minimum"))
@@ -61,14 +61,13 @@ def plan(take, take_layouts: list, user, out: int, side: int, other_layout: tupl
     than MAX_DIMS dims."""
     mode, J, inner, n, strides, checked = take.params
     total = take.size
-    (sshape, sstrides, soff), (_, _, ioff) = take_layouts[:2]
-    so, sn = source_strides(sshape, sstrides, inner, n)
+    soff, so, sn, ioff, vectors = source_read(take.params, take_layouts)
     other_strides, other_offset, other_root = other_layout
     shape, (pstrides,) = collapse(user.shape, [other_strides])
     if len(shape) > MAX_DIMS:
         return None
     vec = 0
-    if total and (inner | soff | so | sn) % 4 == 0 and strides[2] == 0:
+    if total and vectors:
         last, step = (shape[-1], pstrides[-1]) if shape else (4, 0)
         if last % 4 == 0 and step == 1 and other_offset % 4 == 0:
             vec = 1
