@@ -238,10 +238,9 @@ def embedding_np(table, ids, pos):
 
 
 def columns_make(rng, quick):
-    """A table of 50000 rows of 1024 and 32x1024 token ids (as float32): the lookup reads the first
-    512 columns, a view (the other half might be another head's)."""
-    rows, width, batch, seq = (500, 64, 4, 32) if quick else (50000, 1024, 32, 1024)
-    return [normal(rng, rows, width), rng.integers(0, rows, (batch, seq)).astype(np.float32)]
+    """The embedding's table and ids: the lookup reads the first half of the columns, a view (the
+    other half might be another head's)."""
+    return embedding_make(rng, quick)[:2]
 
 
 def take_columns_rt(table, ids):
