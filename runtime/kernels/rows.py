@@ -66,6 +66,16 @@ LONG_REGISTER_BUDGET = 256
 #: Values (full inputs and members x elements a thread) a register-mode thread may hold before
 #: the program streams its rows instead (beyond this the compiler spills to local memory).
 REGISTER_BUDGET = 192
+#: Rows whose full inputs are all 16-bit: a thread keeps up to this many elements (twice
+#: MAX_PER_THREAD, so that its loads bring as many bytes as a 32-bit row's), in workgroups of
+#: NARROW_WORKGROUP threads. On an H200, over 8192x4096 (256 threads of 16 elements before), us:
+#: bfloat16 softmax 64.7 -> 50.7 and layer norm 55.9 -> 53.3, float16 softmax 60.4 -> 48.1 (the copy
+#: 34.4; workgroups of 256 threads, two rows each: 52.9 and 55.0).
+NARROW_PER_THREAD = 2 * MAX_PER_THREAD
+NARROW_WORKGROUP = 128
+#: Register mode loads the row's vectors of a pass before it uses any where a thread keeps at least
+#: this many elements (see ``phase``).
+PREFETCH_MIN_E = 32
 #: Groups with fewer rows than this and rows at least SPLIT_MIN_N long split rows into chunks (those
 #: of several phases only where their rows would stream anyway: see choose).
 SPLIT_MAX_ROWS = 256
@@ -90,15 +100,17 @@ class Config:
     inputs that register mode loads in the phase that first reads them (``late``) rather than with
     the row in the first phase."""
 
-    __slots__ = ("T", "RPB", "E", "VEC", "loop", "C", "chunk", "late")
+    __slots__ = ("T", "RPB", "E", "VEC", "loop", "C", "chunk", "late", "prefetch")
 
     def __init__(self, T: int, RPB: int, E: int, VEC: int, loop: bool, C: int = 1, chunk: int = 0,
-                 late: tuple = ()) -> None:
+                 late: tuple = (), prefetch: bool = False) -> None:
         self.T, self.RPB, self.E, self.VEC, self.loop, self.C, self.chunk = T, RPB, E, VEC, loop, C, chunk
         self.late = late
+        #: Register mode loads the row's vectors of a pass before it uses any (``loads_first``).
+        self.prefetch = prefetch
 
     def key(self) -> tuple:
-        return (self.T, self.RPB, self.E, self.VEC, self.loop, self.C > 1, self.late)
+        return (self.T, self.RPB, self.E, self.VEC, self.loop, self.C > 1, self.late, self.prefetch)
 
 
 class RowSpec:
@@ -236,8 +248,9 @@ def choose(spec: RowSpec, O: int, N: int, vec: bool, late: tuple = ()) -> Config
         split = _split(O, N, VEC)
         if split is not None:
             return split
+    narrow = narrow_rows(spec)
     if N <= 1024 * MAX_PER_THREAD:
-        T = min(1024, _pow2(-(-N // MAX_PER_THREAD)))
+        T = min(1024, _pow2(-(-N // (NARROW_PER_THREAD if narrow else MAX_PER_THREAD))))
         E = max(VEC, _pow2(-(-N // T)))
         while nfull * E > REGISTER_BUDGET and T < 1024 and E > VEC:
             T, E = T * 2, E // 2
@@ -248,7 +261,7 @@ def choose(spec: RowSpec, O: int, N: int, vec: bool, late: tuple = ()) -> Config
                 # reductions: rows of 16384 float32 on an H200, softmax 95.1 -> 73.1 us and layer norm
                 # 100.1 -> 85.9 (torch.compile 84.8 and 83.0); bfloat16 layer norm 102.0 -> 68.7.
                 return Config(512, 1, 2 * E, VEC, False, late=late)
-            return Config(T, max(1, 256 // T), E, VEC, False, late=late)
+            return Config(T, max(1, (NARROW_WORKGROUP if narrow else 256) // T), E, VEC, False, late=late)
     elif N <= 1024 * LONG_PER_THREAD and values_32_bit(spec):
         # (A wider value alone, 32 doubles, would take the 64 registers a thread of 1024 has: a
         # float64 softmax so spilled 1 KB a thread.)
@@ -268,6 +281,29 @@ def _split(O: int, N: int, VEC: int) -> Config | None:  # noqa: E741
         return None
     C, chunk = row_chunks(N, O, SPLIT_CHUNK, 1024)
     return Config(256, 1, 8 if VEC == 4 else 4, VEC, True, C, chunk) if C > 1 else None
+
+
+def narrow_rows(spec: RowSpec) -> bool:
+    """Whether the program reads full rows, each of a 16-bit type (see NARROW_PER_THREAD)."""
+    sizes = [d.itemsize for k, (d, _) in enumerate(spec.inputs) if spec.input_full(k)]
+    return bool(sizes) and all(size == 2 for size in sizes)
+
+
+def loads_first(spec: RowSpec, config: Config) -> bool:
+    """Whether register mode loads the row's vectors of a pass before it uses any (``Config.prefetch``).
+
+    Where a thread keeps many elements: loads interleaved with the arithmetic on what they brought
+    waited one after the other where the compiler kept that order. On an H200, float32 layer norm
+    over 1024 rows of 32768 100.1 -> 84.9 us (torch.compile 90.4) and over 2048 rows of 16384 83.6
+    -> 72.0; bfloat16 softmax over 8192x4096 in 128 threads of 32 elements 62.8 -> 50.7. Not with
+    fewer elements a thread (layer norms over 8192x4096, 256 threads of 16: bfloat16 55.9 -> 60.0,
+    float32 67.9 -> 68.8), nor for the vectors loaded late (a norm's weights, read from the L2 as
+    they are used) or streamed rows: held as arrays there, they took registers the reductions needed
+    (the float32 layer norm over rows of 32768 spilled: 100 -> 191 us). Nor in 16-bit programs that
+    load vectors late: a bfloat16 layer norm over 2048 rows of 16384 (512 threads of 32) went 66.9 ->
+    75.3 us, where its softmax went 76.9 -> 57.9.
+    """
+    return not config.loop and config.E >= PREFETCH_MIN_E and not (config.late and narrow_rows(spec))
 
 
 #: Compute types held in one 32-bit register.
@@ -301,6 +337,7 @@ def plan(spec: RowSpec, O: int, N: int, layouts: list) -> tuple:  # noqa: E741
     if spec.online and not (config.loop and N >= ONLINE_MIN_N):  # (see ONLINE_MIN_N)
         spec = RowSpec(spec.inputs, spec.members, spec.full, spec.outputs, online=False)
         config = choose(spec, O, N, vec, late)
+    config.prefetch = loads_first(spec, config)
     src = rows_source(spec, config)
     name = spec.name(config)
     consts = [O, N]
@@ -556,6 +593,20 @@ class _Gen:
         else:
             self.emit("  {")
             self.emit("    const u32 base = j0;")
+        vectors = [k for k in sorted(inputs) if c.prefetch and V == 4 and spec.inputs[k][1] == "v"
+                   and k not in c.late]
+        if vectors:
+            for k in vectors:
+                self.emit(f"    rt_vec4<{spec.inputs[k][0].c_storage}> w{k}[E / VEC];")
+            self.emit("    #pragma unroll")
+            self.emit("    for (u32 q = 0; q < E / VEC; ++q) {")
+            self.emit("      const u32 jv = base + q * T + t;")
+            self.emit("      if (row_ok && jv < j1) {")
+            for k in vectors:
+                T_ = spec.inputs[k][0].c_storage
+                self.emit(f"        w{k}[q] = reinterpret_cast<const rt_vec4<{T_}>*>(in{k} + rb{k})[jv];")
+            self.emit("      }")
+            self.emit("    }")
         self.emit("    #pragma unroll")
         self.emit("    for (u32 q = 0; q < E / VEC; ++q) {")
         self.emit("      const u32 jv = base + q * T + t;")
@@ -563,7 +614,7 @@ class _Gen:
         outs = [j for j in computed if j in spec.outputs]
         for k in sorted(inputs):
             d, kind = spec.inputs[k]
-            if kind == "v" and V == 4:
+            if kind == "v" and V == 4 and k not in vectors:
                 self.emit(f"        const rt_vec4<{d.c_storage}> w{k} = "
                           f"reinterpret_cast<const rt_vec4<{d.c_storage}>*>(in{k} + rb{k})[jv];")
         if V == 4:
@@ -575,7 +626,7 @@ class _Gen:
         for k in sorted(inputs):
             d, kind = spec.inputs[k]
             if kind == "v":
-                ref = f"w{k}.v[e]" if V == 4 else f"in{k}[rb{k} + jj]"
+                ref = (f"w{k}[q].v[e]" if k in vectors else f"w{k}.v[e]") if V == 4 else f"in{k}[rb{k} + jj]"
             else:
                 ref = f"in{k}[rb{k} + (i64)(int)sn{k} * (i64)jj]"
             self.emit(f"          x{k}[s] = {load_expr(d, ref)};")
@@ -836,6 +887,8 @@ def examples() -> list:
                 if spec is norm:  # its weight loaded where it is used
                     out.append(rows_source(spec, Config(256, 1, 16, vec, False, late=(2,))))
                 out.append(rows_source(spec, Config(8, 32, 4, vec, False)))
+                # a pass's vectors loaded first (16-bit rows, long rows)
+                out.append(rows_source(spec, Config(128, 1, NARROW_PER_THREAD, vec, False, prefetch=True)))
                 out.append(rows_source(spec, Config(1024, 1, 8 if vec == 4 else 4, vec, True)))
                 if spec is not mse and d is not _dt.float64:  # long rows in registers
                     out.append(rows_source(spec, Config(1024, 1, LONG_PER_THREAD, vec, False,

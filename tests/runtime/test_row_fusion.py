@@ -305,6 +305,84 @@ def test_rows_of_16384_take_two_workgroups_an_sm():
     assert (c.T, c.E) == (512, 16)  # (shorter rows: as before)
 
 
+def _norm_spec(d, late_weights: bool = False):
+    """A layer norm's program over rows of ``d`` (x, weight, bias), as the lowering makes it."""
+    A = rt.float32 if d is not rt.float64 else d
+    return rows.RowSpec(((d, "v"), (d, "v"), (d, "v")), (
+        ("red", "sum", d, d, (("i", 0),)),
+        ("ew", "sub", A, d, (("i", 0), ("m", 0))),
+        ("ew", "square", A, d, (("m", 1),)),
+        ("red", "sum", d, d, (("m", 2),)),
+        ("ew", "div", A, d, (("m", 1), ("m", 3))),
+        ("ew", "mul", A, d, (("m", 4), ("i", 1))),
+        ("ew", "add", A, d, (("m", 5), ("i", 2)))),
+        (False, True, True, False, True, True, True), (6,))
+
+
+def test_narrow_rows_take_twice_the_elements_a_thread():
+    """Rows of 16-bit values: a thread keeps 32 elements, in workgroups of 128 threads, so that its
+    loads bring as many bytes as a 32-bit row's 16 do; 32-bit rows keep 256 threads of 16, and a
+    narrow program whose values would exceed the register budget at 32 a thread keeps 16."""
+    for d in (rt.bfloat16, rt.float16):
+        c = rows.choose(_softmax_spec(d), 8192, 4096, True)
+        assert (c.T, c.RPB, c.E, c.VEC, c.loop) == (128, 1, 32, 4, False)
+        c = rows.choose(_softmax_spec(d), 65536, 512, True)
+        assert (c.T, c.RPB, c.E) == (16, 8, 32)
+        c = rows.choose(_norm_spec(d), 8192, 4096, True)
+        assert (c.T, c.RPB, c.E) == (256, 1, 16)
+    c = rows.choose(_softmax_spec(rt.float32), 8192, 4096, True)
+    assert (c.T, c.RPB, c.E) == (256, 1, 16)
+
+
+def test_a_pass_loads_its_vectors_first_where_a_thread_keeps_many():
+    """``loads_first``: register mode with at least PREFETCH_MIN_E elements a thread loads every vector
+    of the row in a pass before it converts any; fewer elements, streamed rows and the vectors loaded
+    late keep the load beside its use, and 16-bit programs with late vectors keep it too."""
+    f32, bf16 = _norm_spec(rt.float32), _norm_spec(rt.bfloat16)
+    softmax = _softmax_spec(rt.bfloat16)
+    assert rows.loads_first(softmax, rows.Config(128, 1, 32, 4, False))
+    assert not rows.loads_first(softmax, rows.Config(256, 1, 16, 4, False))
+    assert not rows.loads_first(softmax, rows.Config(1024, 1, 32, 4, True))
+    assert rows.loads_first(f32, rows.Config(1024, 1, 32, 4, False, late=(1, 2)))
+    assert not rows.loads_first(bf16, rows.Config(512, 1, 32, 4, False, late=(1, 2)))
+    assert rows.loads_first(bf16, rows.Config(512, 1, 32, 4, False))
+
+    def body(spec, config):
+        source = rows.rows_source(spec, config).body()
+        return source[source.index("__global__"):]
+
+    first = body(softmax, rows.Config(128, 1, 32, 4, False, prefetch=True))
+    assert "rt_vec4<unsigned short> w0[E / VEC];" in first
+    assert first.index("w0[q] = reinterpret_cast") < first.index("bf16_to_f32(w0[q].v[e])")
+    beside = body(softmax, rows.Config(128, 1, 32, 4, False))
+    assert "w0[E / VEC]" not in beside and "const rt_vec4<unsigned short> w0 = " in beside
+    weights_late = body(f32, rows.Config(1024, 1, 32, 4, False, late=(1, 2), prefetch=True))
+    assert "float w0[E / VEC]" not in weights_late  # (float vectors: rt_vec4<float>)
+    assert "rt_vec4<float> w0[E / VEC];" in weights_late
+    assert "w1[E / VEC]" not in weights_late and "const rt_vec4<float> w1 = " in weights_late
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("case", ["softmax", "layer_norm", "log_softmax", "rms_norm"])
+def test_loading_a_pass_first_gives_the_same_bits(gpu_like, monkeypatch, chosen, case, dtype):
+    """The order of the loads changes no value: the same program with its vectors loaded first and
+    beside their use gives the same bits (scaled down: every mapping of 4 elements a thread or more
+    loads first), and both agree with numpy."""
+    arrays, host = operands((5, 640), dtype, np.random.default_rng(21), gpu_like)
+    results = []
+    for least in (4, 1 << 30):
+        monkeypatch.setattr(rows, "PREFETCH_MIN_E", least)
+        rt.clear_graph_cache()
+        check(case, arrays, host, dtype)
+        results.append(np.asarray(CASES[case](*arrays).astype(rt.float32)).view(np.uint32))
+    np.testing.assert_array_equal(results[0], results[1])
+    prefetched = [c.prefetch for c in chosen]
+    if dtype != "float32" and case in ("layer_norm", "rms_norm"):
+        assert not any(prefetched)  # 16-bit rows whose weights are loaded late: beside their use
+    else:
+        assert any(prefetched) and not all(prefetched)
+
+
 @pytest.mark.parametrize("case", ["softmax", "layer_norm"])
 def test_two_workgroups_an_sm_values(gpu_like, monkeypatch, chosen, case):
     """The same mapping computes the same values (scaled down: rows over 512 elements would take
