@@ -72,8 +72,6 @@ def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
         return
     if live:
         key = (key, keep)
-    if ctx.completed < ctx.submitted or ctx.retired_programs:  # (else the timeline has nothing newer to say)
-        ctx.refresh()
     protect(order)
     try:
         ext = list(map(_storage_buffer, externals))
