@@ -72,6 +72,8 @@ def _evaluate_on(ctx: DeviceContext, targets: list) -> None:
         return
     if live:
         key = (key, keep)
+    if ctx.semaphore.failure is not None:  # (a failure already recorded: go on on a fresh timeline first)
+        ctx.refresh()
     protect(order)
     try:
         ext = list(map(_storage_buffer, externals))

@@ -213,6 +213,71 @@ def test_failed_submission_is_reported_and_device_recovers(dev):
     np.testing.assert_allclose((x * 5).numpy(), np.full(3, 5.0))
 
 
+def test_a_failure_the_throttle_finds_is_raised_where_its_array_is_read(dev):
+    """Evals do not poll the timeline; the throttle, waiting for the oldest submission once
+    MAX_IN_FLIGHT are out, finds the failure, moves the context to a fresh timeline, and raises
+    nothing itself. Work queued behind the failure before it was known fails with it (it waited for
+    the failed timeline), as on a GPU; the evals after the recovery compute, and the arrays raise
+    only when read."""
+    if dev == "cuda":
+        pytest.skip("a failing numpy kernel is a CPU-driver behaviour")
+    from runtime.device import MAX_IN_FLIGHT
+
+    ctx = context_for(dev)
+    x = rt.array(np.arange(3, dtype=np.float32), device=dev)
+    rt.eval(x)
+    real = fusion.PLANNERS["neg"]
+
+    def broken(node, layouts, ctx):
+        cmds = real(node, layouts, ctx)
+        _, src, name, wg, consts, roles = cmds[0]
+        return [("dispatch", src, name, wg, [2**31] + consts[1:], roles)]  # out-of-range element count
+
+    fusion.PLANNERS["neg"] = broken
+    try:
+        bad = -rt.array(np.ones(7, np.float32), device=dev)
+        rt.eval(bad)
+    finally:
+        fusion.PLANNERS["neg"] = real
+        ctx.graphs.clear()
+    failed = ctx.semaphore
+    later = []
+    for k in range(3 * MAX_IN_FLIGHT):
+        y = x * float(k)
+        rt.eval(y)  # (throttled: the waits meet the failure on the way)
+        later.append(y)
+    assert ctx.semaphore is not failed and failed in ctx.failed
+    for k, y in enumerate(later):
+        want = np.arange(3, dtype=np.float32) * k
+        if k < len(later) - MAX_IN_FLIGHT:
+            try:  # queued before the failure was known: failed with it, or computed after the recovery
+                np.testing.assert_array_equal(y.numpy(), want)
+            except hal.AbortedError:
+                pass
+        else:
+            np.testing.assert_array_equal(y.numpy(), want)
+    with pytest.raises(hal.AbortedError):
+        bad.numpy()
+
+
+def test_an_eval_after_a_recorded_failure_starts_a_fresh_timeline(dev):
+    """An eval that finds its context's timeline failed already (the failure recorded, as a CPU
+    driver records it once the work ran) moves to a fresh timeline before it submits: it computes."""
+    ctx = context_for(dev)
+    x = rt.array(np.arange(3, dtype=np.float32), device=dev)
+    rt.eval(x)
+    y = x + 1.0
+    rt.eval(y)
+    y.numpy()
+    old = ctx.semaphore
+    old.fail(hal.HalError(13, "the work failed"))  # as a failed kernel fails the timeline
+    z = x * 3.0
+    rt.eval(z)
+    assert ctx.semaphore is not old and old in ctx.failed
+    np.testing.assert_array_equal(z.numpy(), np.arange(3, dtype=np.float32) * 3)
+    np.testing.assert_array_equal(y.numpy(), np.arange(3, dtype=np.float32) + 1)
+
+
 def test_cpu_program_is_one_dispatch(dev, monkeypatch):
     """On CPU drivers a recording runs all its kernels inside one dispatch; results are the same."""
     ctx = context_for(dev)
