@@ -11,7 +11,7 @@ import pytest
 import hal
 import runtime as rt
 from runtime import graph_cache
-from runtime.device import context_for
+from runtime.device import MAX_IN_FLIGHT, context_for
 from runtime.lowering import fusion, key
 
 
@@ -185,20 +185,16 @@ def test_intermediates_kept_when_referenced(dev):
     assert float(y) == pytest.approx(22.0)
 
 
-def test_failed_submission_is_reported_and_device_recovers(dev):
-    if dev == "cuda":
-        pytest.skip("a failing numpy kernel is a CPU-driver behaviour")
+def _evaluate_failing(dev):
+    """A negation evaluated with a kernel that fails on a CPU driver (an out-of-range element
+    count): the array, its work submitted."""
     ctx = context_for(dev)
-    x = rt.array(np.ones(3, np.float32), device=dev)
-    ok = x + 1
-    rt.eval(ok)
-    ok.numpy()
     real = fusion.PLANNERS["neg"]
 
     def broken(node, layouts, ctx):
         cmds = real(node, layouts, ctx)
         _, src, name, wg, consts, roles = cmds[0]
-        return [("dispatch", src, name, wg, [2**31] + consts[1:], roles)]  # out-of-range element count
+        return [("dispatch", src, name, wg, [2**31] + consts[1:], roles)]
 
     fusion.PLANNERS["neg"] = broken
     try:
@@ -207,6 +203,17 @@ def test_failed_submission_is_reported_and_device_recovers(dev):
     finally:
         fusion.PLANNERS["neg"] = real
         ctx.graphs.clear()
+    return bad
+
+
+def test_failed_submission_is_reported_and_device_recovers(dev):
+    if dev == "cuda":
+        pytest.skip("a failing numpy kernel is a CPU-driver behaviour")
+    x = rt.array(np.ones(3, np.float32), device=dev)
+    ok = x + 1
+    rt.eval(ok)
+    ok.numpy()
+    bad = _evaluate_failing(dev)
     with pytest.raises(hal.AbortedError):
         bad.numpy()
     np.testing.assert_allclose(ok.numpy(), np.full(3, 2.0))
@@ -221,26 +228,11 @@ def test_a_failure_the_throttle_finds_is_raised_where_its_array_is_read(dev):
     only when read."""
     if dev == "cuda":
         pytest.skip("a failing numpy kernel is a CPU-driver behaviour")
-    from runtime.device import MAX_IN_FLIGHT
-
     ctx = context_for(dev)
     x = rt.array(np.arange(3, dtype=np.float32), device=dev)
     rt.eval(x)
-    real = fusion.PLANNERS["neg"]
-
-    def broken(node, layouts, ctx):
-        cmds = real(node, layouts, ctx)
-        _, src, name, wg, consts, roles = cmds[0]
-        return [("dispatch", src, name, wg, [2**31] + consts[1:], roles)]  # out-of-range element count
-
-    fusion.PLANNERS["neg"] = broken
-    try:
-        bad = -rt.array(np.ones(7, np.float32), device=dev)
-        rt.eval(bad)
-    finally:
-        fusion.PLANNERS["neg"] = real
-        ctx.graphs.clear()
     failed = ctx.semaphore
+    bad = _evaluate_failing(dev)
     later = []
     for k in range(3 * MAX_IN_FLIGHT):
         y = x * float(k)

@@ -410,16 +410,7 @@ def test_register_budget_forces_loop_mode():
 def test_register_mode_loads_every_input_before_the_first_reduction(vec):
     """A layer norm's weight (read after both reductions) is loaded with the row, in the first
     phase, so that its latency overlaps the reductions; loop mode reads it where it is used."""
-    f32 = rt.float32
-    norm = rows.RowSpec(((f32, "v"), (f32, "v"), (f32, "v")), (
-        ("red", "sum", f32, f32, (("i", 0),)),
-        ("ew", "sub", f32, f32, (("i", 0), ("m", 0))),
-        ("ew", "square", f32, f32, (("m", 1),)),
-        ("red", "sum", f32, f32, (("m", 2),)),
-        ("ew", "div", f32, f32, (("m", 1), ("m", 3))),
-        ("ew", "mul", f32, f32, (("m", 4), ("i", 1))),
-        ("ew", "add", f32, f32, (("m", 5), ("i", 2)))),
-        (False, True, True, False, True, True, True), (6,))
+    norm = _norm_spec(rt.float32)
 
     def body(config):
         source = rows.rows_source(norm, config).body()
