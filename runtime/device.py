@@ -109,9 +109,10 @@ class DeviceContext:
 
         The timeline is not polled first: a wait for the oldest submission returns at once when it
         completed, and retires every submission through it in one go, where a poll queries events
-        and retires them one at a time (the poll at every eval and throttle was a tenth of an eager
-        256x256 product's host time). A failure found there moves the context to a fresh timeline
-        (``recover``) and is raised where the failed work's arrays are read, not here."""
+        and retires them one at a time (the polls of every eval and throttle were about 300 of the
+        2441 bytecodes of a pipelined eager 256x256 product over the simulated GPU). A failure found
+        there moves the context to a fresh timeline (``recover``) and is raised where the failed
+        work's arrays are read, not here."""
         in_flight = self.in_flight
         if len(in_flight) >= MAX_IN_FLIGHT:
             completed = self.completed

@@ -68,13 +68,15 @@ LONG_REGISTER_BUDGET = 256
 REGISTER_BUDGET = 192
 #: Rows whose full inputs are all 16-bit: a thread keeps up to this many elements (twice
 #: MAX_PER_THREAD, so that its loads bring as many bytes as a 32-bit row's), in workgroups of
-#: NARROW_WORKGROUP threads. On an H200, over 8192x4096 (256 threads of 16 elements before), us:
-#: bfloat16 softmax 64.7 -> 50.7 and layer norm 55.9 -> 53.3, float16 softmax 60.4 -> 48.1 (the copy
-#: 34.4; workgroups of 256 threads, two rows each: 52.9 and 55.0).
+#: NARROW_WORKGROUP threads, where the register budget allows. On an H200, over 8192x4096 (256
+#: threads of 16 elements before), with the loads issued first (``loads_first``), us: bfloat16
+#: softmax 64.7 -> 50.7, float16 softmax 60.4 -> 48.1 (the copy 34.4; in workgroups of 256 threads,
+#: two rows each, 52.9). A layer norm's eight values a thread exceed the budget at 32 elements: it
+#: keeps 256 threads of 16 (55.9 us; 52.7-53.3 with 128 of 32 forced, spilling).
 NARROW_PER_THREAD = 2 * MAX_PER_THREAD
 NARROW_WORKGROUP = 128
 #: Register mode loads the row's vectors of a pass before it uses any where a thread keeps at least
-#: this many elements (see ``phase``).
+#: this many elements (see ``loads_first``).
 PREFETCH_MIN_E = 32
 #: Groups with fewer rows than this and rows at least SPLIT_MIN_N long split rows into chunks (those
 #: of several phases only where their rows would stream anyway: see choose).
