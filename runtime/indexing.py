@@ -22,7 +22,7 @@ from .array_api import flat_nonzero, gather_flat, take, take_add, take_params, t
 from .errors import InvalidIndexError, InvalidTypeError, InvalidValueError
 from .graph import Node, differentiated
 from .kernels import scatter
-from .shapes import broadcast_shapes, contiguous_strides, parse_index
+from .shapes import broadcast_shapes, contiguous_strides, parse_index, plain_key
 
 if TYPE_CHECKING:
     from .array import Array
@@ -50,6 +50,8 @@ def getitem(x: Array, key) -> Array:
     kind = type(key)
     if kind is slice or kind is int:  # (the usual basic key: no array, mask, boolean or device scalar to look for)
         return ops.getitem(x, (key,))
+    if kind is tuple and plain_key(key):  # (the same for a tuple of slices and ints)
+        return ops.getitem(x, key)
     key = key if kind is tuple else (key,)
     if any(_is_array_index(k) for k in key):
         if any(np.ndim(k) == 0 for k in key if isinstance(k, Node) or isinstance(k, np.ndarray)):

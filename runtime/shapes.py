@@ -232,6 +232,17 @@ def single_stride(shape: tuple, strides: tuple) -> int | None:
     return cstr[0] if len(cshape) == 1 else None
 
 
+#: Key types taken as they are, with no ellipsis or new axis to expand (bool is not int here: x[True]
+#: is a mask).
+_PLAIN_KEYS = frozenset((slice, int))
+
+
+def plain_key(key: tuple) -> bool:
+    """Whether every entry of `key` is a slice or an int (not a bool, None, Ellipsis or array): the
+    usual basic index, checked in C."""
+    return all(map(_PLAIN_KEYS.__contains__, map(type, key)))
+
+
 def parse_index(key, shape: tuple, strides: tuple, offset: int):
     """Basic indexing -> (new shape, new strides, new offset, per-axis slice info).
 
@@ -240,7 +251,7 @@ def parse_index(key, shape: tuple, strides: tuple, offset: int):
     """
     if not isinstance(key, tuple):
         key = (key,)
-    if len(key) == 1 and type(key[0]) is slice and shape:  # (one slice of the first axis: nothing to expand)
+    if len(key) <= len(shape) and plain_key(key):  # (nothing to expand: the axes left are taken whole below)
         expanded: list | tuple = key
     else:
         n_ellipsis = sum(1 for k in key if k is Ellipsis)

@@ -514,6 +514,34 @@ def test_slices_of_odd_bounds_and_ragged_data_give_typed_errors_or_numpy_results
             rt.asarray(ragged, device=dev)
 
 
+def test_keys_of_slices_and_ints_index_as_numpy(dev):
+    """Keys of only slices and Python ints (the usual basic index, taken without expanding it) give
+    numpy's results on strided views, as the same keys with an Ellipsis appended (the general path)
+    do; numpy integers, booleans and too many indices go the general way and keep their meaning."""
+    rng = np.random.default_rng(3)
+    x = np.arange(6 * 5 * 4, dtype=np.int32).reshape(6, 5, 4)
+    X = rt.array(x, device=dev)
+
+    def entry(n: int):
+        if rng.random() < 0.4:
+            return int(rng.integers(-n, n))
+        a, b = (int(v) for v in rng.integers(-n - 2, n + 2, 2))
+        return slice(a if rng.random() < 0.7 else None, b if rng.random() < 0.7 else None,
+                     int(rng.choice([1, 2, -1, -3])))
+
+    for view, host in ((X, x), (X[::-1, 1:, ::2], x[::-1, 1:, ::2]), (X.T, x.T)):
+        for _ in range(40):
+            key = tuple(entry(host.shape[i]) for i in range(int(rng.integers(1, host.ndim + 1))))
+            same(view[key], host[key])
+            same(view[key + (Ellipsis,)], host[key + (Ellipsis,)])
+    same(X[np.int64(1), 2], x[np.int64(1), 2])
+    same(X[True], x[True])
+    same(X[1, False], x[1, False])
+    for key in ((0, 0, 0, 0), (6, 0), (0, -6)):
+        with pytest.raises(rt.InvalidIndexError):
+            X[key]
+
+
 def test_python_integers_past_float64_precision_stay_exact_in_uint64_and_int64(dev):
     """numpy infers float64 for [0, 2**63 + 1] on its own; with the dtype given the values are exact.
     A Python integer the dtype cannot hold is refused, as numpy, PyTorch and JAX refuse it (it wrapped:
