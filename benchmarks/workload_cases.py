@@ -345,9 +345,12 @@ def steps_make(rng, quick):
     return [rng.integers(-1, 2, (1 << 12) if quick else (1 << 24)).astype(np.float32)]
 
 
-def softmax_case(rows: int, n: int, make) -> Case:
-    return Case(f"softmax_{rows}x{n}", f"softmax over rows of {rows}×{n}, composed ops", make, softmax_rt,
-                softmax_torch, softmax_np, bandwidth_bound=True, compiled=True)
+def softmax_case(rows: int, n: int, make, dtype: str = "float32", tolerance: float = 1e-4) -> Case:
+    """A dtype other than float32 is named in the case's name and title."""
+    typed = "" if dtype == "float32" else f" {dtype}"
+    return Case(f"softmax{typed.replace(' ', '_')}_{rows}x{n}", f"softmax over rows of {rows}×{n}{typed}, composed ops",
+                make, softmax_rt, softmax_torch, softmax_np, dtype=dtype, bandwidth_bound=True, compiled=True,
+                tolerance=tolerance)
 
 
 def layer_norm_case(rows: int, n: int, make, dtype: str = "float32", tolerance: float = 1e-4) -> Case:
@@ -371,6 +374,7 @@ CASES = [
     softmax_case(2048, 16384, rows_16k_make),
     softmax_case(8, 4194304, few_rows_make),
     layer_norm_case(8192, 4096, layer_norm_make, "bfloat16", 3e-2),
+    softmax_case(8192, 4096, rows_make, "bfloat16", 3e-2),
     Case("softmax_grad_8192x4096", "softmax's gradient over rows of 8192×4096, composed ops", gradient_make,
          softmax_grad_rt, softmax_grad_torch, softmax_grad_np, bandwidth_bound=True, compiled=True),
     Case("layer_norm_grad_8192x4096", "layer norm's gradient over rows of 8192×4096, composed ops",

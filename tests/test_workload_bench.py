@@ -75,7 +75,8 @@ def test_every_device_case_runs_on_the_cpu_driver(tmp_path):
     report = bench(tmp_path, "--only", "matmul_4096_float16", "batched_matmul_float32", "matmul_256_float32",
                    "softmax_8192x4096", "layer_norm_8192x4096", "softmax_1024x32768", "layer_norm_1024x32768",
                    "softmax_2048x16384", "softmax_8x4194304", "layer_norm_bfloat16_8192x4096",
-                   "softmax_grad_8192x4096", "layer_norm_grad_8192x4096", "cross_entropy_grad_4096x32000",
+                   "softmax_bfloat16_8192x4096", "softmax_grad_8192x4096", "layer_norm_grad_8192x4096",
+                   "cross_entropy_grad_4096x32000",
                    "column_sum_8192x8192", "transposed_copy_8192x8192",
                    "elementwise_chain_64M")
     for name, case in report["cases"].items():
@@ -86,7 +87,8 @@ def test_every_device_case_runs_on_the_cpu_driver(tmp_path):
     assert softmax["copy_GBps"] > 0 and softmax["contenders"]["runtime"]["fraction_of_copy_bandwidth"] > 0
     for name in ("softmax_8192x4096", "layer_norm_8192x4096", "softmax_1024x32768", "layer_norm_1024x32768",
                  "softmax_2048x16384", "softmax_8x4194304", "layer_norm_bfloat16_8192x4096",
-                 "softmax_grad_8192x4096", "layer_norm_grad_8192x4096", "cross_entropy_grad_4096x32000"):
+                 "softmax_bfloat16_8192x4096", "softmax_grad_8192x4096", "layer_norm_grad_8192x4096",
+                 "cross_entropy_grad_4096x32000"):
         # eager and rt.compile'd, each checked
         case = report["cases"][name]
         assert "runtime_compile_vs_numpy" in case["ratios"], name
