@@ -345,18 +345,21 @@ def steps_make(rng, quick):
     return [rng.integers(-1, 2, (1 << 12) if quick else (1 << 24)).astype(np.float32)]
 
 
+def dtype_tags(dtype: str) -> tuple[str, str]:
+    """(the case name's part, the title's part) naming a dtype other than float32 (float32: none)."""
+    return ("", "") if dtype == "float32" else (f"_{dtype}", f" {dtype}")
+
+
 def softmax_case(rows: int, n: int, make, dtype: str = "float32", tolerance: float = 1e-4) -> Case:
-    """A dtype other than float32 is named in the case's name and title."""
-    typed = "" if dtype == "float32" else f" {dtype}"
-    return Case(f"softmax{typed.replace(' ', '_')}_{rows}x{n}", f"softmax over rows of {rows}×{n}{typed}, composed ops",
-                make, softmax_rt, softmax_torch, softmax_np, dtype=dtype, bandwidth_bound=True, compiled=True,
+    name, title = dtype_tags(dtype)
+    return Case(f"softmax{name}_{rows}x{n}", f"softmax over rows of {rows}×{n}{title}, composed ops", make,
+                softmax_rt, softmax_torch, softmax_np, dtype=dtype, bandwidth_bound=True, compiled=True,
                 tolerance=tolerance)
 
 
 def layer_norm_case(rows: int, n: int, make, dtype: str = "float32", tolerance: float = 1e-4) -> Case:
-    """A dtype other than float32 is named in the case's name and title."""
-    typed = "" if dtype == "float32" else f" {dtype}"
-    return Case(f"layer_norm{typed.replace(' ', '_')}_{rows}x{n}", f"layer norm {rows}×{n}{typed}, composed ops", make,
+    name, title = dtype_tags(dtype)
+    return Case(f"layer_norm{name}_{rows}x{n}", f"layer norm {rows}×{n}{title}, composed ops", make,
                 layer_norm_rt, layer_norm_torch, layer_norm_np, dtype=dtype, bandwidth_bound=True, compiled=True,
                 tolerance=tolerance)
 
