@@ -95,14 +95,19 @@ class DeviceContext:
         self.completed = value
         self.buffers.retire(value)
         if self.retired_programs:
-            keep = []
-            for fence, pid in self.retired_programs:
-                if fence <= value:
-                    self.programs.pop(pid, None)
-                else:
-                    keep.append((fence, pid))
-            self.retired_programs = keep
+            self._forget_programs(value)
         return value
+
+    def _forget_programs(self, reached: int) -> None:
+        """Drop the CPU programs of dropped recordings whose last submissions the timeline has reached
+        (``retire_program``): wherever the context learns a value was reached, a poll or a wait."""
+        keep = []
+        for fence, pid in self.retired_programs:
+            if fence <= reached:
+                self.programs.pop(pid, None)
+            else:
+                keep.append((fence, pid))
+        self.retired_programs = keep
 
     def throttle(self) -> None:
         """Bound the submissions in flight, so a fast host cannot queue unbounded work and memory.
@@ -125,8 +130,6 @@ class DeviceContext:
                     self.wait(in_flight.popleft())
                 except hal.AbortedError:
                     pass  # (recovered by wait)
-                if self.retired_programs:
-                    self.refresh()
 
     def submit(self, execution: hal.Execution, queue: bool = False) -> int:
         """Submit `execution` after every earlier submission of this context: the timeline value it
@@ -209,6 +212,8 @@ class DeviceContext:
                 buffers = self.buffers
                 if value > buffers.completed:  # (BufferCache.retire, without the call)
                     buffers.completed = value
+                if self.retired_programs:
+                    self._forget_programs(value)
                 in_flight = self.in_flight
                 if in_flight and in_flight[-1] <= value:  # a synced loop: nothing is in flight any more
                     in_flight.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -268,6 +269,24 @@ def test_an_eval_after_a_recorded_failure_starts_a_fresh_timeline(dev):
     assert ctx.semaphore is not old and old in ctx.failed
     np.testing.assert_array_equal(z.numpy(), np.arange(3, dtype=np.float32) * 3)
     np.testing.assert_array_equal(y.numpy(), np.arange(3, dtype=np.float32) + 1)
+
+
+def test_programs_of_dropped_recordings_go_once_a_wait_reaches_them(dev):
+    """A dropped recording's CPU program is forgotten once the timeline reaches its last submission:
+    a read's wait is enough (a synced loop never fills the throttle, nor polls)."""
+    ctx = context_for(dev)
+    if ctx.is_gpu:
+        pytest.skip("CPU programs are a CPU driver's")
+    x = rt.array(np.arange(3, dtype=np.float32), device=dev)
+    earlier = set(ctx.programs)  # (the context is shared: other tests' programs may stay)
+    ((x * 2.0) + 1.0).numpy()
+    mine = set(ctx.programs) - earlier
+    assert mine
+    ctx.graphs.clear()
+    gc.collect()
+    assert ctx.retired_programs
+    np.testing.assert_array_equal((x - 3.0).numpy(), np.arange(3, dtype=np.float32) - 3)
+    assert not ctx.retired_programs and not mine & set(ctx.programs)
 
 
 def test_cpu_program_is_one_dispatch(dev, monkeypatch):
