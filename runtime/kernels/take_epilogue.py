@@ -104,12 +104,15 @@ def _cuda(op: str, dt, cdt, side: int, name: str, checked: bool) -> str:
                 f"const {c} b = {convert(load_expr(dt, b), dt.c_compute, c)}; "
                 f"res = {store_expr(dt, convert(value, c, dt.c_compute))}; }}")
 
+    def position(indent: str) -> str:
+        """Statements placing element e in the other operand (``at``)."""
+        return "\n".join(strided_positions("e", [("at", "(i64)poff", "p")], MAX_DIMS, indent))
+
     def vector(indent: str) -> str:
         """Statements computing the 4 outputs from element e (row r's index v, position i in it)."""
-        position = "\n".join(strided_positions("e", [("at", "(i64)poff", "p")], MAX_DIMS, indent))
         row = f"src + {SOURCE_AT}"
         return f"""{indent}const rt_vec4<{t}> w = *reinterpret_cast<const rt_vec4<{t}>*>({row});
-{position}
+{position(indent)}
 {indent}rt_vec4<{t}> x;
 {indent}if (vec == 1u && (at & 3) == 0) x = *reinterpret_cast<const rt_vec4<{t}>*>(other + at);
 {indent}else if (vec == 1u) {{ for (int k = 0; k < 4; ++k) x.v[k] = other[at + k]; }}  // (rows of a wider array)
@@ -138,7 +141,7 @@ extern "C" __global__ void {name}({params}) {{
     const u32 e = (u32)t1;
     const u32 r = e / I, i = e - r * I, o = r / J, j = r - o * J;
 {index_lines(bad, "ioff + (u64)o * io + (u64)j * ij + (u64)i * ii", "    ")}
-{chr(10).join(strided_positions("e", [("at", "(i64)poff", "p")], MAX_DIMS, "    "))}
+{position("    ")}
     {t} res;
     {result(f"src[{SOURCE_AT}]", "other[at]")}
     out[e] = res;
