@@ -182,7 +182,10 @@ class DeviceContext:
             self.batches.clear()
 
     def _batch(self, executions: list[hal.Execution]) -> hal.Execution:
-        """One execution running `executions`' command buffers in order, prepared once per batch."""
+        """One execution running `executions`' command buffers in order, prepared once per batch (one
+        execution alone is its own batch)."""
+        if len(executions) == 1:
+            return executions[0]
         key = tuple(executions)
         batch = self.batches.get(key)
         if batch is None:

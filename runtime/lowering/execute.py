@@ -57,6 +57,11 @@ class Variants:
         result kept alive across evaluations (``c = a + b`` while the previous ``c`` is still
         held) takes the other buffer each time: each of two recordings then sees its own again.
         Only a recording that once found its buffers busy (``moved``) is checked.
+
+        With every recording made and the one of these externals busy, another takes these externals
+        (a new table, once), rather than the busy one taking other buffers at every call: a loop of
+        ``y = f(x)`` that came back to ``x`` after calls with other inputs used to prepare and upload
+        a new table every call (64 MB lookups on an H200: 40 -> 100 us a call).
         """
         recs = self.recs
         same_inputs = None
@@ -67,15 +72,29 @@ class Variants:
                     continue
                 return rec
             if last == ext:  # (so are the guarded constants)
-                if not rec.moved or (held_free(rec) if rec.held is not None else
-                                     buffers.all_free(rec.last_table, rec.n_ext, rec.fresh_buckets)):
+                if not rec.moved or _buffers_free(rec, buffers):
                     return rec
                 if same_inputs is None:
                     same_inputs = rec
         if len(recs) < limit:
             return None
         if same_inputs is not None:
-            return same_inputs
+            # Its buffers are busy (its last results still held): it would take others and prepare a
+            # new table at every call. Another recording takes these externals instead: one whose
+            # buffers are free keeps the rest of its table; else the recordings, taken in turn, each
+            # settle on the buffers free at its turn.
+            other = None
+            for rec in recs:
+                if rec is not same_inputs and (not rec.guards or _guards_hold(rec.guards, ext)):
+                    if _buffers_free(rec, buffers):
+                        return rec
+                    if other is None:
+                        other = rec
+            if other is None:
+                return same_inputs
+            recs.remove(other)
+            recs.append(other)
+            return other
         for i, rec in enumerate(recs):  # the least recently rebound whose constants are these
             if not rec.guards or _guards_hold(rec.guards, ext):
                 recs.append(recs.pop(i))
@@ -88,6 +107,14 @@ class Variants:
     def drop(self) -> None:
         for rec in self.recs:
             rec.drop()
+
+
+def _buffers_free(rec: Recording, buffers: BufferCache) -> bool:
+    """Whether the buffers ``rec``'s last submission materialized its nodes in are free again (its
+    table's own part would be the same)."""
+    if rec.held is not None:
+        return held_free(rec)
+    return buffers.all_free(rec.last_table, rec.n_ext, rec.fresh_buckets)
 
 
 # What sum(map(getrefcount, ...)) counts for an object held by nothing but the list it is in.

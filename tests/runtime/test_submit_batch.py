@@ -78,6 +78,31 @@ def test_batch_of_one_submits_every_replay_alone(dev, submissions, monkeypatch):
     assert submissions == [1] * 10
 
 
+def test_one_queued_replay_handed_over_alone_is_submitted_as_prepared(dev, submissions, monkeypatch):
+    """A hand-over of a single queued replay submits the replay's own execution: a batch of one is
+    prepared for nothing."""
+    device = context_for(dev).device
+    prepared: list = []
+    real = device.prepare
+
+    def spy(command_buffers, binding_tables=None, **kwargs):
+        prepared.append(len(command_buffers))
+        return real(command_buffers, binding_tables, **kwargs)
+
+    monkeypatch.setattr(device, "prepare", spy)
+    w_np, b_np, w, b = _inputs(dev, seed=7)
+    step = rt.compile(affine)
+    w = step(w, b)
+    rt.eval(w)  # the timeline is busy from here on: each next replay queues, and its eval hands it over
+    submissions.clear()
+    for _ in range(8):
+        w = step(w, b)
+        rt.eval(w)
+    np.testing.assert_allclose(w.numpy(), reference(w_np, b_np, 9)[-1], rtol=1e-5, atol=1e-6)
+    assert submissions == [1] * 8, submissions
+    assert len(prepared) <= 3, prepared  # the recordings' tables (w alternates between two buffers)
+
+
 def test_every_queued_output_reads_its_own_value(dev):
     w_np, b_np, w, b = _inputs(dev, seed=2)
     step = rt.compile(affine)
