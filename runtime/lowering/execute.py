@@ -58,13 +58,13 @@ class Variants:
         held) takes the other buffer each time: each of two recordings then sees its own again.
         Only a recording that once found its buffers busy (``moved``) is checked.
 
-        With every recording made and the one of these externals busy, another takes these externals
-        (a new table, once), rather than the busy one taking other buffers at every call: a loop of
-        ``y = f(x)`` that came back to ``x`` after calls with other inputs used to prepare and upload
-        a new table every call (64 MB lookups on an H200: 40 -> 100 us a call).
+        With every recording made and none of these externals free, the busy one of these
+        externals used to take other buffers at every call while the others were never chosen
+        again: a loop of ``y = f(x)`` that came back to ``x`` after calls with other inputs, or
+        that kept one result alive, prepared and uploaded a new table every call (64 MB lookups
+        on an H200: 40 -> 100 us a call). The recordings now take turns (below).
         """
         recs = self.recs
-        same_inputs = None
         for rec in recs:
             last = rec.last_ext
             if last is None:
@@ -74,31 +74,24 @@ class Variants:
             if last == ext:  # (so are the guarded constants)
                 if not rec.moved or _buffers_free(rec, buffers):
                     return rec
-                if same_inputs is None:
-                    same_inputs = rec
         if len(recs) < limit:
             return None
-        if same_inputs is not None:
-            # Its buffers are busy (its last results still held): it would take others and prepare a
-            # new table at every call. Another recording takes these externals instead: one whose
-            # buffers are free keeps the rest of its table; else the recordings, taken in turn, each
-            # settle on the buffers free at its turn.
-            other = None
-            for rec in recs:
-                if rec is not same_inputs and (not rec.guards or _guards_hold(rec.guards, ext)):
-                    if _buffers_free(rec, buffers):
-                        return rec
-                    if other is None:
-                        other = rec
-            if other is None:
-                return same_inputs
-            recs.remove(other)
-            recs.append(other)
-            return other
-        for i, rec in enumerate(recs):  # the least recently rebound whose constants are these
+        # Every recording is made and none of these externals has its buffers free. One whose
+        # buffers are free takes these externals (a new table, once); else the least recently
+        # rebound, so that the recordings, taken in turn, each settle on the buffers free at its
+        # turn (one whose buffer a result kept alive holds gets its turn too, and lets it go).
+        turn = None
+        for i, rec in enumerate(recs):
             if not rec.guards or _guards_hold(rec.guards, ext):
-                recs.append(recs.pop(i))
-                return rec
+                if _buffers_free(rec, buffers):
+                    turn = i
+                    break
+                if turn is None:
+                    turn = i
+        if turn is not None:
+            rec = recs.pop(turn)
+            recs.append(rec)
+            return rec
         rec = recs.pop(0)  # none was recorded for these constants: make room
         rec.drop()
         self.dropped += rec.footprint
