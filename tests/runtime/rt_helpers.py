@@ -79,3 +79,16 @@ def failures_in_threads(work: Callable[[int], None], count: int) -> list[BaseExc
     for t in threads:
         t.join()
     return failures
+
+
+def counting_prepares(monkeypatch, device) -> list:
+    """The command-buffer count of each execution ``device.prepare`` makes from now on (a spy)."""
+    prepared: list = []
+    real = device.prepare
+
+    def spy(command_buffers, binding_tables=None, **kwargs):
+        prepared.append(len(command_buffers))
+        return real(command_buffers, binding_tables, **kwargs)
+
+    monkeypatch.setattr(device, "prepare", spy)
+    return prepared

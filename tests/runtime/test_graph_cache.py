@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from rt_helpers import counting_prepares
 
 import hal
 import runtime as rt
@@ -541,24 +542,12 @@ def test_random_graphs_give_numpys_values_and_replay_from_the_cache(seed: int) -
     assert values[0] == values[1]
 
 
-def _counting_prepares(monkeypatch, device) -> list:
-    prepared: list = []
-    real = device.prepare
-
-    def spy(command_buffers, binding_tables=None, **kwargs):
-        prepared.append(len(command_buffers))
-        return real(command_buffers, binding_tables, **kwargs)
-
-    monkeypatch.setattr(device, "prepare", spy)
-    return prepared
-
-
 def test_a_cache_hit_with_an_unchanged_table_submits_its_prepared_execution(dev, monkeypatch):
     """The recording holds the execution of its table: evals that bind the same buffers prepare nothing,
     and one whose buffers were released meanwhile prepares its new table."""
     ctx = context_for(dev)
     rt.synchronize(dev)
-    prepared = _counting_prepares(monkeypatch, ctx.device)
+    prepared = counting_prepares(monkeypatch, ctx.device)
     a = rt.array(np.arange(64, dtype=np.float32), device=dev)
     want = float((np.arange(64, dtype=np.float32) * 3 + 1).sum())
 
@@ -585,7 +574,7 @@ def test_compiled_replays_submit_prepared_executions(dev, monkeypatch):
     for _ in range(4):
         w = step(w)
     rt.synchronize(dev)
-    prepared = _counting_prepares(monkeypatch, ctx.device)
+    prepared = counting_prepares(monkeypatch, ctx.device)
     expected = w.numpy().copy()
     for _ in range(20):
         w = step(w)
@@ -611,7 +600,7 @@ def test_a_loop_back_on_earlier_inputs_settles_on_unchanged_tables(dev, monkeypa
     step = rt.compile(f) if compiled else f
     held: list = []
     kept = []
-    prepared = _counting_prepares(monkeypatch, ctx.device)
+    prepared = counting_prepares(monkeypatch, ctx.device)
     for x, keep in ((xs[0], False), (xs[1], False), (xs[0], False), (xs[0], True)):
         if keep:
             kept.append(step(x))

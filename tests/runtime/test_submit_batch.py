@@ -10,6 +10,7 @@ import threading
 
 import numpy as np
 import pytest
+from rt_helpers import counting_prepares
 
 import hal
 import runtime as rt
@@ -81,15 +82,7 @@ def test_batch_of_one_submits_every_replay_alone(dev, submissions, monkeypatch):
 def test_one_queued_replay_handed_over_alone_is_submitted_as_prepared(dev, submissions, monkeypatch):
     """A hand-over of a single queued replay submits the replay's own execution: a batch of one is
     prepared for nothing."""
-    device = context_for(dev).device
-    prepared: list = []
-    real = device.prepare
-
-    def spy(command_buffers, binding_tables=None, **kwargs):
-        prepared.append(len(command_buffers))
-        return real(command_buffers, binding_tables, **kwargs)
-
-    monkeypatch.setattr(device, "prepare", spy)
+    prepared = counting_prepares(monkeypatch, context_for(dev).device)
     w_np, b_np, w, b = _inputs(dev, seed=7)
     step = rt.compile(affine)
     w = step(w, b)
