@@ -20,7 +20,7 @@ from hal.errors import (
     InvalidArgumentError,
 )
 from hal.executable import Executable, ExecutableSpec, numpy_functions
-from hal.execution import Execution, Issue, held_buffers
+from hal.execution import Execution, Issue, check_joined, held_buffers
 from hal.library import routines_of
 from hal.log import driver_logger
 from hal.pickling import not_picklable
@@ -268,6 +268,22 @@ class Device(abc.ABC):
         else:
             tables = check_binding_tables(self, command_buffers, binding_tables)
         buffers = held_buffers(command_buffers, tables)
+        issue = self._prepare_execution(queue, command_buffers, tables)
+        return Execution(self, queue, command_buffers, tables, issue, epoch, buffers, one_shot)
+
+    def join(self, executions: Sequence[Execution]) -> Execution:
+        """One execution running prepared ``executions`` in order as one submission: one wait, one
+        signal and one retirement for all of them. Nothing they validated is validated again; each
+        must still be valid (FailedPreconditionError), of this device and all of one queue
+        (InvalidArgumentError). Like ``prepare``'s, it refuses once a buffer it uses is released
+        or the device closes; ONE_SHOT work in it runs once, whichever execution submits it."""
+        self.check_open()
+        epoch = self.release_epoch  # read before the checks: a release during them is seen at submit
+        executions, one_shot = check_joined(self, executions)
+        queue = executions[0].queue
+        command_buffers = [cb for execution in executions for cb in execution.command_buffers]
+        tables = [table for execution in executions for table in execution.binding_tables]
+        buffers = list({id(b): b for execution in executions for b in execution.buffers}.values())
         issue = self._prepare_execution(queue, command_buffers, tables)
         return Execution(self, queue, command_buffers, tables, issue, epoch, buffers, one_shot)
 

@@ -7,6 +7,9 @@ only the fences, which change every time. This is the HAL's word for "a submissi
 checked once", as a CUDA graph exec or a Vulkan pre-recorded submission is: a loop
 that repeats one submission (a training step, a runtime graph-cache hit) pays the
 validation once, not per call. ``queue_execute`` is ``prepare`` and one ``submit``.
+``device.join(executions)`` makes one execution of several prepared ones, run in order as one
+submission (one wait, one signal, one retirement for all), without validating again what they
+validated: the batch of pre-recorded command buffers a Vulkan queue submission takes.
 
 An execution holds its command buffers and the buffers they reach (directly or
 through its binding tables). Once any of those buffers is released, or the
@@ -26,7 +29,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from hal import tracing
-from hal.errors import FailedPreconditionError
+from hal.checks import check_sequence
+from hal.errors import FailedPreconditionError, InvalidArgumentError
 from hal.pickling import not_picklable
 from hal.types import CommandBufferState
 from hal.validation import check_fences, check_signal_fences
@@ -101,6 +105,11 @@ class Execution:
                 self._issue(waits, signals)
 
     @property
+    def buffers(self) -> Sequence[Buffer]:
+        """Every buffer the work reaches (through its command buffers or its tables), once each."""
+        return tuple(self._buffers)
+
+    @property
     def valid(self) -> bool:
         """Whether ``submit`` can still issue the work (its buffers live, its device open)."""
         try:
@@ -134,3 +143,32 @@ class Execution:
     def __repr__(self) -> str:
         return (f"<hal.Execution of {len(self.command_buffers)} command buffer(s) on queue {self.queue} "
                 f"of {self.device.info.uri}>")
+
+
+def check_joined(device: Device, executions: object) -> tuple[list[Execution], list[CommandBuffer]]:
+    """``device.join``'s executions: a non-empty sequence of valid executions of ``device``, all of one
+    queue, and no ONE_SHOT command buffer twice among them. Returns (executions, their ONE_SHOT
+    command buffers)."""
+    if type(executions) is not list:
+        executions = check_sequence(executions, "executions", "hal.Execution")
+    if not executions:
+        raise InvalidArgumentError("join needs at least one hal.Execution")
+    queue = None
+    one_shot: list[CommandBuffer] = []
+    for i, execution in enumerate(executions):  # type: ignore[arg-type]
+        if not isinstance(execution, Execution):
+            raise InvalidArgumentError(f"executions[{i}] is not a hal.Execution: {execution!r}")
+        if execution.device is not device:
+            raise InvalidArgumentError(f"executions[{i}] belongs to another device")
+        if i and execution.queue != queue:
+            raise InvalidArgumentError(f"executions[{i}] is prepared for queue {execution.queue}, "
+                                       f"executions[0] for queue {queue}")
+        queue = execution.queue
+        if not execution.valid:
+            raise FailedPreconditionError(
+                f"executions[{i}] can no longer be submitted: a buffer it uses was released or its "
+                "ONE_SHOT work was submitted")
+        one_shot.extend(cb for cb in execution.command_buffers if not cb.reusable)
+    if len(one_shot) > 1 and len({id(cb) for cb in one_shot}) != len(one_shot):
+        raise FailedPreconditionError("a ONE_SHOT command buffer appears twice in the joined executions")
+    return list(executions), one_shot  # type: ignore[arg-type]

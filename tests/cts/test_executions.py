@@ -303,3 +303,148 @@ def test_an_execution_is_not_picklable(device, adder):
     buf = allocate_with(device, bytes(64))
     with pytest.raises(TypeError, match="hal.Execution"):
         pickle.dumps(device.prepare([adder], [[buf]]))
+
+
+# -- joined executions ------------------------------------------------------------------------------
+
+def _filler(device, buf, word):
+    """A reusable command buffer filling 16 words of ``buf`` with ``word``."""
+    return record(device, lambda cb: cb.fill_buffer(buf, word, 4), mode=Mode.REUSABLE)
+
+
+def test_joined_executions_run_in_order_as_one_submission(device, adder):
+    buf = allocate_with(device, bytes(64))
+    fill, add = device.prepare([_filler(device, buf, 5)]), device.prepare([adder], [[buf]])
+    joined = device.join([fill, add, add])
+    assert isinstance(joined, hal.Execution) and joined.valid and joined.queue == 0
+    assert len(joined.command_buffers) == 3 and set(map(id, joined.buffers)) == {id(buf)}
+    sem = device.create_semaphore(0)
+    for value in (1, 2):  # the fill first, then two additions: 7 at every submit, not 5 or 6
+        _run(joined, sem, value)
+        np.testing.assert_array_equal(_counts(device, buf), np.full(16, 7, np.uint32))
+    fill.submit(signal=[(sem, 3)])  # the parts stay executions of their own
+    _run(add, sem, 4)
+    np.testing.assert_array_equal(_counts(device, buf), np.full(16, 6, np.uint32))
+
+
+def test_a_joined_execution_waits_and_signals_once(device, adder):
+    buf = allocate_with(device, bytes(64))
+    joined = device.join([device.prepare([adder], [[buf]])] * 4)
+    gate, done = device.create_semaphore(0), device.create_semaphore(0)
+    joined.submit(wait=[(gate, 1)], signal=[(done, 1)])
+    assert done.value == 0  # (held back by its wait)
+    gate.signal(1)
+    done.wait(1, timeout=WAIT_TIMEOUT)
+    np.testing.assert_array_equal(_counts(device, buf), np.full(16, 4, np.uint32))
+
+
+def test_a_joined_execution_refuses_once_a_buffer_of_a_part_is_released(device, adder):
+    a, b = allocate_with(device, bytes(64)), allocate_with(device, bytes(64))
+    joined = device.join([device.prepare([adder], [[a]]), device.prepare([adder], [[b]])])
+    sem = device.create_semaphore(0)
+    _run(joined, sem, 1)
+    b.release()
+    assert not joined.valid
+    with pytest.raises(hal.FailedPreconditionError, match="released"):
+        joined.submit(signal=[(sem, 2)])
+    assert sem.value == 1 and sem.failure is None
+    np.testing.assert_array_equal(_counts(device, a), np.full(16, 1, np.uint32))
+
+
+def test_join_refuses_an_execution_that_is_no_longer_valid(device, kernels, adder):
+    buf = allocate_with(device, bytes(64))
+    stale = device.prepare([adder], [[buf]])
+    buf.release()
+    with pytest.raises(hal.FailedPreconditionError, match=r"executions\[0\]"):
+        device.join([stale])
+    spent = device.prepare([record(device, lambda cb: _add_one(kernels, cb, allocate_with(device, bytes(64))))])
+    spent.submit()
+    with pytest.raises(hal.FailedPreconditionError, match=r"executions\[1\]"):
+        device.join([device.prepare([adder], [[allocate_with(device, bytes(64))]]), spent])
+
+
+def test_joined_one_shot_work_runs_once(device, kernels):
+    buf = allocate_with(device, bytes(64))
+    once = device.prepare([record(device, lambda cb: _add_one(kernels, cb, buf))])
+    with pytest.raises(hal.FailedPreconditionError, match="ONE_SHOT command buffer appears twice"):
+        device.join([once, once])
+    joined = device.join([once])
+    sem = device.create_semaphore(0)
+    _run(joined, sem, 1)
+    for again in (joined, once):  # the command buffer is spent, whichever execution ran it
+        assert not again.valid
+        with pytest.raises(hal.FailedPreconditionError, match="already submitted"):
+            again.submit(signal=[(sem, 2)])
+    np.testing.assert_array_equal(_counts(device, buf), np.full(16, 1, np.uint32))
+
+
+@pytest.mark.parametrize("case", ["empty", "not a sequence", "a string", "not an execution", "a command buffer",
+                                  "another device", "another queue"])
+def test_join_rejects_bad_executions_before_any_work(device, make_device, adder, case):
+    buf = allocate_with(device, bytes(64))
+    good = device.prepare([adder], [[buf]])
+    if case == "empty":
+        executions = []
+    elif case == "not a sequence":
+        executions = good
+    elif case == "a string":
+        executions = "executions"
+    elif case == "not an execution":
+        executions = [good, None]
+    elif case == "a command buffer":
+        executions = [adder]
+    elif case == "another device":
+        other = make_device()
+        executions = [good, other.prepare([_filler(other, other.allocator.allocate(64), 1)])]
+    else:
+        try:
+            two = make_device(queue_count=2)
+        except hal.InvalidArgumentError as exc:  # (a driver of one queue: nothing to mix up)
+            assert "queue_count" in str(exc)
+            pytest.skip("the driver has one queue")
+        target = two.allocator.allocate(64)
+        executions = [two.prepare([_filler(two, target, 1)]), two.prepare([_filler(two, target, 2)], queue=1)]
+    with pytest.raises(hal.InvalidArgumentError):
+        (executions[0].device if case in ("another device", "another queue") else device).join(executions)
+    sem = device.create_semaphore(0)  # the device stays usable
+    _run(good, sem, 1)
+    np.testing.assert_array_equal(_counts(device, buf), np.full(16, 1, np.uint32))
+
+
+def test_a_closed_device_refuses_join_and_the_joined_execution(make_device):
+    dev = make_device()
+    execution = dev.prepare([_filler(dev, dev.allocator.allocate(64), 3)])
+    joined = dev.join([execution, execution])
+    sem = dev.create_semaphore(0)
+    _run(joined, sem, 1)
+    dev.close()
+    assert not joined.valid
+    with pytest.raises(hal.FailedPreconditionError, match="closed"):
+        joined.submit()
+    with pytest.raises(hal.FailedPreconditionError, match="closed"):
+        dev.join([execution])
+
+
+def test_threads_joining_and_submitting_all_run(device, adder):
+    buf = allocate_with(device, bytes(64))
+    part = device.prepare([adder], [[buf]])
+    sems = [device.create_semaphore(0) for _ in range(4)]
+    start = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def work(sem) -> None:
+        try:
+            start.wait()
+            for value in range(1, 6):
+                device.join([part, part]).submit(signal=[(sem, value)])
+            sem.wait(5, timeout=WAIT_TIMEOUT)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(sem,)) for sem in sems]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    np.testing.assert_array_equal(_counts(device, buf), np.full(16, 40, np.uint32))
