@@ -189,7 +189,7 @@ class _Traced:
                 table, value = tracing.call("rt.replay", submit, ctx, rec, ext, True, category="runtime",
                                             compiled=True)
             else:
-                table, value = submit(ctx, rec, ext, True)
+                table, value = submit(ctx, rec, ext)
         finally:  # the recordings by the buffers they last ran with (only recordings still kept)
             variants.by_ext = {tuple(r.last_ext): r for r in variants.recs if r.last_ext is not None}
         if self.plain:

@@ -22,11 +22,11 @@ from .graph_cache import GraphCache
 MAX_ELEMENTS = 2**31 - 1
 
 MAX_IN_FLIGHT = env.integer("RUNTIME_MAX_IN_FLIGHT", 4, minimum=1)  # submissions handed over before the host waits
-#: Replays of compiled functions queued into one submission at most (1: each submitted on its own).
-#: Batching is what MLX's command encoder does with its ops: the submission's fixed host cost (fences,
-#: the driver's event, retirement) is paid once for the batch; each replay adds its launch.
+#: Evaluations and replays of compiled functions queued into one submission at most (1: each submitted
+#: on its own). Batching is what MLX's command encoder does with its ops: the submission's fixed host
+#: cost (fences, the driver's event, retirement) is paid once for the batch; each one adds its launch.
 SUBMIT_BATCH = env.integer("RUNTIME_SUBMIT_BATCH", 8, minimum=1)
-#: Prepared executions of batches of queued replays kept per context (a loop's batches repeat).
+#: Joined executions of batches kept per context (a loop's batches repeat).
 BATCHES_KEPT = 8
 
 
@@ -135,10 +135,11 @@ class DeviceContext:
         """Submit `execution` after every earlier submission of this context: the timeline value it
         signals. The one place the runtime hands work to a device.
 
-        ``queue=True`` (rt.compile's replays): while work handed to the device earlier may still run,
-        the execution is queued and handed over with the next submission, up to SUBMIT_BATCH in one;
-        a device known idle gets it at once (a closed one refuses it at once), and any wait for a
-        queued value hands the queue over first (``flush``).
+        ``queue=True`` (evaluations and rt.compile's replays without collectives, which every rank
+        issues at once): while work handed to the device earlier may still run, the execution is
+        queued and handed over with the next submission, up to SUBMIT_BATCH in one; a device known
+        idle gets it at once (a closed one refuses it at once), and any wait for a queued value
+        hands the queue over first (``flush``).
         """
         value = self.submitted + 1
         if (queue and self.flushed > self.completed and len(self.queued) < SUBMIT_BATCH - 1
@@ -182,15 +183,14 @@ class DeviceContext:
             self.batches.clear()
 
     def _batch(self, executions: list[hal.Execution]) -> hal.Execution:
-        """One execution running `executions`' command buffers in order, prepared once per batch (one
-        execution alone is its own batch)."""
+        """One execution running `executions` in order, joined once per batch (one execution alone is
+        its own batch): what they validated is not validated again."""
         if len(executions) == 1:
             return executions[0]
         key = tuple(executions)
         batch = self.batches.get(key)
         if batch is None:
-            batch = self.device.prepare([cb for e in executions for cb in e.command_buffers],
-                                        [table for e in executions for table in e.binding_tables])
+            batch = self.device.join(executions)
             if len(self.batches) >= BATCHES_KEPT:
                 del self.batches[next(iter(self.batches))]
             self.batches[key] = batch

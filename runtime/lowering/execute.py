@@ -138,10 +138,10 @@ def held_free(rec: Recording) -> bool:
 
 
 def replay_held(ctx: DeviceContext, rec: Recording, ext: list) -> int:
-    """``submit(ctx, rec, ext, queue=True)`` for a compiled replay whose outputs are the arrays it
+    """``submit(ctx, rec, ext)`` for a compiled replay whose outputs are the arrays it
     holds (``held_free``): their buffers are bound again, nothing is taken or given back. Returns
     the timeline value; the caller marks the held storages ready at it."""
-    return _execute(ctx, rec, ext, ext + rec.held_buffers, True)
+    return _execute(ctx, rec, ext, ext + rec.held_buffers)
 
 
 def _guards_hold(guards: list, ext: list) -> bool:
@@ -151,14 +151,15 @@ def _guards_hold(guards: list, ext: list) -> bool:
     return True
 
 
-def submit(ctx: DeviceContext, rec: Recording, ext: list, queue: bool = False) -> tuple[list, int]:
+def submit(ctx: DeviceContext, rec: Recording, ext: list) -> tuple[list, int]:
     """Execute a recording with `ext` bound to its externals: (binding table, timeline value).
 
     The one submission path of evals and rt.compile. Buffers for the nodes the recording
     materializes and its per-submission scratch are taken from the buffer cache next to the
     externals, preferring the ones of its last submission (an unchanged table is replayed
     without validating or patching anything); scratch goes back at once (later submissions run
-    after it). ``queue``: see ``DeviceContext.submit``.
+    after it). While earlier work may still run, the execution is queued (``DeviceContext.submit``),
+    unless it holds collectives.
     """
     last = rec.last_table
     take = ctx.buffers.take
@@ -174,7 +175,7 @@ def submit(ctx: DeviceContext, rec: Recording, ext: list, queue: bool = False) -
     if rec.tail:
         table += rec.tail
     try:
-        value = _execute(ctx, rec, ext, table, queue)
+        value = _execute(ctx, rec, ext, table)
     except BaseException:
         release = ctx.buffers.release
         for bucket, buf in zip(rec.buckets, table[rec.n_ext:]):
@@ -187,7 +188,7 @@ def submit(ctx: DeviceContext, rec: Recording, ext: list, queue: bool = False) -
     return table, value
 
 
-def _execute(ctx: DeviceContext, rec: Recording, ext: list, table: list, queue: bool) -> int:
+def _execute(ctx: DeviceContext, rec: Recording, ext: list, table: list) -> int:
     """Submit `rec` bound to `table` through its execution (prepared again for a new table): the
     timeline value it signals."""
     execution = rec.execution
@@ -199,7 +200,7 @@ def _execute(ctx: DeviceContext, rec: Recording, ext: list, table: list, queue: 
         execution = ctx.device.prepare([rec.cb], [table])
         rec.execution = execution
         rec.last_table = table
-    value = ctx.submit(execution, queue and not rec.collectives)
+    value = ctx.submit(execution, not rec.collectives)
     rec.last_ext = ext
     return value
 

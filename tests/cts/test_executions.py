@@ -399,9 +399,9 @@ def test_join_rejects_bad_executions_before_any_work(device, make_device, adder,
     else:
         try:
             two = make_device(queue_count=2)
-        except hal.InvalidArgumentError as exc:  # (a driver of one queue: nothing to mix up)
+        except hal.InvalidArgumentError as exc:  # a driver of one queue (as the largest count's test)
             assert "queue_count" in str(exc)
-            pytest.skip("the driver has one queue")
+            return
         target = two.allocator.allocate(64)
         executions = [two.prepare([_filler(two, target, 1)]), two.prepare([_filler(two, target, 2)], queue=1)]
     with pytest.raises(hal.InvalidArgumentError):

@@ -13,7 +13,7 @@ from rt_helpers import counting_prepares
 import hal
 import runtime as rt
 from runtime import graph_cache
-from runtime.device import MAX_IN_FLIGHT, context_for
+from runtime.device import MAX_IN_FLIGHT, SUBMIT_BATCH, context_for
 from runtime.lowering import fusion, key
 
 
@@ -224,10 +224,10 @@ def test_failed_submission_is_reported_and_device_recovers(dev):
 
 def test_a_failure_the_throttle_finds_is_raised_where_its_array_is_read(dev):
     """Evals do not poll the timeline; the throttle, waiting for the oldest submission once
-    MAX_IN_FLIGHT are out, finds the failure, moves the context to a fresh timeline, and raises
-    nothing itself. Work queued behind the failure before it was known fails with it (it waited for
-    the failed timeline), as on a GPU; the evals after the recovery compute, and the arrays raise
-    only when read."""
+    MAX_IN_FLIGHT are out (each up to SUBMIT_BATCH evals queued while earlier work ran), finds the
+    failure, moves the context to a fresh timeline, and raises nothing itself. Work queued behind
+    the failure before it was known fails with it (it waited for the failed timeline), as on a GPU;
+    the evals after the recovery compute, and the arrays raise only when read."""
     if dev == "cuda":
         pytest.skip("a failing numpy kernel is a CPU-driver behaviour")
     ctx = context_for(dev)
@@ -236,14 +236,15 @@ def test_a_failure_the_throttle_finds_is_raised_where_its_array_is_read(dev):
     failed = ctx.semaphore
     bad = _evaluate_failing(dev)
     later = []
-    for k in range(3 * MAX_IN_FLIGHT):
+    behind = MAX_IN_FLIGHT * SUBMIT_BATCH  # evals that may have been queued behind the failure
+    for k in range(3 * behind):
         y = x * float(k)
         rt.eval(y)  # (throttled: the waits meet the failure on the way)
         later.append(y)
     assert ctx.semaphore is not failed and failed in ctx.failed
     for k, y in enumerate(later):
         want = np.arange(3, dtype=np.float32) * k
-        if k < len(later) - MAX_IN_FLIGHT:
+        if k < len(later) - behind:
             try:  # queued before the failure was known: failed with it, or computed after the recovery
                 np.testing.assert_array_equal(y.numpy(), want)
             except hal.AbortedError:

@@ -1,7 +1,7 @@
-"""Replays of compiled functions queued while earlier work runs, handed to the device several to a
-submission: results match numpy whatever forces the queue out (a read, an eval, a wait, another
-thread), a batch never exceeds SUBMIT_BATCH command buffers, and a refused batch fails its arrays
-instead of leaving them waiting."""
+"""Evaluations and replays of compiled functions queued while earlier work runs, handed to the device
+several to a submission (their executions joined): results match numpy whatever forces the queue
+out (a read, an eval, a wait, another thread), a batch never exceeds SUBMIT_BATCH command buffers,
+and a refused batch fails its arrays instead of leaving them waiting."""
 
 from __future__ import annotations
 
@@ -110,21 +110,56 @@ def test_every_queued_output_reads_its_own_value(dev):
     np.testing.assert_allclose(np.asarray(more), reference(expected[19], b_np, 1)[0], rtol=1e-5, atol=1e-6)
 
 
-def test_an_eager_eval_carries_the_queued_replays(dev, submissions):
+def test_an_eager_eval_queues_behind_the_replays_and_a_read_hands_them_over(dev, submissions):
     w_np, b_np, w, b = _inputs(dev, seed=3)
     step = rt.compile(affine)
     rt.synchronize(dev)
     w = step(w, b)
-    rt.eval(w)  # the timeline is busy from here on: the next replays queue
+    rt.eval(w)  # the timeline is busy from here on: the next replays and evals queue
     submissions.clear()
     for _ in range(3):
         w = step(w, b)
     total = (w * 2.0).sum()
     rt.eval(total)
-    assert submissions and submissions[-1] >= 2, submissions  # the eval's command buffer after queued replays
-    assert sum(submissions) == 4
+    assert submissions == []  # nothing handed over yet: the eval's command buffer joined the queue
     expected = reference(w_np, b_np, 4)[-1]
     np.testing.assert_allclose(float(total), float((expected * 2).sum()), rtol=1e-4)
+    assert submissions == [4]  # the read handed the three replays and the eval over as one submission
+
+
+def test_eager_evals_queue_and_their_batches_are_joined_not_validated_again(dev, submissions, monkeypatch):
+    """A loop of eager evals of ops that do not repeat in step with the batches (13 inputs, 4 ops; the
+    results kept, so each eval binds a new output): the batches are new tuples of executions, joined
+    without validating their tables again (only each eval's own new table is)."""
+    xs_np = [np.arange(16 + k, dtype=np.float32) for k in range(13)]
+    xs = [rt.array(x, device=dev) for x in xs_np]
+    ops = [(lambda x: x + 1.0, lambda x: x + 1), (lambda x: x * 2.0, lambda x: x * 2),
+           (rt.exp, np.exp), (lambda x: x.sum(), lambda x: x.sum())]
+    ctx = context_for(dev)
+    for k in range(60):  # (the recordings made and settled)
+        rt.eval(ops[k % 4][0](xs[k % 13]))
+    rt.synchronize(dev)
+    prepared = counting_prepares(monkeypatch, ctx.device)
+    joined: list[int] = []
+    real_join = type(ctx.device).join
+
+    def join_spy(device, executions):
+        joined.append(len(executions))
+        return real_join(device, executions)
+
+    monkeypatch.setattr(type(ctx.device), "join", join_spy)
+    submissions.clear()
+    results = []
+    for k in range(60, 160):
+        y = ops[k % 4][0](xs[k % 13])
+        rt.eval(y)
+        results.append((y, ops[k % 4][1](xs_np[k % 13])))
+    rt.synchronize(dev)
+    assert all(n == 1 for n in prepared), prepared  # an eval's own execution, never a batch
+    assert sum(submissions) == 100 and max(submissions) <= runtime_device.SUBMIT_BATCH
+    assert len(submissions) < 100 and joined and all(n > 1 for n in joined)
+    for y, want in results:
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-6)
 
 
 def test_eval_and_synchronize_hand_over_queued_replays(dev, submissions):
