@@ -186,7 +186,7 @@ class _Traced:
                 # cache, where this submission takes them again).
                 rec.held = rec.held_outs = rec.held_storages = None
             if tracing.ENABLED:
-                table, value = tracing.call("rt.replay", submit, ctx, rec, ext, True, category="runtime",
+                table, value = tracing.call("rt.replay", submit, ctx, rec, ext, category="runtime",
                                             compiled=True)
             else:
                 table, value = submit(ctx, rec, ext)
