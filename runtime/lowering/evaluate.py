@@ -29,7 +29,8 @@ _storage_buffer = attrgetter("storage.buffer")
 
 
 def evaluate(arrays: tuple | list) -> None:
-    """Evaluate the given arrays (and everything pending they depend on): one submission per device."""
+    """Evaluate the given arrays (and everything pending they depend on): one command buffer per device,
+    submitted or queued (``DeviceContext.submit``)."""
     if len(arrays) == 1:  # the usual call, one array not yet computed, without the grouping below
         r = arrays[0]
         if isinstance(r, Node) and r.storage is None and r.base is None and r.op != PLACEHOLDER:

@@ -211,6 +211,60 @@ def test_another_thread_reads_outputs_while_replays_queue(dev):
     assert not problems, problems[:3]
 
 
+def test_threads_evaluating_eagerly_on_one_device_each_read_their_own_results(dev):
+    """Eager evals from several threads queue into the same batches (one context, one lock): every
+    thread's chain of results matches numpy, whatever thread's read or eval hands a batch over."""
+    start = threading.Barrier(4)
+    problems: list = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        x_np = rng.standard_normal(300).astype(np.float32)
+        x = rt.array(x_np, device=dev)
+        try:
+            start.wait()
+            ys = []
+            for k in range(40):
+                x = x * 0.5 + float(k)
+                x_np = (x_np * np.float32(0.5) + np.float32(k)).astype(np.float32)
+                rt.eval(x)
+                ys.append((x, x_np.copy()))
+                if k % 13 == 12:  # a read now and then hands over whatever is queued, any thread's
+                    np.testing.assert_allclose(ys[-1][0].numpy(), ys[-1][1], rtol=1e-5, atol=1e-5)
+            for y, want in ys:
+                np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            problems.append(exc)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    assert not problems, problems[:3]
+
+
+@pytest.mark.parametrize("uri", ["local-task", "local-sync"])
+def test_queued_evals_of_a_closed_device_fail_instead_of_waiting(uri):
+    device = hal.create_device(uri)
+    ctx = context_for(device)
+    x = rt.array(np.ones(64, np.float32), device=device)
+    outs = [x * 2.0]
+    rt.eval(outs[0])
+    for _ in range(3):
+        outs.append(outs[-1] + 1.0)
+        rt.eval(outs[-1])
+    assert ctx.queued, "the evals after the first should be queued"
+    device.close()
+    with pytest.raises(hal.HalError):  # refused, not left waiting
+        outs[-1].numpy()
+    assert not ctx.queued
+    with pytest.raises(hal.HalError):  # an eval after the close is refused at once, not queued
+        rt.eval(x * 3.0)
+    assert not ctx.queued
+
+
 @pytest.mark.parametrize("uri", ["local-task", "local-sync"])
 def test_queued_replays_of_a_closed_device_fail_instead_of_waiting(uri):
     device = hal.create_device(uri)
