@@ -283,9 +283,9 @@ class Device(abc.ABC):
         queue = executions[0].queue
         command_buffers = [cb for execution in executions for cb in execution.command_buffers]
         tables = [table for execution in executions for table in execution.binding_tables]
-        buffers = list({id(b): b for execution in executions for b in execution.buffers}.values())
         issue = self._prepare_execution(queue, command_buffers, tables)
-        return Execution(self, queue, command_buffers, tables, issue, epoch, buffers, one_shot)
+        return Execution(self, queue, command_buffers, tables, issue, epoch,
+                         held_buffers(command_buffers, tables), one_shot)
 
     def queue_execute(self, command_buffers: Sequence[CommandBuffer], wait: Sequence[Fence] = (),
                       signal: Sequence[Fence] = (), binding_tables: Sequence[object] | None = None,
