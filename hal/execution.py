@@ -33,7 +33,7 @@ from hal.checks import check_sequence
 from hal.errors import FailedPreconditionError, InvalidArgumentError
 from hal.pickling import not_picklable
 from hal.types import CommandBufferState
-from hal.validation import check_fences, check_signal_fences
+from hal.validation import check_fences, check_one_shot_once, check_signal_fences
 
 if TYPE_CHECKING:
     from hal.buffer import Buffer
@@ -169,6 +169,5 @@ def check_joined(device: Device, executions: object) -> tuple[list[Execution], l
                 f"executions[{i}] can no longer be submitted: a buffer it uses was released or its "
                 "ONE_SHOT work was submitted")
         one_shot.extend(cb for cb in execution.command_buffers if not cb.reusable)
-    if len(one_shot) > 1 and len({id(cb) for cb in one_shot}) != len(one_shot):
-        raise FailedPreconditionError("a ONE_SHOT command buffer appears twice in the joined executions")
+    check_one_shot_once(one_shot, "the joined executions")
     return list(executions), one_shot  # type: ignore[arg-type]

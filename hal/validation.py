@@ -75,9 +75,14 @@ def check_command_buffers(device: Device, command_buffers: object) -> tuple[list
             one_shot.append(cb)
         if cb.binding_capacity:
             uses_tables = True
-    if len(one_shot) > 1 and len({id(cb) for cb in one_shot}) != len(one_shot):
-        raise FailedPreconditionError("a ONE_SHOT command buffer appears twice in one submission")
+    check_one_shot_once(one_shot, "one submission")
     return command_buffers, one_shot, uses_tables  # type: ignore[return-value]
+
+
+def check_one_shot_once(one_shot: list[CommandBuffer], where: str) -> None:
+    """A ONE_SHOT command buffer runs once: FailedPreconditionError if it appears twice ``where``."""
+    if len(one_shot) > 1 and len({id(cb) for cb in one_shot}) != len(one_shot):
+        raise FailedPreconditionError(f"a ONE_SHOT command buffer appears twice in {where}")
 
 
 def check_direct_buffers(cb: CommandBuffer, index: int) -> None:
