@@ -16,6 +16,7 @@ from threads import in_threads
 
 import hal
 from hal.drivers.cuda import nccl
+from hal.drivers.gpu import channel as gpu_channel
 from hal.drivers.hip import rccl
 
 from .fake_gpu import FakeGpuDriver, run_conformance
@@ -515,6 +516,49 @@ def test_graph_command_buffers_capture_once_and_recapture_a_rebound_slot(ranks):
     assert len(driver.nccl.groups) == captured + 2  # a new operand: captured again on each rank
     assert [np.frombuffer(d.read(x), np.float32)[0] for d, x in zip(devices, a)] == [12, 12]
     assert [np.frombuffer(d.read(x), np.float32)[0] for d, x in zip(devices, b)] == [30, 30]
+
+
+def test_a_lone_collective_of_a_stream_command_buffer_is_bound_once_and_resolved_per_table(ranks, monkeypatch):
+    """A stream command buffer of one collective issues it through its library call with every
+    argument bound at the first submission (no capture, no graph); through a binding-table slot the
+    operands are resolved again for each new table."""
+    driver, devices, channels = ranks
+    if devices[0].command_buffer_mode != "stream":
+        pytest.skip("stream command buffers only (a graph captures the call)")
+    a = [d.allocator.allocate(16) for d in devices]
+    b = [d.allocator.allocate(16) for d in devices]
+    for r, d in enumerate(devices):
+        d.write(a[r], np.full(4, r + 1, np.float32).tobytes())
+        d.write(b[r], np.full(4, 10 * (r + 1), np.float32).tobytes())
+    fixed = _reusable_all_reduces(devices, channels, a)
+    slotted = []
+    for d, ch in zip(devices, channels):
+        cb = d.create_command_buffer(mode=Mode.REUSABLE, binding_capacity=1)
+        with cb.record():
+            cb.all_reduce(ch, hal.Slot(0), hal.Slot(0), 4)
+        slotted.append(cb)
+    binds = []
+    bound_steps = gpu_channel.bound_steps
+    monkeypatch.setattr(gpu_channel, "bound_steps", lambda *args: binds.append(args[1]) or bound_steps(*args))
+    calls = driver.nccl.calls.get("all_reduce", 0)
+    api_calls = driver.api.calls
+    captures, launches = api_calls.get("cuStreamBeginCapture", 0), api_calls.get("cuGraphLaunch", 0)
+    executions = [d.prepare([cb]) for d, cb in zip(devices, fixed)]
+    for value in (1, 2, 3):
+        sems = [d.create_semaphore(0) for d in devices]
+        for execution, sem in zip(executions, sems):
+            execution.submit(signal=[(sem, value)])
+        for sem in sems:
+            sem.wait(value, timeout=30)
+    for table in ([[b[0]], [b[1]]], [[a[0]], [a[1]]], [[b[0]], [b[1]]]):
+        _run(devices, slotted, table)
+    assert driver.nccl.calls.get("all_reduce", 0) - calls == 12  # a call per rank and submission
+    assert len(binds) == 2 + 6  # a rank's fixed operands once; its slot's at each new table
+    assert api_calls.get("cuStreamBeginCapture", 0) == captures  # nothing captured
+    assert api_calls.get("cuGraphLaunch", 0) == launches  # nor any graph launched
+    # a: 1 + 2 = 3, doubled twice (12), then once through the table (24); b: 10 + 20 = 30, then 60
+    assert [np.frombuffer(d.read(x), np.float32).tolist() for d, x in zip(devices, a)] == [[24.0] * 4] * 2
+    assert [np.frombuffer(d.read(x), np.float32).tolist() for d, x in zip(devices, b)] == [[60.0] * 4] * 2
 
 
 def test_a_machine_without_nccl_says_what_to_install():

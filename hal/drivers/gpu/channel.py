@@ -187,13 +187,32 @@ def steps(channel: GpuChannel, op: Collective, send: int | None, recv: int | Non
     return [(library.reduce, send, 0, recv if rank == op.root else send, 0, args + (op.root,), channel)]
 
 
-def issue_steps(batch: Sequence[Step], pointers: Sequence[int], stream: Any) -> None:
+def bound_steps(batch: Sequence[Step], pointers: Sequence[int], stream: Any) -> list[Callable[[], None]]:
+    """The batch's library calls with every argument bound: operands at ``pointers``, on ``stream``.
+    (The communicators are bound too: a channel only ever loses its communicator, and an issue
+    checks that first, with COMM_LOCK held.)"""
+    calls = []
     for method, a, a_offset, b, b_offset, args, channel in batch:
         address = 0 if a is None else pointers[a] + a_offset
         if b is None:
-            method(address, *args, channel.comm, stream)
+            calls.append(functools.partial(method, address, *args, channel.comm, stream))
         else:
-            method(address, pointers[b] + b_offset, *args, channel.comm, stream)
+            calls.append(functools.partial(method, address, pointers[b] + b_offset, *args, channel.comm, stream))
+    return calls
+
+
+def _issue_batches(library: CollectiveLibrary, batches: list[tuple[bool, list[Callable[[], None]]]]) -> None:
+    for grouped, calls in batches:
+        if not grouped:
+            for call in calls:
+                call()
+            continue
+        library.group_start()
+        try:
+            for call in calls:
+                call()
+        finally:
+            library.group_end()
 
 
 #: Point-to-point kinds: a send and the recv it pairs with must share one NCCL group.
@@ -230,30 +249,39 @@ class CollectiveGroup:
         self.parts: list[tuple[GpuChannel, Collective, int | None, int | None]] = []
         #: ``_make_plan``'s, made at the first issue (the parts are recorded by then).
         self._plan: tuple[list[GpuChannel], CollectiveLibrary, list[tuple[bool, list[Step]]]] | None = None
+        #: ``_bind``'s for the last issue: re-issued with the same operands on the same stream (a prepared
+        #: execution's usual submission hands the call the same list of addresses), nothing is resolved again.
+        self._bound: tuple[Sequence[int], Any, list[GpuChannel], Callable[[], None]] | None = None
 
     def add(self, part: tuple[GpuChannel, Collective, int | None, int | None]) -> None:
         self.parts.append(part)
-        self._plan = None
+        self._plan = self._bound = None
 
     def enqueue(self, pointers: Sequence[int], stream: Any) -> None:
         """Issue the parts in order on ``stream``, each batch of them between group_start and
         group_end (a batch of one call alone: NCCL groups each call by itself). The communicators
         issued on are blocking: each call returns once enqueued."""
+        bound = self._bound
+        if bound is None or bound[0] is not pointers or bound[1] is not stream:
+            bound = self._bind(pointers, stream)
+        with COMM_LOCK:  # (no abort frees a communicator between the check and the calls)
+            check_channels(bound[2])
+            bound[3]()
+
+    def _bind(self, pointers: Sequence[int], stream: Any) -> tuple:
+        """(pointers, stream, channels, what issues the parts with every argument bound: the one
+        library call itself, when that is all)."""
         plan = self._plan
         if plan is None:
             plan = self._plan = self._make_plan()
         channels, library, plan_batches = plan
-        with COMM_LOCK:  # (no abort frees a communicator between the check and the calls)
-            check_channels(channels)
-            for grouped, batch in plan_batches:
-                if not grouped:
-                    issue_steps(batch, pointers, stream)
-                    continue
-                library.group_start()
-                try:
-                    issue_steps(batch, pointers, stream)
-                finally:
-                    library.group_end()
+        batches = [(grouped, bound_steps(batch, pointers, stream)) for grouped, batch in plan_batches]
+        if len(batches) == 1 and len(batches[0][1]) == 1:
+            issue = batches[0][1][0]
+        else:
+            issue = functools.partial(_issue_batches, library, batches)
+        bound = self._bound = (pointers, stream, channels, issue)
+        return bound
 
     def _make_plan(self) -> tuple[list[GpuChannel], CollectiveLibrary, list[tuple[bool, list[Step]]]]:
         """(channels, their library, [(whether grouped, the batch's steps)]) of the parts."""

@@ -102,6 +102,10 @@ class StreamIssue:
             return cb.serialized(functools.partial(self._issue_patched, cb, segments, table, queue.stream))
         if len(segments) == 1:
             return functools.partial(self.device.api.run_prepared, segments[0][0])
+        if len(segments) == 2 and not segments[0][0]:  # one command alone, issued at submission
+            command = segments[0][1]
+            if type(command) is LibraryCall and not command.slots:  # (a lone collective, or GEMM)
+                return functools.partial(command.issue, self.device, queue.stream, None)
         return functools.partial(self._issue_segments, segments, table, queue.stream)
 
     def issue(self, cb: RecordingCommandBuffer, queue, table: Sequence[Binding] | None) -> None:
