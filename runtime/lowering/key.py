@@ -283,9 +283,27 @@ def one_node_key(node) -> tuple | None:
     """collect_key's (order, key, externals) of the graph of `node` alone, when every input of `node`
     is an external root (evaluated, or a placeholder) read as itself: an eager single op. None for
     any other graph (an input pending or read through a view), which the walk keys. The same key as
-    the walk's, built without it, its per-input work in C (no input's truth value or ``==`` is asked:
-    arrays compare elementwise)."""
+    the walk's, built without it: for one or two inputs (nearly every eager op) spelled out, for more
+    its per-input work in C (no input's truth value or ``==`` is asked: arrays compare elementwise)."""
     inputs = node.inputs
+    n = len(inputs)
+    if n == 2:
+        a, b = inputs
+        if a.base is not None or b.base is not None or (a.storage is None and a.op != PLACEHOLDER) or \
+                (b.storage is None and b.op != PLACEHOLDER):
+            return None
+        if a is b:
+            ins: tuple = ((-1, a.dtype, a.shape), (-1, a.dtype, a.shape))
+            externals = [a]
+        else:
+            ins = ((-1, a.dtype, a.shape), (-2, b.dtype, b.shape))
+            externals = [a, b]
+        return [node], (((node.op, node.params, node.shape, node.dtype, ins),), ()), externals
+    if n == 1:
+        a = inputs[0]
+        if a.base is not None or (a.storage is None and a.op != PLACEHOLDER):
+            return None
+        return [node], (((node.op, node.params, node.shape, node.dtype, ((-1, a.dtype, a.shape),)),), ()), [a]
     if not all(map(is_, map(_base_of, inputs), repeat(None))):
         return None
     if not all(map(is_not, map(_storage_of, inputs), repeat(None))) and \
