@@ -10,10 +10,12 @@ Recording: consecutive collectives of one command-buffer level become one ``Libr
 collectives between ``group_start`` and ``group_end``, as NCCL requires of a send and the recv it
 pairs with, and as batches them into one launch. So collectives go wherever library routines go:
 issued on the queue's stream in stream command buffers, captured on the device's capture stream into
-a child-graph node in graph command buffers. Operands through binding-table slots are resolved at
-each issue; in a graph, a new address captures the group again and sets the child graph in place
-(tens of microseconds, as for other library calls); a table that comes back gets an executable
-graph of its own. Every rank must run the same kind of command buffer (captured or not) for the same
+a child-graph node in graph command buffers. A group binds its library calls once, every argument
+included, for the operands and the stream of its last issue (re-issued alike, it resolves nothing
+again). Operands through binding-table slots are resolved at each issue with a new table; in a
+graph, a new address captures the group again and sets the child graph in place (tens of
+microseconds, as for other library calls); a table that comes back gets an executable graph of its
+own. Every rank must run the same kind of command buffer (captured or not) for the same
 collectives: NCCL cannot check that.
 
 One process driving several GPUs (``create_channels``): the HAL issues each device's collectives as
