@@ -47,6 +47,27 @@ def _reusable_all_reduces(devices, channels, bufs) -> list:
     return cbs
 
 
+def _slot_all_reduces(devices, channels) -> list:
+    """Per rank, a reusable command buffer of one in-place all-reduce of 4 float32 through slot 0."""
+    cbs = []
+    for d, ch in zip(devices, channels):
+        cb = d.create_command_buffer(mode=Mode.REUSABLE, binding_capacity=1)
+        with cb.record():
+            cb.all_reduce(ch, hal.Slot(0), hal.Slot(0), 4)
+        cbs.append(cb)
+    return cbs
+
+
+def _two_operands(devices) -> tuple[list, list]:
+    """Per rank, two buffers of 4 float32: rank r's first holds r + 1, its second 10 (r + 1)."""
+    a = [d.allocator.allocate(16) for d in devices]
+    b = [d.allocator.allocate(16) for d in devices]
+    for r, d in enumerate(devices):
+        d.write(a[r], np.full(4, r + 1, np.float32).tobytes())
+        d.write(b[r], np.full(4, 10 * (r + 1), np.float32).tobytes())
+    return a, b
+
+
 @contextlib.contextmanager
 def _timed_ranks(timeout: float):
     """(driver, devices, channels): two ranks of the simulated GPU whose channels time out."""
@@ -494,17 +515,8 @@ def test_graph_command_buffers_capture_once_and_recapture_a_rebound_slot(ranks):
     driver, devices, channels = ranks
     if devices[0].command_buffer_mode != "graph":
         pytest.skip("graph command buffers only")
-    a = [d.allocator.allocate(16) for d in devices]
-    b = [d.allocator.allocate(16) for d in devices]
-    for r, d in enumerate(devices):
-        d.write(a[r], np.full(4, r + 1, np.float32).tobytes())
-        d.write(b[r], np.full(4, 10 * (r + 1), np.float32).tobytes())
-    cbs = []
-    for d, ch in zip(devices, channels):
-        cb = d.create_command_buffer(mode=Mode.REUSABLE, binding_capacity=1)
-        with cb.record():
-            cb.all_reduce(ch, hal.Slot(0), hal.Slot(0), 4)
-        cbs.append(cb)
+    a, b = _two_operands(devices)
+    cbs = _slot_all_reduces(devices, channels)
     before = len(driver.nccl.groups)
     _run(devices, cbs, [[a[0]], [a[1]]])
     assert len(driver.nccl.groups) - before == 2  # one capture per rank
@@ -525,18 +537,9 @@ def test_a_lone_collective_of_a_stream_command_buffer_is_bound_once_and_resolved
     driver, devices, channels = ranks
     if devices[0].command_buffer_mode != "stream":
         pytest.skip("stream command buffers only (a graph captures the call)")
-    a = [d.allocator.allocate(16) for d in devices]
-    b = [d.allocator.allocate(16) for d in devices]
-    for r, d in enumerate(devices):
-        d.write(a[r], np.full(4, r + 1, np.float32).tobytes())
-        d.write(b[r], np.full(4, 10 * (r + 1), np.float32).tobytes())
+    a, b = _two_operands(devices)
     fixed = _reusable_all_reduces(devices, channels, a)
-    slotted = []
-    for d, ch in zip(devices, channels):
-        cb = d.create_command_buffer(mode=Mode.REUSABLE, binding_capacity=1)
-        with cb.record():
-            cb.all_reduce(ch, hal.Slot(0), hal.Slot(0), 4)
-        slotted.append(cb)
+    slotted = _slot_all_reduces(devices, channels)
     binds = []
     bound_steps = gpu_channel.bound_steps
     monkeypatch.setattr(gpu_channel, "bound_steps", lambda *args: binds.append(args[1]) or bound_steps(*args))
