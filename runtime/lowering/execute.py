@@ -200,7 +200,7 @@ def _execute(ctx: DeviceContext, rec: Recording, ext: list, table: list) -> int:
         execution = ctx.device.prepare([rec.cb], [table])
         rec.execution = execution
         rec.last_table = table
-    value = ctx.submit(execution, not rec.collectives)
+    value = ctx.submit(execution, not rec.collectives, rec.work_bytes)
     rec.last_ext = ext
     return value
 

@@ -33,7 +33,7 @@ class Recording:
     __slots__ = ("cb", "n_ext", "fresh", "temps", "table_size", "footprint", "scratch", "levels",
                  "dispatches", "fused", "program", "last_table", "last_ext", "captured", "buckets",
                  "fresh_buckets", "moved", "no_prefer", "deferred", "guards", "owner", "tail", "held", "held_outs",
-                 "held_storages", "held_buffers", "held_refs", "execution", "collectives", "__weakref__")
+                 "held_storages", "held_buffers", "held_refs", "execution", "collectives", "work_bytes", "__weakref__")
 
     def __init__(self, cb, n_ext: int, fresh: list, temps: list, levels: int, dispatches: int) -> None:
         self.cb = cb
@@ -52,6 +52,9 @@ class Recording:
         #: Whether it records collectives: handed to the device at once, never queued with later replays
         #: (another rank's work may wait for this one before this process asks for anything).
         self.collectives = False
+        #: What its work moves at least once: its external inputs and the arrays it writes (the
+        #: device's queue holds back little work: DeviceContext.submit).
+        self.work_bytes = 0
         self.captured: list = []  # storages of constants bound directly (their fences follow the submissions)
         self.scratch = None  # unified index -> (buffer, bucket) the recording owns (rt.compile, small CPU scratch)
         self.owner = None  # the context its owned scratch goes back to when it is dropped
@@ -204,6 +207,7 @@ def record(ctx: DeviceContext, order: list, externals: list, keep: int | None = 
                     constants=[program.pid], bindings=[ref(min(s, total - 1)) for s in range(nbind)])
     cb.end()
     rec = Recording(cb, p.n_ext, p.fresh, p.temps, levels, dispatches)
+    rec.work_bytes = sum(r.size * r.dtype.itemsize for r in externals) + sum(nb for _, _, nb in p.fresh)
     rec.fused = fused
     rec.deferred = p.deferred
     rec.collectives = bool(groups)

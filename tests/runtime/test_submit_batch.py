@@ -79,6 +79,44 @@ def test_batch_of_one_submits_every_replay_alone(dev, submissions, monkeypatch):
     assert submissions == [1] * 10
 
 
+def test_batches_are_cut_where_the_work_they_move_would_pass_submit_batch_bytes(dev, submissions, monkeypatch):
+    """A replay whose work would take the queue past SUBMIT_BATCH_BYTES is handed over at once with
+    the queue before it: three replays' work fit, the fourth goes with them (each replay moves its two
+    inputs and its output, 3 x 257 float32, and the constant 0.5)."""
+    work = 3 * 257 * 4 + 4
+    monkeypatch.setattr(runtime_device, "SUBMIT_BATCH_BYTES", 3 * work + 100)
+    w_np, b_np, w, b = _inputs(dev, seed=11)
+    step = rt.compile(affine)
+    w = step(w, b)
+    rt.eval(w)  # the timeline is busy from here on
+    submissions.clear()
+    steps = 40
+    for _ in range(steps):
+        w = step(w, b)
+    np.testing.assert_allclose(w.numpy(), reference(w_np, b_np, steps + 1)[-1], rtol=1e-5, atol=1e-6)
+    assert sum(submissions) == steps
+    assert max(submissions) == 4, submissions  # up to SUBMIT_BATCH (8) by count, 4 by bytes
+    assert len(submissions) < steps // 2, submissions  # still batched
+
+
+@pytest.mark.parametrize("how", ["compiled", "eager"])
+def test_work_larger_than_submit_batch_bytes_is_handed_over_at_once(dev, submissions, monkeypatch, how):
+    """Work that moves more than SUBMIT_BATCH_BYTES is never held back (holding back work that keeps
+    the device busy only leaves it idle until the batch is full), replays and eager evals alike."""
+    monkeypatch.setattr(runtime_device, "SUBMIT_BATCH_BYTES", 1000)  # (less than any call here moves)
+    w_np, b_np, w, b = _inputs(dev, seed=12)
+    step = rt.compile(affine) if how == "compiled" else affine
+    w = step(w, b)
+    rt.eval(w)
+    submissions.clear()
+    for _ in range(10):
+        w = step(w, b)
+        if how == "eager":
+            rt.eval(w)  # (a compiled call evaluates its outputs itself)
+    np.testing.assert_allclose(w.numpy(), reference(w_np, b_np, 11)[-1], rtol=1e-5, atol=1e-6)
+    assert submissions == [1] * 10, submissions
+
+
 def test_one_queued_replay_handed_over_alone_is_submitted_as_prepared(dev, submissions, monkeypatch):
     """A hand-over of a single queued replay submits the replay's own execution: a batch of one is
     prepared for nothing."""
