@@ -33,9 +33,9 @@ SUBMIT_BATCH = env.integer("RUNTIME_SUBMIT_BATCH", 8, minimum=1)
 #: idle until the batch is full. On an H200, eager calls of 8192x4096 float32 (256 MB each, 68 us of
 #: GPU time, about as long as their host time), us an iteration, medians of 11 rounds taken in turn
 #: in one process, twice: layer norm queued 8 to a batch 70.4 / 70.1 (the device idle between
-#: batches), 2 (this bound) 68.7 / 69.2, none 69.7 / 75.9 (a submission and a retirement a call
-#: whenever the host ran slower: 80-82 us in those rounds); softmax 69.6 / 69.6, 68.8 / 68.7 and
-#: 68.1 / 68.0.
+#: batches), 2 to a batch (this bound) 68.7 / 69.2, each alone (a bound of 32 MiB) 69.7 / 75.9 (a
+#: submission and a retirement a call: 80-82 us in the rounds where the host ran slower); softmax
+#: 69.6 / 69.6, 68.8 / 68.7 and 68.1 / 68.0.
 SUBMIT_BATCH_BYTES = env.integer("RUNTIME_SUBMIT_BATCH_BYTES", 512 << 20, minimum=0)
 #: Joined executions of batches kept per context (a loop's batches repeat).
 BATCHES_KEPT = 8
@@ -45,8 +45,7 @@ class DeviceContext:
     """Everything the runtime keeps for one hal.Device."""
 
     __slots__ = ("device", "semaphore", "submitted", "completed", "flushed", "queued", "queued_bytes", "batches",
-                 "in_flight",
-                 "buffers", "graphs", "failed", "programs", "retired_programs",
+                 "in_flight", "buffers", "graphs", "failed", "programs", "retired_programs",
                  "executables", "fusion_wanted", "constants", "is_gpu", "gpu_format", "lock", "name", "max_array_bytes",
                  "__weakref__")
 

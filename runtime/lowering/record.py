@@ -52,8 +52,8 @@ class Recording:
         #: Whether it records collectives: handed to the device at once, never queued with later replays
         #: (another rank's work may wait for this one before this process asks for anything).
         self.collectives = False
-        #: What its work moves at least once: its external inputs and the arrays it writes (the
-        #: device's queue holds back little work: DeviceContext.submit).
+        #: What its work moves at least once: its external inputs and the arrays it writes (a context's
+        #: queue holds back at most SUBMIT_BATCH_BYTES of work: DeviceContext.submit).
         self.work_bytes = 0
         self.captured: list = []  # storages of constants bound directly (their fences follow the submissions)
         self.scratch = None  # unified index -> (buffer, bucket) the recording owns (rt.compile, small CPU scratch)
