@@ -254,7 +254,8 @@ def array(data: Any, dtype: Any = None, device: Any = None) -> Array:
 def eval(*arrays: Any) -> None:  # noqa: A001
     """Evaluate arrays (and nested lists/tuples/dicts of arrays): one command buffer per device, handed
     to the device at once, or, while earlier work may still run there, queued and handed over with
-    the next submission (several to one: ``RUNTIME_SUBMIT_BATCH``) or by any read of or wait for it."""
+    the next submission (several to one: ``RUNTIME_SUBMIT_BATCH``, and work moving at most
+    ``RUNTIME_SUBMIT_BATCH_BYTES``) or by any read of or wait for it."""
     for x in arrays:
         if not isinstance(x, Node):  # containers: flattened (arrays alone, the usual call, need not be)
             evaluate(_flatten(arrays))
