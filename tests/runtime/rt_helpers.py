@@ -62,9 +62,11 @@ def simulated_gpu(libraries: bool):
     return device, cuda_emu.emulated_kernels()
 
 
-def failures_in_threads(work: Callable[[int], None], count: int) -> list[BaseException]:
+def failures_in_threads(work: Callable[[int], None], count: int,
+                        timeout: float | None = None) -> list[BaseException]:
     """Run ``work(k)`` for k in range(count), each on a thread of its own, all at once; the exceptions
-    they raised (the test asserts there are none)."""
+    they raised (the test asserts there are none). With ``timeout``, each join waits that long at most
+    and a thread still running then is a failure too (a hang reported, not waited for)."""
     failures: list[BaseException] = []
 
     def run(k: int) -> None:
@@ -77,7 +79,8 @@ def failures_in_threads(work: Callable[[int], None], count: int) -> list[BaseExc
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(timeout)
+    failures.extend(AssertionError(f"{t.name} still running after {timeout} s") for t in threads if t.is_alive())
     return failures
 
 

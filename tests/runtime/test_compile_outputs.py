@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import gc
 import importlib
-import threading
 import weakref
 
 import numpy as np
 import pytest
-from rt_helpers import rand
+from rt_helpers import failures_in_threads, rand
 
 import hal
 import runtime as rt
@@ -189,27 +188,19 @@ def test_outputs_held_across_a_timeline_failure_take_the_new_timeline(dev):
 def test_threads_calling_one_compiled_function(dev):
     f = rt.compile(lambda a, b: (a * b + 1, a - b))
     rng = np.random.default_rng(3)
-    problems: list = []
+    seeds = [int(rng.integers(1 << 30)) for _ in range(4)]
 
-    def worker(seed: int) -> None:
-        r = np.random.default_rng(seed)
-        try:
-            for _ in range(40):
-                a_np = r.standard_normal(64).astype(np.float32)
-                b_np = r.standard_normal(64).astype(np.float32)
-                s, d = f(rt.array(a_np, device=dev), rt.array(b_np, device=dev))
-                # (a GPU fuses a * b + 1 into one rounding: results near 0 differ by more than rtol)
-                np.testing.assert_allclose(s.numpy(), a_np * b_np + 1, rtol=1e-6, atol=1e-6)
-                np.testing.assert_allclose(d.numpy(), a_np - b_np, rtol=1e-6)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            problems.append(exc)
+    def worker(k: int) -> None:
+        r = np.random.default_rng(seeds[k])
+        for _ in range(40):
+            a_np = r.standard_normal(64).astype(np.float32)
+            b_np = r.standard_normal(64).astype(np.float32)
+            s, d = f(rt.array(a_np, device=dev), rt.array(b_np, device=dev))
+            # (a GPU fuses a * b + 1 into one rounding: results near 0 differ by more than rtol)
+            np.testing.assert_allclose(s.numpy(), a_np * b_np + 1, rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(d.numpy(), a_np - b_np, rtol=1e-6)
 
-    threads = [threading.Thread(target=worker, args=(int(rng.integers(1 << 30)),)) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads)
+    problems = failures_in_threads(worker, 4, timeout=120)
     assert not problems, problems[:3]
 
 

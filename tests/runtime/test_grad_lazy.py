@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from rt_helpers import failures_in_threads
 from test_grad import CASES, DATA_SHAPED
 
 import runtime as rt
@@ -177,26 +178,15 @@ def test_an_eval_leaves_the_pending_gradients_of_unrelated_graphs_alone(dev):
 
 def test_threads_building_and_evaluating_gradients_at_once(dev):
     """Gradients handed out and evaluated from several threads at once: every result is right."""
-    import threading
-
-    errors: list = []
 
     def worker(seed: int) -> None:
-        try:
-            rng = np.random.default_rng(seed)
-            for _ in range(30):
-                w_np = rng.standard_normal(5).astype(np.float32)
-                loss, g = rt.value_and_grad(lambda w: (rt.tanh(w) * w).sum())(rt.array(w_np, device=dev))
-                if rng.random() < 0.5:
-                    loss.numpy()  # sometimes the loss first
-                t = np.tanh(w_np)
-                np.testing.assert_allclose(g.numpy(), t + w_np * (1 - t * t), rtol=1e-5, atol=1e-6)
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
+        rng = np.random.default_rng(seed)
+        for _ in range(30):
+            w_np = rng.standard_normal(5).astype(np.float32)
+            loss, g = rt.value_and_grad(lambda w: (rt.tanh(w) * w).sum())(rt.array(w_np, device=dev))
+            if rng.random() < 0.5:
+                loss.numpy()  # sometimes the loss first
+            t = np.tanh(w_np)
+            np.testing.assert_allclose(g.numpy(), t + w_np * (1 - t * t), rtol=1e-5, atol=1e-6)
 
-    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert errors == []
+    assert failures_in_threads(worker, 4, timeout=120) == []

@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 import pytest
-from rt_helpers import counting_prepares
+from rt_helpers import counting_prepares, failures_in_threads
 
 import hal
 import runtime as rt
@@ -253,33 +253,24 @@ def test_threads_evaluating_eagerly_on_one_device_each_read_their_own_results(de
     """Eager evals from several threads queue into the same batches (one context, one lock): every
     thread's chain of results matches numpy, whatever thread's read or eval hands a batch over."""
     start = threading.Barrier(4)
-    problems: list = []
 
     def work(seed: int) -> None:
         rng = np.random.default_rng(seed)
         x_np = rng.standard_normal(300).astype(np.float32)
         x = rt.array(x_np, device=dev)
-        try:
-            start.wait()
-            ys = []
-            for k in range(40):
-                x = x * 0.5 + float(k)
-                x_np = (x_np * np.float32(0.5) + np.float32(k)).astype(np.float32)
-                rt.eval(x)
-                ys.append((x, x_np.copy()))
-                if k % 13 == 12:  # a read now and then hands over whatever is queued, any thread's
-                    np.testing.assert_allclose(ys[-1][0].numpy(), ys[-1][1], rtol=1e-5, atol=1e-5)
-            for y, want in ys:
-                np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            problems.append(exc)
+        start.wait()
+        ys = []
+        for k in range(40):
+            x = x * 0.5 + float(k)
+            x_np = (x_np * np.float32(0.5) + np.float32(k)).astype(np.float32)
+            rt.eval(x)
+            ys.append((x, x_np.copy()))
+            if k % 13 == 12:  # a read now and then hands over whatever is queued, any thread's
+                np.testing.assert_allclose(ys[-1][0].numpy(), ys[-1][1], rtol=1e-5, atol=1e-5)
+        for y, want in ys:
+            np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not any(t.is_alive() for t in threads)
+    problems = failures_in_threads(work, 4, timeout=120)
     assert not problems, problems[:3]
 
 
