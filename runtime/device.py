@@ -55,8 +55,8 @@ class DeviceContext:
         self.submitted = 0  # value of the latest submission, queued ones included
         self.completed = 0  # last value seen reached (a hint, refreshed by refresh())
         self.flushed = 0  # value the latest submission handed to the device signals
-        #: Replays not handed to the device yet (their executions), values flushed+1 ... submitted, in
-        #: order. Submitted with the next submission, or by flush() before any wait.
+        #: Evaluations and replays not yet handed to the device (their executions), values flushed+1 ...
+        #: submitted, in order. Submitted with the next submission, or by flush() before any wait.
         self.queued: list[hal.Execution] = []
         #: What the queued executions' work moves (SUBMIT_BATCH_BYTES).
         self.queued_bytes = 0
